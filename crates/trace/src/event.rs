@@ -1,0 +1,366 @@
+//! Heap events and their per-thread encoding.
+//!
+//! Each thread appends records to its own buffer; a record is delta-encoded
+//! against the previous record of the same buffer (time, address, CPU), so a
+//! buffer decodes on its own once its start is known. Layout of one record:
+//!
+//! ```text
+//! header u8      kind (bits 0-4) | CPU_CHANGED (bit 5) | HAS_STACK (bit 6)
+//! time           zigzag varint, ticks since the previous record
+//! cpu            varint, only when CPU_CHANGED
+//! payload        kind-specific varints, see `EventKind`
+//! stack          varint, only when HAS_STACK
+//! ```
+//! Addresses are zigzag deltas against the previous address field written.
+
+use crate::varint::{self, Cursor, Malformed, zigzag};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum EventKind {
+    Malloc = 1,
+    Calloc = 2,
+    Realloc = 3,
+    Free = 4,
+    PosixMemalign = 5,
+    AlignedAlloc = 6,
+    Memalign = 7,
+    Valloc = 8,
+    Pvalloc = 9,
+    Reallocarray = 10,
+    Mmap = 11,
+    Munmap = 12,
+    Mremap = 13,
+    Brk = 14,
+    Sbrk = 15,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 15] = [
+        EventKind::Malloc,
+        EventKind::Calloc,
+        EventKind::Realloc,
+        EventKind::Free,
+        EventKind::PosixMemalign,
+        EventKind::AlignedAlloc,
+        EventKind::Memalign,
+        EventKind::Valloc,
+        EventKind::Pvalloc,
+        EventKind::Reallocarray,
+        EventKind::Mmap,
+        EventKind::Munmap,
+        EventKind::Mremap,
+        EventKind::Brk,
+        EventKind::Sbrk,
+    ];
+
+    pub fn from_u8(value: u8) -> Option<EventKind> {
+        EventKind::ALL.get(usize::from(value).wrapping_sub(1)).copied()
+    }
+
+    /// The name users know it by: the libc function that produced it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Malloc => "malloc",
+            EventKind::Calloc => "calloc",
+            EventKind::Realloc => "realloc",
+            EventKind::Free => "free",
+            EventKind::PosixMemalign => "posix_memalign",
+            EventKind::AlignedAlloc => "aligned_alloc",
+            EventKind::Memalign => "memalign",
+            EventKind::Valloc => "valloc",
+            EventKind::Pvalloc => "pvalloc",
+            EventKind::Reallocarray => "reallocarray",
+            EventKind::Mmap => "mmap",
+            EventKind::Munmap => "munmap",
+            EventKind::Mremap => "mremap",
+            EventKind::Brk => "brk",
+            EventKind::Sbrk => "sbrk",
+        }
+    }
+
+    /// True for calls that hand out a heap block (realloc counts: it may).
+    pub fn is_allocation(self) -> bool {
+        matches!(
+            self,
+            EventKind::Malloc
+                | EventKind::Calloc
+                | EventKind::Realloc
+                | EventKind::PosixMemalign
+                | EventKind::AlignedAlloc
+                | EventKind::Memalign
+                | EventKind::Valloc
+                | EventKind::Pvalloc
+                | EventKind::Reallocarray
+        )
+    }
+
+    fn has_alignment(self) -> bool {
+        matches!(self, EventKind::PosixMemalign | EventKind::AlignedAlloc | EventKind::Memalign)
+    }
+}
+
+const KIND_MASK: u8 = 0x1f;
+const CPU_CHANGED: u8 = 0x20;
+const HAS_STACK: u8 = 0x40;
+
+/// No stack was recorded for this event.
+pub const NO_STACK: u32 = 0;
+
+/// One decoded event. Fields a kind does not use are zero.
+///
+/// | kind | addr | size | usable | old_addr | extra |
+/// |---|---|---|---|---|---|
+/// | malloc, calloc, valloc, pvalloc | block (0 = failed) | requested | usable | | |
+/// | posix_memalign, aligned_alloc, memalign | block | requested | usable | | alignment |
+/// | realloc, reallocarray | new block | requested | usable | old block | |
+/// | free | block | | | | |
+/// | mmap | mapping | length | | | prot << 32 \| flags |
+/// | munmap | mapping | length | | | |
+/// | mremap | new mapping | new length | | old mapping | old length |
+/// | brk | new break (result) | | | requested break | |
+/// | sbrk | old break (result) | | | | increment (two's complement) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Event {
+    pub time: u64,
+    pub kind: Option<EventKind>,
+    pub cpu: u32,
+    pub addr: u64,
+    pub size: u64,
+    pub usable: u64,
+    pub old_addr: u64,
+    pub extra: u64,
+    pub stack: u32,
+}
+
+impl Event {
+    pub fn kind(&self) -> EventKind {
+        self.kind.unwrap_or(EventKind::Malloc)
+    }
+}
+
+/// The largest encoded record: header + 7 varints.
+pub const MAX_RECORD_LEN: usize = 1 + 8 * varint::MAX_VARINT_LEN;
+
+/// Delta state shared by the encoder and decoder of one buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeltaState {
+    pub time: u64,
+    pub addr: u64,
+    pub cpu: u32,
+}
+
+/// Encodes events into a caller-owned buffer without allocating; used by the
+/// agent on the hot path.
+pub struct RawEncoder;
+
+impl RawEncoder {
+    /// Encodes `event` at `out`, returning the end pointer.
+    ///
+    /// # Safety
+    /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
+    #[inline(always)]
+    pub unsafe fn encode(state: &mut DeltaState, out: *mut u8, event: &Event) -> *mut u8 {
+        unsafe {
+            let kind = event.kind();
+            let mut header = kind as u8;
+            if event.cpu != state.cpu {
+                header |= CPU_CHANGED;
+            }
+            if event.stack != NO_STACK {
+                header |= HAS_STACK;
+            }
+            *out = header;
+            let mut p = out.add(1);
+            p = varint::write_raw(p, zigzag(event.time.wrapping_sub(state.time) as i64));
+            state.time = event.time;
+            if header & CPU_CHANGED != 0 {
+                p = varint::write_raw(p, u64::from(event.cpu));
+                state.cpu = event.cpu;
+            }
+            let addr = |p: *mut u8, value: u64, state: &mut DeltaState| {
+                let q = varint::write_raw(p, zigzag(value.wrapping_sub(state.addr) as i64));
+                state.addr = value;
+                q
+            };
+            match kind {
+                EventKind::Free => p = addr(p, event.addr, state),
+                EventKind::Realloc | EventKind::Reallocarray => {
+                    p = addr(p, event.old_addr, state);
+                    p = addr(p, event.addr, state);
+                    p = varint::write_raw(p, event.size);
+                    p = varint::write_raw(p, zigzag(event.usable.wrapping_sub(event.size) as i64));
+                }
+                EventKind::Mmap => {
+                    p = addr(p, event.addr, state);
+                    p = varint::write_raw(p, event.size);
+                    p = varint::write_raw(p, event.extra);
+                }
+                EventKind::Munmap => {
+                    p = addr(p, event.addr, state);
+                    p = varint::write_raw(p, event.size);
+                }
+                EventKind::Mremap => {
+                    p = addr(p, event.old_addr, state);
+                    p = varint::write_raw(p, event.extra);
+                    p = addr(p, event.addr, state);
+                    p = varint::write_raw(p, event.size);
+                }
+                EventKind::Brk => {
+                    p = addr(p, event.old_addr, state);
+                    p = addr(p, event.addr, state);
+                }
+                EventKind::Sbrk => {
+                    p = varint::write_raw(p, zigzag(event.extra as i64));
+                    p = addr(p, event.addr, state);
+                }
+                _ => {
+                    p = addr(p, event.addr, state);
+                    p = varint::write_raw(p, event.size);
+                    p = varint::write_raw(p, zigzag(event.usable.wrapping_sub(event.size) as i64));
+                    if kind.has_alignment() {
+                        p = varint::write_raw(p, event.extra);
+                    }
+                }
+            }
+            if header & HAS_STACK != 0 {
+                p = varint::write_raw(p, u64::from(event.stack));
+            }
+            p
+        }
+    }
+}
+
+/// Decodes one record; the inverse of [`RawEncoder::encode`].
+pub fn decode(state: &mut DeltaState, cursor: &mut Cursor<'_>) -> Result<Event, Malformed> {
+    let header = cursor.u8()?;
+    let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
+    let mut event = Event { kind: Some(kind), ..Event::default() };
+    state.time = state.time.wrapping_add(cursor.signed()? as u64);
+    event.time = state.time;
+    if header & CPU_CHANGED != 0 {
+        state.cpu = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
+    }
+    event.cpu = state.cpu;
+    let addr = |cursor: &mut Cursor<'_>, state: &mut DeltaState| -> Result<u64, Malformed> {
+        state.addr = state.addr.wrapping_add(cursor.signed()? as u64);
+        Ok(state.addr)
+    };
+    match kind {
+        EventKind::Free => event.addr = addr(cursor, state)?,
+        EventKind::Realloc | EventKind::Reallocarray => {
+            event.old_addr = addr(cursor, state)?;
+            event.addr = addr(cursor, state)?;
+            event.size = cursor.varint()?;
+            event.usable = event.size.wrapping_add(cursor.signed()? as u64);
+        }
+        EventKind::Mmap => {
+            event.addr = addr(cursor, state)?;
+            event.size = cursor.varint()?;
+            event.extra = cursor.varint()?;
+        }
+        EventKind::Munmap => {
+            event.addr = addr(cursor, state)?;
+            event.size = cursor.varint()?;
+        }
+        EventKind::Mremap => {
+            event.old_addr = addr(cursor, state)?;
+            event.extra = cursor.varint()?;
+            event.addr = addr(cursor, state)?;
+            event.size = cursor.varint()?;
+        }
+        EventKind::Brk => {
+            event.old_addr = addr(cursor, state)?;
+            event.addr = addr(cursor, state)?;
+        }
+        EventKind::Sbrk => {
+            event.extra = cursor.signed()? as u64;
+            event.addr = addr(cursor, state)?;
+        }
+        _ => {
+            event.addr = addr(cursor, state)?;
+            event.size = cursor.varint()?;
+            event.usable = event.size.wrapping_add(cursor.signed()? as u64);
+            if kind.has_alignment() {
+                event.extra = cursor.varint()?;
+            }
+        }
+    }
+    if header & HAS_STACK != 0 {
+        event.stack = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
+    }
+    Ok(event)
+}
+
+/// Encodes a slice of events into a fresh buffer (tests and tools; the agent
+/// uses [`RawEncoder`] directly).
+pub fn encode_all(events: &[Event]) -> Vec<u8> {
+    let mut state = DeltaState::default();
+    let mut out = vec![0u8; events.len() * MAX_RECORD_LEN];
+    let mut p = out.as_mut_ptr();
+    for event in events {
+        p = unsafe { RawEncoder::encode(&mut state, p, event) };
+    }
+    let len = p as usize - out.as_ptr() as usize;
+    out.truncate(len);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn normalized(kind: EventKind, mut e: Event) -> Event {
+        e.kind = Some(kind);
+        match kind {
+            EventKind::Free => (e.size, e.usable, e.old_addr, e.extra) = (0, 0, 0, 0),
+            EventKind::Realloc | EventKind::Reallocarray => e.extra = 0,
+            EventKind::Mmap => (e.usable, e.old_addr) = (0, 0),
+            EventKind::Munmap => (e.usable, e.old_addr, e.extra) = (0, 0, 0),
+            EventKind::Mremap => e.usable = 0,
+            EventKind::Brk => (e.size, e.usable, e.extra) = (0, 0, 0),
+            EventKind::Sbrk => (e.size, e.usable, e.old_addr) = (0, 0, 0),
+            k if k.has_alignment() => e.old_addr = 0,
+            _ => (e.old_addr, e.extra) = (0, 0),
+        }
+        e
+    }
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        (1u8..=15, any::<u64>(), 0u32..512, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>())
+            .prop_map(|(k, time, cpu, addr, size, usable, old_addr, extra, stack)| {
+                let kind = EventKind::from_u8(k).unwrap();
+                normalized(kind, Event { time, kind: Some(kind), cpu, addr, size, usable, old_addr, extra, stack })
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(events in proptest::collection::vec(arb_event(), 0..200)) {
+            let bytes = encode_all(&events);
+            let mut cursor = Cursor::new(&bytes);
+            let mut state = DeltaState::default();
+            for expected in &events {
+                prop_assert_eq!(&decode(&mut state, &mut cursor).unwrap(), expected);
+            }
+            prop_assert!(cursor.is_empty());
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut cursor = Cursor::new(&bytes);
+            let mut state = DeltaState::default();
+            while decode(&mut state, &mut cursor).is_ok() {}
+        }
+    }
+
+    #[test]
+    fn typical_malloc_is_compact() {
+        let events: Vec<Event> = (0..100u64)
+            .map(|i| Event { time: 1_000_000 + i * 40, kind: Some(EventKind::Malloc), addr: 0x5555_0000 + i * 48, size: 32, usable: 40, ..Event::default() })
+            .collect();
+        let bytes = encode_all(&events);
+        assert!(bytes.len() / events.len() <= 6, "{} bytes per malloc", bytes.len() / events.len());
+    }
+}

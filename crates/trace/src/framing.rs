@@ -1,0 +1,287 @@
+//! File header and chunk framing.
+//!
+//! ```text
+//! file   = header chunk*
+//! header = "MEMGAPT\0" major:u16 minor:u16 header_len:u32 run_id:u64 flags:u32 crc32:u32   (32 bytes, LE)
+//! chunk  = magic:u32 codec:u8 reserved:[u8;3] raw_len:u32 stored_len:u32 crc32:u32 payload
+//! ```
+//! The chunk CRC covers the first 16 header bytes and the stored payload, so a
+//! chunk is either wholly intact or rejected. A chunk that runs past the end of
+//! the file is the cut a SIGKILL leaves: everything before it stays readable.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use crate::TraceError;
+
+pub const FILE_MAGIC: [u8; 8] = *b"MEMGAPT\0";
+pub const VERSION_MAJOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 0;
+pub const FILE_HEADER_LEN: usize = 32;
+
+pub const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"MGCK");
+pub const CHUNK_HEADER_LEN: usize = 20;
+/// Larger chunks are never written, so a larger length means corruption.
+pub const MAX_CHUNK_RAW_LEN: usize = 16 << 20;
+
+pub const CODEC_NONE: u8 = 0;
+pub const CODEC_LZ4: u8 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileHeader {
+    pub major: u16,
+    pub minor: u16,
+    pub run_id: u64,
+    pub flags: u32,
+}
+
+impl FileHeader {
+    pub fn new(run_id: u64) -> Self {
+        FileHeader { major: VERSION_MAJOR, minor: VERSION_MINOR, run_id, flags: 0 }
+    }
+
+    pub fn encode(&self) -> [u8; FILE_HEADER_LEN] {
+        let mut out = [0u8; FILE_HEADER_LEN];
+        out[0..8].copy_from_slice(&FILE_MAGIC);
+        out[8..10].copy_from_slice(&self.major.to_le_bytes());
+        out[10..12].copy_from_slice(&self.minor.to_le_bytes());
+        out[12..16].copy_from_slice(&(FILE_HEADER_LEN as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&self.run_id.to_le_bytes());
+        out[24..28].copy_from_slice(&self.flags.to_le_bytes());
+        let crc = crc32fast::hash(&out[0..28]);
+        out[28..32].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<FileHeader, TraceError> {
+        if bytes.is_empty() {
+            return Err(TraceError::Empty);
+        }
+        if bytes.len() < FILE_MAGIC.len() || bytes[0..8] != FILE_MAGIC {
+            return Err(TraceError::NotATrace);
+        }
+        if bytes.len() < FILE_HEADER_LEN {
+            return Err(TraceError::CutShort { offset: 0 });
+        }
+        let major = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let minor = u16::from_le_bytes([bytes[10], bytes[11]]);
+        if major > VERSION_MAJOR {
+            return Err(TraceError::NewerVersion { major, minor });
+        }
+        let crc = u32::from_le_bytes(bytes[28..32].try_into().unwrap());
+        if crc != crc32fast::hash(&bytes[0..28]) {
+            return Err(TraceError::Corrupt { offset: 0, what: "file header checksum mismatch" });
+        }
+        Ok(FileHeader {
+            major,
+            minor,
+            run_id: u64::from_le_bytes(bytes[16..24].try_into().unwrap()),
+            flags: u32::from_le_bytes(bytes[24..28].try_into().unwrap()),
+        })
+    }
+}
+
+/// Frames `raw` as one chunk (LZ4 when that is smaller) into `out`, which is
+/// cleared first. `out` is reused across calls so the writer stops allocating
+/// once warm.
+pub fn encode_chunk(raw: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    let bound = lz4_flex::block::get_maximum_output_size(raw.len());
+    out.resize(CHUNK_HEADER_LEN + bound, 0);
+    let compressed = lz4_flex::block::compress_into(raw, &mut out[CHUNK_HEADER_LEN..]).unwrap_or(usize::MAX);
+    let (codec, stored_len) = if compressed < raw.len() {
+        (CODEC_LZ4, compressed)
+    } else {
+        out[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + raw.len()].copy_from_slice(raw);
+        (CODEC_NONE, raw.len())
+    };
+    out.truncate(CHUNK_HEADER_LEN + stored_len);
+    out[0..4].copy_from_slice(&CHUNK_MAGIC.to_le_bytes());
+    out[4] = codec;
+    out[5..8].fill(0);
+    out[8..12].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+    out[12..16].copy_from_slice(&(stored_len as u32).to_le_bytes());
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&out[0..16]);
+    hasher.update(&out[CHUNK_HEADER_LEN..]);
+    let crc = hasher.finalize();
+    out[16..20].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// What follows the last chunk that could be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// The file ends exactly after a chunk.
+    Clean,
+    /// A chunk starts at `offset` but the file ends before it does (or the
+    /// rest is zeros, as a crash can leave): the trace was cut there.
+    CutShort { offset: u64 },
+}
+
+/// Outcome of reading the chunk at some offset.
+pub enum ChunkAt {
+    Chunk { raw: Vec<u8>, next: usize },
+    End(Tail),
+}
+
+/// Reads and verifies the chunk at `offset` of `bytes` (the whole file).
+pub fn read_chunk(bytes: &[u8], offset: usize) -> Result<ChunkAt, TraceError> {
+    let rest = &bytes[offset.min(bytes.len())..];
+    if rest.is_empty() {
+        return Ok(ChunkAt::End(Tail::Clean));
+    }
+    let cut = ChunkAt::End(Tail::CutShort { offset: offset as u64 });
+    if rest.len() < CHUNK_HEADER_LEN {
+        return Ok(cut);
+    }
+    let header = &rest[..CHUNK_HEADER_LEN];
+    let magic = u32::from_le_bytes(header[0..4].try_into().unwrap());
+    if magic != CHUNK_MAGIC {
+        if rest.iter().all(|&b| b == 0) {
+            return Ok(cut);
+        }
+        return Err(TraceError::Corrupt { offset: offset as u64, what: "bad chunk marker" });
+    }
+    let codec = header[4];
+    let raw_len = u32::from_le_bytes(header[8..12].try_into().unwrap()) as usize;
+    let stored_len = u32::from_le_bytes(header[12..16].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(header[16..20].try_into().unwrap());
+    if raw_len > MAX_CHUNK_RAW_LEN || stored_len > lz4_flex::block::get_maximum_output_size(raw_len) {
+        return Err(TraceError::Corrupt { offset: offset as u64, what: "impossible chunk length" });
+    }
+    if rest.len() < CHUNK_HEADER_LEN + stored_len {
+        return Ok(cut);
+    }
+    let stored = &rest[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + stored_len];
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&header[0..16]);
+    hasher.update(stored);
+    if hasher.finalize() != crc {
+        return Err(TraceError::Corrupt { offset: offset as u64, what: "chunk checksum mismatch" });
+    }
+    let raw = match codec {
+        CODEC_NONE if stored_len == raw_len => stored.to_vec(),
+        CODEC_LZ4 => {
+            let mut raw = vec![0u8; raw_len];
+            match lz4_flex::block::decompress_into(stored, &mut raw) {
+                Ok(n) if n == raw_len => raw,
+                _ => return Err(TraceError::Corrupt { offset: offset as u64, what: "chunk does not decompress" }),
+            }
+        }
+        _ => return Err(TraceError::Corrupt { offset: offset as u64, what: "unknown chunk codec" }),
+    };
+    Ok(ChunkAt::Chunk { raw, next: offset + CHUNK_HEADER_LEN + stored_len })
+}
+
+/// Appends one chunk to an existing trace, first cutting off a partial chunk
+/// left by a killed writer so the new chunk stays readable. Returns whether a
+/// partial chunk was cut.
+pub fn append_chunk(path: &Path, raw: &[u8]) -> Result<bool, TraceError> {
+    let io_err = |e: io::Error| TraceError::Io { path: path.to_path_buf(), source: e };
+    let mut file = File::options().read(true).write(true).open(path).map_err(io_err)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io_err)?;
+    FileHeader::decode(&bytes)?;
+    let mut offset = FILE_HEADER_LEN;
+    let cut = loop {
+        match read_chunk(&bytes, offset)? {
+            ChunkAt::Chunk { next, .. } => offset = next,
+            ChunkAt::End(Tail::Clean) => break false,
+            ChunkAt::End(Tail::CutShort { .. }) => break true,
+        }
+    };
+    if cut {
+        file.set_len(offset as u64).map_err(io_err)?;
+    }
+    let mut chunk = Vec::new();
+    encode_chunk(raw, &mut chunk);
+    file.seek(SeekFrom::Start(offset as u64)).map_err(io_err)?;
+    file.write_all(&chunk).map_err(io_err)?;
+    file.sync_data().map_err(io_err)?;
+    Ok(cut)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn file_with(chunks: &[Vec<u8>]) -> Vec<u8> {
+        let mut file = FileHeader::new(7).encode().to_vec();
+        let mut scratch = Vec::new();
+        for raw in chunks {
+            encode_chunk(raw, &mut scratch);
+            file.extend_from_slice(&scratch);
+        }
+        file
+    }
+
+    fn read_all(bytes: &[u8]) -> Result<(Vec<Vec<u8>>, Tail), TraceError> {
+        FileHeader::decode(bytes)?;
+        let mut offset = FILE_HEADER_LEN;
+        let mut out = Vec::new();
+        loop {
+            match read_chunk(bytes, offset)? {
+                ChunkAt::Chunk { raw, next } => {
+                    out.push(raw);
+                    offset = next;
+                }
+                ChunkAt::End(tail) => return Ok((out, tail)),
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn chunks_round_trip(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..2000), 0..8)) {
+            let file = file_with(&chunks);
+            let (read, tail) = read_all(&file).unwrap();
+            prop_assert_eq!(read, chunks);
+            prop_assert_eq!(tail, Tail::Clean);
+        }
+
+        #[test]
+        fn any_cut_keeps_the_complete_chunks(cut in 32usize..4000) {
+            let chunks: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8; 300 + i * 50]).collect();
+            let file = file_with(&chunks);
+            let cut = cut.min(file.len());
+            let (read, tail) = read_all(&file[..cut]).unwrap();
+            prop_assert_eq!(&read[..], &chunks[..read.len()]);
+            if cut < file.len() { let was_cut = matches!(tail, Tail::CutShort { .. }); prop_assert!(was_cut); }
+        }
+
+        #[test]
+        fn flipped_bytes_are_detected_never_panic(pos in 0usize..3000, bit in 0u8..8) {
+            let chunks: Vec<Vec<u8>> = (0..4).map(|i| (0..700).map(|j| (i * 7 + j) as u8).collect()).collect();
+            let mut file = file_with(&chunks);
+            let pos = pos % file.len();
+            file[pos] ^= 1 << bit;
+            match read_all(&file) {
+                Ok((read, _)) => prop_assert_ne!(read, chunks),
+                Err(_) => {}
+            }
+        }
+    }
+
+    #[test]
+    fn header_errors_are_specific() {
+        assert!(matches!(FileHeader::decode(b""), Err(TraceError::Empty)));
+        assert!(matches!(FileHeader::decode(b"#!/bin/sh\necho hi\n"), Err(TraceError::NotATrace)));
+        let mut newer = FileHeader::new(1);
+        newer.major = VERSION_MAJOR + 1;
+        assert!(matches!(FileHeader::decode(&newer.encode()), Err(TraceError::NewerVersion { .. })));
+    }
+
+    #[test]
+    fn append_repairs_a_cut_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.mgt");
+        let file = file_with(&[vec![1; 100], vec![2; 100]]);
+        std::fs::write(&path, &file[..file.len() - 10]).unwrap();
+        assert!(append_chunk(&path, &[3; 50]).unwrap());
+        let (read, tail) = read_all(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(read, vec![vec![1; 100], vec![3; 50]]);
+        assert_eq!(tail, Tail::Clean);
+    }
+}

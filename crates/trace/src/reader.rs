@@ -1,0 +1,65 @@
+//! Opens a trace file and walks its chunks, verifying each.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::TraceError;
+use crate::framing::{ChunkAt, FILE_HEADER_LEN, FileHeader, Tail, read_chunk};
+
+pub struct TraceFile {
+    path: PathBuf,
+    bytes: Mmap,
+    header: FileHeader,
+}
+
+impl TraceFile {
+    pub fn open(path: &Path) -> Result<TraceFile, TraceError> {
+        let io_err = |source| TraceError::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if meta.is_dir() {
+            return Err(TraceError::NotATrace);
+        }
+        if meta.len() == 0 {
+            return Err(TraceError::Empty);
+        }
+        // SAFETY: traces are append-only; a concurrent writer only adds bytes
+        // past the length mapped here.
+        let bytes = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let header = FileHeader::decode(&bytes)?;
+        Ok(TraceFile { path: path.to_path_buf(), bytes, header })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> FileHeader {
+        self.header
+    }
+
+    pub fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.len() <= FILE_HEADER_LEN
+    }
+
+    /// Calls `visit` with each chunk's decompressed bytes and the chunk's file
+    /// offset, in file order; returns how the file ends.
+    pub fn for_each_chunk(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError> {
+        let mut offset = FILE_HEADER_LEN;
+        loop {
+            match read_chunk(&self.bytes, offset)? {
+                ChunkAt::Chunk { raw, next } => {
+                    visit(offset as u64, &raw)?;
+                    offset = next;
+                }
+                ChunkAt::End(tail) => return Ok(tail),
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! Records: the units inside a chunk. Each is `tag:u8 len:varint body`, so a
+//! reader skips tags it does not know (newer minor versions add tags).
+
+use crate::varint::{self, Cursor, Malformed};
+
+pub const TAG_PROCESS: u8 = 1;
+pub const TAG_MODULES: u8 = 2;
+pub const TAG_EVENTS: u8 = 3;
+pub const TAG_CLOCK: u8 = 4;
+pub const TAG_RSS: u8 = 5;
+pub const TAG_END: u8 = 6;
+pub const TAG_EXIT: u8 = 7;
+pub const TAG_NOTE: u8 = 8;
+
+/// How event times are counted.
+pub const CLOCK_MONOTONIC_NS: u8 = 0;
+/// x86 time-stamp counter; converted with the CLOCK records.
+pub const CLOCK_TSC: u8 = 1;
+
+/// One process image: written when the agent starts and again after each exec.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Process {
+    pub pid: u32,
+    pub ppid: u32,
+    pub run_id: u64,
+    /// 0 for the first image of this pid, +1 for each exec.
+    pub image: u32,
+    pub clock: u8,
+    pub start_time: u64,
+    pub start_monotonic_ns: u64,
+    pub start_realtime_ns: u64,
+    pub page_size: u64,
+    pub cpu_count: u32,
+    pub exe: String,
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Module {
+    pub path: String,
+    pub base: u64,
+    pub size: u64,
+    pub build_id: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EventsPiece<'a> {
+    /// Unique per thread within a process image (thread ids get reused).
+    pub thread: u32,
+    pub tid: u32,
+    /// Buffer number within the thread; delta state restarts with each buffer.
+    pub buffer: u32,
+    /// Byte offset of `records` within that buffer.
+    pub offset: u32,
+    pub records: &'a [u8],
+}
+
+/// A clock reading; also a watermark: every event whose time is earlier than
+/// the previous CLOCK record's has been written before this record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Clock {
+    pub time: u64,
+    pub monotonic_ns: u64,
+}
+
+/// Resident memory of the process, from /proc/self/status, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rss {
+    pub time: u64,
+    pub vm_rss: u64,
+    pub rss_anon: u64,
+    pub rss_file: u64,
+    pub rss_shmem: u64,
+}
+
+/// Written by the agent when the process ends (exit, _exit) or execs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct End {
+    pub time: u64,
+    pub reason: EndReason,
+    pub dropped_events: u64,
+    pub vm_hwm: u64,
+    /// Exit status when the agent saw it (a direct `exit`/`_exit` call).
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EndReason {
+    #[default]
+    Exit = 0,
+    Exec = 1,
+    RecordingFailed = 2,
+}
+
+/// Written by `memgap run` after reaping the process it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Exit {
+    pub exit_code: i32,
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    Process(Process),
+    Modules(Vec<Module>),
+    Events(EventsPiece<'a>),
+    Clock(Clock),
+    Rss(Rss),
+    End(End),
+    Exit(Exit),
+    Note { time: u64, text: String },
+    Unknown { tag: u8 },
+}
+
+fn frame(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
+    out.push(tag);
+    varint::push_bytes(out, body);
+}
+
+impl Record<'_> {
+    /// Appends this record to a chunk being built.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut body = Vec::new();
+        let b = &mut body;
+        let tag = match self {
+            Record::Process(p) => {
+                for v in [p.pid as u64, p.ppid as u64, p.run_id, p.image as u64, p.clock as u64, p.start_time, p.start_monotonic_ns, p.start_realtime_ns, p.page_size, p.cpu_count as u64] {
+                    varint::push(b, v);
+                }
+                varint::push_bytes(b, p.exe.as_bytes());
+                varint::push(b, p.argv.len() as u64);
+                for arg in &p.argv {
+                    varint::push_bytes(b, arg.as_bytes());
+                }
+                TAG_PROCESS
+            }
+            Record::Modules(modules) => {
+                varint::push(b, modules.len() as u64);
+                for m in modules {
+                    varint::push_bytes(b, m.path.as_bytes());
+                    varint::push(b, m.base);
+                    varint::push(b, m.size);
+                    varint::push_bytes(b, &m.build_id);
+                }
+                TAG_MODULES
+            }
+            Record::Events(piece) => {
+                Self::encode_events_header(b, piece.thread, piece.tid, piece.buffer, piece.offset);
+                b.extend_from_slice(piece.records);
+                TAG_EVENTS
+            }
+            Record::Clock(c) => {
+                varint::push(b, c.time);
+                varint::push(b, c.monotonic_ns);
+                TAG_CLOCK
+            }
+            Record::Rss(r) => {
+                for v in [r.time, r.vm_rss, r.rss_anon, r.rss_file, r.rss_shmem] {
+                    varint::push(b, v);
+                }
+                TAG_RSS
+            }
+            Record::End(e) => {
+                for v in [e.time, e.reason as u64, e.dropped_events, e.vm_hwm] {
+                    varint::push(b, v);
+                }
+                match e.exit_code {
+                    Some(code) => {
+                        varint::push(b, 1);
+                        varint::push(b, varint::zigzag(code.into()));
+                    }
+                    None => varint::push(b, 0),
+                }
+                TAG_END
+            }
+            Record::Exit(x) => {
+                varint::push(b, varint::zigzag(x.exit_code.into()));
+                varint::push(b, varint::zigzag(x.signal.into()));
+                TAG_EXIT
+            }
+            Record::Note { time, text } => {
+                varint::push(b, *time);
+                varint::push_bytes(b, text.as_bytes());
+                TAG_NOTE
+            }
+            Record::Unknown { tag } => *tag,
+        };
+        frame(out, tag, &body);
+    }
+
+    /// The header of an EVENTS record; the agent writes it in front of raw
+    /// records it already holds, without building a `Record`.
+    pub fn encode_events_header(out: &mut Vec<u8>, thread: u32, tid: u32, buffer: u32, offset: u32) {
+        for v in [thread, tid, buffer, offset] {
+            varint::push(out, v.into());
+        }
+    }
+
+    /// Appends an EVENTS record whose body is the header plus `records`.
+    pub fn encode_events(out: &mut Vec<u8>, thread: u32, tid: u32, buffer: u32, offset: u32, records: &[u8]) {
+        let mut header = Vec::with_capacity(24);
+        Self::encode_events_header(&mut header, thread, tid, buffer, offset);
+        out.push(TAG_EVENTS);
+        varint::push(out, (header.len() + records.len()) as u64);
+        out.extend_from_slice(&header);
+        out.extend_from_slice(records);
+    }
+}
+
+fn u32_of(v: u64) -> Result<u32, Malformed> {
+    u32::try_from(v).map_err(|_| Malformed)
+}
+
+fn i32_of(v: u64) -> Result<i32, Malformed> {
+    i32::try_from(varint::unzigzag(v)).map_err(|_| Malformed)
+}
+
+/// Iterates the records of one decompressed chunk.
+pub struct Records<'a> {
+    cursor: Cursor<'a>,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(chunk: &'a [u8]) -> Self {
+        Records { cursor: Cursor::new(chunk) }
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Result<Record<'a>, Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.cursor.is_empty() {
+            return None;
+        }
+        let parsed = (|| {
+            let tag = self.cursor.u8()?;
+            let body = self.cursor.bytes()?;
+            decode_body(tag, body)
+        })();
+        if parsed.is_err() {
+            self.cursor.rest();
+        }
+        Some(parsed)
+    }
+}
+
+fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
+    let mut c = Cursor::new(body);
+    Ok(match tag {
+        TAG_PROCESS => {
+            let mut p = Process {
+                pid: u32_of(c.varint()?)?,
+                ppid: u32_of(c.varint()?)?,
+                run_id: c.varint()?,
+                image: u32_of(c.varint()?)?,
+                clock: u8::try_from(c.varint()?).map_err(|_| Malformed)?,
+                start_time: c.varint()?,
+                start_monotonic_ns: c.varint()?,
+                start_realtime_ns: c.varint()?,
+                page_size: c.varint()?,
+                cpu_count: u32_of(c.varint()?)?,
+                exe: c.string()?,
+                argv: Vec::new(),
+            };
+            let argc = c.varint()?;
+            for _ in 0..argc {
+                p.argv.push(c.string()?);
+            }
+            Record::Process(p)
+        }
+        TAG_MODULES => {
+            let count = c.varint()?;
+            let mut modules = Vec::new();
+            for _ in 0..count {
+                modules.push(Module { path: c.string()?, base: c.varint()?, size: c.varint()?, build_id: c.bytes()?.to_vec() });
+            }
+            Record::Modules(modules)
+        }
+        TAG_EVENTS => Record::Events(EventsPiece {
+            thread: u32_of(c.varint()?)?,
+            tid: u32_of(c.varint()?)?,
+            buffer: u32_of(c.varint()?)?,
+            offset: u32_of(c.varint()?)?,
+            records: c.rest(),
+        }),
+        TAG_CLOCK => Record::Clock(Clock { time: c.varint()?, monotonic_ns: c.varint()? }),
+        TAG_RSS => Record::Rss(Rss { time: c.varint()?, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? }),
+        TAG_END => {
+            let time = c.varint()?;
+            let reason = match c.varint()? {
+                0 => EndReason::Exit,
+                1 => EndReason::Exec,
+                2 => EndReason::RecordingFailed,
+                _ => return Err(Malformed),
+            };
+            let dropped_events = c.varint()?;
+            let vm_hwm = c.varint()?;
+            let exit_code = if c.varint()? == 1 { Some(i32_of(c.varint()?)?) } else { None };
+            Record::End(End { time, reason, dropped_events, vm_hwm, exit_code })
+        }
+        TAG_EXIT => Record::Exit(Exit { exit_code: i32_of(c.varint()?)?, signal: i32_of(c.varint()?)? }),
+        TAG_NOTE => Record::Note { time: c.varint()?, text: c.string()? },
+        tag => Record::Unknown { tag },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_record_round_trips() {
+        let records = vec![
+            Record::Process(Process { pid: 42, ppid: 1, run_id: u64::MAX, image: 1, clock: CLOCK_TSC, start_time: 5, start_monotonic_ns: 6, start_realtime_ns: 7, page_size: 4096, cpu_count: 2, exe: "/bin/true".into(), argv: vec!["true".into(), "ä b".into()] }),
+            Record::Modules(vec![Module { path: "/lib/libc.so.6".into(), base: 0x7f00_0000_0000, size: 4096, build_id: vec![1, 2, 3] }]),
+            Record::Events(EventsPiece { thread: 3, tid: 1234, buffer: 9, offset: 100, records: &[1, 2, 3] }),
+            Record::Clock(Clock { time: 10, monotonic_ns: 20 }),
+            Record::Rss(Rss { time: 1, vm_rss: 2, rss_anon: 3, rss_file: 4, rss_shmem: 5 }),
+            Record::End(End { time: 9, reason: EndReason::Exec, dropped_events: 3, vm_hwm: 1 << 30, exit_code: Some(-1) }),
+            Record::Exit(Exit { exit_code: 137, signal: 9 }),
+            Record::Note { time: 1, text: "recording stopped".into() },
+        ];
+        let mut chunk = Vec::new();
+        for r in &records {
+            r.encode(&mut chunk);
+        }
+        Record::encode_events(&mut chunk, 3, 1234, 9, 100, &[1, 2, 3]);
+        let decoded: Vec<Record> = Records::new(&chunk).map(Result::unwrap).collect();
+        assert_eq!(&decoded[..records.len()], &records[..]);
+        assert_eq!(decoded[records.len()], records[2]);
+    }
+
+    #[test]
+    fn unknown_tags_are_skipped() {
+        let mut chunk = Vec::new();
+        frame(&mut chunk, 200, &[9, 9, 9]);
+        Record::Clock(Clock { time: 1, monotonic_ns: 2 }).encode(&mut chunk);
+        let decoded: Vec<Record> = Records::new(&chunk).map(Result::unwrap).collect();
+        assert_eq!(decoded, vec![Record::Unknown { tag: 200 }, Record::Clock(Clock { time: 1, monotonic_ns: 2 })]);
+    }
+}

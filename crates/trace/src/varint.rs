@@ -1,0 +1,155 @@
+//! LEB128 varints, the integer encoding of every record in a trace.
+//!
+//! The writer side works on raw pointers because the agent encodes inside
+//! malloc hooks and must neither allocate nor bounds-check per byte; the
+//! caller guarantees room for [`MAX_VARINT_LEN`] bytes.
+
+pub const MAX_VARINT_LEN: usize = 10;
+
+/// Writes `value` at `out`, returns the pointer past the last byte written.
+///
+/// # Safety
+/// `out` must be valid for [`MAX_VARINT_LEN`] bytes of writes.
+#[inline(always)]
+pub unsafe fn write_raw(mut out: *mut u8, mut value: u64) -> *mut u8 {
+    unsafe {
+        while value >= 0x80 {
+            *out = (value as u8) | 0x80;
+            out = out.add(1);
+            value >>= 7;
+        }
+        *out = value as u8;
+        out.add(1)
+    }
+}
+
+#[inline(always)]
+pub fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+#[inline(always)]
+pub fn unzigzag(value: u64) -> i64 {
+    ((value >> 1) as i64) ^ -((value & 1) as i64)
+}
+
+pub fn push(out: &mut Vec<u8>, value: u64) {
+    let mut bytes = [0u8; MAX_VARINT_LEN];
+    let end = unsafe { write_raw(bytes.as_mut_ptr(), value) };
+    let len = end as usize - bytes.as_ptr() as usize;
+    out.extend_from_slice(&bytes[..len]);
+}
+
+pub fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    push(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// A bounds-checked reader over a record body; every read fails cleanly on
+/// malformed input instead of panicking.
+#[derive(Clone)]
+pub struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed;
+
+impl<'a> Cursor<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Cursor { bytes, pos: 0 }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.bytes.len()
+    }
+
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn u8(&mut self) -> Result<u8, Malformed> {
+        let byte = *self.bytes.get(self.pos).ok_or(Malformed)?;
+        self.pos += 1;
+        Ok(byte)
+    }
+
+    #[inline]
+    pub fn varint(&mut self) -> Result<u64, Malformed> {
+        let mut value = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let byte = self.u8()?;
+            if shift == 63 && byte > 1 {
+                return Err(Malformed);
+            }
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(Malformed);
+            }
+        }
+    }
+
+    pub fn signed(&mut self) -> Result<i64, Malformed> {
+        self.varint().map(unzigzag)
+    }
+
+    pub fn bytes(&mut self) -> Result<&'a [u8], Malformed> {
+        let len = usize::try_from(self.varint()?).map_err(|_| Malformed)?;
+        let end = self.pos.checked_add(len).ok_or(Malformed)?;
+        let slice = self.bytes.get(self.pos..end).ok_or(Malformed)?;
+        self.pos = end;
+        Ok(slice)
+    }
+
+    pub fn string(&mut self) -> Result<String, Malformed> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+
+    pub fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.bytes[self.pos.min(self.bytes.len())..];
+        self.pos = self.bytes.len();
+        rest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn varints_round_trip(values in proptest::collection::vec(any::<u64>(), 0..64)) {
+            let mut out = Vec::new();
+            for &v in &values { push(&mut out, v); }
+            let mut cursor = Cursor::new(&out);
+            for &v in &values { prop_assert_eq!(cursor.varint().unwrap(), v); }
+            prop_assert!(cursor.is_empty());
+        }
+
+        #[test]
+        fn zigzag_round_trips(v in any::<i64>()) {
+            prop_assert_eq!(unzigzag(zigzag(v)), v);
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut cursor = Cursor::new(&bytes);
+            while cursor.varint().is_ok() {}
+            let mut cursor = Cursor::new(&bytes);
+            let _ = cursor.bytes();
+        }
+    }
+
+    #[test]
+    fn rejects_overlong_varints() {
+        let bytes = [0xffu8; 11];
+        assert_eq!(Cursor::new(&bytes).varint(), Err(Malformed));
+    }
+}
