@@ -1,0 +1,206 @@
+//! `memgap run [-o TRACE] -- CMD...`: runs CMD with the agent preloaded and
+//! exits as CMD did.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use anyhow::Context;
+use memgap_model::Summary;
+use memgap_trace::framing::{self, FileHeader};
+use memgap_trace::records::{Exit, Record};
+use memgap_views::format::bytes;
+
+use crate::agent;
+
+/// Record every heap event of CMD (and of the programs it starts) into a trace.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Trace file of the top process [default: memgap-<program>.<pid>.mgt]; `%p`
+    /// stands for the pid. Processes it starts write <stem>.<pid>.mgt beside it.
+    #[arg(short, long, value_name = "TRACE")]
+    output: Option<PathBuf>,
+    /// Trace only the top process, not the programs it starts.
+    #[arg(long)]
+    no_follow: bool,
+    /// Print nothing of memgap's own (the program's output is never touched).
+    #[arg(short, long)]
+    quiet: bool,
+    /// How often the agent samples RSS and collects thread buffers, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    rss_interval: u64,
+    /// The command to run, after `--`.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let agent = agent::locate()?;
+    let program_name = Path::new(&args.command[0]).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "program".into());
+    let pattern = output_pattern(args.output.as_deref(), &program_name)?;
+    let run_id = random_run_id();
+
+    let mut preload = agent.as_os_str().to_owned();
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        // The agent first: an allocator the user preloads comes after it and
+        // keeps serving the program.
+        preload.push(":");
+        preload.push(existing);
+    }
+    let mut command = std::process::Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("MEMGAP_OUTPUT", &pattern)
+        .env("MEMGAP_RUN_ID", format!("{run_id:x}"))
+        .env("MEMGAP_PARENT_PID", std::process::id().to_string())
+        .env("MEMGAP_INTERVAL_MS", args.rss_interval.to_string());
+    if args.no_follow {
+        command.env("MEMGAP_FOLLOW", "0");
+    }
+
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            let name = args.command[0].to_string_lossy();
+            let (code, what) = match error.kind() {
+                std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
+                std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
+                _ => (126, error.to_string()),
+            };
+            eprintln!("memgap: {name}: {what}");
+            return Ok(ExitCode::from(code));
+        }
+    };
+    CHILD_PID.store(child.id() as i32, Ordering::Relaxed);
+    forward_signals();
+    let status = child.wait().context("waiting for the program")?;
+    let (exit_code, signal) = match (status.code(), status.signal()) {
+        (Some(code), _) => (code, 0),
+        (None, Some(signal)) => (128 + signal, signal),
+        (None, None) => (1, 0),
+    };
+
+    let trace = trace_path(&pattern, child.id());
+    let recorded = trace.is_file();
+    if recorded {
+        framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal })))
+            .with_context(|| format!("cannot add the exit status to {}", trace.display()))?;
+    }
+    if !args.quiet {
+        report(&trace, recorded, &pattern, run_id, &args.command[0]);
+    }
+    Ok(ExitCode::from(exit_code.clamp(0, 255) as u8))
+}
+
+fn encode(record: &Record) -> Vec<u8> {
+    let mut raw = Vec::new();
+    record.encode(&mut raw);
+    raw
+}
+
+fn output_pattern(output: Option<&Path>, program_name: &str) -> anyhow::Result<PathBuf> {
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let path = match output {
+        Some(path) => cwd.join(path),
+        None => cwd.join(format!("memgap-{}.%p.mgt", sanitize(program_name))),
+    };
+    Ok(path)
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+fn trace_path(pattern: &Path, pid: u32) -> PathBuf {
+    PathBuf::from(pattern.to_string_lossy().replace("%p", &pid.to_string()))
+}
+
+fn random_run_id() -> u64 {
+    let mut bytes = [0u8; 8];
+    let from_kernel = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
+    if from_kernel {
+        return u64::from_le_bytes(bytes);
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    now ^ (u64::from(std::process::id()) << 32)
+}
+
+/// SIGTERM, SIGHUP and SIGUSR1/2 sent to memgap go to the program. SIGINT and
+/// SIGQUIT come from the terminal, which already sends them to the program:
+/// memgap outlives them to finish the trace.
+fn forward_signals() {
+    extern "C" fn forward(signal: libc::c_int) {
+        let pid = CHILD_PID.load(Ordering::Relaxed);
+        if pid > 0 {
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+    extern "C" fn ignore(_: libc::c_int) {}
+    let install = |signal: libc::c_int, handler: extern "C" fn(libc::c_int)| unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler as usize;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, std::ptr::null_mut());
+    };
+    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+        install(signal, forward);
+    }
+    for signal in [libc::SIGINT, libc::SIGQUIT] {
+        install(signal, ignore);
+    }
+}
+
+fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
+    if !recorded {
+        eprintln!(
+            "memgap: no trace was written for {}: the agent was not loaded (a statically linked or setuid program ignores LD_PRELOAD) or could not write {}",
+            program.to_string_lossy(),
+            trace.display()
+        );
+    } else {
+        match Summary::of_trace(trace) {
+            Ok(s) => eprintln!(
+                "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
+                trace.display(),
+                memgap_views::format::count(s.total_events),
+                bytes(s.peak_live_bytes),
+                bytes(s.peak_rss_bytes),
+                bytes(s.live_bytes_at_end),
+                if s.truncated { " (cut short)" } else { "" }
+            ),
+            Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
+        }
+    }
+    let others = sibling_traces(pattern, run_id, trace);
+    if !others.is_empty() {
+        let names: Vec<String> = others.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+        eprintln!("memgap: {} more from processes it started: {}", others.len(), names.join(", "));
+    }
+    if recorded {
+        eprintln!("memgap: details: memgap summary {}", trace.display());
+    }
+}
+
+/// Traces of this run other than the top process's, found by run id.
+fn sibling_traces(pattern: &Path, run_id: u64, top: &Path) -> Vec<PathBuf> {
+    let Some(dir) = pattern.parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path != top && path.extension().is_some_and(|e| e == "mgt"))
+        .filter(|path| {
+            let mut header = [0u8; framing::FILE_HEADER_LEN];
+            std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut header)).is_ok() && FileHeader::decode(&header).is_ok_and(|h| h.run_id == run_id)
+        })
+        .collect();
+    found.sort();
+    found
+}

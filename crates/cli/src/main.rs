@@ -1,0 +1,38 @@
+//! The `memgap` command: a thin layer that parses arguments, runs one
+//! command module, and turns any error into one line on stderr.
+
+mod agent;
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "memgap", version, about = "Explains why a process's RSS is far above the memory its program thinks it holds")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Run(commands::run::Args),
+    Summary(commands::summary::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => commands::run::run(args),
+        Command::Summary(args) => commands::summary::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("memgap: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! End-to-end tests: real programs, compiled from `tests/programs/` at test
+//! time, run under the real agent through `memgap run`, then read back with
+//! `memgap summary --json`.
+//!
+//! The agent must already be built next to the `memgap` binary
+//! (`target/<profile>/libmemgap_agent.so`); `cargo build --release --workspace`
+//! does that. The tests need `cc`, `c++`, `rustc` and `python3` on PATH.
+//! Every test works in its own temporary directory, so they run in parallel.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// No single command in these tests should take anywhere near this long; a
+/// command that does is killed (with its whole process group) and the test fails.
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+const ALLOCATOR_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+
+// ---------------------------------------------------------------------------
+// Shared helpers
+// ---------------------------------------------------------------------------
+
+fn memgap_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_memgap"))
+}
+
+fn programs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs")
+}
+
+/// A fresh temporary directory, canonicalized so paths compare equal to
+/// what /proc reports.
+fn tempdir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let path = dir.path().canonicalize().expect("canonicalize the temporary directory");
+    (dir, path)
+}
+
+fn arg(path: &Path) -> &str {
+    path.to_str().expect("test paths are UTF-8")
+}
+
+/// Compiles `tests/programs/<source>` (.c, .cpp or .rs) into `dir` and
+/// returns the executable's path.
+fn compile(dir: &Path, source: &str) -> PathBuf {
+    let src = programs_dir().join(source);
+    let (stem, ext) = source.rsplit_once('.').expect("source file has an extension");
+    let exe = dir.join(stem);
+    let mut cmd = match ext {
+        // -fno-builtin: the compiler must not elide malloc/free pairs.
+        "c" => command("cc", ["-std=gnu11", "-O2", "-g", "-Wall", "-fno-builtin", "-pthread"]),
+        "cpp" => command("c++", ["-std=c++17", "-O2", "-g", "-Wall"]),
+        "rs" => command("rustc", ["-O", "--edition", "2021"]),
+        _ => panic!("don't know how to compile {source}"),
+    };
+    cmd.arg("-o").arg(&exe).arg(&src);
+    let out = output_of(&mut cmd);
+    assert!(out.status.success(), "compiling {source} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+fn command<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(program: &str, args: I) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    cmd
+}
+
+/// Runs `program ARGS...` in `dir` without memgap.
+fn run_plain(dir: &Path, program: &str, args: &[&str]) -> Output {
+    output_of(command(program, args).current_dir(dir).env_remove("LD_PRELOAD"))
+}
+
+/// `memgap ARGS...` as a Command, run in `dir` with no LD_PRELOAD inherited
+/// from the test runner.
+fn memgap_cmd(dir: &Path, args: &[&str]) -> Command {
+    if args.first() == Some(&"run") {
+        let agent = memgap_bin().with_file_name("libmemgap_agent.so");
+        assert!(
+            agent.exists(),
+            "{} is missing: build the agent first (cargo build --release --workspace)",
+            agent.display()
+        );
+    }
+    let mut cmd = command(memgap_bin().to_str().unwrap(), args);
+    cmd.current_dir(dir).env_remove("LD_PRELOAD");
+    cmd
+}
+
+/// Runs `memgap ARGS...` in `dir` and returns what it printed and its status.
+fn memgap(dir: &Path, args: &[&str]) -> Output {
+    output_of(&mut memgap_cmd(dir, args))
+}
+
+/// `memgap summary TRACE --json`, which must succeed, parsed.
+fn summary_json(trace: &Path) -> Value {
+    let dir = trace.parent().unwrap();
+    let out = memgap(dir, &["summary", arg(trace), "--json"]);
+    assert!(
+        out.status.success(),
+        "memgap summary {} failed ({}):\n{}",
+        trace.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("summary --json printed invalid JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+/// `summary["events"][kind]`; panics, showing the summary, if it is absent.
+fn events(summary: &Value, kind: &str) -> u64 {
+    summary["events"][kind].as_u64().unwrap_or_else(|| panic!("no events.{kind} in summary:\n{summary:#}"))
+}
+
+fn number(summary: &Value, key: &str) -> u64 {
+    summary[key].as_u64().unwrap_or_else(|| panic!("no numeric {key} in summary:\n{summary:#}"))
+}
+
+/// Names of the `.mgt` files in `dir`, sorted.
+fn traces_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".mgt"))
+        .collect();
+    names.sort();
+    names
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Fails unless stdout, stderr and exit status of the two runs are identical.
+fn assert_same_behaviour(plain: &Output, traced: &Output) {
+    assert_eq!(text(&traced.stderr), text(&plain.stderr), "stderr differs under memgap");
+    assert_eq!(text(&traced.stdout), text(&plain.stdout), "stdout differs under memgap");
+    assert_eq!(traced.stdout, plain.stdout, "stdout bytes differ under memgap");
+    assert_eq!(traced.stderr, plain.stderr, "stderr bytes differ under memgap");
+    assert_eq!(traced.status.code(), plain.status.code(), "exit status differs under memgap");
+}
+
+/// Runs `cmd` with stdin closed, collecting stdout and stderr; kills its
+/// process group and fails if it outlives TIMEOUT.
+fn output_of(cmd: &mut Command) -> Output {
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let stdout = read_in_background(child.stdout.take().unwrap());
+    let stderr = read_in_background(child.stderr.take().unwrap());
+    let status = wait_or_kill(&mut child, &format!("{cmd:?}"));
+    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+}
+
+fn read_in_background(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// Waits for a child started in its own process group.
+fn wait_or_kill(child: &mut Child, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            kill(&format!("-{}", child.id()));
+            let _ = child.wait();
+            panic!("{what} did not finish within {TIMEOUT:?}; killed it");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGKILLs `target`, a pid or (with a leading '-') a process group.
+fn kill(target: &str) {
+    let _ = Command::new("sh").args(["-c", &format!("kill -KILL -- {target}")]).status();
+}
+
+/// Pids whose parent is `pid` (from /proc/*/stat, so it needs neither
+/// CONFIG_PROC_CHILDREN nor procps).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut children = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        // "pid (comm) state ppid ...": comm may contain spaces and ')'.
+        let after_comm = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        if after_comm.split_whitespace().nth(1) == Some(pid.to_string().as_str()) {
+            children.push(child);
+        }
+    }
+    children
+}
+
+fn allocator(name: &str) -> Option<PathBuf> {
+    let path = Path::new(ALLOCATOR_DIR).join(name);
+    if path.exists() {
+        Some(path)
+    } else {
+        eprintln!("note: {} is not installed; skipping that allocator", path.display());
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Exact event counts
+// ---------------------------------------------------------------------------
+
+#[test]
+fn exact_counts_are_exact() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "exact_counts.c");
+    let trace = dir.join("t.mgt");
+
+    let out = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "exact_counts ok\n");
+
+    let s = summary_json(&trace);
+    assert_eq!(events(&s, "malloc"), 1_000_000, "{s:#}");
+    assert_eq!(events(&s, "free"), 999_000, "free(NULL) must not count; {s:#}");
+    assert_eq!(events(&s, "calloc"), 10, "{s:#}");
+    assert_eq!(events(&s, "realloc"), 10, "{s:#}");
+    for kind in ["posix_memalign", "aligned_alloc", "memalign", "valloc", "pvalloc", "reallocarray"] {
+        assert_eq!(events(&s, kind), 0, "{kind}; {s:#}");
+    }
+    for kind in ["mmap", "munmap", "mremap", "brk", "sbrk"] {
+        events(&s, kind); // present, whatever the count
+    }
+    // 990 x 32 untouched + 10 x 16 shrunk by realloc + 10 x 16 calloc'd.
+    assert_eq!(number(&s, "live_bytes_at_end"), 32_000, "{s:#}");
+    // Just before the last batch is freed: 990 kept + 10,000 blocks of 32 bytes.
+    assert_eq!(number(&s, "peak_live_bytes"), 351_680, "{s:#}");
+    // 1,000,000 x 32 + 10 x 16 calloc'd (+ 10 x 16 if realloc'd sizes count).
+    let allocated = number(&s, "allocated_bytes");
+    assert!((32_000_160..=32_000_320).contains(&allocated), "allocated_bytes {allocated}; {s:#}");
+    assert!(number(&s, "peak_rss_bytes") > 0, "{s:#}");
+    assert_eq!(number(&s, "threads"), 1, "{s:#}");
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+    assert_eq!(s["exit_code"], Value::from(0), "{s:#}");
+    assert!(number(&s, "pid") > 0, "{s:#}");
+    let command = s["command"].as_str().unwrap_or_else(|| panic!("no command string; {s:#}"));
+    assert!(command.contains("exact_counts"), "command {command:?}");
+}
+
+#[test]
+fn eight_threads_counts_are_exact() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "threads.c");
+    let trace = dir.join("t.mgt");
+
+    let out = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("threads ok "), "stdout: {}", text(&out.stdout));
+
+    let s = summary_json(&trace);
+    assert_eq!(events(&s, "malloc"), 800_000, "{s:#}");
+    assert_eq!(events(&s, "free"), 800_000, "{s:#}");
+    assert_eq!(events(&s, "realloc"), 0, "{s:#}");
+    // glibc's pthread_create callocs one DTV per new thread; nothing else does.
+    assert!(events(&s, "calloc") <= 8, "{s:#}");
+    assert!(number(&s, "threads") >= 8, "{s:#}");
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+    assert_eq!(s["exit_code"], Value::from(0), "{s:#}");
+}
+
+// ---------------------------------------------------------------------------
+// Processes: fork, exec, default names
+// ---------------------------------------------------------------------------
+
+/// Parses fork_exec's "parent <pid> child <pid>" line.
+fn fork_exec_pids(stdout: &[u8]) -> (u64, u64) {
+    let line = text(stdout);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words[..] {
+        ["parent", parent, "child", child] => (parent.parse().unwrap(), child.parse().unwrap()),
+        _ => panic!("unexpected fork_exec output {line:?}"),
+    }
+}
+
+#[test]
+fn fork_and_exec_give_the_child_its_own_trace() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "fork_exec.c");
+    let trace = dir.join("t.mgt");
+
+    let out = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let (parent_pid, child_pid) = fork_exec_pids(&out.stdout);
+
+    let child_name = format!("t.{child_pid}.mgt");
+    assert_eq!(traces_in(&dir), {
+        let mut expected = vec!["t.mgt".to_string(), child_name.clone()];
+        expected.sort();
+        expected
+    });
+
+    let parent = summary_json(&trace);
+    assert_eq!(number(&parent, "pid"), parent_pid, "{parent:#}");
+    assert_eq!(events(&parent, "malloc"), 110, "parent: 100 before fork + 10 after wait; {parent:#}");
+    assert_eq!(events(&parent, "free"), 60, "{parent:#}");
+    assert_eq!(parent["exit_code"], Value::from(0), "{parent:#}");
+
+    // The child's trace holds its forked image and, appended, its exec'd image.
+    let child = summary_json(&dir.join(&child_name));
+    assert_eq!(number(&child, "pid"), child_pid, "{child:#}");
+    assert_eq!(events(&child, "malloc"), 8_000, "child: 5,000 after fork + 3,000 after exec; {child:#}");
+    assert_eq!(events(&child, "free"), 5_000, "{child:#}");
+    assert_eq!(child["exit_code"], Value::from(0), "{child:#}");
+}
+
+#[test]
+fn no_follow_traces_only_the_top_process() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "fork_exec.c");
+    let trace = dir.join("t.mgt");
+
+    let out = memgap(&dir, &["run", "--no-follow", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    fork_exec_pids(&out.stdout);
+    assert_eq!(traces_in(&dir), vec!["t.mgt".to_string()]);
+    let parent = summary_json(&trace);
+    assert_eq!(events(&parent, "malloc"), 110, "{parent:#}");
+    assert_eq!(events(&parent, "free"), 60, "{parent:#}");
+}
+
+#[test]
+fn default_trace_name_is_memgap_prog_pid() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "exact_counts.c");
+
+    let out = memgap(&dir, &["run", "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let names = traces_in(&dir);
+    assert_eq!(names.len(), 1, "expected one trace in the working directory, found {names:?}");
+    let pid = names[0]
+        .strip_prefix("memgap-exact_counts.")
+        .and_then(|rest| rest.strip_suffix(".mgt"))
+        .and_then(|pid| pid.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("trace name {:?} is not memgap-exact_counts.<pid>.mgt", names[0]));
+    let s = summary_json(&dir.join(&names[0]));
+    assert_eq!(number(&s, "pid"), pid, "{s:#}");
+    assert_eq!(events(&s, "malloc"), 1_000_000, "{s:#}");
+}
+
+// ---------------------------------------------------------------------------
+// A program killed mid-run
+// ---------------------------------------------------------------------------
+
+#[test]
+fn sigkill_mid_run_leaves_a_readable_truncated_trace() {
+    use std::os::unix::process::CommandExt;
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "sleeper.c");
+    let trace = dir.join("t.mgt");
+    let stdout_file = dir.join("sleeper.stdout");
+    let stderr_file = dir.join("memgap.stderr");
+
+    let mut memgap_run = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)])
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&stdout_file).unwrap())
+        .stderr(fs::File::create(&stderr_file).unwrap())
+        .process_group(0)
+        .spawn()
+        .expect("start memgap run");
+    let memgap_stderr = || fs::read_to_string(&stderr_file).unwrap_or_default();
+
+    // Find the sleeper among memgap's children once it has really started.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let sleeper = loop {
+        let running = fs::read_to_string(&stdout_file).unwrap_or_default().contains("sleeper running");
+        let found = children_of(memgap_run.id())
+            .into_iter()
+            .find(|pid| fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(prog.as_path()));
+        if let (true, Some(pid)) = (running, found) {
+            break pid;
+        }
+        if let Some(status) = memgap_run.try_wait().unwrap() {
+            panic!("memgap exited early ({status}):\n{}", memgap_stderr());
+        }
+        if Instant::now() > deadline {
+            kill(&format!("-{}", memgap_run.id()));
+            panic!("sleeper did not start as a child of memgap:\n{}", memgap_stderr());
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+
+    // Let it record for a while: ~50,000 mallocs per 0.5 s.
+    thread::sleep(Duration::from_millis(500));
+    kill(&sleeper.to_string());
+    let status = wait_or_kill(&mut memgap_run, "memgap run -- sleeper");
+    assert_eq!(status.code(), Some(137), "memgap must exit 128+9; stderr:\n{}", memgap_stderr());
+
+    let s = summary_json(&trace);
+    assert_eq!(s["truncated"], Value::Bool(true), "{s:#}");
+    assert!(events(&s, "malloc") > 0, "{s:#}");
+    assert_eq!(number(&s, "pid"), u64::from(sleeper), "{s:#}");
+}
+
+// ---------------------------------------------------------------------------
+// The traced program behaves exactly as it does without memgap
+// ---------------------------------------------------------------------------
+
+#[test]
+fn output_identity_c() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "outputs.c");
+    let trace = dir.join("t.mgt");
+
+    let plain = run_plain(&dir, arg(&prog), &["one", "two words"]);
+    assert_eq!(plain.status.code(), Some(3));
+    let traced = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "one", "two words"]);
+    assert_same_behaviour(&plain, &traced);
+
+    let s = summary_json(&trace);
+    assert_eq!(s["exit_code"], Value::from(3), "{s:#}");
+    assert!(events(&s, "malloc") >= 100, "{s:#}");
+}
+
+#[test]
+fn output_identity_python() {
+    let (_tmp, dir) = tempdir();
+    let python = if Path::new("/usr/bin/python3").exists() { "/usr/bin/python3" } else { "python3" };
+    let script = r#"
+import sys
+squares = {str(i): i * i for i in range(20000)}
+words = {w: len(w) for w in ("alpha beta gamma delta " * 1000).split()}
+print(len(squares), sum(squares.values()), sorted(words.items()))
+print("from stderr:", squares["123"], file=sys.stderr)
+sys.exit(4)
+"#;
+    let trace = dir.join("t.mgt");
+
+    let plain = run_plain(&dir, python, &["-c", script]);
+    assert_eq!(plain.status.code(), Some(4), "stderr:\n{}", text(&plain.stderr));
+    let traced = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", python, "-c", script]);
+    assert_same_behaviour(&plain, &traced);
+    assert!(events(&summary_json(&trace), "malloc") > 0);
+}
+
+#[test]
+fn output_identity_rust() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "rust_alloc.rs");
+    let trace = dir.join("t.mgt");
+
+    let plain = run_plain(&dir, arg(&prog), &[]);
+    assert_eq!(plain.status.code(), Some(7));
+    let traced = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_same_behaviour(&plain, &traced);
+    assert!(events(&summary_json(&trace), "malloc") > 0);
+}
+
+#[test]
+fn cpp_program_runs_unchanged() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "cpp_alloc.cpp");
+    let trace = dir.join("t.mgt");
+
+    let plain = run_plain(&dir, arg(&prog), &[]);
+    assert_eq!(plain.status.code(), Some(5));
+    let traced = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_same_behaviour(&plain, &traced);
+
+    let s = summary_json(&trace);
+    assert!(events(&s, "malloc") > 0, "operator new goes through malloc; {s:#}");
+    assert!(events(&s, "free") > 0, "{s:#}");
+    assert_eq!(s["exit_code"], Value::from(5), "{s:#}");
+}
+
+#[test]
+fn without_quiet_memgap_adds_only_its_own_stderr_lines() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "exact_counts.c");
+    let trace = dir.join("t.mgt");
+
+    let out = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "exact_counts ok\n", "memgap must not write to stdout");
+    for line in text(&out.stderr).lines() {
+        assert!(line.starts_with("memgap:"), "stderr line not from memgap: {line:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Other allocators preloaded by the user
+// ---------------------------------------------------------------------------
+
+/// With the allocator in LD_PRELOAD, memgap must put its agent first and the
+/// program must run unchanged. Allocators and the libraries they pull in may
+/// allocate before main (Debian's jemalloc and tcmalloc load libstdc++, whose
+/// startup mallocs its exception pool), so counts are compared against a
+/// baseline run of the same binary that returns before allocating.
+#[test]
+fn preloaded_allocators_keep_counts_exact() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "exact_counts.c");
+    for name in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4", "libmimalloc.so.2"] {
+        let Some(lib) = allocator(name) else { continue };
+        let traced = |trace: &str, args: &[&str]| {
+            let trace = dir.join(trace);
+            let mut cmd_args = vec!["run", "-o", arg(&trace), "--", arg(&prog)];
+            cmd_args.extend_from_slice(args);
+            let out = output_of(memgap_cmd(&dir, &cmd_args).env("LD_PRELOAD", &lib));
+            (out, summary_json(&trace))
+        };
+
+        let plain = output_of(Command::new(&prog).current_dir(&dir).env("LD_PRELOAD", &lib));
+        let (out, full) = traced(&format!("{name}.mgt"), &[]);
+        assert_eq!(out.status.code(), plain.status.code(), "{name}: stderr:\n{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), text(&plain.stdout), "{name}");
+        assert_eq!(text(&out.stdout), "exact_counts ok\n", "{name}");
+        let (_, base) = traced(&format!("{name}.baseline.mgt"), &["idle"]);
+
+        let diff = |kind: &str| events(&full, kind) as i64 - events(&base, kind) as i64;
+        let context = format!("{name}\nfull run: {full:#}\nbaseline: {base:#}");
+        assert_eq!(diff("malloc"), 1_000_000, "{context}");
+        assert_eq!(diff("free"), 999_000, "{context}");
+        assert_eq!(diff("calloc"), 10, "{context}");
+        assert_eq!(diff("realloc"), 10, "{context}");
+        let live = number(&full, "live_bytes_at_end") as i64 - number(&base, "live_bytes_at_end") as i64;
+        assert_eq!(live, 32_000, "{context}");
+        assert_eq!(full["truncated"], Value::Bool(false), "{context}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bad input and bad commands
+// ---------------------------------------------------------------------------
+
+/// CRC-32 (IEEE), as the trace header uses.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// A small but real trace, from the agent.
+fn real_trace(dir: &Path) -> Vec<u8> {
+    let prog = compile(dir, "fork_exec.c");
+    let trace = dir.join("good.mgt");
+    let out = memgap(dir, &["run", "--no-follow", "--quiet", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    summary_json(&trace); // it must be good before we break it
+    fs::read(&trace).unwrap()
+}
+
+#[test]
+fn summary_rejects_bad_input_with_one_line() {
+    let (_tmp, dir) = tempdir();
+    let good = real_trace(&dir);
+    const FILE_HEADER_LEN: usize = 32;
+    const CHUNK_HEADER_LEN: usize = 20;
+    assert!(good.len() > FILE_HEADER_LEN + CHUNK_HEADER_LEN, "the real trace has no chunk");
+    assert_eq!(&good[..8], b"MEMGAPT\0");
+
+    let flipped = {
+        let mut bytes = good.clone();
+        let stored_len = u32::from_le_bytes(bytes[FILE_HEADER_LEN + 12..FILE_HEADER_LEN + 16].try_into().unwrap());
+        bytes[FILE_HEADER_LEN + CHUNK_HEADER_LEN + stored_len as usize / 2] ^= 0x10;
+        bytes
+    };
+    let newer = {
+        let mut bytes = good.clone();
+        bytes[8..10].copy_from_slice(&99u16.to_le_bytes());
+        let crc = crc32(&bytes[..28]);
+        bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    };
+    let cases: Vec<(&str, Option<Vec<u8>>)> = vec![
+        ("missing", None),
+        ("empty", Some(Vec::new())),
+        ("text", Some(b"hello\nthis is not a memgap trace\n".to_vec())),
+        ("truncated-header", Some(good[..20].to_vec())),
+        ("flipped-byte-in-chunk", Some(flipped)),
+        ("major-version-99", Some(newer)),
+    ];
+
+    for (name, contents) in cases {
+        let path = dir.join(format!("{name}.mgt"));
+        if let Some(contents) = contents {
+            fs::write(&path, contents).unwrap();
+        }
+        for json in [false, true] {
+            let mut args = vec!["summary", arg(&path)];
+            if json {
+                args.push("--json");
+            }
+            let out = memgap(&dir, &args);
+            let stderr = text(&out.stderr);
+            let what = format!("{name} (json: {json}): status {}, stderr:\n{stderr}", out.status);
+            assert!(!out.status.success(), "{what}");
+            assert!(out.status.code().is_some(), "killed by a signal (abort?): {what}");
+            assert_eq!(stderr.lines().count(), 1, "want exactly one line: {what}");
+            assert!(stderr.starts_with("memgap:"), "{what}");
+            assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{what}");
+        }
+    }
+}
+
+#[test]
+fn running_a_missing_command_exits_127() {
+    let (_tmp, dir) = tempdir();
+    let out = memgap(&dir, &["run", "--", "/nonexistent/cmd"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "stderr:\n{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "want exactly one line:\n{stderr}");
+    assert!(stderr.contains("/nonexistent/cmd"), "stderr must name the command:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -1,0 +1,204 @@
+//! The summary of one trace: what `memgap summary` shows.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use memgap_replay::{Change, LiveSet, ThreadEvent, Visitor, replay};
+use memgap_trace::records::{End, EndReason, Exit, Module, Process, Rss};
+use memgap_trace::{EventKind, TraceError};
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SizeCount {
+    pub size: u64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Summary {
+    pub pid: u32,
+    pub ppid: u32,
+    /// The command line of the last program image, shell-quoted.
+    pub command: String,
+    pub argv: Vec<String>,
+    pub exe: String,
+    /// Program images in this process (1 + number of execs).
+    pub images: u32,
+    /// Exit status (128 + N when killed by signal N); null when unknown.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_seconds: f64,
+    /// Calls by kind; every kind is present.
+    pub events: BTreeMap<&'static str, u64>,
+    pub total_events: u64,
+    pub allocations: u64,
+    /// Bytes requested by all successful allocations (realloc counts its new size).
+    pub allocated_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub peak_live_seconds: f64,
+    /// Bytes requested and never freed (leaked, or freed after recording ended).
+    pub live_bytes_at_end: u64,
+    pub live_blocks_at_end: u64,
+    pub peak_rss_bytes: u64,
+    pub rss_at_end_bytes: u64,
+    /// Threads that made at least one recorded call.
+    pub threads: u32,
+    pub top_sizes: Vec<SizeCount>,
+    /// The trace does not reach the end of the process.
+    pub truncated: bool,
+    pub truncated_reason: Option<String>,
+    pub dropped_events: u64,
+    pub untracked_frees: u64,
+    pub overlapping_allocations: u64,
+    pub notes: Vec<String>,
+    pub trace_bytes: u64,
+}
+
+impl Summary {
+    pub fn of_trace(path: &Path) -> Result<Summary, TraceError> {
+        let mut builder = Builder::default();
+        let outcome = replay(path, &mut builder)?;
+        let b = builder;
+        let timeline = &outcome.timeline;
+        let process = b.process.unwrap_or_default();
+        let mut top_sizes: Vec<SizeCount> = b.sizes.into_iter().map(|(size, count)| SizeCount { size, count, bytes: size * count }).collect();
+        top_sizes.sort_by(|a, b| b.count.cmp(&a.count).then(a.size.cmp(&b.size)));
+        top_sizes.truncate(10);
+
+        let ended = b.end.is_some_and(|end| end.reason == EndReason::Exit);
+        let truncated_reason = if outcome.cut_short {
+            Some("the file ends inside a chunk: the process was killed while writing".to_string())
+        } else if b.end.is_some_and(|end| end.reason == EndReason::RecordingFailed) {
+            Some("recording stopped before the process ended".to_string())
+        } else if !ended {
+            match b.exit {
+                Some(exit) if exit.signal != 0 => Some(format!("the process was killed by signal {}", exit.signal)),
+                _ => Some("the trace has no end record: the process was killed or is still running".to_string()),
+            }
+        } else {
+            None
+        };
+        let exit_code = b.exit.map(|x| x.exit_code).or(b.end.and_then(|e| e.exit_code));
+        let last_time = b.last_time.max(b.end.map_or(0, |e| e.time));
+        let peak_rss = b.peak_rss.max(b.end.map_or(0, |e| e.vm_hwm));
+        Ok(Summary {
+            pid: process.pid,
+            ppid: process.ppid,
+            command: shell_join(&process.argv),
+            argv: process.argv.clone(),
+            exe: process.exe.clone(),
+            images: b.images,
+            exit_code,
+            signal: b.exit.map(|x| x.signal).filter(|&s| s != 0),
+            duration_seconds: if b.images > 0 { timeline.seconds(last_time) } else { 0.0 },
+            events: EventKind::ALL.iter().enumerate().map(|(i, kind)| (kind.name(), b.counts[i])).collect(),
+            total_events: b.counts.iter().sum(),
+            allocations: b.allocations,
+            allocated_bytes: b.allocated_bytes,
+            peak_live_bytes: b.peak_live,
+            peak_live_seconds: timeline.seconds(b.peak_live_time),
+            live_bytes_at_end: b.live.live_bytes(),
+            live_blocks_at_end: b.live.len() as u64,
+            peak_rss_bytes: peak_rss,
+            rss_at_end_bytes: b.last_rss,
+            threads: b.threads.len() as u32,
+            top_sizes,
+            truncated: truncated_reason.is_some(),
+            truncated_reason,
+            dropped_events: b.end.map_or(0, |e| e.dropped_events),
+            untracked_frees: b.live.untracked_frees,
+            overlapping_allocations: b.live.overlapping_allocations,
+            notes: b.notes,
+            trace_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        })
+    }
+}
+
+#[derive(Default)]
+struct Builder {
+    process: Option<Process>,
+    images: u32,
+    counts: [u64; EventKind::ALL.len()],
+    allocations: u64,
+    allocated_bytes: u64,
+    live: LiveSet,
+    peak_live: u64,
+    peak_live_time: u64,
+    peak_rss: u64,
+    last_rss: u64,
+    last_time: u64,
+    threads: FxHashSet<(u32, u32)>,
+    sizes: FxHashMap<u64, u64>,
+    end: Option<End>,
+    exit: Option<Exit>,
+    notes: Vec<String>,
+}
+
+impl Visitor for Builder {
+    fn process(&mut self, process: &Process) {
+        self.images += 1;
+        self.live.clear();
+        self.end = None;
+        self.process = Some(process.clone());
+    }
+
+    fn modules(&mut self, _modules: &[Module]) {}
+
+    fn event(&mut self, event: &ThreadEvent) {
+        let e = &event.event;
+        let kind = e.kind();
+        self.counts[kind as usize - 1] += 1;
+        self.last_time = self.last_time.max(e.time);
+        self.threads.insert((self.images, event.thread));
+        let change = self.live.apply(event);
+        if let Change::Allocated(block) | Change::Reallocated { new: block, .. } = change {
+            self.allocations += 1;
+            self.allocated_bytes += block.size;
+            *self.sizes.entry(block.size).or_default() += 1;
+            if self.live.live_bytes() > self.peak_live {
+                self.peak_live = self.live.live_bytes();
+                self.peak_live_time = e.time;
+            }
+        }
+    }
+
+    fn rss(&mut self, rss: &Rss) {
+        self.peak_rss = self.peak_rss.max(rss.vm_rss);
+        self.last_rss = rss.vm_rss;
+        self.last_time = self.last_time.max(rss.time);
+    }
+
+    fn note(&mut self, _time: u64, text: &str) {
+        self.notes.push(text.to_string());
+    }
+
+    fn end(&mut self, end: &End) {
+        self.end = Some(*end);
+    }
+
+    fn exit(&mut self, exit: &Exit) {
+        self.exit = Some(*exit);
+    }
+}
+
+/// Quotes arguments the way a POSIX shell would need them.
+fn shell_join(argv: &[String]) -> String {
+    let quote = |arg: &String| {
+        let plain = !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+        if plain { arg.clone() } else { format!("'{}'", arg.replace('\'', r"'\''")) }
+    };
+    argv.iter().map(quote).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_like_a_shell() {
+        let argv: Vec<String> = ["python3", "-c", "print('hi')", "a b", ""].iter().map(|s| s.to_string()).collect();
+        assert_eq!(shell_join(&argv), r#"python3 -c 'print('\''hi'\'')' 'a b' ''"#);
+    }
+}

@@ -1,0 +1,317 @@
+//! Per-thread event buffers: the only thing a traced thread touches on the
+//! hot path.
+//!
+//! Each thread appends encoded events to its current 64 KiB chunk and
+//! publishes the committed length with a release store. When the chunk is
+//! full it links a fresh one after it. The writer thread follows each
+//! thread's chain of chunks, copies out what is committed, and recycles a
+//! chunk once the thread has moved past it. No lock is taken per event; the
+//! pool lock is taken once per chunk.
+
+use core::cell::{Cell, UnsafeCell};
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+use memgap_trace::event::{DeltaState, Event, MAX_RECORD_LEN, RawEncoder};
+
+use crate::sys::{self, SpinLock};
+
+pub const CHUNK_BYTES: usize = 64 * 1024;
+const CHUNK_HEADER: usize = 64;
+const CHUNK_DATA: usize = CHUNK_BYTES - CHUNK_HEADER;
+const CHUNKS_PER_BLOCK: usize = 16;
+const BLOCK_BYTES: usize = CHUNK_BYTES * CHUNKS_PER_BLOCK;
+const MAX_BLOCKS: usize = 16_384;
+pub const MAX_THREADS: usize = 8192;
+
+#[repr(C)]
+pub struct Chunk {
+    /// Bytes of `data` committed by the owning thread.
+    pub len: AtomicU32,
+    /// Set by the owner when its thread ended after this chunk.
+    pub closed: AtomicBool,
+    /// Set by the owner when it moved on; `len` is final from then on.
+    pub next: AtomicPtr<Chunk>,
+    pub thread: u32,
+    pub tid: u32,
+    pub seq: u32,
+    /// How much of `data` the writer has copied out; the writer's alone.
+    pub emitted: UnsafeCell<u32>,
+    pool_next: *mut Chunk,
+}
+
+const _: () = assert!(core::mem::size_of::<Chunk>() <= CHUNK_HEADER);
+
+impl Chunk {
+    pub fn data(chunk: *mut Chunk) -> *mut u8 {
+        unsafe { (chunk as *mut u8).add(CHUNK_HEADER) }
+    }
+}
+
+pub struct ThreadState {
+    cursor: *mut u8,
+    limit: *mut u8,
+    data: *mut u8,
+    chunk: *mut Chunk,
+    delta: DeltaState,
+    thread: u32,
+    tid: u32,
+    next_seq: u32,
+    pub destructor_rounds: u32,
+    /// Oldest chunk the writer has not finished with; the writer's alone.
+    pub writer_head: UnsafeCell<*mut Chunk>,
+}
+
+// ---- global state ----------------------------------------------------------
+
+pub static SLOTS: [AtomicPtr<ThreadState>; MAX_THREADS] = [const { AtomicPtr::new(null_mut()) }; MAX_THREADS];
+pub static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
+static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+struct Pool {
+    free: *mut Chunk,
+    blocks: [*mut u8; MAX_BLOCKS],
+    block_count: usize,
+    limit_blocks: usize,
+}
+
+struct PoolCell(UnsafeCell<Pool>);
+// SAFETY: only accessed under POOL_LOCK (or by the lone thread of a fork child).
+unsafe impl Sync for PoolCell {}
+static POOL_LOCK: SpinLock = SpinLock::new();
+static POOL: PoolCell = PoolCell(UnsafeCell::new(Pool { free: null_mut(), blocks: [null_mut(); MAX_BLOCKS], block_count: 0, limit_blocks: 128 }));
+/// Chunks handed out and not yet recycled: the writer is woken when it grows.
+pub static CHUNKS_IN_USE: AtomicUsize = AtomicUsize::new(0);
+
+pub fn set_buffer_limit(bytes: usize) {
+    let _guard = POOL_LOCK.lock();
+    unsafe { (*POOL.0.get()).limit_blocks = (bytes / BLOCK_BYTES).clamp(1, MAX_BLOCKS) };
+}
+
+pub fn pool_capacity_chunks() -> usize {
+    unsafe { (*POOL.0.get()).limit_blocks * CHUNKS_PER_BLOCK }
+}
+
+fn try_take_chunk() -> *mut Chunk {
+    let _guard = POOL_LOCK.lock();
+    let pool = unsafe { &mut *POOL.0.get() };
+    if pool.free.is_null() && pool.block_count < pool.limit_blocks {
+        let block = sys::mmap_anonymous(BLOCK_BYTES);
+        if !block.is_null() {
+            pool.blocks[pool.block_count] = block;
+            pool.block_count += 1;
+            for i in 0..CHUNKS_PER_BLOCK {
+                let chunk = unsafe { block.add(i * CHUNK_BYTES) } as *mut Chunk;
+                unsafe { (*chunk).pool_next = pool.free };
+                pool.free = chunk;
+            }
+        }
+    }
+    let chunk = pool.free;
+    if !chunk.is_null() {
+        pool.free = unsafe { (*chunk).pool_next };
+        CHUNKS_IN_USE.fetch_add(1, Relaxed);
+    }
+    chunk
+}
+
+/// A fresh chunk; when the pool is exhausted the thread waits for the writer
+/// (back-pressure keeps memory bounded). `None` once recording has stopped
+/// or the writer makes no progress for 10 s; the caller then drops the event.
+fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<*mut Chunk> {
+    let mut waited_ns = 0u64;
+    let chunk = loop {
+        let chunk = try_take_chunk();
+        if !chunk.is_null() {
+            break chunk;
+        }
+        if !crate::recorder::is_recording() || waited_ns > 10_000_000_000 {
+            return None;
+        }
+        crate::writer::wake();
+        sys::sleep_ns(200_000);
+        waited_ns += 200_000;
+    };
+    unsafe {
+        chunk.write(Chunk {
+            len: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+            next: AtomicPtr::new(null_mut()),
+            thread,
+            tid,
+            seq,
+            emitted: UnsafeCell::new(0),
+            pool_next: null_mut(),
+        });
+    }
+    if CHUNKS_IN_USE.load(Relaxed) * 2 > pool_capacity_chunks() {
+        crate::writer::wake();
+    }
+    Some(chunk)
+}
+
+/// Called by the writer once it has copied out all of `chunk`.
+pub fn recycle(chunk: *mut Chunk) {
+    let _guard = POOL_LOCK.lock();
+    let pool = unsafe { &mut *POOL.0.get() };
+    unsafe { (*chunk).pool_next = pool.free };
+    pool.free = chunk;
+    CHUNKS_IN_USE.fetch_sub(1, Relaxed);
+}
+
+// ---- the calling thread ----------------------------------------------------
+
+const BUSY: usize = 1;
+const GONE: usize = 2;
+
+thread_local! {
+    /// This thread's state; `BUSY` while inside the agent (re-entrant calls
+    /// from a signal handler or from libc pass through unrecorded), `GONE`
+    /// once the thread's buffers were closed at thread exit.
+    static CURRENT: Cell<*mut ThreadState> = const { Cell::new(null_mut()) };
+}
+
+/// Runs `f` with this thread marked busy, so that allocations made by the
+/// agent's own code on it are not recorded.
+pub fn while_busy<R>(f: impl FnOnce() -> R) -> R {
+    let previous = CURRENT.get();
+    CURRENT.set(BUSY as *mut ThreadState);
+    let result = f();
+    CURRENT.set(previous);
+    result
+}
+
+/// Marks the calling thread (the writer) as never recorded.
+pub fn mark_thread_untraced() {
+    CURRENT.set(BUSY as *mut ThreadState);
+}
+
+#[inline(always)]
+pub fn append(event: &Event) {
+    let state = CURRENT.get();
+    if (state as usize) <= GONE {
+        return append_slow(state, event);
+    }
+    CURRENT.set(BUSY as *mut ThreadState);
+    unsafe {
+        let st = &mut *state;
+        if st.cursor > st.limit && !st.next_chunk() {
+            DROPPED.fetch_add(1, Relaxed);
+        } else {
+            st.cursor = RawEncoder::encode(&mut st.delta, st.cursor, event);
+            (*st.chunk).len.store((st.cursor as usize - st.data as usize) as u32, Release);
+        }
+    }
+    CURRENT.set(state);
+}
+
+#[cold]
+fn append_slow(state: *mut ThreadState, event: &Event) {
+    if state as usize != 0 {
+        if state as usize == GONE {
+            DROPPED.fetch_add(1, Relaxed);
+        }
+        return;
+    }
+    CURRENT.set(BUSY as *mut ThreadState);
+    let errno = unsafe { *libc::__errno_location() };
+    let created = ThreadState::create();
+    unsafe { *libc::__errno_location() = errno };
+    match created {
+        Some(st) => {
+            CURRENT.set(st);
+            append(event);
+        }
+        None => {
+            DROPPED.fetch_add(1, Relaxed);
+            CURRENT.set(null_mut());
+        }
+    }
+}
+
+/// The calling thread's state, if it has recorded anything.
+pub fn current_state() -> *mut ThreadState {
+    let state = CURRENT.get();
+    if (state as usize) <= GONE { null_mut() } else { state }
+}
+
+impl ThreadState {
+    fn create() -> Option<*mut ThreadState> {
+        let thread = NEXT_THREAD.fetch_add(1, Relaxed);
+        let tid = sys::gettid();
+        let chunk = take_chunk(thread, tid, 0)?;
+        let data = Chunk::data(chunk);
+        let state = Box::into_raw(Box::new(ThreadState {
+            cursor: data,
+            limit: unsafe { data.add(CHUNK_DATA - MAX_RECORD_LEN) },
+            data,
+            chunk,
+            delta: DeltaState::default(),
+            thread,
+            tid,
+            next_seq: 1,
+            destructor_rounds: 0,
+            writer_head: UnsafeCell::new(chunk),
+        }));
+        if !register(state) {
+            recycle(chunk);
+            drop(unsafe { Box::from_raw(state) });
+            return None;
+        }
+        crate::recorder::on_new_thread(state);
+        Some(state)
+    }
+
+    #[cold]
+    fn next_chunk(&mut self) -> bool {
+        let errno = unsafe { *libc::__errno_location() };
+        let fresh = take_chunk(self.thread, self.tid, self.next_seq);
+        unsafe { *libc::__errno_location() = errno };
+        let Some(chunk) = fresh else { return false };
+        self.next_seq += 1;
+        unsafe { (*self.chunk).next.store(chunk, Release) };
+        self.chunk = chunk;
+        self.data = Chunk::data(chunk);
+        self.cursor = self.data;
+        self.limit = unsafe { self.data.add(CHUNK_DATA - MAX_RECORD_LEN) };
+        self.delta = DeltaState::default();
+        true
+    }
+
+    /// Thread exit: the writer copies out the rest and frees the state.
+    pub fn close(state: *mut ThreadState) {
+        CURRENT.set(GONE as *mut ThreadState);
+        unsafe { (*(*state).chunk).closed.store(true, Release) };
+    }
+}
+
+fn register(state: *mut ThreadState) -> bool {
+    for (i, slot) in SLOTS.iter().enumerate() {
+        if slot.load(Relaxed).is_null() && slot.compare_exchange(null_mut(), state, AcqRel, Relaxed).is_ok() {
+            SLOTS_USED.fetch_max(i + 1, AcqRel);
+            return true;
+        }
+    }
+    false
+}
+
+/// In a fork child only the forking thread survives, and the trace belongs
+/// to the parent: forget every thread and buffer, and give the memory back.
+pub fn reset_after_fork() {
+    CURRENT.set(null_mut());
+    for slot in &SLOTS {
+        slot.store(null_mut(), Relaxed);
+    }
+    SLOTS_USED.store(0, Relaxed);
+    DROPPED.store(0, Relaxed);
+    POOL_LOCK.reset();
+    let pool = unsafe { &mut *POOL.0.get() };
+    for block in &mut pool.blocks[..pool.block_count] {
+        sys::munmap(*block, BLOCK_BYTES);
+        *block = null_mut();
+    }
+    pool.block_count = 0;
+    pool.free = null_mut();
+    CHUNKS_IN_USE.store(0, Relaxed);
+}

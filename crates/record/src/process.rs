@@ -1,0 +1,225 @@
+//! What the agent learns about its process: configuration from the
+//! environment `memgap run` prepared, the trace path, and the facts recorded
+//! once per trace (command line, modules with build-ids).
+
+use core::ffi::{CStr, c_char, c_int, c_void};
+
+use memgap_trace::records::{Module, Process};
+
+use crate::{clock, sys};
+
+/// Settings passed by `memgap run` through the environment.
+pub struct Config {
+    /// Trace path for the top process; `%p` stands for the pid.
+    pub output: Vec<u8>,
+    pub run_id: u64,
+    /// Pid of `memgap run`: the process whose parent it is, is the top one.
+    pub parent_pid: u32,
+    pub follow: bool,
+    pub interval_ns: u64,
+    pub buffer_bytes: usize,
+}
+
+fn env(name: &CStr) -> Option<&'static [u8]> {
+    let value = unsafe { libc::getenv(name.as_ptr()) };
+    (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_bytes())
+}
+
+fn env_number(name: &CStr, radix: u32) -> Option<u64> {
+    u64::from_str_radix(core::str::from_utf8(env(name)?).ok()?, radix).ok()
+}
+
+impl Config {
+    /// `None` when the agent was loaded without `memgap run` (nothing to do)
+    /// or the environment is not set up yet (very early in process start).
+    pub fn from_env() -> Option<Config> {
+        let output = env(c"MEMGAP_OUTPUT")?.to_vec();
+        if output.is_empty() {
+            return None;
+        }
+        Some(Config {
+            output,
+            run_id: env_number(c"MEMGAP_RUN_ID", 16).unwrap_or(0),
+            parent_pid: env_number(c"MEMGAP_PARENT_PID", 10).unwrap_or(0) as u32,
+            follow: env(c"MEMGAP_FOLLOW") != Some(b"0"),
+            interval_ns: env_number(c"MEMGAP_INTERVAL_MS", 10).unwrap_or(10).clamp(1, 10_000) * 1_000_000,
+            buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(128).clamp(1, 16_384) as usize) << 20,
+        })
+    }
+
+    pub fn is_top_process(&self) -> bool {
+        sys::getppid() == self.parent_pid
+    }
+}
+
+/// The trace path of process `pid`: `%p` in the pattern becomes the pid; a
+/// pattern without it names the top process, and other processes insert their
+/// pid before the extension (`t.mgt` → `t.4242.mgt`).
+pub fn trace_path(pattern: &[u8], pid: u32, top: bool) -> Vec<u8> {
+    let mut digits = [0u8; 10];
+    let pid_text = format_u32(pid, &mut digits);
+    if pattern.windows(2).any(|w| w == b"%p") {
+        let mut out = Vec::with_capacity(pattern.len() + 8);
+        let mut i = 0;
+        while i < pattern.len() {
+            if pattern[i..].starts_with(b"%p") {
+                out.extend_from_slice(pid_text);
+                i += 2;
+            } else {
+                out.push(pattern[i]);
+                i += 1;
+            }
+        }
+        return out;
+    }
+    if top {
+        return pattern.to_vec();
+    }
+    let file_start = pattern.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let dot = pattern[file_start..].iter().rposition(|&b| b == b'.').map(|i| file_start + i).filter(|&i| i > file_start);
+    let split = dot.unwrap_or(pattern.len());
+    let mut out = pattern[..split].to_vec();
+    out.push(b'.');
+    out.extend_from_slice(pid_text);
+    out.extend_from_slice(&pattern[split..]);
+    out
+}
+
+fn format_u32(mut value: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            return &buf[start..];
+        }
+    }
+}
+
+pub fn describe(config: &Config, image: u32, start_time: u64) -> Process {
+    let cmdline = sys::read_file(c"/proc/self/cmdline");
+    let argv = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let mut exe = [0u8; 4096];
+    let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), exe.as_mut_ptr() as *mut c_char, exe.len()) };
+    Process {
+        pid: sys::getpid(),
+        ppid: sys::getppid(),
+        run_id: config.run_id,
+        image,
+        clock: clock::kind(),
+        start_time,
+        start_monotonic_ns: clock::monotonic_ns(),
+        start_realtime_ns: clock::realtime_ns(),
+        page_size: unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64,
+        cpu_count: unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32,
+        exe: if n > 0 { String::from_utf8_lossy(&exe[..n as usize]).into_owned() } else { String::new() },
+        argv,
+    }
+}
+
+/// Every loaded ELF object with its load address, extent and GNU build-id,
+/// so stacks can be symbolized offline against the right files.
+pub fn loaded_modules() -> Vec<Module> {
+    let mut modules: Vec<Module> = Vec::new();
+    unsafe { libc::dl_iterate_phdr(Some(visit_module), &mut modules as *mut Vec<Module> as *mut c_void) };
+    modules
+}
+
+unsafe extern "C" fn visit_module(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+    let modules = unsafe { &mut *(data as *mut Vec<Module>) };
+    let info = unsafe { &*info };
+    let name = if info.dlpi_name.is_null() { &b""[..] } else { unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes() };
+    let path = if name.is_empty() && modules.is_empty() {
+        let mut exe = [0u8; 4096];
+        let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), exe.as_mut_ptr() as *mut c_char, exe.len()) };
+        String::from_utf8_lossy(&exe[..n.max(0) as usize]).into_owned()
+    } else {
+        String::from_utf8_lossy(name).into_owned()
+    };
+    let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    let mut low = u64::MAX;
+    let mut high = 0u64;
+    let mut build_id = Vec::new();
+    for header in headers {
+        if header.p_type == libc::PT_LOAD {
+            low = low.min(header.p_vaddr);
+            high = high.max(header.p_vaddr + header.p_memsz);
+        } else if header.p_type == libc::PT_NOTE && build_id.is_empty() {
+            let start = (info.dlpi_addr + header.p_vaddr) as *const u8;
+            let notes = unsafe { core::slice::from_raw_parts(start, header.p_memsz as usize) };
+            build_id = find_build_id(notes).unwrap_or_default();
+        }
+    }
+    if low == u64::MAX {
+        low = 0;
+    }
+    modules.push(Module { path, base: info.dlpi_addr + low, size: high.saturating_sub(low), build_id });
+    0
+}
+
+/// Finds NT_GNU_BUILD_ID in a PT_NOTE segment (4-byte aligned note entries).
+fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let word = |b: &[u8], i: usize| u32::from_ne_bytes(b[i..i + 4].try_into().unwrap());
+    while notes.len() >= 12 {
+        let (name_len, desc_len, kind) = (word(notes, 0) as usize, word(notes, 4) as usize, word(notes, 8));
+        let name_end = 12 + name_len.next_multiple_of(4);
+        let desc_end = name_end + desc_len.next_multiple_of(4);
+        if desc_end > notes.len() {
+            return None;
+        }
+        if kind == NT_GNU_BUILD_ID && &notes[12..12 + name_len] == b"GNU\0" {
+            return Some(notes[name_end..name_end + desc_len].to_vec());
+        }
+        notes = &notes[desc_end..];
+    }
+    None
+}
+
+/// Removes the agent from LD_PRELOAD in place (no allocation), so programs
+/// this one starts run untraced (`--no-follow`).
+pub fn remove_self_from_ld_preload() {
+    let Some(value) = env(c"LD_PRELOAD") else { return };
+    let value = value.as_ptr() as *mut u8;
+    let len = unsafe { libc::strlen(value as *const c_char) };
+    let bytes = unsafe { core::slice::from_raw_parts_mut(value, len) };
+    let mut kept = 0;
+    let mut start = 0;
+    while start < len {
+        let end = bytes[start..].iter().position(|&b| b == b':' || b == b' ').map_or(len, |i| start + i);
+        let entry_is_agent = bytes[start..end].ends_with(b"libmemgap_agent.so");
+        if !entry_is_agent && end > start {
+            if kept > 0 {
+                bytes[kept] = b':';
+                kept += 1;
+            }
+            bytes.copy_within(start..end, kept);
+            kept += end - start;
+        }
+        start = end + 1;
+    }
+    unsafe { *value.add(kept) = 0 };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_paths() {
+        assert_eq!(trace_path(b"/t/memgap-srv.%p.mgt", 42, true), b"/t/memgap-srv.42.mgt");
+        assert_eq!(trace_path(b"/t/memgap-srv.%p.mgt", 43, false), b"/t/memgap-srv.43.mgt");
+        assert_eq!(trace_path(b"/t/x.mgt", 42, true), b"/t/x.mgt");
+        assert_eq!(trace_path(b"/t/x.mgt", 42, false), b"/t/x.42.mgt");
+        assert_eq!(trace_path(b"/t.d/x", 7, false), b"/t.d/x.7");
+        assert_eq!(trace_path(b"/t/.hidden", 7, false), b"/t/.hidden.7");
+    }
+
+    #[test]
+    fn finds_our_own_build_id() {
+        let modules = loaded_modules();
+        assert!(modules.len() > 2);
+        assert!(modules.iter().any(|m| m.path.contains("libc.so") && m.build_id.len() == 20));
+    }
+}

@@ -1,0 +1,260 @@
+//! The allocator the program would have used without us.
+//!
+//! Each function is looked up with `dlsym(RTLD_NEXT)`, so a jemalloc,
+//! tcmalloc or mimalloc preloaded after the agent, or linked by the program,
+//! keeps serving the program. `dlsym` itself may call `calloc` before the
+//! lookup is done; those few requests come from a static bootstrap arena
+//! whose blocks are never handed back (freeing one is a no-op).
+
+use core::cell::UnsafeCell;
+use core::ffi::{CStr, c_void};
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering::*};
+
+pub type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+pub type FreeFn = unsafe extern "C" fn(*mut c_void);
+pub type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+pub type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+pub type AlignedFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
+pub type BrkFn = unsafe extern "C" fn(*mut c_void) -> i32;
+pub type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
+pub type ExitFn = unsafe extern "C" fn(i32) -> !;
+
+pub struct Real {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub calloc: CallocFn,
+    pub realloc: ReallocFn,
+    pub posix_memalign: PosixMemalignFn,
+    pub aligned_alloc: AlignedFn,
+    pub memalign: AlignedFn,
+    pub valloc: MallocFn,
+    pub pvalloc: MallocFn,
+    pub malloc_usable_size: UsableSizeFn,
+    pub brk: BrkFn,
+    pub sbrk: SbrkFn,
+    pub exit: ExitFn,
+}
+
+unsafe extern "C" {
+    fn __libc_malloc(size: usize) -> *mut c_void;
+    fn __libc_free(ptr: *mut c_void);
+    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
+    fn __libc_realloc(ptr: *mut c_void, size: usize) -> *mut c_void;
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+    fn __libc_valloc(size: usize) -> *mut c_void;
+    fn __libc_pvalloc(size: usize) -> *mut c_void;
+}
+
+const UNRESOLVED: u8 = 0;
+const RESOLVING: u8 = 1;
+const READY: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
+static RESOLVER_TID: AtomicU32 = AtomicU32::new(0);
+
+struct RealCell(UnsafeCell<Option<Real>>);
+// SAFETY: written once by the resolving thread before STATE becomes READY
+// (Release), read only after observing READY (Acquire).
+unsafe impl Sync for RealCell {}
+static REAL: RealCell = RealCell(UnsafeCell::new(None));
+
+/// The real functions, or `None` while they are being looked up (the caller
+/// then serves the request from the bootstrap arena).
+#[inline(always)]
+pub fn real() -> Option<&'static Real> {
+    if STATE.load(Acquire) == READY {
+        // SAFETY: see RealCell.
+        return unsafe { (*REAL.0.get()).as_ref() };
+    }
+    resolve_slow()
+}
+
+#[cold]
+fn resolve_slow() -> Option<&'static Real> {
+    match STATE.compare_exchange(UNRESOLVED, RESOLVING, AcqRel, Acquire) {
+        Ok(_) => {
+            RESOLVER_TID.store(crate::sys::gettid(), Relaxed);
+            let real = unsafe { resolve_all() };
+            unsafe { *REAL.0.get() = Some(real) };
+            STATE.store(READY, Release);
+            unsafe { (*REAL.0.get()).as_ref() }
+        }
+        Err(READY) => unsafe { (*REAL.0.get()).as_ref() },
+        Err(_) => {
+            // A nested call from inside dlsym: bootstrap. Another thread: wait.
+            if RESOLVER_TID.load(Relaxed) == crate::sys::gettid() {
+                return None;
+            }
+            while STATE.load(Acquire) != READY {
+                core::hint::spin_loop();
+            }
+            unsafe { (*REAL.0.get()).as_ref() }
+        }
+    }
+}
+
+unsafe fn next(name: &CStr) -> Option<*mut c_void> {
+    let symbol = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    (!symbol.is_null()).then_some(symbol)
+}
+
+macro_rules! lookup {
+    ($name:literal, $fallback:expr, $ty:ty) => {
+        match unsafe { next($name) } {
+            Some(symbol) => unsafe { core::mem::transmute::<*mut c_void, $ty>(symbol) },
+            None => $fallback,
+        }
+    };
+}
+
+unsafe extern "C" fn unknown_usable_size(_: *mut c_void) -> usize {
+    0
+}
+
+unsafe extern "C" fn no_brk(_: *mut c_void) -> i32 {
+    unsafe { *libc::__errno_location() = libc::ENOMEM };
+    -1
+}
+
+unsafe extern "C" fn no_sbrk(_: isize) -> *mut c_void {
+    unsafe { *libc::__errno_location() = libc::ENOMEM };
+    usize::MAX as *mut c_void
+}
+
+unsafe extern "C" fn exit_group(code: i32) -> ! {
+    unsafe { libc::syscall(libc::SYS_exit_group, code) };
+    unreachable!()
+}
+
+unsafe fn resolve_all() -> Real {
+    Real {
+        malloc: lookup!(c"malloc", __libc_malloc, MallocFn),
+        free: lookup!(c"free", __libc_free, FreeFn),
+        calloc: lookup!(c"calloc", __libc_calloc, CallocFn),
+        realloc: lookup!(c"realloc", __libc_realloc, ReallocFn),
+        posix_memalign: lookup!(c"posix_memalign", posix_memalign_via_memalign, PosixMemalignFn),
+        aligned_alloc: lookup!(c"aligned_alloc", __libc_memalign, AlignedFn),
+        memalign: lookup!(c"memalign", __libc_memalign, AlignedFn),
+        valloc: lookup!(c"valloc", __libc_valloc, MallocFn),
+        pvalloc: lookup!(c"pvalloc", __libc_pvalloc, MallocFn),
+        malloc_usable_size: lookup!(c"malloc_usable_size", unknown_usable_size, UsableSizeFn),
+        brk: lookup!(c"brk", no_brk, BrkFn),
+        sbrk: lookup!(c"sbrk", no_sbrk, SbrkFn),
+        exit: lookup!(c"exit", exit_group, ExitFn),
+    }
+}
+
+unsafe extern "C" fn posix_memalign_via_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    let ptr = unsafe { __libc_memalign(align, size) };
+    if ptr.is_null() {
+        return libc::ENOMEM;
+    }
+    unsafe { *out = ptr };
+    0
+}
+
+/// Whether `malloc_usable_size` belongs to the same library as `malloc`.
+/// When an allocator does not export it, the next one found is glibc's, and
+/// glibc's would read a foreign block's "header" (possibly an unmapped page).
+pub fn usable_size_is_trustworthy(real: &Real) -> bool {
+    let module_of = |f: *const c_void| {
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        if unsafe { libc::dladdr(f, &mut info) } == 0 { core::ptr::null_mut() } else { info.dli_fbase }
+    };
+    let malloc_module = module_of(real.malloc as *const c_void);
+    !malloc_module.is_null() && malloc_module == module_of(real.malloc_usable_size as *const c_void)
+}
+
+// ---- bootstrap arena -------------------------------------------------------
+
+const BOOTSTRAP_BYTES: usize = 256 * 1024;
+const BOOTSTRAP_HEADER: usize = 16;
+
+#[repr(C, align(64))]
+struct Arena(UnsafeCell<[u8; BOOTSTRAP_BYTES]>);
+// SAFETY: space is handed out by an atomic bump pointer, each range once.
+unsafe impl Sync for Arena {}
+static ARENA: Arena = Arena(UnsafeCell::new([0; BOOTSTRAP_BYTES]));
+static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
+
+fn arena_base() -> usize {
+    ARENA.0.get() as usize
+}
+
+/// Memory for requests made while the real allocator is being looked up.
+/// Zeroed (it is fresh static memory), so calloc needs nothing more.
+pub fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
+    let align = align.max(BOOTSTRAP_HEADER);
+    let mut used = ARENA_USED.load(Relaxed);
+    loop {
+        let start = (arena_base() + used + BOOTSTRAP_HEADER).next_multiple_of(align);
+        let end = start.checked_add(size).unwrap_or(usize::MAX);
+        if end > arena_base() + BOOTSTRAP_BYTES {
+            return core::ptr::null_mut();
+        }
+        match ARENA_USED.compare_exchange(used, end - arena_base(), AcqRel, Relaxed) {
+            Ok(_) => {
+                unsafe { ((start - BOOTSTRAP_HEADER) as *mut usize).write(size) };
+                return start as *mut c_void;
+            }
+            Err(now) => used = now,
+        }
+    }
+}
+
+#[inline(always)]
+pub fn is_bootstrap(ptr: *mut c_void) -> bool {
+    (ptr as usize).wrapping_sub(arena_base()) < BOOTSTRAP_BYTES
+}
+
+pub fn bootstrap_size(ptr: *mut c_void) -> usize {
+    unsafe { ((ptr as usize - BOOTSTRAP_HEADER) as *const usize).read() }
+}
+
+// ---- the agent's own allocations -------------------------------------------
+
+/// The agent's Rust code allocates from glibc's malloc directly, never through
+/// the exported `malloc`, so its own memory never appears as program events.
+pub struct AgentAllocator;
+
+unsafe impl core::alloc::GlobalAlloc for AgentAllocator {
+    unsafe fn alloc(&self, layout: core::alloc::Layout) -> *mut u8 {
+        unsafe {
+            if layout.align() <= 16 { __libc_malloc(layout.size()) as *mut u8 } else { __libc_memalign(layout.align(), layout.size()) as *mut u8 }
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, _: core::alloc::Layout) {
+        unsafe { __libc_free(ptr as *mut c_void) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: core::alloc::Layout) -> *mut u8 {
+        unsafe {
+            if layout.align() <= 16 {
+                __libc_calloc(1, layout.size()) as *mut u8
+            } else {
+                let ptr = self.alloc(layout);
+                if !ptr.is_null() {
+                    ptr.write_bytes(0, layout.size());
+                }
+                ptr
+            }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: core::alloc::Layout, new_size: usize) -> *mut u8 {
+        unsafe {
+            if layout.align() <= 16 {
+                return __libc_realloc(ptr as *mut c_void, new_size) as *mut u8;
+            }
+            let new = __libc_memalign(layout.align(), new_size) as *mut u8;
+            if !new.is_null() {
+                new.copy_from_nonoverlapping(ptr, layout.size().min(new_size));
+                __libc_free(ptr as *mut c_void);
+            }
+            new
+        }
+    }
+}

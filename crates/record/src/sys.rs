@@ -1,0 +1,174 @@
+//! Raw system calls and logging for the agent.
+//!
+//! The agent exports `mmap` and friends itself, so its own mappings must not
+//! go through libc's symbols; and it must not use stdio or `std::env` inside
+//! hooks (they allocate or lock). Everything here is a bare syscall.
+
+use core::ffi::c_void;
+
+pub fn mmap_anonymous(len: usize) -> *mut u8 {
+    let addr = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            core::ptr::null_mut::<c_void>(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1i64,
+            0i64,
+        )
+    };
+    if addr == -1 || addr == 0 {
+        return core::ptr::null_mut();
+    }
+    // Name the mapping so smaps (and memgap's own ledger) can tell the
+    // profiler's memory from the program's; older kernels refuse, harmlessly.
+    const PR_SET_VMA: libc::c_int = 0x53564d41;
+    const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
+    unsafe {
+        libc::prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, addr as libc::c_ulong, len as libc::c_ulong, c"memgap".as_ptr());
+    }
+    addr as *mut u8
+}
+
+pub fn munmap(addr: *mut u8, len: usize) {
+    unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
+}
+
+pub fn gettid() -> u32 {
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+pub fn getpid() -> u32 {
+    unsafe { libc::syscall(libc::SYS_getpid) as u32 }
+}
+
+pub fn getppid() -> u32 {
+    unsafe { libc::syscall(libc::SYS_getppid) as u32 }
+}
+
+/// Writes all of `bytes` to `fd`, retrying on EINTR and short writes.
+pub fn write_all(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
+    while !bytes.is_empty() {
+        let n = unsafe { libc::syscall(libc::SYS_write, fd, bytes.as_ptr(), bytes.len()) };
+        if n < 0 {
+            let errno = unsafe { *libc::__errno_location() };
+            if errno == libc::EINTR {
+                continue;
+            }
+            return Err(errno);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// One line on the program's stderr, prefixed `memgap: `.
+pub fn log(parts: &[&[u8]]) {
+    let mut line = [0u8; 512];
+    let mut len = 0;
+    for part in core::iter::once(&b"memgap: "[..]).chain(parts.iter().copied()).chain(core::iter::once(&b"\n"[..])) {
+        let n = part.len().min(line.len() - len);
+        line[len..len + n].copy_from_slice(&part[..n]);
+        len += n;
+    }
+    let _ = write_all(2, &line[..len]);
+}
+
+pub fn errno_text(errno: i32) -> &'static [u8] {
+    let text = unsafe { libc::strerror(errno) };
+    if text.is_null() {
+        return b"unknown error";
+    }
+    unsafe { core::ffi::CStr::from_ptr(text) }.to_bytes()
+}
+
+/// Sleeps without touching any libc state the program may hold.
+pub fn sleep_ns(ns: u64) {
+    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
+    unsafe { libc::syscall(libc::SYS_nanosleep, &ts, core::ptr::null_mut::<libc::timespec>()) };
+}
+
+/// Waits on `word` while it equals `expected`, at most `timeout_ns`.
+pub fn futex_wait(word: &core::sync::atomic::AtomicU32, expected: u32, timeout_ns: u64) {
+    let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as i64, tv_nsec: (timeout_ns % 1_000_000_000) as i64 };
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, &ts);
+    }
+}
+
+pub fn futex_wake(word: &core::sync::atomic::AtomicU32) {
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+    }
+}
+
+/// Reads a whole small file (such as /proc/self/cmdline) with raw syscalls.
+pub fn read_file(path: &core::ffi::CStr) -> Vec<u8> {
+    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as i32;
+    if fd < 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    out
+}
+
+/// A spin lock for the agent's rare slow paths (thread registration, buffer
+/// pool). It never allocates and is reset after fork.
+pub struct SpinLock(core::sync::atomic::AtomicBool);
+
+impl SpinLock {
+    pub const fn new() -> Self {
+        SpinLock(core::sync::atomic::AtomicBool::new(false))
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_> {
+        use core::sync::atomic::Ordering::*;
+        let mut spins = 0u32;
+        while self.0.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+            spins += 1;
+            if spins > 100 {
+                sleep_ns(50_000);
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+        SpinGuard(self)
+    }
+
+    /// Like `lock`, but gives up after `timeout_ns`.
+    pub fn try_lock_for(&self, timeout_ns: u64) -> Option<SpinGuard<'_>> {
+        use core::sync::atomic::Ordering::*;
+        let mut waited = 0u64;
+        while self.0.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+            if waited >= timeout_ns {
+                return None;
+            }
+            sleep_ns(100_000);
+            waited += 100_000;
+        }
+        Some(SpinGuard(self))
+    }
+
+    /// Only for the fork child, where the thread that held it is gone.
+    pub fn reset(&self) {
+        self.0.store(false, core::sync::atomic::Ordering::Release);
+    }
+}
+
+pub struct SpinGuard<'a>(&'a SpinLock);
+
+impl Drop for SpinGuard<'_> {
+    fn drop(&mut self) {
+        (self.0).0.store(false, core::sync::atomic::Ordering::Release);
+    }
+}

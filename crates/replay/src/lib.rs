@@ -1,0 +1,28 @@
+//! Replay: turns a trace back into one time-ordered story of the process.
+//!
+//! [`replay`] reads a trace file and hands a [`Visitor`] every item — process
+//! images, heap events (merged across threads by time), RSS samples, the end
+//! — in the order they happened. [`LiveSet`] applies heap events to give the
+//! blocks alive at any instant. [`Timeline`] converts event times to seconds.
+//!
+//! Not for: deciding what the numbers mean (that is the model) or showing them.
+//!
+//! ```no_run
+//! use memgap_replay::{replay, Visitor, ThreadEvent};
+//! struct Count(u64);
+//! impl Visitor for Count {
+//!     fn event(&mut self, _: &ThreadEvent) { self.0 += 1; }
+//! }
+//! let mut count = Count(0);
+//! let outcome = replay("t.mgt".as_ref(), &mut count)?;
+//! println!("{} events, cut short: {}", count.0, outcome.cut_short);
+//! # Ok::<(), memgap_trace::TraceError>(())
+//! ```
+
+mod live;
+mod merge;
+mod timeline;
+
+pub use live::{Block, Change, LiveSet};
+pub use merge::{Outcome, ThreadEvent, Visitor, replay};
+pub use timeline::Timeline;

@@ -1,0 +1,199 @@
+//! Reading a trace in time order.
+//!
+//! Each thread's events sit in the file in that thread's order, but threads
+//! interleave in pieces. Events are queued per thread and released in time
+//! order up to a watermark: a CLOCK record promises that events older than
+//! the previous CLOCK record are already in the file (one writer round of
+//! slack covers an event stamped just before a round but committed after).
+
+use std::collections::VecDeque;
+use std::path::Path;
+
+use memgap_trace::event::{self, DeltaState, Event};
+use memgap_trace::records::{End, EventsPiece, Exit, Module, Process, Record, Records, Rss};
+use memgap_trace::varint::Cursor;
+use memgap_trace::{Tail, TraceError, TraceFile};
+use rustc_hash::FxHashMap;
+
+use crate::Timeline;
+
+/// A heap event and the thread that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadEvent {
+    /// Unique per thread within a process image.
+    pub thread: u32,
+    /// The kernel's thread id (reused by the kernel over time).
+    pub tid: u32,
+    pub event: Event,
+}
+
+/// Receives a trace's contents in time order. Every method has a default
+/// that ignores the item, so a visitor implements only what it needs.
+pub trait Visitor {
+    /// A process image begins: the first, or a new one after an exec.
+    fn process(&mut self, _process: &Process) {}
+    fn modules(&mut self, _modules: &[Module]) {}
+    fn event(&mut self, _event: &ThreadEvent) {}
+    fn rss(&mut self, _rss: &Rss) {}
+    fn note(&mut self, _time: u64, _text: &str) {}
+    /// The agent's END record: the image ended (exit or exec) or recording failed.
+    fn end(&mut self, _end: &End) {}
+    /// How the process ended, as seen by `memgap run`; always last.
+    fn exit(&mut self, _exit: &Exit) {}
+}
+
+/// What the reader found besides the items.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// The file ends inside a chunk (the writer was killed mid-write).
+    pub cut_short: bool,
+    /// Event bytes that could not be decoded because an earlier piece of the
+    /// same buffer was missing.
+    pub lost_bytes: u64,
+    pub malformed_records: u64,
+    pub events: u64,
+    pub timeline: Timeline,
+}
+
+struct ThreadQueue {
+    tid: u32,
+    buffer: u32,
+    next_offset: u32,
+    delta: DeltaState,
+    pending: VecDeque<Event>,
+}
+
+enum Item {
+    Event(ThreadEvent),
+    Rss(Rss),
+}
+
+impl Item {
+    fn time(&self) -> u64 {
+        match self {
+            Item::Event(e) => e.event.time,
+            Item::Rss(r) => r.time,
+        }
+    }
+}
+
+struct Merger<'v, V: Visitor> {
+    visitor: &'v mut V,
+    threads: FxHashMap<u32, ThreadQueue>,
+    rss: VecDeque<Rss>,
+    batch: Vec<Item>,
+    watermark: u64,
+    exit: Option<Exit>,
+    outcome: Outcome,
+}
+
+/// Reads the trace at `path` and feeds `visitor` in time order.
+pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, TraceError> {
+    let trace = TraceFile::open(path)?;
+    let mut merger = Merger { visitor, threads: FxHashMap::default(), rss: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default() };
+    let tail = trace.for_each_chunk(|_, chunk| {
+        for record in Records::new(chunk) {
+            match record {
+                Ok(record) => merger.record(record),
+                Err(_) => merger.outcome.malformed_records += 1,
+            }
+        }
+        Ok(())
+    })?;
+    merger.release(u64::MAX);
+    if let Some(exit) = merger.exit {
+        merger.visitor.exit(&exit);
+    }
+    merger.outcome.cut_short = matches!(tail, Tail::CutShort { .. });
+    Ok(merger.outcome)
+}
+
+impl<V: Visitor> Merger<'_, V> {
+    fn record(&mut self, record: Record<'_>) {
+        match record {
+            Record::Events(piece) => self.decode(piece),
+            Record::Clock(clock) => {
+                self.outcome.timeline.add(&clock);
+                self.release(self.watermark);
+                self.watermark = clock.time;
+            }
+            Record::Rss(rss) => self.rss.push_back(rss),
+            Record::Process(process) => {
+                self.release(u64::MAX);
+                self.threads.clear();
+                if process.image == 0 || self.outcome.events == 0 {
+                    self.outcome.timeline.start(&process);
+                }
+                self.visitor.process(&process);
+            }
+            Record::Modules(modules) => self.visitor.modules(&modules),
+            Record::End(end) => {
+                self.release(u64::MAX);
+                self.visitor.end(&end);
+            }
+            Record::Exit(exit) => self.exit = Some(exit),
+            Record::Note { time, text } => self.visitor.note(time, &text),
+            Record::Unknown { .. } => {}
+        }
+    }
+
+    fn decode(&mut self, piece: EventsPiece<'_>) {
+        let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue {
+            tid: piece.tid,
+            buffer: u32::MAX,
+            next_offset: 0,
+            delta: DeltaState::default(),
+            pending: VecDeque::new(),
+        });
+        let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
+        if !continues {
+            if piece.offset != 0 {
+                self.outcome.lost_bytes += piece.records.len() as u64;
+                return;
+            }
+            queue.buffer = piece.buffer;
+            queue.delta = DeltaState::default();
+        }
+        queue.next_offset = piece.offset + piece.records.len() as u32;
+        let mut cursor = Cursor::new(piece.records);
+        while !cursor.is_empty() {
+            match event::decode(&mut queue.delta, &mut cursor) {
+                Ok(event) => queue.pending.push_back(event),
+                Err(_) => {
+                    self.outcome.malformed_records += 1;
+                    // The rest of this buffer cannot be decoded without the
+                    // record that failed.
+                    queue.buffer = u32::MAX;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Hands the visitor every queued item older than `limit`, in time order.
+    fn release(&mut self, limit: u64) {
+        let mut batch = std::mem::take(&mut self.batch);
+        for (&thread, queue) in &mut self.threads {
+            while queue.pending.front().is_some_and(|e| e.time < limit) {
+                let event = queue.pending.pop_front().unwrap();
+                batch.push(Item::Event(ThreadEvent { thread, tid: queue.tid, event }));
+            }
+        }
+        while self.rss.front().is_some_and(|r| r.time < limit) {
+            batch.push(Item::Rss(self.rss.pop_front().unwrap()));
+        }
+        // Stable: each thread's own order is kept for equal times. The batch
+        // is a few sorted runs, which the merge sort handles in linear time.
+        batch.sort_by_key(Item::time);
+        for item in batch.drain(..) {
+            match item {
+                Item::Event(event) => {
+                    self.outcome.events += 1;
+                    self.visitor.event(&event);
+                }
+                Item::Rss(rss) => self.visitor.rss(&rss),
+            }
+        }
+        self.batch = batch;
+    }
+}

@@ -1,0 +1,50 @@
+//! Number formatting shared by the human-readable views.
+
+/// Binary units with three significant digits: `1.50 MiB`, `812 B`.
+pub fn bytes(value: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if value < 1024 {
+        return format!("{value} B");
+    }
+    let mut scaled = value as f64;
+    let mut unit = 0;
+    while scaled >= 1024.0 && unit < UNITS.len() - 1 {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    let digits = if scaled >= 100.0 { 0 } else if scaled >= 10.0 { 1 } else { 2 };
+    format!("{scaled:.digits$} {}", UNITS[unit])
+}
+
+/// Thousands separated: `1,000,000`.
+pub fn count(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn seconds(value: f64) -> String {
+    if value < 1.0 { format!("{:.0} ms", value * 1000.0) } else { format!("{value:.2} s") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(bytes(812), "812 B");
+        assert_eq!(bytes(1536), "1.50 KiB");
+        assert_eq!(bytes(32 << 20), "32.0 MiB");
+        assert_eq!(bytes(300 << 30), "300 GiB");
+        assert_eq!(count(1_000_000), "1,000,000");
+        assert_eq!(count(999), "999");
+        assert_eq!(seconds(0.25), "250 ms");
+    }
+}

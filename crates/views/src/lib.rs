@@ -1,0 +1,15 @@
+//! Views: turn model structs into what people and scripts read.
+//!
+//! Not for: computing anything. A view never reads the trace; if a number
+//! is missing, it belongs in the model.
+//!
+//! ```
+//! # fn show(summary: &memgap_model::Summary) {
+//! print!("{}", memgap_views::terminal::summary(summary));
+//! println!("{}", memgap_views::json::to_string(summary));
+//! # }
+//! ```
+
+pub mod format;
+pub mod json;
+pub mod terminal;
