@@ -25,7 +25,10 @@ static FINISHED: AtomicBool = AtomicBool::new(false);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(10_000_000);
 static FOLLOW: AtomicBool = AtomicBool::new(true);
-static USABLE_SIZE_OK: AtomicBool = AtomicBool::new(false);
+static USABLE_SIZE: AtomicU8 = AtomicU8::new(0);
+const USABLE_UNKNOWN: u8 = 0;
+const USABLE_GLIBC: u8 = 1;
+const USABLE_CALL: u8 = 2;
 static EXIT_CODE: AtomicI32 = AtomicI32::new(i32::MIN);
 static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// glibc runs pthread key destructors at most this many rounds.
@@ -158,7 +161,12 @@ pub fn on_load() {
         return;
     }
     buffers::while_busy(|| {
-        USABLE_SIZE_OK.store(real::usable_size_is_trustworthy(real), Relaxed);
+        let method = match real::usable_size_method(real) {
+            real::UsableSize::Unknown => USABLE_UNKNOWN,
+            real::UsableSize::GlibcHeader => USABLE_GLIBC,
+            real::UsableSize::Call => USABLE_CALL,
+        };
+        USABLE_SIZE.store(method, Relaxed);
         let mut key: libc::pthread_key_t = 0;
         if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
             THREAD_KEY.store(key, Release);
@@ -292,13 +300,11 @@ pub fn now() -> u64 {
 #[inline(always)]
 pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *mut c_void, align: usize) {
     let time = clock::now();
-    let usable = if !addr.is_null() && USABLE_SIZE_OK.load(Relaxed) {
-        match real::real() {
-            Some(real) => unsafe { (real.malloc_usable_size)(addr) },
-            None => 0,
-        }
-    } else {
-        0
+    let usable = match USABLE_SIZE.load(Relaxed) {
+        _ if addr.is_null() => 0,
+        USABLE_GLIBC => unsafe { real::glibc_usable_size(addr) },
+        USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
+        _ => 0,
     };
     buffers::append(&Event {
         time,
