@@ -24,6 +24,7 @@ pub fn summary(s: &Summary) -> String {
         ("exit", exit),
         ("threads", count(s.threads.into())),
         ("peak RSS", bytes(s.peak_rss_bytes)),
+        ("RSS at exit", bytes(s.rss_at_end_bytes)),
         ("peak live heap", format!("{} at {}", bytes(s.peak_live_bytes), seconds(s.peak_live_seconds))),
         ("live at end", format!("{} in {} blocks", bytes(s.live_bytes_at_end), count(s.live_blocks_at_end))),
         ("allocated", format!("{} in {} allocations", bytes(s.allocated_bytes), count(s.allocations))),

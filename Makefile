@@ -1,0 +1,18 @@
+# `make install` puts memgap in $(PREFIX)/bin and its agent in
+# $(PREFIX)/lib/memgap, where `memgap run` looks for it.
+PREFIX ?= /usr/local
+
+.PHONY: build install test demo
+
+build:
+	cargo build --release
+
+install: build
+	install -D -m 755 target/release/memgap $(DESTDIR)$(PREFIX)/bin/memgap
+	install -D -m 755 target/release/libmemgap_agent.so $(DESTDIR)$(PREFIX)/lib/memgap/libmemgap_agent.so
+
+test:
+	bash .ci/run
+
+demo:
+	bash examples/demo.sh
