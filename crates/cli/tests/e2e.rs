@@ -3,8 +3,8 @@
 //! `memgap summary --json`.
 //!
 //! The agent must already be built next to the `memgap` binary
-//! (`target/<profile>/libmemgap_agent.so`); `cargo build --release --workspace`
-//! does that. The tests need `cc`, `c++`, `rustc` and `python3` on PATH.
+//! (`target/<profile>/libmemgap_agent.so`, or named by `MEMGAP_AGENT`);
+//! `cargo build --release --workspace` does that. The tests need `cc`, `c++`, `rustc` and `python3` on PATH.
 //! Every test works in its own temporary directory, so they run in parallel.
 
 use std::ffi::OsStr;
@@ -80,7 +80,7 @@ fn run_plain(dir: &Path, program: &str, args: &[&str]) -> Output {
 /// `memgap ARGS...` as a Command, run in `dir` with no LD_PRELOAD inherited
 /// from the test runner.
 fn memgap_cmd(dir: &Path, args: &[&str]) -> Command {
-    if args.first() == Some(&"run") {
+    if args.first() == Some(&"run") && std::env::var_os("MEMGAP_AGENT").is_none() {
         let agent = memgap_bin().with_file_name("libmemgap_agent.so");
         assert!(
             agent.exists(),
@@ -175,7 +175,7 @@ fn wait_or_kill(child: &mut Child, what: &str) -> ExitStatus {
             return status;
         }
         if Instant::now() > deadline {
-            kill(&format!("-{}", child.id()));
+            sigkill(-(child.id() as i32));
             let _ = child.wait();
             panic!("{what} did not finish within {TIMEOUT:?}; killed it");
         }
@@ -183,9 +183,14 @@ fn wait_or_kill(child: &mut Child, what: &str) -> ExitStatus {
     }
 }
 
-/// SIGKILLs `target`, a pid or (with a leading '-') a process group.
-fn kill(target: &str) {
-    let _ = Command::new("sh").args(["-c", &format!("kill -KILL -- {target}")]).status();
+/// SIGKILLs process `pid`, or process group `-pid`.
+fn sigkill(pid: i32) {
+    unsafe extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    const SIGKILL: i32 = 9;
+    // SAFETY: kill(2) takes plain integers; std already links libc.
+    unsafe { kill(pid, SIGKILL) };
 }
 
 /// Pids whose parent is `pid` (from /proc/*/stat, so it needs neither
@@ -391,7 +396,7 @@ fn sigkill_mid_run_leaves_a_readable_truncated_trace() {
             panic!("memgap exited early ({status}):\n{}", memgap_stderr());
         }
         if Instant::now() > deadline {
-            kill(&format!("-{}", memgap_run.id()));
+            sigkill(-(memgap_run.id() as i32));
             panic!("sleeper did not start as a child of memgap:\n{}", memgap_stderr());
         }
         thread::sleep(Duration::from_millis(20));
@@ -399,7 +404,7 @@ fn sigkill_mid_run_leaves_a_readable_truncated_trace() {
 
     // Let it record for a while: ~50,000 mallocs per 0.5 s.
     thread::sleep(Duration::from_millis(500));
-    kill(&sleeper.to_string());
+    sigkill(sleeper as i32);
     let status = wait_or_kill(&mut memgap_run, "memgap run -- sleeper");
     assert_eq!(status.code(), Some(137), "memgap must exit 128+9; stderr:\n{}", memgap_stderr());
 
@@ -573,8 +578,15 @@ fn summary_rejects_bad_input_with_one_line() {
 
     let flipped = {
         let mut bytes = good.clone();
+        // The first chunk: magic, codec, reserved[3], raw_len, stored_len, crc, payload.
         let stored_len = u32::from_le_bytes(bytes[FILE_HEADER_LEN + 12..FILE_HEADER_LEN + 16].try_into().unwrap());
-        bytes[FILE_HEADER_LEN + CHUNK_HEADER_LEN + stored_len as usize / 2] ^= 0x10;
+        let payload = FILE_HEADER_LEN + CHUNK_HEADER_LEN;
+        assert!(
+            stored_len > 0 && payload + stored_len as usize <= bytes.len(),
+            "the real trace's first chunk claims {stored_len} stored bytes; the file has {}",
+            bytes.len()
+        );
+        bytes[payload + stored_len as usize / 2] ^= 0x10;
         bytes
     };
     let newer = {
