@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// No single command in these tests should take anywhere near this long; a
 /// command that does is killed (with its whole process group) and the test fails.
-const TIMEOUT: Duration = Duration::from_secs(180);
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 const ALLOCATOR_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -207,16 +207,6 @@ fn children_of(pid: u32) -> Vec<u32> {
         }
     }
     children
-}
-
-fn allocator(name: &str) -> Option<PathBuf> {
-    let path = Path::new(ALLOCATOR_DIR).join(name);
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!("note: {} is not installed; skipping that allocator", path.display());
-        None
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -469,6 +459,30 @@ fn output_identity_rust() {
 }
 
 #[test]
+fn output_identity_ruby() {
+    let (_tmp, dir) = tempdir();
+    let script = r##"
+threads = 4.times.map do |t|
+  Thread.new { (1..5000).map { |i| "#{t}-#{i}" * (i % 7 + 1) }.select { |s| s.size > 20 }.size }
+end
+counts = threads.map(&:value)
+puts counts.inspect, counts.sum
+$stderr.puts "ruby done"
+exit 6
+"##;
+    let trace = dir.join("t.mgt");
+
+    let plain = run_plain(&dir, "ruby", &["-e", script]);
+    assert_eq!(plain.status.code(), Some(6), "stderr:\n{}", text(&plain.stderr));
+    let traced = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", "ruby", "-e", script]);
+    assert_same_behaviour(&plain, &traced);
+    let s = summary_json(&trace);
+    assert!(events(&s, "malloc") > 1000, "{s:#}");
+    assert!(number(&s, "threads") >= 5, "{s:#}");
+    assert_eq!(s["exit_code"], Value::from(6), "{s:#}");
+}
+
+#[test]
 fn cpp_program_runs_unchanged() {
     let (_tmp, dir) = tempdir();
     let prog = compile(&dir, "cpp_alloc.cpp");
@@ -503,42 +517,116 @@ fn without_quiet_memgap_adds_only_its_own_stderr_lines() {
 // Other allocators preloaded by the user
 // ---------------------------------------------------------------------------
 
-/// With the allocator in LD_PRELOAD, memgap must put its agent first and the
-/// program must run unchanged. Allocators and the libraries they pull in may
-/// allocate before main (Debian's jemalloc and tcmalloc load libstdc++, whose
-/// startup mallocs its exception pool), so counts are compared against a
-/// baseline run of the same binary that returns before allocating.
-#[test]
-fn preloaded_allocators_keep_counts_exact() {
+/// With another malloc in LD_PRELOAD, memgap must put its agent first and
+/// the program must run unchanged. Allocators and the libraries they pull in
+/// may allocate before main (Debian's jemalloc and tcmalloc load libstdc++,
+/// whose startup mallocs its exception pool), so counts are compared against
+/// a baseline run of the same binary that returns before allocating.
+fn check_preloaded_allocator(name: &str) {
+    let lib = Path::new(ALLOCATOR_DIR).join(name);
+    if !lib.exists() {
+        eprintln!("note: {} is not installed; skipping", lib.display());
+        return;
+    }
     let (_tmp, dir) = tempdir();
     let prog = compile(&dir, "exact_counts.c");
-    for name in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4", "libmimalloc.so.2"] {
-        let Some(lib) = allocator(name) else { continue };
-        let traced = |trace: &str, args: &[&str]| {
-            let trace = dir.join(trace);
-            let mut cmd_args = vec!["run", "-o", arg(&trace), "--", arg(&prog)];
-            cmd_args.extend_from_slice(args);
-            let out = output_of(memgap_cmd(&dir, &cmd_args).env("LD_PRELOAD", &lib));
-            (out, summary_json(&trace))
-        };
+    let traced = |trace: &str, args: &[&str]| {
+        let trace = dir.join(trace);
+        let mut cmd_args = vec!["run", "-o", arg(&trace), "--", arg(&prog)];
+        cmd_args.extend_from_slice(args);
+        let out = output_of(memgap_cmd(&dir, &cmd_args).env("LD_PRELOAD", &lib));
+        assert_eq!(out.status.code(), Some(0), "{name}: stderr:\n{}", text(&out.stderr));
+        (out, summary_json(&trace))
+    };
 
-        let plain = output_of(Command::new(&prog).current_dir(&dir).env("LD_PRELOAD", &lib));
-        let (out, full) = traced(&format!("{name}.mgt"), &[]);
-        assert_eq!(out.status.code(), plain.status.code(), "{name}: stderr:\n{}", text(&out.stderr));
-        assert_eq!(text(&out.stdout), text(&plain.stdout), "{name}");
-        assert_eq!(text(&out.stdout), "exact_counts ok\n", "{name}");
-        let (_, base) = traced(&format!("{name}.baseline.mgt"), &["idle"]);
+    let plain = output_of(Command::new(&prog).current_dir(&dir).env("LD_PRELOAD", &lib));
+    assert_eq!(text(&plain.stdout), "exact_counts ok\n", "{name} without memgap");
+    let (out, full) = traced("t.mgt", &[]);
+    assert_eq!(text(&out.stdout), text(&plain.stdout), "{name}");
+    let (_, base) = traced("baseline.mgt", &["idle"]);
 
-        let diff = |kind: &str| events(&full, kind) as i64 - events(&base, kind) as i64;
-        let context = format!("{name}\nfull run: {full:#}\nbaseline: {base:#}");
-        assert_eq!(diff("malloc"), 1_000_000, "{context}");
-        assert_eq!(diff("free"), 999_000, "{context}");
-        assert_eq!(diff("calloc"), 10, "{context}");
-        assert_eq!(diff("realloc"), 10, "{context}");
-        let live = number(&full, "live_bytes_at_end") as i64 - number(&base, "live_bytes_at_end") as i64;
-        assert_eq!(live, 32_000, "{context}");
-        assert_eq!(full["truncated"], Value::Bool(false), "{context}");
+    let diff = |kind: &str| events(&full, kind) as i64 - events(&base, kind) as i64;
+    let context = format!("{name}\nfull run: {full:#}\nbaseline: {base:#}");
+    assert_eq!(diff("malloc"), 1_000_000, "{context}");
+    assert_eq!(diff("free"), 999_000, "{context}");
+    assert_eq!(diff("calloc"), 10, "{context}");
+    assert_eq!(diff("realloc"), 10, "{context}");
+    let live = number(&full, "live_bytes_at_end") as i64 - number(&base, "live_bytes_at_end") as i64;
+    assert_eq!(live, 32_000, "{context}");
+    assert_eq!(full["truncated"], Value::Bool(false), "{context}");
+}
+
+#[test]
+fn preloaded_jemalloc_keeps_counts_exact() {
+    check_preloaded_allocator("libjemalloc.so.2");
+}
+
+#[test]
+fn preloaded_tcmalloc_keeps_counts_exact() {
+    check_preloaded_allocator("libtcmalloc_minimal.so.4");
+}
+
+#[test]
+fn preloaded_mimalloc_keeps_counts_exact() {
+    check_preloaded_allocator("libmimalloc.so.2");
+}
+
+/// A program linked against jemalloc (as Debian's redis-server is) must keep
+/// using it: the agent forwards to the next `malloc` in lookup order.
+#[test]
+fn program_linked_with_jemalloc_keeps_counts_exact() {
+    let lib = Path::new(ALLOCATOR_DIR).join("libjemalloc.so.2");
+    if !lib.exists() {
+        eprintln!("note: {} is not installed; skipping", lib.display());
+        return;
     }
+    let (_tmp, dir) = tempdir();
+    let prog = dir.join("exact_counts_jemalloc");
+    let src = programs_dir().join("exact_counts.c");
+    let out = output_of(&mut command("cc", ["-O2", "-fno-builtin", "-o", arg(&prog), arg(&src), arg(&lib)]));
+    assert!(out.status.success(), "linking with jemalloc failed:\n{}", text(&out.stderr));
+    let needed = output_of(&mut command("ldd", [arg(&prog)]));
+    assert!(text(&needed.stdout).contains("libjemalloc"), "not linked with jemalloc:\n{}", text(&needed.stdout));
+
+    let run = |trace: &str, args: &[&str]| {
+        let trace = dir.join(trace);
+        let mut cmd_args = vec!["run", "-o", arg(&trace), "--", arg(&prog)];
+        cmd_args.extend_from_slice(args);
+        let out = memgap(&dir, &cmd_args);
+        assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+        summary_json(&trace)
+    };
+    let full = run("t.mgt", &[]);
+    let base = run("baseline.mgt", &["idle"]);
+    let diff = |kind: &str| events(&full, kind) - events(&base, kind);
+    assert_eq!((diff("malloc"), diff("free"), diff("calloc"), diff("realloc")), (1_000_000, 999_000, 10, 10), "{full:#}");
+    assert_eq!(number(&full, "live_bytes_at_end") - number(&base, "live_bytes_at_end"), 32_000, "{full:#}");
+}
+
+// ---------------------------------------------------------------------------
+// Recording fails, the program does not
+// ---------------------------------------------------------------------------
+
+#[test]
+fn unwritable_trace_directory_leaves_the_program_alone() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "outputs.c");
+    let trace = dir.join("no-such-directory/t.mgt");
+
+    let plain = run_plain(&dir, arg(&prog), &["x"]);
+    let traced = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "x"]);
+    assert_eq!(traced.stdout, plain.stdout);
+    assert_eq!(traced.status.code(), plain.status.code());
+    let stderr = text(&traced.stderr);
+    // The program's stderr, untouched, with memgap's own lines around it (its
+    // last line has no newline, so memgap's next line starts on it).
+    let program_stderr = text(&plain.stderr);
+    let (before, after) = stderr.split_once(&program_stderr).unwrap_or_else(|| panic!("program stderr changed:\n{stderr}"));
+    for line in before.lines().chain(after.lines()) {
+        assert!(line.starts_with("memgap:"), "stderr line not from memgap: {line:?}");
+    }
+    assert!(before.contains("cannot create") && before.contains("no-such-directory"), "{stderr}");
+    assert!(!trace.exists());
 }
 
 // ---------------------------------------------------------------------------

@@ -225,6 +225,60 @@ pub unsafe extern "C" fn sbrk(increment: isize) -> *mut c_void {
     result
 }
 
+// ---- exec: write out what is buffered, the new image continues the trace ----
+
+type Argv = *const *const libc::c_char;
+
+unsafe extern "C" {
+    static environ: Argv;
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(path: *const libc::c_char, argv: Argv, envp: Argv) -> i32 {
+    recorder::before_exec();
+    match real::real() {
+        Some(real) => unsafe { (real.execve)(path, argv, envp) },
+        None => -1,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(path: *const libc::c_char, argv: Argv) -> i32 {
+    unsafe { execve(path, argv, environ) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(file: *const libc::c_char, argv: Argv, envp: Argv) -> i32 {
+    recorder::before_exec();
+    match real::real() {
+        Some(real) => unsafe { (real.execvpe)(file, argv, envp) },
+        None => -1,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(file: *const libc::c_char, argv: Argv) -> i32 {
+    unsafe { execvpe(file, argv, environ) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fexecve(fd: i32, argv: Argv, envp: Argv) -> i32 {
+    recorder::before_exec();
+    match real::real() {
+        Some(real) => unsafe { (real.fexecve)(fd, argv, envp) },
+        None => -1,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execveat(dirfd: i32, path: *const libc::c_char, argv: Argv, envp: Argv, flags: i32) -> i32 {
+    recorder::before_exec();
+    match real::real() {
+        Some(real) => unsafe { (real.execveat)(dirfd, path, argv, envp, flags) },
+        None => -1,
+    }
+}
+
 // ---- process end -----------------------------------------------------------
 
 #[unsafe(no_mangle)]

@@ -15,6 +15,7 @@
 mod buffers;
 mod clock;
 pub mod hooks;
+mod own_memory;
 mod process;
 mod real;
 mod recorder;
@@ -22,7 +23,7 @@ mod sys;
 mod writer;
 
 #[global_allocator]
-static AGENT_ALLOCATOR: real::AgentAllocator = real::AgentAllocator;
+static OWN_MEMORY: own_memory::OwnMemory = own_memory::OwnMemory;
 
 extern "C" fn on_load() {
     recorder::on_load();

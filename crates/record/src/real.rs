@@ -20,6 +20,10 @@ pub type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
 pub type BrkFn = unsafe extern "C" fn(*mut c_void) -> i32;
 pub type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
 pub type ExitFn = unsafe extern "C" fn(i32) -> !;
+type Argv = *const *const libc::c_char;
+pub type ExecveFn = unsafe extern "C" fn(*const libc::c_char, Argv, Argv) -> i32;
+pub type FexecveFn = unsafe extern "C" fn(i32, Argv, Argv) -> i32;
+pub type ExecveatFn = unsafe extern "C" fn(i32, *const libc::c_char, Argv, Argv, i32) -> i32;
 
 pub struct Real {
     pub malloc: MallocFn,
@@ -35,6 +39,10 @@ pub struct Real {
     pub brk: BrkFn,
     pub sbrk: SbrkFn,
     pub exit: ExitFn,
+    pub execve: ExecveFn,
+    pub execvpe: ExecveFn,
+    pub fexecve: FexecveFn,
+    pub execveat: ExecveatFn,
 }
 
 unsafe extern "C" {
@@ -123,6 +131,21 @@ unsafe extern "C" fn no_sbrk(_: isize) -> *mut c_void {
     usize::MAX as *mut c_void
 }
 
+unsafe extern "C" fn no_execve(_: *const libc::c_char, _: Argv, _: Argv) -> i32 {
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
+}
+
+unsafe extern "C" fn no_fexecve(_: i32, _: Argv, _: Argv) -> i32 {
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
+}
+
+unsafe extern "C" fn no_execveat(_: i32, _: *const libc::c_char, _: Argv, _: Argv, _: i32) -> i32 {
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
+}
+
 unsafe extern "C" fn exit_group(code: i32) -> ! {
     unsafe { libc::syscall(libc::SYS_exit_group, code) };
     unreachable!()
@@ -143,6 +166,10 @@ unsafe fn resolve_all() -> Real {
         brk: lookup!(c"brk", no_brk, BrkFn),
         sbrk: lookup!(c"sbrk", no_sbrk, SbrkFn),
         exit: lookup!(c"exit", exit_group, ExitFn),
+        execve: lookup!(c"execve", no_execve, ExecveFn),
+        execvpe: lookup!(c"execvpe", no_execve, ExecveFn),
+        fexecve: lookup!(c"fexecve", no_fexecve, FexecveFn),
+        execveat: lookup!(c"execveat", no_execveat, ExecveatFn),
     }
 }
 
@@ -168,17 +195,23 @@ pub enum UsableSize {
 }
 
 pub fn usable_size_method(real: &Real) -> UsableSize {
-    if real.malloc as usize == __libc_malloc as MallocFn as usize {
+    let module_of = |f: *const c_void| {
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        if unsafe { libc::dladdr(f, &mut info) } == 0 { (core::ptr::null_mut(), core::ptr::null()) } else { (info.dli_fbase, info.dli_fname) }
+    };
+    let (malloc_module, malloc_file) = module_of(real.malloc as *const c_void);
+    if malloc_module.is_null() {
+        return UsableSize::Unknown;
+    }
+    let file = if malloc_file.is_null() { &b""[..] } else { unsafe { CStr::from_ptr(malloc_file) }.to_bytes() };
+    // By file name: tcmalloc exports glibc's internal names (__libc_malloc)
+    // too, so comparing addresses with them proves nothing.
+    if file.ends_with(b"/libc.so.6") {
         return UsableSize::GlibcHeader;
     }
     // When an allocator does not export malloc_usable_size, the next one
     // found is glibc's, which would read a foreign block's "header".
-    let module_of = |f: *const c_void| {
-        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-        if unsafe { libc::dladdr(f, &mut info) } == 0 { core::ptr::null_mut() } else { info.dli_fbase }
-    };
-    let malloc_module = module_of(real.malloc as *const c_void);
-    if !malloc_module.is_null() && malloc_module == module_of(real.malloc_usable_size as *const c_void) { UsableSize::Call } else { UsableSize::Unknown }
+    if module_of(real.malloc_usable_size as *const c_void).0 == malloc_module { UsableSize::Call } else { UsableSize::Unknown }
 }
 
 /// glibc's chunk layout: the size word sits 8 bytes before the block, its low
@@ -238,50 +271,4 @@ pub fn is_bootstrap(ptr: *mut c_void) -> bool {
 
 pub fn bootstrap_size(ptr: *mut c_void) -> usize {
     unsafe { ((ptr as usize - BOOTSTRAP_HEADER) as *const usize).read() }
-}
-
-// ---- the agent's own allocations -------------------------------------------
-
-/// The agent's Rust code allocates from glibc's malloc directly, never through
-/// the exported `malloc`, so its own memory never appears as program events.
-pub struct AgentAllocator;
-
-unsafe impl core::alloc::GlobalAlloc for AgentAllocator {
-    unsafe fn alloc(&self, layout: core::alloc::Layout) -> *mut u8 {
-        unsafe {
-            if layout.align() <= 16 { __libc_malloc(layout.size()) as *mut u8 } else { __libc_memalign(layout.align(), layout.size()) as *mut u8 }
-        }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, _: core::alloc::Layout) {
-        unsafe { __libc_free(ptr as *mut c_void) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: core::alloc::Layout) -> *mut u8 {
-        unsafe {
-            if layout.align() <= 16 {
-                __libc_calloc(1, layout.size()) as *mut u8
-            } else {
-                let ptr = self.alloc(layout);
-                if !ptr.is_null() {
-                    ptr.write_bytes(0, layout.size());
-                }
-                ptr
-            }
-        }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: core::alloc::Layout, new_size: usize) -> *mut u8 {
-        unsafe {
-            if layout.align() <= 16 {
-                return __libc_realloc(ptr as *mut c_void, new_size) as *mut u8;
-            }
-            let new = __libc_memalign(layout.align(), new_size) as *mut u8;
-            if !new.is_null() {
-                new.copy_from_nonoverlapping(ptr, layout.size().min(new_size));
-                __libc_free(ptr as *mut c_void);
-            }
-            new
-        }
-    }
 }

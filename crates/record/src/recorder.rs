@@ -121,7 +121,7 @@ fn open_trace(config: &Config, top: bool) -> bool {
     OWNER_PID.store(pid, Relaxed);
     let mut path = process::trace_path(&config.output, pid, top);
     path.push(0);
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
     let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, flags, 0o644) };
     path.pop();
     if fd < 0 {
@@ -176,7 +176,7 @@ pub fn on_load() {
             }
         }
         unsafe {
-            libc::atexit(on_exit);
+            on_exit(at_exit, core::ptr::null_mut());
             libc::pthread_atfork(None, None, Some(on_fork_child));
         }
         if !FOLLOW.load(Relaxed) {
@@ -225,8 +225,27 @@ unsafe extern "C" fn on_thread_exit(value: *mut c_void) {
     ThreadState::close(state);
 }
 
-extern "C" fn on_exit() {
+unsafe extern "C" {
+    /// glibc's atexit with the exit status: the only way to learn the status
+    /// when `main` returns (libc then calls `exit` internally, not our hook).
+    fn on_exit(handler: extern "C" fn(i32, *mut c_void), arg: *mut c_void) -> i32;
+}
+
+extern "C" fn at_exit(status: i32, _: *mut c_void) {
+    set_exit_code(status);
     finish(EndReason::Exit);
+}
+
+/// Before an exec: write out everything buffered, since the new image
+/// starts from nothing and continues this trace. If the exec fails,
+/// recording simply goes on.
+pub fn before_exec() {
+    if PHASE.load(Acquire) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
+        return;
+    }
+    let errno = unsafe { *libc::__errno_location() };
+    buffers::while_busy(|| with_writer(|writer| writer.round(true)));
+    unsafe { *libc::__errno_location() = errno };
 }
 
 pub fn set_exit_code(code: i32) {
@@ -266,6 +285,7 @@ extern "C" fn on_fork_child() {
         return;
     }
     buffers::reset_after_fork();
+    crate::own_memory::reset_after_fork();
     WRITER_LOCK.reset();
     unsafe { *WRITER.0.get() = None };
     FINISHED.store(false, Relaxed);

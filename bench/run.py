@@ -1,0 +1,599 @@
+#!/usr/bin/env python3
+"""memgap vs heaptrack, side by side, in one run.
+
+    python3 bench/run.py [--quick] [--repeat N] [--only churn,deep] [--out DIR]
+
+Builds the workloads in bench/workloads/, then for each workload runs plain, every
+memgap variant the CLI supports and heaptrack interleaved (A B C A B C ..., after one
+warm-up round), counts instructions with `perf stat`, measures each trace's size and
+how fast each tool analyses it, and writes RATIOS to DIR/latest.md and DIR/latest.json.
+No timing is asserted: the point is the comparison. See bench/README.md.
+Python standard library only.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+WORKLOAD_SOURCES = BENCH_DIR / "workloads"
+REPO_DIR = BENCH_DIR.parent
+DEFAULT_MEMGAP = REPO_DIR / "target" / "release" / "memgap"
+MIB = 1024 * 1024
+
+# heaptrack 1.4's interpreter can grow to tens of GiB on many distinct stacks and take the
+# machine with it (baseline §5.1); an address-space cap makes it die alone instead.
+HEAPTRACK_MEMORY_CAP_GIB = 4
+
+# Debian package that provides each external command.
+DEBIAN_PACKAGE = {
+    "gcc": "gcc",
+    "heaptrack": "heaptrack",
+    "heaptrack_print": "heaptrack",
+    "zstd": "zstd",
+    "perf": "linux-perf",
+    "sqlite3": "sqlite3",
+    "prlimit": "util-linux",
+}
+
+C_WORKLOADS = ["churn", "threads", "deep", "big"]
+
+# --quick divides the workload sizes by this, to keep the suite at 2-3 minutes. Not more:
+# heaptrack's fixed start-up (~0.15 s) would then dominate its ratios.
+QUICK_DIVISOR = 5
+
+
+@dataclass
+class Workload:
+    name: str
+    argv: list
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class Tool:
+    name: str  # as shown in the report: "plain", "memgap", "memgap --no-stacks", "heaptrack"
+    kind: str  # "plain" | "memgap" | "heaptrack"
+    flags: list = field(default_factory=list)
+
+
+@dataclass
+class Setup:
+    """What this machine offers; every missing piece becomes a note in the report."""
+    memgap: Path = None
+    memgap_tools: list = field(default_factory=list)
+    memgap_quiet: bool = False
+    heaptrack: bool = False
+    perf_ok: bool = False
+    notes: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- setup and build
+
+def check_environment(memgap_path):
+    setup = Setup()
+    missing = sorted(cmd for cmd in DEBIAN_PACKAGE if not shutil.which(cmd))
+    for cmd in missing:
+        setup.notes.append(f"`{cmd}` not found: sudo apt-get install {DEBIAN_PACKAGE[cmd]}")
+    if "gcc" in missing:
+        sys.exit("bench: gcc is needed to build the workloads: sudo apt-get install gcc")
+
+    # heaptrack falls back to gzip without zstd, and the event count below reads zstd.
+    setup.heaptrack = not {"heaptrack", "heaptrack_print", "zstd", "prlimit"} & set(missing)
+    if not setup.heaptrack:
+        setup.notes.append("heaptrack columns skipped (needs heaptrack, zstd and prlimit)")
+
+    setup.perf_ok, reason = perf_counts_instructions("perf" not in missing)
+    if not setup.perf_ok:
+        setup.notes.append(f"instructions: n/a ({reason})")
+
+    if not memgap_path.is_file():
+        setup.notes.append(f"memgap not found at {memgap_path}: build it with `cargo build --release` "
+                           "(or pass --memgap PATH); comparing plain and heaptrack only")
+        return setup
+    try:
+        help_text = subprocess.run([str(memgap_path), "run", "--help"], capture_output=True, text=True)
+    except OSError as error:
+        help_text = subprocess.CompletedProcess([], 1, "", str(error))
+    if help_text.returncode != 0:
+        setup.notes.append(f"`memgap run --help` failed ({help_text.stderr.strip()[:200]}); memgap skipped")
+        return setup
+    setup.memgap = memgap_path
+    setup.memgap_quiet = "--quiet" in help_text.stdout
+    setup.memgap_tools = [Tool("memgap", "memgap")] + [
+        Tool(f"memgap {flag}", "memgap", [flag])
+        for flag in ("--no-stacks", "--trim-only") if flag in help_text.stdout]
+    agent = memgap_path.parent / "libmemgap_agent.so"
+    if not agent.is_file():
+        setup.notes.append(f"note: {agent} not found next to the CLI")
+    return setup
+
+
+def perf_counts_instructions(perf_installed):
+    if not perf_installed:
+        return False, "perf not installed"
+    with tempfile.NamedTemporaryFile("r", suffix=".perf") as out:
+        subprocess.run(["perf", "stat", "-e", "instructions", "-x,", "-o", out.name, "--", "true"],
+                       capture_output=True)
+        if read_instruction_count(out.name) is not None:
+            return True, ""
+    if not any(Path("/sys/bus/event_source/devices", pmu).exists() for pmu in ("cpu", "cpu_core")):
+        return False, "perf cannot count instructions here: the kernel exposes no hardware PMU (usual in a VM)"
+    paranoid = Path("/proc/sys/kernel/perf_event_paranoid").read_text().strip()
+    return False, f"perf cannot count instructions: check perf_event_paranoid (now {paranoid})"
+
+
+def build(build_dir, quick, setup):
+    """Compile the C workloads and the launcher, generate the sqlite script; return the workloads."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    flags = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"]
+    for name in C_WORKLOADS:
+        compile_c(WORKLOAD_SOURCES / f"{name}.c", build_dir / name, flags)
+    compile_c(BENCH_DIR / "measure.c", build_dir / "measure", ["-O2"])
+
+    # The default sizes are those of the heaptrack baseline document; --quick divides them
+    # (threads twice as much, because heaptrack 1.4 slows it 30-80x, see the baseline's §5.2).
+    scale = QUICK_DIVISOR if quick else 1
+    threads_scale = 2 * QUICK_DIVISOR if quick else 1
+    workloads = [
+        Workload("churn", [build_dir / "churn", 20_000_000 // scale, 100_000]),
+        Workload("threads", [build_dir / "threads", 20_000_000 // threads_scale, 100_000, 4]),
+        Workload("deep", [build_dir / "deep", 5_000_000 // scale, 30, 100_000, 16]),
+        Workload("big", [build_dir / "big", 200_000 // scale, 16]),
+    ]
+    if shutil.which("sqlite3"):
+        sql = build_dir / "inserts.sql"
+        subprocess.run([sys.executable, WORKLOAD_SOURCES / "gen_sqlite.py", sql, str(300_000 // scale)],
+                       check=True)
+        workloads.append(Workload("sqlite", ["sqlite3", ":memory:", f".read {sql}"]))
+    else:
+        setup.notes.append("sqlite workload skipped: no sqlite3")
+    # The system interpreter, not a pyenv shim (a shell script that would be profiled too).
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    workloads.append(Workload("python", [python, WORKLOAD_SOURCES / "pydict.py", 500_000 // scale, 5],
+                              env={"PYTHONMALLOC": "malloc"}))
+    for workload in workloads:
+        workload.argv = [str(arg) for arg in workload.argv]
+    return workloads
+
+
+def compile_c(source, binary, flags):
+    result = subprocess.run(["gcc", *flags, "-o", str(binary), str(source)], capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"bench: building {source.name} failed:\n{result.stderr}")
+
+
+# ---------------------------------------------------------------- running
+
+class Bench:
+    def __init__(self, setup, work_dir, timeout):
+        self.setup = setup
+        self.work_dir = work_dir
+        self.timeout = timeout
+        self.measure = work_dir / "build" / "measure"
+        for sub in ("traces", "logs"):
+            (work_dir / sub).mkdir(exist_ok=True)
+
+    def trace_path(self, workload, tool):
+        slug = tool.name.replace(" --", "-").replace(" ", "-")
+        suffix = ".mgt" if tool.kind == "memgap" else ".zst"  # heaptrack appends .zst itself
+        return self.work_dir / "traces" / f"{workload.name}.{slug}{suffix}"
+
+    def command(self, workload, tool):
+        if tool.kind == "plain":
+            return list(workload.argv)
+        trace = self.trace_path(workload, tool)
+        if tool.kind == "memgap":
+            quiet = ["--quiet"] if self.setup.memgap_quiet else []
+            return [str(self.setup.memgap), "run", "-o", str(trace), *quiet, *tool.flags, "--", *workload.argv]
+        stem = str(trace)[:-len(".zst")]
+        return ["prlimit", f"--as={HEAPTRACK_MEMORY_CAP_GIB << 30}", "heaptrack", "-o", stem, *workload.argv]
+
+    def run_measured(self, argv, env, log_path, stderr_path=None):
+        """One run under the C launcher; returns wall, CPU (user+sys) and peak RSS of the tree.
+        Output goes to log_path, stderr too unless stderr_path is given."""
+        result_file = self.work_dir / "measure.txt"
+        result_file.unlink(missing_ok=True)
+        with open(log_path, "wb") as log, open(stderr_path or os.devnull, "wb") as errors:
+            # Own session, so that a timeout can kill the whole tree (heaptrack has 3 processes).
+            child = subprocess.Popen([str(self.measure), str(result_file), *argv], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=errors if stderr_path else subprocess.STDOUT,
+                                     start_new_session=True)
+            try:
+                child.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                return {"error": f"timed out after {self.timeout} s"}
+        if not result_file.exists():
+            return {"error": f"launcher failed: {tail(log_path)}"}
+        exit_code, wall, user, system, rss_kib = result_file.read_text().split()
+        return {"exit_code": int(exit_code), "wall_s": float(wall), "cpu_s": float(user) + float(system),
+                "peak_rss_mib": int(rss_kib) / 1024}
+
+    def run_workload_once(self, workload, tool):
+        self.trace_path(workload, tool).unlink(missing_ok=True)  # never measure a stale trace
+        log = self.work_dir / "logs" / f"{workload.name}.{tool.name.replace(' ', '')}.log"
+        run = self.run_measured(self.command(workload, tool), {**os.environ, **workload.env}, log)
+        if "error" not in run:
+            run["checksum"] = checksum_line(log)
+            if run["exit_code"] != 0:
+                run["error"] = f"exit code {run['exit_code']}: {tail(log)}"
+        return run
+
+    def count_instructions(self, workload, tool):
+        out = self.work_dir / "perf.txt"
+        out.unlink(missing_ok=True)
+        argv = ["perf", "stat", "-e", "instructions", "-x,", "-o", str(out), "--", *self.command(workload, tool)]
+        try:
+            subprocess.run(argv, env={**os.environ, **workload.env}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return read_instruction_count(out) if out.exists() else None
+
+
+def read_instruction_count(perf_output):
+    """Sum of the instruction counters in a `perf stat -x,` file (several on hybrid CPUs)."""
+    total = None
+    for line in Path(perf_output).read_text().splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and "instructions" in fields[2] and fields[0].strip().isdigit():
+            total = (total or 0) + int(fields[0])
+    return total
+
+
+def checksum_line(log_path):
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("checksum"):
+            return line.strip()
+    return None
+
+
+def tail(path, lines=3):
+    text = Path(path).read_text(errors="replace").strip() if Path(path).exists() else ""
+    return " | ".join(text.splitlines()[-lines:]) or "(no output)"
+
+
+# ---------------------------------------------------------------- traces and analysis
+
+def memgap_trace_stats(bench, workload, tool, analysis_runs):
+    trace = bench.trace_path(workload, tool)
+    if not trace.is_file():
+        return {"error": f"no trace at {trace}"}
+    argv = [str(bench.setup.memgap), "summary", str(trace), "--json"]
+    log, errors = bench.work_dir / "logs" / "summary.json", bench.work_dir / "logs" / "summary.stderr"
+    runs = [bench.run_measured(argv, dict(os.environ), log, errors) for _ in range(analysis_runs)]
+    if any("error" in run or run["exit_code"] != 0 for run in runs):
+        return {"error": f"memgap summary failed: {tail(errors)}"}
+    try:
+        summary = json.loads(log.read_text())
+        events = sum(summary["events"].values())
+    except (ValueError, KeyError, AttributeError) as error:
+        return {"error": f"memgap summary printed no usable JSON ({error}): {tail(log)}"}
+    stats = trace_stats(trace.stat().st_size, events, runs, "memgap summary --json")
+    stats["program_peak_rss_mib"] = (summary.get("peak_rss_bytes") or 0) / MIB or None
+    stats["truncated"] = summary.get("truncated")
+    stats["dropped_events"] = summary.get("dropped_events")
+    return stats
+
+
+def heaptrack_trace_stats(bench, workload, tool, analysis_runs):
+    trace = bench.trace_path(workload, tool)
+    if not trace.is_file():
+        return {"error": f"no trace at {trace}"}
+    events = count_heaptrack_events(trace)
+    log = bench.work_dir / "logs" / "heaptrack_print.txt"
+    # The report goes to a file rather than /dev/null: it is a few KB, and it holds the RSS line.
+    runs = [bench.run_measured(["heaptrack_print", "-f", str(trace)], dict(os.environ), log)
+            for _ in range(analysis_runs)]
+    if any("error" in run or run["exit_code"] != 0 for run in runs):
+        return {"error": f"heaptrack_print failed: {tail(log)}"}
+    stats = trace_stats(trace.stat().st_size, events, runs, "heaptrack_print")
+    stats["program_peak_rss_mib"] = heaptrack_reported_rss_mib(log)
+    return stats
+
+
+def count_heaptrack_events(trace):
+    """Allocations and frees: the lines starting with '+' or '-' in the decompressed trace."""
+    decompress = subprocess.Popen(["zstd", "-dc", str(trace)], stdout=subprocess.PIPE)
+    events, previous_byte = 0, b"\n"
+    while chunk := decompress.stdout.read(1 << 22):
+        # Prefixing the previous chunk's last byte catches a line start on the boundary.
+        text = previous_byte + chunk
+        events += text.count(b"\n+") + text.count(b"\n-")
+        previous_byte = chunk[-1:]
+    decompress.wait()
+    return events
+
+
+def heaptrack_reported_rss_mib(report):
+    """The program's own peak RSS as heaptrack sampled it; heaptrack_print's units are powers of 1000."""
+    for line in report.read_text(errors="replace").splitlines():
+        if line.startswith("peak RSS (including heaptrack overhead):"):
+            value = line.split(":", 1)[1].strip()
+            number = value.rstrip("BKMGT")
+            unit = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[value[len(number):].rstrip("B")]
+            return float(number) * unit / MIB
+    return None
+
+
+def trace_stats(size, events, analysis_runs, analysis_tool):
+    seconds = statistics.median(run["wall_s"] for run in analysis_runs)
+    return {"trace_bytes": size, "events": events,
+            "bytes_per_event": size / events if events else None,
+            "analysis_tool": analysis_tool, "analysis_s": seconds,
+            "analysis_cpu_s": statistics.median(run["cpu_s"] for run in analysis_runs),
+            "analysis_peak_rss_mib": max(run["peak_rss_mib"] for run in analysis_runs),
+            "analysis_events_per_s": events / seconds if seconds > 0 else None}
+
+
+# ---------------------------------------------------------------- one workload
+
+def bench_workload(bench, workload, tools, repeat, perf_runs, analysis_runs):
+    print(f"== {workload.name}: {' '.join(workload.argv)}", flush=True)
+    results = {tool.name: {"kind": tool.kind, "runs": []} for tool in tools}
+    expected_checksum = None
+    for round_index in range(repeat + 1):  # round 0 is the uncounted warm-up
+        for tool in tools:
+            result = results[tool.name]
+            if "error" in result:
+                continue
+            run = bench.run_workload_once(workload, tool)
+            if "error" not in run:
+                if tool.kind == "plain" and expected_checksum is None:
+                    expected_checksum = run["checksum"]
+                if run["checksum"] != expected_checksum:
+                    run["error"] = f"output changed: {run['checksum']!r}, plain printed {expected_checksum!r}"
+            if "error" in run:
+                result["error"] = run["error"]
+                print(f"   {tool.name}: FAILED: {run['error']}", flush=True)
+            elif round_index > 0:
+                result["runs"].append(run)
+        print(f"   round {round_index or 'warm-up'} done", flush=True)
+    if "error" in results["plain"]:
+        return {"error": f"plain run failed: {results['plain']['error']}", "tools": results}
+
+    for tool in tools:
+        result = results[tool.name]
+        if "error" in result:
+            continue
+        if bench.setup.perf_ok:
+            counts = [bench.count_instructions(workload, tool) for _ in range(perf_runs)]
+            if None not in counts:
+                result["instructions_runs"] = counts
+        # The trace on disk is the one from the last run above.
+        if tool.kind == "memgap":
+            result["trace"] = memgap_trace_stats(bench, workload, tool, analysis_runs)
+        elif tool.kind == "heaptrack":
+            result["trace"] = heaptrack_trace_stats(bench, workload, tool, analysis_runs)
+        bench.trace_path(workload, tool).unlink(missing_ok=True)  # churn traces reach ~100 MB
+    summarise(results)
+    return {"argv": workload.argv, "env": workload.env, "tools": results}
+
+
+def summarise(results):
+    """Medians, and overhead ratios taken round by round against the plain run of the same round."""
+    plain = results["plain"]
+    for name, result in results.items():
+        runs = result["runs"]
+        if "error" in result or not runs:
+            continue
+        for metric in ("wall_s", "cpu_s", "peak_rss_mib"):
+            result[metric] = statistics.median(run[metric] for run in runs)
+        result["wall_s_range"] = [min(r["wall_s"] for r in runs), max(r["wall_s"] for r in runs)]
+        if "instructions_runs" in result:
+            result["instructions"] = statistics.median(result["instructions_runs"])
+        if name == "plain":
+            continue
+        for metric, ratio_key in (("wall_s", "wall_ratio"), ("cpu_s", "cpu_ratio")):
+            ratios = [run[metric] / base[metric] for run, base in zip(runs, plain["runs"]) if base[metric] > 0]
+            if ratios:
+                result[ratio_key] = statistics.median(ratios)
+                result[ratio_key + "_range"] = [min(ratios), max(ratios)]
+        if result.get("instructions") and plain.get("instructions"):
+            result["instructions_ratio"] = result["instructions"] / plain["instructions"]
+
+    heaptrack = results.get("heaptrack")
+    if not heaptrack or "error" in heaptrack:
+        return
+    for result in results.values():
+        if result["kind"] != "memgap" or "error" in result:
+            continue
+        # < 1 means memgap slows the program down less than heaptrack does.
+        result["vs_heaptrack"] = {
+            key: result[key] / heaptrack[key]
+            for key in ("wall_ratio", "cpu_ratio", "instructions_ratio") if key in result and key in heaptrack}
+        heaptrack_extra_cpu = heaptrack.get("cpu_s", 0) - plain["cpu_s"]
+        if heaptrack_extra_cpu > 0 and "cpu_s" in result:
+            result["vs_heaptrack"]["extra_cpu_share"] = (result["cpu_s"] - plain["cpu_s"]) / heaptrack_extra_cpu
+
+
+# ---------------------------------------------------------------- report
+
+def fmt(value, digits=2, suffix=""):
+    if value is None:
+        return "n/a"
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}{suffix}"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def fmt_ratio(result, key):
+    if key not in result:
+        return "n/a"
+    low, high = result.get(key + "_range", [None, None])
+    spread = f" ({low:.2f}–{high:.2f})" if low is not None else ""
+    return f"{result[key]:.2f}×{spread}"
+
+
+def fmt_size(size):
+    for threshold, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if size >= threshold:
+            return f"{size / threshold:.1f} {unit}"
+    return f"{size} B"
+
+
+def fmt_count(value):
+    if value is None:
+        return "n/a"
+    for threshold, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= threshold:
+            return f"{value / threshold:.2f} {unit}"
+    return f"{value:.0f}"
+
+
+def markdown_report(report):
+    meta = report["meta"]
+    lines = [
+        "# memgap vs heaptrack",
+        "",
+        f"{meta['date']} · {meta['host']} · {meta['cpus']} CPUs · kernel {meta['kernel']} · "
+        f"{'quick' if meta['quick'] else 'full'} sizes · {meta['repeat']} interleaved rounds after 1 warm-up · "
+        f"{meta['perf_runs']} perf runs · repo HEAD {meta['memgap_commit']} · {meta['heaptrack_version']}",
+        "",
+        "Ratios are program-with-profiler ÷ plain program, taken round by round, median (min–max). "
+        "Instructions are the stable figure on a noisy VM; wall time is the one users feel. "
+        "Peak RSS is the largest single process (for heaptrack that is `heaptrack_interpret`); "
+        "program RSS is the profiled program's own peak as the profiler reports it.",
+        "",
+    ]
+    if meta["notes"]:
+        lines += [f"- {note}" for note in meta["notes"]] + [""]
+    lines += ["## Cost of profiling", "",
+              "| workload | tool | wall s | CPU s | peak RSS MiB | program RSS MiB | instructions | wall × | CPU × | instr × |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, workload in report["workloads"].items():
+        if "error" in workload:
+            lines.append(f"| {name} | — | {workload['error']} | | | | | | | |")
+            continue
+        for tool, result in workload["tools"].items():
+            if "error" in result:
+                lines.append(f"| {name} | {tool} | FAILED: {result['error'][:120]} | | | | | | | |")
+                continue
+            program_rss = result.get("trace", {}).get("program_peak_rss_mib")
+            if result["kind"] == "plain":
+                program_rss = result.get("peak_rss_mib")
+            lines.append(
+                f"| {name} | {tool} | {fmt(result.get('wall_s'))} | {fmt(result.get('cpu_s'))} | "
+                f"{fmt(result.get('peak_rss_mib'), 1)} | {fmt(program_rss, 1)} | {fmt_count(result.get('instructions'))} | "
+                + ("— | — | — |" if result["kind"] == "plain" else
+                   f"{fmt_ratio(result, 'wall_ratio')} | {fmt_ratio(result, 'cpu_ratio')} | "
+                   f"{fmt(result.get('instructions_ratio'), 2, '×')} |"))
+
+    lines += ["", "## memgap ÷ heaptrack", "",
+              "Slowdown of memgap divided by slowdown of heaptrack (below 1: memgap is cheaper). "
+              "*Extra CPU* is the CPU time memgap adds as a share of what heaptrack adds.", "",
+              "| workload | memgap variant | wall | CPU | instructions | extra CPU |", "|---|---|---|---|---|---|"]
+    comparisons = [(name, tool, result["vs_heaptrack"]) for name, workload in report["workloads"].items()
+                   for tool, result in workload.get("tools", {}).items() if "vs_heaptrack" in result]
+    for name, tool, versus in comparisons:
+        lines.append(f"| {name} | {tool} | {fmt(versus.get('wall_ratio'), 3)} | {fmt(versus.get('cpu_ratio'), 3)} | "
+                     f"{fmt(versus.get('instructions_ratio'), 3)} | {fmt(100 * versus['extra_cpu_share'] if 'extra_cpu_share' in versus else None, 1, '%')} |")
+    if not comparisons:
+        lines.append("| — | no memgap and heaptrack pair measured | | | | |")
+
+    lines += ["", "## Traces and analysis", "",
+              "Events: memgap = sum of `events` in `memgap summary --json`; heaptrack = `+`/`-` lines in the "
+              "decompressed trace. Analysis: `memgap summary --json` vs `heaptrack_print -f`.", "",
+              "| workload | tool | events | trace size | B / event | analysis s | analysis events/s | analysis peak RSS MiB |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, workload in report["workloads"].items():
+        for tool, result in workload.get("tools", {}).items():
+            trace = result.get("trace")
+            if trace is None:
+                continue
+            if "error" in trace:
+                lines.append(f"| {name} | {tool} | FAILED: {trace['error'][:120]} | | | | | |")
+                continue
+            truncated = " (truncated)" if trace.get("truncated") else ""
+            if trace.get("dropped_events"):
+                truncated += f" ({fmt_count(trace['dropped_events'])} dropped)"
+            lines.append(f"| {name} | {tool} | {fmt_count(trace['events'])}{truncated} | {fmt_size(trace['trace_bytes'])} | "
+                         f"{fmt(trace['bytes_per_event'], 2)} | {fmt(trace['analysis_s'], 3)} | "
+                         f"{fmt_count(trace['analysis_events_per_s'])} | {fmt(trace['analysis_peak_rss_mib'], 1)} |")
+    return "\n".join(lines) + "\n"
+
+
+def describe_machine(args, setup):
+    def command_output(argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, cwd=REPO_DIR).stdout.strip()
+        except OSError:
+            return ""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
+        "quick": args.quick, "repeat": args.repeat, "perf_runs": args.perf_runs if setup.perf_ok else 0,
+        "memgap": str(setup.memgap) if setup.memgap else None,
+        "memgap_commit": command_output(["git", "rev-parse", "--short", "HEAD"]) or "?",
+        "memgap_variants": [tool.name for tool in setup.memgap_tools],
+        "heaptrack_version": command_output(["heaptrack", "--version"]) if setup.heaptrack else "heaptrack n/a",
+        "heaptrack_memory_cap_gib": HEAPTRACK_MEMORY_CAP_GIB,
+        "load_average_at_start": os.getloadavg(),
+        "notes": setup.notes,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller workloads: the suite takes ~2-3 minutes")
+    parser.add_argument("--repeat", type=int, help="measured rounds per workload (default 5, quick 3)")
+    parser.add_argument("--only", help="comma-separated workloads, e.g. churn,deep")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="where latest.md/json go")
+    parser.add_argument("--memgap", type=Path, default=DEFAULT_MEMGAP, help="the memgap CLI binary")
+    parser.add_argument("--perf-runs", type=int, help="perf stat runs per tool (default 3, quick 1)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds before one run is killed")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (binaries, logs)")
+    args = parser.parse_args()
+    args.repeat = args.repeat or (3 if args.quick else 5)
+    args.perf_runs = args.perf_runs or (1 if args.quick else 3)
+    analysis_runs = 1 if args.quick else 3
+
+    setup = check_environment(args.memgap.resolve())
+    for note in setup.notes:
+        print(f"bench: {note}", file=sys.stderr)
+    work_dir = Path(tempfile.mkdtemp(prefix="memgap-bench-"))
+    try:
+        workloads = build(work_dir / "build", args.quick, setup)
+        if args.only:
+            wanted = set(args.only.split(","))
+            unknown = wanted - {w.name for w in workloads}
+            if unknown:
+                sys.exit(f"bench: unknown workload(s) {', '.join(sorted(unknown))}; "
+                         f"have {', '.join(w.name for w in workloads)}")
+            workloads = [w for w in workloads if w.name in wanted]
+        tools = [Tool("plain", "plain")] + setup.memgap_tools + ([Tool("heaptrack", "heaptrack")] if setup.heaptrack else [])
+        bench = Bench(setup, work_dir, args.timeout)
+        report = {"meta": describe_machine(args, setup), "workloads": {}}
+        for workload in workloads:
+            report["workloads"][workload.name] = bench_workload(
+                bench, workload, tools, args.repeat, args.perf_runs, analysis_runs)
+        report["meta"]["load_average_at_end"] = os.getloadavg()
+    finally:
+        if args.keep:
+            print(f"bench: work directory kept at {work_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    markdown = markdown_report(report)
+    (args.out / "latest.md").write_text(markdown)
+    (args.out / "latest.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print()
+    print(markdown)
+    print(f"bench: wrote {args.out / 'latest.md'} and {args.out / 'latest.json'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
