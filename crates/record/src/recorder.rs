@@ -182,6 +182,7 @@ pub fn on_load() {
         if !FOLLOW.load(Relaxed) {
             process::remove_self_from_ld_preload();
         }
+        with_writer(|w| w.push(&Record::Modules(process::loaded_modules())));
         warn_if_allocator_is_unreachable(real);
         if !writer::start_thread() {
             sys::log(&[b"not recording: cannot start the writer thread"]);
