@@ -20,6 +20,10 @@ struct Cli {
 enum Command {
     Run(commands::run::Args),
     Summary(commands::summary::Args),
+    Ledger(commands::ledger::Args),
+    Map(commands::map::Args),
+    Timeline(commands::timeline::Args),
+    Snap(commands::snap::Args),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +31,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Summary(args) => commands::summary::run(args),
+        Command::Ledger(args) => commands::ledger::run(args),
+        Command::Map(args) => commands::map::run(args),
+        Command::Timeline(args) => commands::timeline::run(args),
+        Command::Snap(args) => commands::snap::run(args),
     };
     match result {
         Ok(code) => code,

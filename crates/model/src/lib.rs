@@ -1,16 +1,44 @@
 //! The model: facts computed from a replayed trace, ready for any view.
 //!
-//! Each fact is a plain serializable struct built by a [`memgap_replay::Visitor`];
-//! views (terminal, JSON, HTML) only format these structs.
+//! Each fact is a plain serializable struct built by a [`memgap_replay::Visitor`]:
+//! the [`Summary`] of a run, and the [`Ledger`] (every resident byte in one
+//! row, with the page map) at a snapshot. Views (terminal, JSON, HTML) only
+//! format these structs.
 //!
 //! Not for: reading trace bytes (replay) or formatting (views).
 //!
 //! ```no_run
+//! use memgap_model::{At, ledger_at};
 //! let summary = memgap_model::Summary::of_trace("t.mgt".as_ref())?;
 //! println!("peak live heap: {} bytes", summary.peak_live_bytes);
+//! if let Some(ledger) = ledger_at("t.mgt".as_ref(), At::Peak, false)? {
+//!     println!("{}", ledger.verdict);
+//! }
 //! # Ok::<(), memgap_trace::TraceError>(())
 //! ```
 
+mod heap_state;
+pub mod ledger;
+mod snapshots;
 mod summary;
 
+pub use heap_state::HeapState;
+pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
+pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};
 pub use summary::{SizeCount, Summary};
+
+/// Binary units with three significant digits: `1.50 MiB`, `812 B`.
+pub fn human_bytes(value: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if value < 1024 {
+        return format!("{value} B");
+    }
+    let mut scaled = value as f64;
+    let mut unit = 0;
+    while scaled >= 1024.0 && unit < UNITS.len() - 1 {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    let digits = if scaled >= 100.0 { 0 } else if scaled >= 10.0 { 1 } else { 2 };
+    format!("{scaled:.digits$} {}", UNITS[unit])
+}

@@ -54,10 +54,14 @@ pub struct ThreadState {
     data: *mut u8,
     chunk: *mut Chunk,
     delta: DeltaState,
-    thread: u32,
-    tid: u32,
+    pub thread: u32,
+    pub tid: u32,
     next_seq: u32,
     pub destructor_rounds: u32,
+    /// An address on the thread's stack: the ledger counts its mapping as a stack.
+    pub stack_hint: u64,
+    /// Whether the writer has written this thread's THREAD record; the writer's alone.
+    pub announced: UnsafeCell<bool>,
     /// Oldest chunk the writer has not finished with; the writer's alone.
     pub writer_head: UnsafeCell<*mut Chunk>,
 }
@@ -252,6 +256,8 @@ impl ThreadState {
             tid,
             next_seq: 1,
             destructor_rounds: 0,
+            stack_hint: &thread as *const u32 as u64,
+            announced: UnsafeCell::new(false),
             writer_head: UnsafeCell::new(chunk),
         }));
         if !register(state) {

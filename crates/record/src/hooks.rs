@@ -225,6 +225,13 @@ pub unsafe extern "C" fn sbrk(increment: isize) -> *mut c_void {
     result
 }
 
+/// Lets a program take a snapshot at a point of its choosing (tests use it;
+/// a program can find it with `dlsym(RTLD_DEFAULT, "memgap_snapshot")`).
+#[unsafe(no_mangle)]
+pub extern "C" fn memgap_snapshot() {
+    recorder::program_snapshot();
+}
+
 // ---- exec: write out what is buffered, the new image continues the trace ----
 
 type Argv = *const *const libc::c_char;

@@ -12,12 +12,15 @@
 //! sees (results, errno, signals, exit status), and when recording cannot
 //! go on, say so once and let the program run.
 
+extern crate alloc;
+
 mod buffers;
 mod clock;
 pub mod hooks;
 mod own_memory;
 mod process;
 mod real;
+mod snapshot;
 mod recorder;
 mod sys;
 mod writer;

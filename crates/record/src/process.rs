@@ -17,6 +17,8 @@ pub struct Config {
     pub parent_pid: u32,
     pub follow: bool,
     pub interval_ns: u64,
+    /// 0: no periodic snapshots (peaks, exit and requests still take them).
+    pub snapshot_interval_ns: u64,
     pub buffer_bytes: usize,
 }
 
@@ -43,6 +45,7 @@ impl Config {
             parent_pid: env_number(c"MEMGAP_PARENT_PID", 10).unwrap_or(0) as u32,
             follow: env(c"MEMGAP_FOLLOW") != Some(b"0"),
             interval_ns: env_number(c"MEMGAP_INTERVAL_MS", 10).unwrap_or(10).clamp(1, 10_000) * 1_000_000,
+            snapshot_interval_ns: env_number(c"MEMGAP_SNAPSHOT_MS", 10).unwrap_or(1000).min(3_600_000) * 1_000_000,
             buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(128).clamp(1, 16_384) as usize) << 20,
         })
     }

@@ -194,6 +194,15 @@ pub enum UsableSize {
     Call,
 }
 
+/// The file a function was loaded from.
+pub fn module_path(function: *const c_void) -> alloc::string::String {
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    if unsafe { libc::dladdr(function, &mut info) } == 0 || info.dli_fname.is_null() {
+        return alloc::string::String::new();
+    }
+    alloc::string::String::from_utf8_lossy(unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes()).into_owned()
+}
+
 pub fn usable_size_method(real: &Real) -> UsableSize {
     let module_of = |f: *const c_void| {
         let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };

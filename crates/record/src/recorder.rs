@@ -150,7 +150,7 @@ fn open_trace(config: &Config, top: bool) -> bool {
         return false;
     }
     let _guard = WRITER_LOCK.lock();
-    unsafe { *WRITER.0.get() = Some(Writer::new(fd, path)) };
+    unsafe { *WRITER.0.get() = Some(Writer::new(fd, path, config.snapshot_interval_ns)) };
     true
 }
 
@@ -182,7 +182,10 @@ pub fn on_load() {
         if !FOLLOW.load(Relaxed) {
             process::remove_self_from_ld_preload();
         }
-        with_writer(|w| w.push(&Record::Modules(process::loaded_modules())));
+        with_writer(|w| {
+            w.push(&Record::Modules(process::loaded_modules()));
+            w.push(&Record::Allocator { path: real::module_path(real.malloc as *const c_void) });
+        });
         warn_if_allocator_is_unreachable(real);
         if !writer::start_thread() {
             sys::log(&[b"not recording: cannot start the writer thread"]);
@@ -237,6 +240,22 @@ extern "C" fn at_exit(status: i32, _: *mut c_void) {
     finish(EndReason::Exit);
 }
 
+/// `memgap_snapshot()`: the program asks for a snapshot at this point.
+pub fn program_snapshot() {
+    if PHASE.load(Acquire) != ON {
+        return;
+    }
+    let errno = unsafe { *libc::__errno_location() };
+    buffers::while_busy(|| {
+        with_writer(|writer| {
+            writer.round(false);
+            let rss = writer.sample_rss();
+            writer.snapshot(memgap_trace::records::SnapshotReason::Program, rss);
+        })
+    });
+    unsafe { *libc::__errno_location() = errno };
+}
+
 /// Before an exec: write out everything buffered, since the new image
 /// starts from nothing and continues this trace. If the exec fails,
 /// recording simply goes on.
@@ -285,8 +304,9 @@ extern "C" fn on_fork_child() {
     if PHASE.load(Relaxed) != ON {
         return;
     }
-    buffers::reset_after_fork();
+    sys::agent_ranges::reset_lock();
     crate::own_memory::reset_after_fork();
+    buffers::reset_after_fork();
     WRITER_LOCK.reset();
     unsafe { *WRITER.0.get() = None };
     FINISHED.store(false, Relaxed);

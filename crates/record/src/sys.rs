@@ -21,6 +21,7 @@ pub fn mmap_anonymous(len: usize) -> *mut u8 {
     if addr == -1 || addr == 0 {
         return core::ptr::null_mut();
     }
+    agent_ranges::add(addr as u64, len as u64);
     // Name the mapping so smaps (and memgap's own ledger) can tell the
     // profiler's memory from the program's; older kernels refuse, harmlessly.
     const PR_SET_VMA: libc::c_int = 0x53564d41;
@@ -33,6 +34,60 @@ pub fn mmap_anonymous(len: usize) -> *mut u8 {
 
 pub fn munmap(addr: *mut u8, len: usize) {
     unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
+    agent_ranges::remove(addr as u64);
+}
+
+/// The address ranges of the agent's own mappings, so the ledger can count
+/// them apart from the program's memory (anonymous mappings cannot be named
+/// on kernels without CONFIG_ANON_VMA_NAME, and the kernel may merge ours
+/// with the program's).
+pub mod agent_ranges {
+    use core::cell::UnsafeCell;
+
+    use super::SpinLock;
+
+    const MAX: usize = 4096;
+
+    struct Table {
+        ranges: [(u64, u64); MAX],
+        len: usize,
+    }
+
+    struct Cell(UnsafeCell<Table>);
+    // SAFETY: only touched under LOCK.
+    unsafe impl Sync for Cell {}
+
+    static LOCK: SpinLock = SpinLock::new();
+    static TABLE: Cell = Cell(UnsafeCell::new(Table { ranges: [(0, 0); MAX], len: 0 }));
+
+    pub fn add(start: u64, len: u64) {
+        let _guard = LOCK.lock();
+        let table = unsafe { &mut *TABLE.0.get() };
+        if table.len < MAX {
+            table.ranges[table.len] = (start, len);
+            table.len += 1;
+        }
+    }
+
+    pub fn remove(start: u64) {
+        let _guard = LOCK.lock();
+        let table = unsafe { &mut *TABLE.0.get() };
+        if let Some(i) = table.ranges[..table.len].iter().position(|r| r.0 == start) {
+            table.ranges[i] = table.ranges[table.len - 1];
+            table.len -= 1;
+        }
+    }
+
+    pub fn copy_into(out: &mut alloc::vec::Vec<(u64, u64)>) {
+        let _guard = LOCK.lock();
+        let table = unsafe { &*TABLE.0.get() };
+        out.extend_from_slice(&table.ranges[..table.len]);
+    }
+
+    /// In a fork child: the parent's buffers were unmapped, the rest stays.
+    pub fn reset_lock() {
+        LOCK.reset();
+    }
 }
 
 pub fn gettid() -> u32 {

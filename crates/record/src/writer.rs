@@ -6,9 +6,10 @@ use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
 use memgap_trace::framing;
-use memgap_trace::records::{Clock, End, EndReason, Module, Record, Rss};
+use memgap_trace::records::{Clock, End, EndReason, Module, Record, Rss, SnapshotReason, Thread};
 
 use crate::buffers::{self, Chunk, SLOTS, SLOTS_USED, ThreadState};
+use crate::snapshot::Snapshotter;
 use crate::{clock, sys};
 
 const FLUSH_BYTES: usize = 512 * 1024;
@@ -23,6 +24,13 @@ pub struct Writer {
     last_flush_ns: u64,
     pub vm_hwm: u64,
     failed: bool,
+    snapshotter: Snapshotter,
+    snapshot_interval_ns: u64,
+    last_snapshot_ns: u64,
+    /// RSS at the largest snapshot so far; 5 % above it triggers another.
+    snapshot_peak_rss: u64,
+    /// `<trace>.snap`: `memgap snap PID` creates it, we remove it when done.
+    request_path: Vec<u8>,
 }
 
 static WAKE: AtomicU32 = AtomicU32::new(0);
@@ -34,9 +42,26 @@ pub fn wake() {
 }
 
 impl Writer {
-    pub fn new(fd: i32, path: Vec<u8>) -> Writer {
+    pub fn new(fd: i32, path: Vec<u8>, snapshot_interval_ns: u64) -> Writer {
         let status_fd = unsafe { libc::open(c"/proc/self/status".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        Writer { fd, path, status_fd, raw: Vec::with_capacity(FLUSH_BYTES + 128 * 1024), framed: Vec::new(), last_flush_ns: clock::monotonic_ns(), vm_hwm: 0, failed: false }
+        let mut request_path = path.clone();
+        request_path.extend_from_slice(b".snap\0");
+        let now = clock::monotonic_ns();
+        Writer {
+            fd,
+            path,
+            status_fd,
+            raw: Vec::with_capacity(FLUSH_BYTES + 128 * 1024),
+            framed: Vec::new(),
+            last_flush_ns: now,
+            vm_hwm: 0,
+            failed: false,
+            snapshotter: Snapshotter::new(),
+            snapshot_interval_ns,
+            last_snapshot_ns: now,
+            snapshot_peak_rss: 0,
+            request_path,
+        }
     }
 
     pub fn push(&mut self, record: &Record) {
@@ -57,7 +82,12 @@ impl Writer {
             }
         }
         self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: clock::monotonic_ns() }));
-        self.sample_rss();
+        let rss = self.sample_rss();
+        if !last {
+            if let Some(reason) = self.snapshot_due(&rss) {
+                self.snapshot(reason, rss);
+            }
+        }
         if last || self.raw.len() >= FLUSH_BYTES || clock::monotonic_ns() - self.last_flush_ns >= FLUSH_INTERVAL_NS {
             self.flush();
         }
@@ -66,6 +96,12 @@ impl Writer {
     /// Emits the committed bytes of one thread's chunks; returns true when the
     /// thread has ended and all of it was written.
     fn drain_thread(&mut self, state: *mut ThreadState) -> bool {
+        let announced = unsafe { &mut *(*state).announced.get() };
+        if !*announced {
+            *announced = true;
+            let (thread, tid, stack_hint) = unsafe { ((*state).thread, (*state).tid, (*state).stack_hint) };
+            self.push(&Record::Thread(Thread { thread, tid, stack_hint }));
+        }
         let head = unsafe { &mut *(*state).writer_head.get() };
         loop {
             let chunk = *head;
@@ -98,16 +134,42 @@ impl Writer {
         *emitted = len;
     }
 
-    fn sample_rss(&mut self) {
+    fn snapshot_due(&mut self, rss: &Rss) -> Option<SnapshotReason> {
+        let requested = unsafe { libc::access(self.request_path.as_ptr() as *const libc::c_char, libc::F_OK) } == 0;
+        if requested {
+            return Some(SnapshotReason::Requested);
+        }
+        if rss.vm_rss * 100 > self.snapshot_peak_rss * 105 && rss.vm_rss > 0 {
+            return Some(SnapshotReason::RssPeak);
+        }
+        let periodic = self.snapshot_interval_ns > 0 && clock::monotonic_ns() - self.last_snapshot_ns >= self.snapshot_interval_ns;
+        periodic.then_some(SnapshotReason::Periodic)
+    }
+
+    /// Takes a snapshot now and writes it out at once (a request is answered
+    /// only when its snapshot is on disk).
+    pub fn snapshot(&mut self, reason: SnapshotReason, rss: Rss) {
+        let snapshot = self.snapshotter.take(reason, rss);
+        self.last_snapshot_ns = clock::monotonic_ns();
+        self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
+        self.push(&Record::Snapshot(snapshot));
+        self.flush();
+        if reason == SnapshotReason::Requested {
+            unsafe { libc::unlink(self.request_path.as_ptr() as *const libc::c_char) };
+        }
+    }
+
+    /// The current RSS; also recorded as an RSS sample.
+    pub fn sample_rss(&mut self) -> Rss {
+        let mut rss = Rss { time: clock::now(), ..Rss::default() };
         if self.status_fd < 0 {
-            return;
+            return rss;
         }
         let mut buf = [0u8; 4096];
         let n = unsafe { libc::pread(self.status_fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
         if n <= 0 {
-            return;
+            return rss;
         }
-        let mut rss = Rss { time: clock::now(), ..Rss::default() };
         for line in buf[..n as usize].split(|&b| b == b'\n') {
             let kib = || -> u64 {
                 let digits = line.iter().skip_while(|b| !b.is_ascii_digit()).take_while(|b| b.is_ascii_digit());
@@ -123,6 +185,7 @@ impl Writer {
             }
         }
         self.push(&Record::Rss(rss));
+        rss
     }
 
     pub fn flush(&mut self) {
@@ -144,6 +207,8 @@ impl Writer {
     /// The final round: everything committed, the modules, and the END record.
     pub fn finish(&mut self, reason: EndReason, exit_code: Option<i32>, modules: Vec<Module>) {
         self.round(true);
+        let rss = self.sample_rss();
+        self.snapshot(SnapshotReason::Exit, rss);
         self.push(&Record::Modules(modules));
         let end = End { time: clock::now(), reason, dropped_events: buffers::DROPPED.load(Relaxed), vm_hwm: self.vm_hwm, exit_code };
         self.push(&Record::End(end));
@@ -179,9 +244,25 @@ pub fn stop_thread() {
     wake();
 }
 
+/// The writer's stack is memgap's memory too.
+fn register_own_stack() {
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) == 0 {
+            let mut base: *mut c_void = core::ptr::null_mut();
+            let mut size: usize = 0;
+            if libc::pthread_attr_getstack(&attr, &mut base, &mut size) == 0 {
+                sys::agent_ranges::add(base as u64, size as u64);
+            }
+            libc::pthread_attr_destroy(&mut attr);
+        }
+    }
+}
+
 extern "C" fn writer_main(_: *mut c_void) -> *mut c_void {
     buffers::mark_thread_untraced();
     unsafe { libc::prctl(libc::PR_SET_NAME, c"memgap-writer".as_ptr()) };
+    register_own_stack();
     let interval = crate::recorder::interval_ns();
     while !STOP.load(Acquire) {
         let seen = WAKE.load(Acquire);

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use memgap_trace::event::{self, DeltaState, Event};
-use memgap_trace::records::{End, EventsPiece, Exit, Module, Process, Record, Records, Rss};
+use memgap_trace::records::{End, EventsPiece, Exit, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
@@ -35,6 +35,11 @@ pub trait Visitor {
     fn modules(&mut self, _modules: &[Module]) {}
     fn event(&mut self, _event: &ThreadEvent) {}
     fn rss(&mut self, _rss: &Rss) {}
+    /// Page residency at an instant; every event before it has been seen.
+    fn snapshot(&mut self, _snapshot: &Snapshot) {}
+    fn thread(&mut self, _thread: &Thread) {}
+    /// The file that provides `malloc` to the program.
+    fn allocator(&mut self, _path: &str) {}
     fn note(&mut self, _time: u64, _text: &str) {}
     /// The agent's END record: the image ended (exit or exec) or recording failed.
     fn end(&mut self, _end: &End) {}
@@ -66,6 +71,7 @@ struct ThreadQueue {
 enum Item {
     Event(ThreadEvent),
     Rss(Rss),
+    Snapshot(Box<Snapshot>),
 }
 
 impl Item {
@@ -73,6 +79,7 @@ impl Item {
         match self {
             Item::Event(e) => e.event.time,
             Item::Rss(r) => r.time,
+            Item::Snapshot(s) => s.time,
         }
     }
 }
@@ -80,7 +87,8 @@ impl Item {
 struct Merger<'v, V: Visitor> {
     visitor: &'v mut V,
     threads: FxHashMap<u32, ThreadQueue>,
-    rss: VecDeque<Rss>,
+    /// RSS samples and snapshots, in the writer's (time) order.
+    samples: VecDeque<Item>,
     batch: Vec<Item>,
     watermark: u64,
     exit: Option<Exit>,
@@ -90,7 +98,7 @@ struct Merger<'v, V: Visitor> {
 /// Reads the trace at `path` and feeds `visitor` in time order.
 pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, TraceError> {
     let trace = TraceFile::open(path)?;
-    let mut merger = Merger { visitor, threads: FxHashMap::default(), rss: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default() };
+    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default() };
     let tail = trace.for_each_chunk(|_, chunk| {
         for record in Records::new(chunk) {
             match record {
@@ -117,7 +125,10 @@ impl<V: Visitor> Merger<'_, V> {
                 self.release(self.watermark);
                 self.watermark = clock.time;
             }
-            Record::Rss(rss) => self.rss.push_back(rss),
+            Record::Rss(rss) => self.samples.push_back(Item::Rss(rss)),
+            Record::Snapshot(snapshot) => self.samples.push_back(Item::Snapshot(Box::new(snapshot))),
+            Record::Thread(thread) => self.visitor.thread(&thread),
+            Record::Allocator { path } => self.visitor.allocator(&path),
             Record::Process(process) => {
                 self.release(u64::MAX);
                 self.threads.clear();
@@ -179,8 +190,8 @@ impl<V: Visitor> Merger<'_, V> {
                 batch.push(Item::Event(ThreadEvent { thread, tid: queue.tid, event }));
             }
         }
-        while self.rss.front().is_some_and(|r| r.time < limit) {
-            batch.push(Item::Rss(self.rss.pop_front().unwrap()));
+        while self.samples.front().is_some_and(|r| r.time() < limit) {
+            batch.push(self.samples.pop_front().unwrap());
         }
         // Stable: each thread's own order is kept for equal times. The batch
         // is a few sorted runs, which the merge sort handles in linear time.
@@ -192,6 +203,7 @@ impl<V: Visitor> Merger<'_, V> {
                     self.visitor.event(&event);
                 }
                 Item::Rss(rss) => self.visitor.rss(&rss),
+                Item::Snapshot(snapshot) => self.visitor.snapshot(&snapshot),
             }
         }
         self.batch = batch;

@@ -11,6 +11,9 @@ pub const TAG_RSS: u8 = 5;
 pub const TAG_END: u8 = 6;
 pub const TAG_EXIT: u8 = 7;
 pub const TAG_NOTE: u8 = 8;
+pub const TAG_SNAPSHOT: u8 = 9;
+pub const TAG_THREAD: u8 = 10;
+pub const TAG_ALLOCATOR: u8 = 11;
 
 /// How event times are counted.
 pub const CLOCK_MONOTONIC_NS: u8 = 0;
@@ -99,6 +102,89 @@ pub struct Exit {
     pub signal: i32,
 }
 
+/// Why a snapshot was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SnapshotReason {
+    #[default]
+    Periodic = 0,
+    /// RSS passed the last snapshot's peak by more than 5 %.
+    RssPeak = 1,
+    Exit = 2,
+    /// `memgap snap PID`.
+    Requested = 3,
+    /// The program called `memgap_snapshot()`.
+    Program = 4,
+}
+
+/// How a mapping's pages are resident.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Residency {
+    /// Not examined (not a private writable anonymous mapping).
+    #[default]
+    Unknown,
+    All,
+    None,
+    /// One bit per page, least significant bit first.
+    Bitmap(Vec<u8>),
+}
+
+impl Residency {
+    pub fn is_resident(&self, page: usize) -> bool {
+        match self {
+            Residency::All => true,
+            Residency::Bitmap(bits) => bits.get(page / 8).is_some_and(|b| b & (1 << (page % 8)) != 0),
+            _ => false,
+        }
+    }
+}
+
+/// One line of /proc/self/smaps with the fields the ledger needs, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// "rw-p" and so on.
+    pub perms: String,
+    pub offset: u64,
+    pub inode: u64,
+    /// Path, or a pseudo-name such as `[heap]` or `[stack]`; empty for anonymous.
+    pub name: String,
+    pub rss: u64,
+    pub anonymous: u64,
+    pub lazy_free: u64,
+    pub swap: u64,
+    pub residency: Residency,
+}
+
+impl Mapping {
+    pub fn is_private_writable_anonymous(&self) -> bool {
+        self.perms.starts_with("rw") && self.perms.ends_with('p') && self.inode == 0 && (self.name.is_empty() || self.name == "[heap]" || self.name.starts_with("[anon:"))
+    }
+}
+
+/// The process's memory at one instant: RSS counters, every mapping with
+/// its smaps figures, and which pages of each anonymous mapping are resident.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub time: u64,
+    pub reason: SnapshotReason,
+    pub rss: Rss,
+    pub page_size: u64,
+    pub mappings: Vec<Mapping>,
+    /// Address ranges holding memgap's own buffers (start, length).
+    pub agent_ranges: Vec<(u64, u64)>,
+    /// How long taking the snapshot stalled the writer, in nanoseconds.
+    pub cost_ns: u64,
+}
+
+/// A thread seen by the agent; `stack_hint` is an address inside its stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Thread {
+    pub thread: u32,
+    pub tid: u32,
+    pub stack_hint: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
     Process(Process),
@@ -109,6 +195,11 @@ pub enum Record<'a> {
     End(End),
     Exit(Exit),
     Note { time: u64, text: String },
+    Snapshot(Snapshot),
+    Thread(Thread),
+    /// The file that provides `malloc` to the program (glibc's libc.so.6, a
+    /// jemalloc…), which tells readers how blocks are laid out.
+    Allocator { path: String },
     Unknown { tag: u8 },
 }
 
@@ -183,6 +274,20 @@ impl Record<'_> {
                 varint::push_bytes(b, text.as_bytes());
                 TAG_NOTE
             }
+            Record::Snapshot(snapshot) => {
+                encode_snapshot(b, snapshot);
+                TAG_SNAPSHOT
+            }
+            Record::Thread(t) => {
+                for v in [t.thread as u64, t.tid as u64, t.stack_hint] {
+                    varint::push(b, v);
+                }
+                TAG_THREAD
+            }
+            Record::Allocator { path } => {
+                varint::push_bytes(b, path.as_bytes());
+                TAG_ALLOCATOR
+            }
             Record::Unknown { tag } => *tag,
         };
         frame(out, tag, &body);
@@ -205,6 +310,78 @@ impl Record<'_> {
         out.extend_from_slice(&header);
         out.extend_from_slice(records);
     }
+}
+
+fn encode_snapshot(b: &mut Vec<u8>, s: &Snapshot) {
+    for v in [s.time, s.reason as u64, s.rss.vm_rss, s.rss.rss_anon, s.rss.rss_file, s.rss.rss_shmem, s.page_size, s.cost_ns] {
+        varint::push(b, v);
+    }
+    varint::push(b, s.mappings.len() as u64);
+    for m in &s.mappings {
+        for v in [m.start, m.end - m.start, m.offset, m.inode, m.rss, m.anonymous, m.lazy_free, m.swap] {
+            varint::push(b, v);
+        }
+        varint::push_bytes(b, m.perms.as_bytes());
+        varint::push_bytes(b, m.name.as_bytes());
+        match &m.residency {
+            Residency::Unknown => varint::push(b, 0),
+            Residency::All => varint::push(b, 1),
+            Residency::None => varint::push(b, 2),
+            Residency::Bitmap(bits) => {
+                varint::push(b, 3);
+                varint::push_bytes(b, bits);
+            }
+        }
+    }
+    varint::push(b, s.agent_ranges.len() as u64);
+    for &(start, len) in &s.agent_ranges {
+        varint::push(b, start);
+        varint::push(b, len);
+    }
+}
+
+fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
+    let time = c.varint()?;
+    let reason = match c.varint()? {
+        0 => SnapshotReason::Periodic,
+        1 => SnapshotReason::RssPeak,
+        2 => SnapshotReason::Exit,
+        3 => SnapshotReason::Requested,
+        4 => SnapshotReason::Program,
+        _ => return Err(Malformed),
+    };
+    let rss = Rss { time, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? };
+    let page_size = c.varint()?;
+    let cost_ns = c.varint()?;
+    let count = c.varint()?;
+    let mut mappings = Vec::new();
+    for _ in 0..count {
+        let start = c.varint()?;
+        let len = c.varint()?;
+        let mut m = Mapping { start, end: start.checked_add(len).ok_or(Malformed)?, ..Mapping::default() };
+        m.offset = c.varint()?;
+        m.inode = c.varint()?;
+        m.rss = c.varint()?;
+        m.anonymous = c.varint()?;
+        m.lazy_free = c.varint()?;
+        m.swap = c.varint()?;
+        m.perms = c.string()?;
+        m.name = c.string()?;
+        m.residency = match c.varint()? {
+            0 => Residency::Unknown,
+            1 => Residency::All,
+            2 => Residency::None,
+            3 => Residency::Bitmap(c.bytes()?.to_vec()),
+            _ => return Err(Malformed),
+        };
+        mappings.push(m);
+    }
+    let ranges = c.varint()?;
+    let mut agent_ranges = Vec::new();
+    for _ in 0..ranges {
+        agent_ranges.push((c.varint()?, c.varint()?));
+    }
+    Ok(Snapshot { time, reason, rss, page_size, mappings, agent_ranges, cost_ns })
 }
 
 fn u32_of(v: u64) -> Result<u32, Malformed> {
@@ -301,6 +478,9 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
         }
         TAG_EXIT => Record::Exit(Exit { exit_code: i32_of(c.varint()?)?, signal: i32_of(c.varint()?)? }),
         TAG_NOTE => Record::Note { time: c.varint()?, text: c.string()? },
+        TAG_SNAPSHOT => Record::Snapshot(decode_snapshot(&mut c)?),
+        TAG_THREAD => Record::Thread(Thread { thread: u32_of(c.varint()?)?, tid: u32_of(c.varint()?)?, stack_hint: c.varint()? }),
+        TAG_ALLOCATOR => Record::Allocator { path: c.string()? },
         tag => Record::Unknown { tag },
     })
 }
@@ -320,6 +500,21 @@ mod tests {
             Record::End(End { time: 9, reason: EndReason::Exec, dropped_events: 3, vm_hwm: 1 << 30, exit_code: Some(-1) }),
             Record::Exit(Exit { exit_code: 137, signal: 9 }),
             Record::Note { time: 1, text: "recording stopped".into() },
+            Record::Snapshot(Snapshot {
+                time: 77,
+                reason: SnapshotReason::RssPeak,
+                rss: Rss { time: 77, vm_rss: 8192, rss_anon: 4096, rss_file: 4096, rss_shmem: 0 },
+                page_size: 4096,
+                mappings: vec![
+                    Mapping { start: 0x1000, end: 0x5000, perms: "rw-p".into(), name: "[heap]".into(), rss: 8192, anonymous: 8192, residency: Residency::Bitmap(vec![0b1010]), ..Mapping::default() },
+                    Mapping { start: 0x9000, end: 0xa000, perms: "r-xp".into(), inode: 12, name: "/bin/x".into(), residency: Residency::Unknown, ..Mapping::default() },
+                    Mapping { start: 0xa000, end: 0xb000, perms: "rw-p".into(), residency: Residency::All, lazy_free: 4096, ..Mapping::default() },
+                ],
+                agent_ranges: vec![(0x100000, 65536)],
+                cost_ns: 12345,
+            }),
+            Record::Thread(Thread { thread: 2, tid: 99, stack_hint: 0x7fff_0000 }),
+            Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() },
         ];
         let mut chunk = Vec::new();
         for r in &records {

@@ -2,18 +2,7 @@
 
 /// Binary units with three significant digits: `1.50 MiB`, `812 B`.
 pub fn bytes(value: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    if value < 1024 {
-        return format!("{value} B");
-    }
-    let mut scaled = value as f64;
-    let mut unit = 0;
-    while scaled >= 1024.0 && unit < UNITS.len() - 1 {
-        scaled /= 1024.0;
-        unit += 1;
-    }
-    let digits = if scaled >= 100.0 { 0 } else if scaled >= 10.0 { 1 } else { 2 };
-    format!("{scaled:.digits$} {}", UNITS[unit])
+    memgap_model::human_bytes(value)
 }
 
 /// Thousands separated: `1,000,000`.

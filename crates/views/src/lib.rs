@@ -12,4 +12,5 @@
 
 pub mod format;
 pub mod json;
+pub mod ledger;
 pub mod terminal;

@@ -1,2 +1,6 @@
+pub mod ledger;
+pub mod map;
 pub mod run;
+pub mod snap;
 pub mod summary;
+pub mod timeline;

@@ -32,6 +32,10 @@ pub struct Args {
     /// How often the agent samples RSS and collects thread buffers, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     rss_interval: u64,
+    /// Seconds between periodic snapshots of page residency (0: none; snapshots
+    /// are also taken at each new RSS peak, at exit and by `memgap snap`).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    snapshot_interval: f64,
     /// The command to run, after `--`.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -59,7 +63,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .env("MEMGAP_OUTPUT", &pattern)
         .env("MEMGAP_RUN_ID", format!("{run_id:x}"))
         .env("MEMGAP_PARENT_PID", std::process::id().to_string())
-        .env("MEMGAP_INTERVAL_MS", args.rss_interval.to_string());
+        .env("MEMGAP_INTERVAL_MS", args.rss_interval.to_string())
+        .env("MEMGAP_SNAPSHOT_MS", ((args.snapshot_interval.max(0.0) * 1000.0) as u64).to_string());
     if args.no_follow {
         command.env("MEMGAP_FOLLOW", "0");
     }

@@ -1,0 +1,40 @@
+//! `memgap ledger TRACE [--at peak|end|SECONDS] [--json]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use memgap_model::At;
+
+use crate::output;
+
+/// Every resident byte at one snapshot, in one row each (live, slack,
+/// fragmented, retained, lazy_free, runtime, other), with a verdict.
+#[derive(clap::Args)]
+pub struct Args {
+    trace: PathBuf,
+    /// Which snapshot: peak (highest RSS), end, or seconds since start.
+    #[arg(long, default_value = "peak")]
+    at: At,
+    #[arg(long)]
+    json: bool,
+    /// Also list every mapping and the row its bytes went to.
+    #[arg(long)]
+    mappings: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let name = args.trace.display().to_string();
+    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at, false).with_context(|| name.clone())? else {
+        bail!("{name}: the trace has no snapshot (was it recorded with --snapshot-interval 0 and killed before exit?)");
+    };
+    if args.json {
+        output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
+    } else {
+        output::print(&memgap_views::ledger::ledger(&ledger, &name))?;
+        if args.mappings {
+            output::print(&format!("\n{}", memgap_views::ledger::mappings(&ledger)))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

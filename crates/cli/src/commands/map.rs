@@ -1,0 +1,37 @@
+//! `memgap map TRACE [--at …]`
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use memgap_model::At;
+
+use crate::output;
+
+/// A page map of each heap mapping at one snapshot: which pages hold live
+/// blocks (and how full they are), which are free but kept, which are released.
+#[derive(clap::Args)]
+pub struct Args {
+    trace: PathBuf,
+    /// Which snapshot: peak (highest RSS), end, or seconds since start.
+    #[arg(long, default_value = "peak")]
+    at: At,
+    /// Colours: auto (on a terminal), always, never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    color: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let name = args.trace.display().to_string();
+    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at, true).with_context(|| name.clone())? else {
+        bail!("{name}: the trace has no snapshot");
+    };
+    let color = match args.color.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => std::io::stdout().is_terminal(),
+    };
+    output::print(&memgap_views::ledger::page_map(&ledger.page_maps, color))?;
+    Ok(ExitCode::SUCCESS)
+}

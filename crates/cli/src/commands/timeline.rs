@@ -1,0 +1,26 @@
+//! `memgap timeline TRACE [--json]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use crate::output;
+
+/// RSS and the ledger rows at every snapshot.
+#[derive(clap::Args)]
+pub struct Args {
+    trace: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let ledgers = memgap_model::timeline(&args.trace).with_context(|| args.trace.display().to_string())?;
+    if args.json {
+        output::print(&(memgap_views::json::to_string(&ledgers) + "\n"))?;
+    } else {
+        output::print(&memgap_views::ledger::timeline(&ledgers))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

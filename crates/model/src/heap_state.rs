@@ -1,0 +1,129 @@
+//! What replay knows about the heap at any instant, beyond the live blocks:
+//! which allocator serves the program, where thread stacks are, which
+//! anonymous mappings the program made itself, and which address regions
+//! ever held a block (so an arena emptied by frees is still the allocator's).
+
+use std::collections::BTreeMap;
+
+use memgap_replay::{LiveSet, ThreadEvent};
+use memgap_trace::EventKind;
+use memgap_trace::records::Thread;
+use rustc_hash::FxHashSet;
+
+/// Granularity of "this region held heap blocks": 2 MiB.
+const REGION_SHIFT: u32 = 21;
+
+#[derive(Debug, Default)]
+pub struct HeapState {
+    pub live: LiveSet,
+    pub allocator: String,
+    pub stack_hints: Vec<u64>,
+    /// Live anonymous mappings the program made with mmap: start → end.
+    program_mappings: BTreeMap<u64, u64>,
+    block_regions: FxHashSet<u64>,
+    last_region: u64,
+}
+
+impl HeapState {
+    pub fn clear(&mut self) {
+        *self = HeapState::default();
+    }
+
+    pub fn is_glibc(&self) -> bool {
+        self.allocator.ends_with("/libc.so.6")
+    }
+
+    pub fn thread(&mut self, thread: &Thread) {
+        self.stack_hints.push(thread.stack_hint);
+    }
+
+    pub fn apply(&mut self, event: &ThreadEvent) {
+        let e = &event.event;
+        match e.kind() {
+            EventKind::Mmap => {
+                const MAP_ANONYMOUS: u64 = 0x20;
+                if e.extra & MAP_ANONYMOUS != 0 {
+                    self.unmap(e.addr, e.size);
+                    self.program_mappings.insert(e.addr, e.addr + e.size);
+                }
+            }
+            EventKind::Munmap => self.unmap(e.addr, e.size),
+            EventKind::Mremap => {
+                let was_ours = self.program_mappings.range(..=e.old_addr).next_back().is_some_and(|(_, &end)| end > e.old_addr);
+                self.unmap(e.old_addr, e.extra);
+                if was_ours {
+                    self.program_mappings.insert(e.addr, e.addr + e.size);
+                }
+            }
+            _ => {
+                self.live.apply(event);
+                if e.addr != 0 && e.kind().is_allocation() {
+                    let region = e.addr >> REGION_SHIFT;
+                    if region != self.last_region {
+                        self.last_region = region;
+                        self.block_regions.insert(region);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes [start, start+len) from the program's mappings, splitting
+    /// any mapping it cuts.
+    fn unmap(&mut self, start: u64, len: u64) {
+        let end = start.saturating_add(len);
+        let overlapping: Vec<(u64, u64)> = self.program_mappings.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in overlapping {
+            self.program_mappings.remove(&s);
+            if s < start {
+                self.program_mappings.insert(s, start);
+            }
+            if e > end {
+                self.program_mappings.insert(end, e);
+            }
+        }
+    }
+
+    pub fn program_mapping_at(&self, addr: u64) -> Option<(u64, u64)> {
+        self.program_mappings.range(..=addr).next_back().filter(|&(_, &end)| end > addr).map(|(&s, &e)| (s, e))
+    }
+
+    pub fn ever_held_blocks(&self, start: u64, end: u64) -> bool {
+        (start >> REGION_SHIFT..=(end.saturating_sub(1)) >> REGION_SHIFT).any(|r| self.block_regions.contains(&r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memgap_trace::Event;
+
+    fn ev(kind: EventKind, addr: u64, size: u64, old_addr: u64, extra: u64) -> ThreadEvent {
+        ThreadEvent { thread: 1, tid: 1, event: Event { kind: Some(kind), addr, size, old_addr, extra, ..Event::default() } }
+    }
+
+    #[test]
+    fn tracks_program_mappings_through_partial_unmaps() {
+        let mut state = HeapState::default();
+        state.apply(&ev(EventKind::Mmap, 0x10000, 0x10000, 0, 0x22));
+        state.apply(&ev(EventKind::Munmap, 0x14000, 0x4000, 0, 0));
+        assert_eq!(state.program_mapping_at(0x11000), Some((0x10000, 0x14000)));
+        assert_eq!(state.program_mapping_at(0x15000), None);
+        assert_eq!(state.program_mapping_at(0x19000), Some((0x18000, 0x20000)));
+        state.apply(&ev(EventKind::Mremap, 0x50000, 0x8000, 0x18000, 0x8000));
+        assert_eq!(state.program_mapping_at(0x19000), None);
+        assert_eq!(state.program_mapping_at(0x57000), Some((0x50000, 0x58000)));
+        // A file mapping is not anonymous memory of the program's.
+        state.apply(&ev(EventKind::Mmap, 0x90000, 0x1000, 0, 0x2));
+        assert_eq!(state.program_mapping_at(0x90000), None);
+    }
+
+    #[test]
+    fn remembers_regions_that_held_blocks() {
+        let mut state = HeapState::default();
+        state.apply(&ev(EventKind::Malloc, 0x7f00_0040_0000, 64, 0, 0));
+        state.apply(&ev(EventKind::Free, 0x7f00_0040_0000, 0, 0, 0));
+        assert!(state.ever_held_blocks(0x7f00_0000_0000, 0x7f00_0400_0000));
+        assert!(!state.ever_held_blocks(0x5000_0000, 0x5001_0000));
+    }
+}

@@ -1,0 +1,615 @@
+//! The ledger: every resident byte of the process in exactly one row.
+//!
+//! At a snapshot, each mapping is accounted from its own figures: file-backed
+//! and shared mappings by their smaps Rss (other), stacks as runtime, and each
+//! private anonymous mapping page by page from its residency bitmap: pages of
+//! memgap's own buffers and of the program's own mmaps are "other"; pages of
+//! the allocator hold live bytes (live + slack + fragmented) or none
+//! (retained, of which smaps LazyFree is moved to lazy_free). The rows are
+//! then checked against VmRSS read at the same instant: the residual.
+
+use memgap_trace::records::{Mapping, Snapshot, SnapshotReason};
+use serde::Serialize;
+
+use crate::heap_state::HeapState;
+
+/// glibc keeps each heap in 64 MiB-aligned reservations (HEAP_MAX_SIZE).
+const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
+/// glibc's malloc_trim releases the pages of a free chunk from
+/// chunk + sizeof(struct malloc_chunk) (48 bytes) on; our block extents end
+/// 8 bytes into the next chunk.
+const GLIBC_TRIM_SKIP: u64 = 40;
+/// The size word in front of a glibc block belongs to it.
+const GLIBC_HEADER: u64 = 8;
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Rows {
+    pub live: u64,
+    pub slack: u64,
+    pub fragmented: u64,
+    pub retained: u64,
+    pub lazy_free: u64,
+    pub runtime: u64,
+    pub other: u64,
+}
+
+impl Rows {
+    pub fn total(&self) -> u64 {
+        self.live + self.slack + self.fragmented + self.retained + self.lazy_free + self.runtime + self.other
+    }
+
+    pub fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("live", self.live),
+            ("slack", self.slack),
+            ("fragmented", self.fragmented),
+            ("retained", self.retained),
+            ("lazy_free", self.lazy_free),
+            ("runtime", self.runtime),
+            ("other", self.other),
+        ]
+    }
+}
+
+/// What "other" is made of.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct OtherBreakdown {
+    /// File-backed pages: code, data and files the program maps.
+    pub file: u64,
+    /// Shared memory (tmpfs, SysV, shared anonymous).
+    pub shmem: u64,
+    /// Anonymous memory the program mapped itself with mmap.
+    pub program_mmap: u64,
+    /// memgap's own buffers and static data.
+    pub agent: u64,
+    /// Zero-initialised static data (.bss) of the program and its libraries.
+    pub static_data: u64,
+    /// Anonymous memory no layer accounts for (loader data, thread stacks
+    /// of threads that never allocated…).
+    pub unclassified: u64,
+}
+
+/// One allocator mapping's share of the heap rows.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct HeapLedger {
+    pub name: String,
+    /// "brk heap", "arena", "mapping", or "mappings" (the rest, merged).
+    pub kind: &'static str,
+    pub start: u64,
+    pub end: u64,
+    pub mappings: u32,
+    pub live: u64,
+    pub slack: u64,
+    pub fragmented: u64,
+    pub retained: u64,
+    pub lazy_free: u64,
+    pub released: u64,
+    pub trimmable: u64,
+}
+
+/// How one mapping was accounted: the row it went to (or "heap" for
+/// allocator mappings, split by page) and its resident bytes.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct MappingLedger {
+    pub start: u64,
+    pub end: u64,
+    pub perms: String,
+    pub name: String,
+    /// "heap", "stack", "file", "shmem", "anonymous" (page by page: memgap,
+    /// program mmap or unclassified) or "other".
+    pub class: &'static str,
+    pub resident_bytes: u64,
+    pub lazy_free_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SizeBucket {
+    /// Blocks of `min_size ..= max_size` requested bytes.
+    pub min_size: u64,
+    pub max_size: u64,
+    pub blocks: u64,
+    pub live_bytes: u64,
+    /// Free bytes on pages these blocks occupy, shared among the blocks of
+    /// each page by the bytes they take there.
+    pub fragmented_bytes: u64,
+}
+
+/// How a page of an allocator mapping was classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageClass {
+    NotResident,
+    /// Resident, holds blocks; `fill` = bytes taken by blocks, 0..=255 for the whole page.
+    Used { fill: u8 },
+    /// Resident, holds no block; `trimmable` if malloc_trim(0) would return it.
+    Free { trimmable: bool },
+    Agent,
+    ProgramMmap,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PageMap {
+    pub name: String,
+    pub start: u64,
+    pub page_size: u64,
+    pub pages: Vec<PageClass>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Ledger {
+    pub at_seconds: f64,
+    pub snapshot_reason: &'static str,
+    pub rss_bytes: u64,
+    pub rows: Rows,
+    /// rss_bytes − the sum of the rows (mappings can change while smaps is read).
+    pub residual_bytes: i64,
+    /// Allocator address space not resident (returned to the kernel, or never touched).
+    pub released_bytes: u64,
+    /// Retained bytes malloc_trim(0) would return now (whole free pages inside
+    /// free chunks), computed from the live set.
+    pub trim_would_return_bytes: u64,
+    pub retained_not_trimmable_bytes: u64,
+    pub allocator: String,
+    /// glibc arenas seen in the mappings (the main one plus each 64 MiB heap).
+    pub arenas: u32,
+    pub live_blocks: u64,
+    pub heaps: Vec<HeapLedger>,
+    pub fragmentation_by_size: Vec<SizeBucket>,
+    pub other_breakdown: OtherBreakdown,
+    /// Thread stacks (all of runtime for programs that only use malloc).
+    pub stacks_bytes: u64,
+    /// Every mapping of the snapshot and where its bytes went.
+    pub mappings: Vec<MappingLedger>,
+    pub snapshot_cost_ms: f64,
+    pub verdict: String,
+    #[serde(skip)]
+    pub page_maps: Vec<PageMap>,
+}
+
+#[derive(Clone, Copy)]
+struct BlockExtent {
+    start: u64,
+    end: u64,
+    addr: u64,
+    size: u64,
+}
+
+pub fn reason_name(reason: SnapshotReason) -> &'static str {
+    match reason {
+        SnapshotReason::Periodic => "periodic",
+        SnapshotReason::RssPeak => "rss peak",
+        SnapshotReason::Exit => "exit",
+        SnapshotReason::Requested => "requested",
+        SnapshotReason::Program => "program",
+    }
+}
+
+/// The ledger of `snapshot`, given the heap as replayed up to its instant.
+pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledger {
+    let glibc = state.is_glibc();
+    let header = if glibc { GLIBC_HEADER } else { 0 };
+    let mut blocks: Vec<BlockExtent> = state
+        .live
+        .blocks()
+        .map(|(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable.max(b.size), addr, size: b.size })
+        .collect();
+    blocks.sort_unstable_by_key(|b| b.start);
+    let mut agent_ranges = snapshot.agent_ranges.clone();
+    agent_ranges.sort_unstable();
+
+    let page = snapshot.page_size.max(1);
+    let mut ledger = Ledger {
+        rss_bytes: snapshot.rss.vm_rss,
+        snapshot_reason: reason_name(snapshot.reason),
+        allocator: state.allocator.clone(),
+        live_blocks: blocks.len() as u64,
+        snapshot_cost_ms: snapshot.cost_ns as f64 / 1e6,
+        ..Ledger::default()
+    };
+    let mut buckets: Vec<SizeBucket> = Vec::new();
+    let mut previous: Option<&Mapping> = None;
+    let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
+
+    for mapping in &snapshot.mappings {
+        // The .bss of an ELF object: anonymous, right after its data segment.
+        let bss_of = previous.filter(|p| p.inode != 0 && p.end == mapping.start && p.perms.starts_with("rw")).map(|p| p.name.clone());
+        previous = Some(mapping);
+        let mut entry = MappingLedger {
+            start: mapping.start,
+            end: mapping.end,
+            perms: mapping.perms.clone(),
+            name: mapping.name.clone(),
+            resident_bytes: mapping.rss,
+            lazy_free_bytes: mapping.lazy_free,
+            ..MappingLedger::default()
+        };
+        let is_stack = mapping.name == "[stack]" || state.stack_hints.iter().any(|&hint| hint >= mapping.start && hint < mapping.end);
+        if is_stack && mapping.perms.starts_with("rw") {
+            ledger.stacks_bytes += mapping.rss;
+            entry.class = "stack";
+            ledger.mappings.push(entry);
+            continue;
+        }
+        if !mapping.is_private_writable_anonymous() {
+            let other = &mut ledger.other_breakdown;
+            entry.class = match () {
+                _ if mapping.perms.ends_with('s') => {
+                    other.shmem += mapping.rss;
+                    "shmem"
+                }
+                _ if mapping.inode != 0 => {
+                    other.file += mapping.rss;
+                    "file"
+                }
+                _ => {
+                    other.unclassified += mapping.rss;
+                    "other"
+                }
+            };
+            ledger.mappings.push(entry);
+            continue;
+        }
+        let first = blocks.partition_point(|b| b.end <= mapping.start);
+        let last = blocks.partition_point(|b| b.start < mapping.end);
+        let mapping_blocks = &blocks[first..last.max(first)];
+        let allocator_owned = mapping.name == "[heap]" || !mapping_blocks.is_empty() || (bss_of.is_none() && state.ever_held_blocks(mapping.start, mapping.end));
+        let mut heap = HeapLedger {
+            name: heap_name(mapping, glibc),
+            kind: heap_kind(mapping, glibc),
+            start: mapping.start,
+            end: mapping.end,
+            mappings: 1,
+            ..HeapLedger::default()
+        };
+        let before = ledger.other_breakdown;
+        let pages = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown, &mut buckets);
+        let other = &mut ledger.other_breakdown;
+        let unaccounted = other.unclassified - before.unclassified;
+        let anonymous_class = match bss_of.as_deref() {
+            Some(name) if name.ends_with("/libmemgap_agent.so") => {
+                other.unclassified -= unaccounted;
+                other.agent += unaccounted;
+                "memgap"
+            }
+            Some(_) => {
+                other.unclassified -= unaccounted;
+                other.static_data += unaccounted;
+                "static data"
+            }
+            None if other.agent > before.agent => "memgap",
+            None if other.program_mmap > before.program_mmap => "program mmap",
+            None => "unclassified",
+        };
+        // MADV_FREE'd pages are still resident and counted: they hold no
+        // blocks, so they sit among the retained pages.
+        let lazy = mapping.lazy_free.min(heap.retained);
+        heap.retained -= lazy;
+        heap.lazy_free += lazy;
+        heap.trimmable = heap.trimmable.min(heap.retained);
+        entry.class = if allocator_owned { "heap" } else { anonymous_class };
+        entry.resident_bytes = (0..((mapping.end - mapping.start) / page) as usize).filter(|&i| mapping.residency.is_resident(i)).count() as u64 * page;
+        ledger.mappings.push(entry);
+        if allocator_owned {
+            if want_pages {
+                ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages });
+            }
+            if heap.kind == "mapping" {
+                merged.mappings += 1;
+                add_heap(&mut merged, &heap);
+            } else {
+                ledger.heaps.push(heap);
+            }
+        }
+    }
+    if merged.mappings > 0 {
+        ledger.heaps.push(merged);
+    }
+    let mut rows = Rows { runtime: ledger.stacks_bytes, ..Rows::default() };
+    for heap in &ledger.heaps {
+        rows.live += heap.live;
+        rows.slack += heap.slack;
+        rows.fragmented += heap.fragmented;
+        rows.retained += heap.retained;
+        rows.lazy_free += heap.lazy_free;
+        ledger.released_bytes += heap.released;
+        ledger.trim_would_return_bytes += heap.trimmable;
+    }
+    let other = &ledger.other_breakdown;
+    rows.other = other.file + other.shmem + other.program_mmap + other.agent + other.static_data + other.unclassified;
+    ledger.rows = rows;
+    ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
+    ledger.retained_not_trimmable_bytes = rows.retained - ledger.trim_would_return_bytes;
+    ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
+    buckets.retain(|b| b.blocks > 0);
+    ledger.fragmentation_by_size = buckets;
+    ledger.verdict = verdict(&ledger);
+    ledger
+}
+
+fn add_heap(total: &mut HeapLedger, heap: &HeapLedger) {
+    total.live += heap.live;
+    total.slack += heap.slack;
+    total.fragmented += heap.fragmented;
+    total.retained += heap.retained;
+    total.lazy_free += heap.lazy_free;
+    total.released += heap.released;
+    total.trimmable += heap.trimmable;
+}
+
+fn heap_kind(mapping: &Mapping, glibc: bool) -> &'static str {
+    if mapping.name == "[heap]" {
+        "brk heap"
+    } else if glibc && mapping.start % GLIBC_HEAP_ALIGN == 0 {
+        "arena"
+    } else {
+        "mapping"
+    }
+}
+
+fn heap_name(mapping: &Mapping, glibc: bool) -> String {
+    match heap_kind(mapping, glibc) {
+        "brk heap" => "main arena ([heap])".to_string(),
+        "arena" => format!("arena heap @{:#x}", mapping.start),
+        _ => format!("mapping @{:#x}", mapping.start),
+    }
+}
+
+fn overlap(a_start: u64, a_end: u64, b_start: u64, b_end: u64) -> u64 {
+    a_end.min(b_end).saturating_sub(a_start.max(b_start))
+}
+
+fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
+    let i = ranges.partition_point(|&(start, _)| start <= addr);
+    i > 0 && addr < ranges[i - 1].0 + ranges[i - 1].1
+}
+
+/// Classifies every page of one private anonymous mapping.
+#[allow(clippy::too_many_arguments)]
+fn account_pages(
+    mapping: &Mapping,
+    blocks: &[BlockExtent],
+    page: u64,
+    glibc: bool,
+    allocator_owned: bool,
+    agent_ranges: &[(u64, u64)],
+    state: &HeapState,
+    heap: &mut HeapLedger,
+    other: &mut crate::ledger::OtherBreakdown,
+    buckets: &mut Vec<SizeBucket>,
+) -> Vec<PageClass> {
+    let count = ((mapping.end - mapping.start) / page) as usize;
+    let page_start = |i: usize| mapping.start + i as u64 * page;
+    // Bytes of each page taken by block extents and by requested bytes.
+    let mut taken = vec![0u32; if allocator_owned { count } else { 0 }];
+    let mut requested = vec![0u32; taken.len()];
+    if allocator_owned {
+        for b in blocks {
+            let first = (b.start.max(mapping.start) - mapping.start) / page;
+            let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+            for i in first..=last {
+                let (ps, pe) = (page_start(i as usize), page_start(i as usize) + page);
+                taken[i as usize] += overlap(b.start, b.end, ps, pe) as u32;
+                requested[i as usize] += overlap(b.addr, b.addr + b.size, ps, pe) as u32;
+            }
+        }
+    }
+    let mut classes = Vec::with_capacity(if allocator_owned { count } else { 0 });
+    let mut next_block = 0usize;
+    let mut last_block_end = mapping.start;
+    for i in 0..count {
+        let (ps, pe) = (page_start(i), page_start(i) + page);
+        let resident = mapping.residency.is_resident(i);
+        while next_block < blocks.len() && blocks[next_block].start < pe {
+            last_block_end = last_block_end.max(blocks[next_block].end);
+            next_block += 1;
+        }
+        let class = if in_ranges(agent_ranges, ps) {
+            if resident {
+                other.agent += page;
+            }
+            PageClass::Agent
+        } else if state.program_mapping_at(ps).is_some() {
+            if resident {
+                other.program_mmap += page;
+            }
+            PageClass::ProgramMmap
+        } else if !allocator_owned {
+            if resident {
+                other.unclassified += page;
+            }
+            continue;
+        } else if !resident {
+            heap.released += page;
+            PageClass::NotResident
+        } else if taken[i] > 0 {
+            let taken_bytes = u64::from(taken[i]).min(page);
+            let requested_bytes = u64::from(requested[i]).min(taken_bytes);
+            heap.live += requested_bytes;
+            heap.slack += taken_bytes - requested_bytes;
+            heap.fragmented += page - taken_bytes;
+            PageClass::Used { fill: (taken_bytes * 255 / page) as u8 }
+        } else {
+            heap.retained += page;
+            // glibc's malloc_trim(0) releases whole pages inside free chunks,
+            // and the top of the main (brk) heap, but not the top of the
+            // other arenas; other allocators do not implement it.
+            let followed_by_block = next_block < blocks.len() && blocks[next_block].start < mapping.end;
+            let trimmable = glibc && ps >= (last_block_end + GLIBC_TRIM_SKIP).next_multiple_of(page) && (followed_by_block || mapping.name == "[heap]");
+            if trimmable {
+                heap.trimmable += page;
+            }
+            PageClass::Free { trimmable }
+        };
+        classes.push(class);
+    }
+    if allocator_owned {
+        add_fragmentation_by_size(mapping, blocks, page, &taken, buckets);
+    }
+    classes
+}
+
+/// Shares each used page's free bytes among its blocks by the bytes each
+/// takes there, and sums the shares by power-of-two block size.
+fn add_fragmentation_by_size(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], buckets: &mut Vec<SizeBucket>) {
+    for b in blocks {
+        let bucket = 64 - b.size.max(1).leading_zeros() as usize;
+        if buckets.len() <= bucket {
+            buckets.resize_with(bucket + 1, SizeBucket::default);
+        }
+        let entry = &mut buckets[bucket];
+        entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
+        entry.max_size = (1u64 << bucket) - 1;
+        entry.blocks += 1;
+        entry.live_bytes += b.size;
+        let first = (b.start.max(mapping.start) - mapping.start) / page;
+        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+        let mut share = 0.0;
+        for i in first..=last {
+            let ps = mapping.start + i * page;
+            if !mapping.residency.is_resident(i as usize) {
+                continue;
+            }
+            let on_page = overlap(b.start, b.end, ps, ps + page) as f64;
+            let taken_here = f64::from(taken[i as usize]).min(page as f64);
+            share += on_page / taken_here * (page as f64 - taken_here);
+        }
+        entry.fragmented_bytes += share.round() as u64;
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 { 0.0 } else { part as f64 * 100.0 / whole as f64 }
+}
+
+fn mib(bytes: u64) -> String {
+    crate::human_bytes(bytes)
+}
+
+/// One paragraph: the dominant row besides live, and what usually fixes it.
+pub fn verdict(l: &Ledger) -> String {
+    let rss = l.rss_bytes.max(1);
+    let r = &l.rows;
+    let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
+    let mut gap_rows = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("other", r.other), ("runtime", r.runtime)];
+    gap_rows.sort_by(|a, b| b.1.cmp(&a.1));
+    let (dominant, bytes) = gap_rows[0];
+    let opening = format!(
+        "The program holds {} of live heap; the kernel charges {} of RSS ({:.1}x).",
+        mib(r.live),
+        mib(l.rss_bytes),
+        l.rss_bytes as f64 / r.live.max(1) as f64
+    );
+    let share = percent(bytes, rss);
+    if bytes < r.live / 4 && r.live > heap_total / 2 {
+        return format!("{opening} Most of it is live data: the allocator and runtime add little. Shrinking RSS means holding less.");
+    }
+    let body = match dominant {
+        "fragmented" => format!(
+            "{share:.0}% of RSS ({}) is free space on pages that still hold live blocks: fragmentation. The allocator cannot return a page while one block on it lives. \
+             It usually comes from long-lived objects allocated among short-lived ones; separating them (arenas or pools per lifetime), fewer and larger \
+             objects, or an allocator with size-segregated slabs (jemalloc, mimalloc) helps. `memgap blame` names the call sites whose survivors pin the pages.",
+            mib(bytes)
+        ),
+        "retained" => format!(
+            "{share:.0}% of RSS ({}) is free pages the allocator keeps{}. malloc_trim(0) would return about {} of it now{}. \
+             Calling malloc_trim periodically (`memgap run --trim-only` does it without code changes), MALLOC_ARENA_MAX=2, or a lower \
+             glibc.malloc.trim_threshold usually fixes this.",
+            mib(bytes),
+            if l.arenas > 1 { format!(" in {} glibc arenas", l.arenas) } else { String::new() },
+            mib(l.trim_would_return_bytes),
+            if l.retained_not_trimmable_bytes > 0 { format!("; {} sits where trim cannot reach (arena tops, tcache)", mib(l.retained_not_trimmable_bytes)) } else { String::new() }
+        ),
+        "lazy_free" => format!(
+            "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under \
+             pressure. To see it leave RSS at once: jemalloc's muzzy_decay_ms:0, GHC's --disable-delayed-os-memory-return.",
+            mib(bytes)
+        ),
+        "slack" => format!(
+            "{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.",
+            mib(bytes)
+        ),
+        "runtime" => format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", mib(bytes)),
+        _ => format!(
+            "{share:.0}% of RSS ({}) is outside the malloc heap: code and file mappings {}, the program's own anonymous mmaps {}, static data {}, memgap's buffers {}, unclassified {}.",
+            mib(bytes),
+            mib(l.other_breakdown.file + l.other_breakdown.shmem),
+            mib(l.other_breakdown.program_mmap),
+            mib(l.other_breakdown.static_data),
+            mib(l.other_breakdown.agent),
+            mib(l.other_breakdown.unclassified)
+        ),
+    };
+    format!("{opening} {body}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memgap_replay::ThreadEvent;
+    use memgap_trace::records::{Residency, Rss};
+    use memgap_trace::{Event, EventKind};
+
+    const PAGE: u64 = 4096;
+    const HEAP: u64 = 0x5555_0000_0000;
+
+    fn state_with(blocks: &[(u64, u64)]) -> HeapState {
+        let mut state = HeapState::default();
+        state.allocator = "/lib/x86_64-linux-gnu/libc.so.6".into();
+        for &(addr, size) in blocks {
+            let usable = (size + 8).max(32).next_multiple_of(16) - 8;
+            let event = Event { kind: Some(EventKind::Malloc), addr, size, usable, ..Event::default() };
+            state.apply(&ThreadEvent { thread: 1, tid: 1, event });
+        }
+        state
+    }
+
+    fn snapshot(pages: u64, residency: Residency, rss: u64) -> Snapshot {
+        Snapshot {
+            page_size: PAGE,
+            rss: Rss { vm_rss: rss, ..Rss::default() },
+            mappings: vec![Mapping { start: HEAP, end: HEAP + pages * PAGE, perms: "rw-p".into(), name: "[heap]".into(), rss: pages * PAGE, residency, ..Mapping::default() }],
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn one_block_per_page_is_fragmented_and_rows_add_up() {
+        // 16 pages, one 64-byte block at the start of each.
+        let blocks: Vec<(u64, u64)> = (0..16).map(|i| (HEAP + 16 + i * PAGE, 64)).collect();
+        let ledger = compute(&state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), true);
+        assert_eq!(ledger.rows.live, 16 * 64);
+        assert_eq!(ledger.rows.slack, 16 * 8 + 16 * 8, "8 bytes of header + 8 of rounding per block");
+        assert_eq!(ledger.rows.fragmented, 16 * (PAGE - 80));
+        assert_eq!(ledger.rows.retained, 0);
+        assert_eq!(ledger.residual_bytes, 0);
+        assert_eq!(ledger.page_maps[0].pages.len(), 16);
+        let fragmented: u64 = ledger.fragmentation_by_size.iter().map(|b| b.fragmented_bytes).sum();
+        assert!(fragmented.abs_diff(ledger.rows.fragmented) <= 16);
+    }
+
+    #[test]
+    fn free_pages_between_blocks_are_retained_and_trimmable() {
+        // A block on page 0 and one on page 9: pages 1..=8 are free. Page 1
+        // starts within 40 bytes of the first block's end? No: the block ends
+        // early in page 0, so pages 1..=8 are all trimmable.
+        let blocks = [(HEAP + 16, 64), (HEAP + 9 * PAGE + 16, 64)];
+        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), false);
+        assert_eq!(ledger.rows.retained, 8 * PAGE);
+        assert_eq!(ledger.trim_would_return_bytes, 8 * PAGE);
+        // Pages not resident are released, not in RSS.
+        let bits = vec![0b0000_0011, 0b10];
+        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), false);
+        assert_eq!(ledger.rows.retained, PAGE);
+        assert_eq!(ledger.released_bytes, 7 * PAGE);
+        assert_eq!(ledger.residual_bytes, 0);
+    }
+
+    #[test]
+    fn lazy_free_comes_out_of_retained() {
+        let blocks = [(HEAP + 16, 64)];
+        let mut snap = snapshot(4, Residency::All, 4 * PAGE);
+        snap.mappings[0].lazy_free = 2 * PAGE;
+        let ledger = compute(&state_with(&blocks), &snap, false);
+        assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
+        assert_eq!(ledger.residual_bytes, 0);
+    }
+}

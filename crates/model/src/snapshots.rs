@@ -1,0 +1,161 @@
+//! Choosing snapshots and computing the ledger at them.
+
+use std::path::Path;
+
+use memgap_replay::{ThreadEvent, Timeline, Visitor, replay};
+use memgap_trace::TraceError;
+use memgap_trace::TraceFile;
+use memgap_trace::records::{Process, Record, Records, Snapshot, Thread};
+
+use crate::heap_state::HeapState;
+use crate::ledger::{self, Ledger};
+
+/// Which snapshot to look at.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum At {
+    /// The snapshot with the highest RSS.
+    Peak,
+    /// The last snapshot (at exit, for a process that ended normally).
+    End,
+    /// The snapshot nearest to this many seconds after start.
+    Seconds(f64),
+}
+
+impl std::str::FromStr for At {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<At, String> {
+        match text {
+            "peak" => Ok(At::Peak),
+            "end" => Ok(At::End),
+            _ => text
+                .trim_end_matches('s')
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(At::Seconds)
+                .ok_or_else(|| format!("'{text}' is not peak, end, or a number of seconds")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotInfo {
+    /// Position among the trace's snapshots, in time order.
+    pub index: usize,
+    pub seconds: f64,
+    pub vm_rss: u64,
+}
+
+/// Lists the snapshots without replaying events (chunks are decompressed,
+/// event records are not decoded).
+pub fn list(path: &Path) -> Result<Vec<SnapshotInfo>, TraceError> {
+    let trace = TraceFile::open(path)?;
+    let mut timeline = Timeline::default();
+    let mut found = Vec::new();
+    let mut started = false;
+    trace.for_each_chunk(|_, chunk| {
+        for record in Records::new(chunk).flatten() {
+            match record {
+                Record::Process(p) if !started || p.image == 0 => {
+                    timeline.start(&p);
+                    started = true;
+                }
+                Record::Clock(c) => timeline.add(&c),
+                Record::Snapshot(s) => found.push((s.time, s.rss.vm_rss)),
+                _ => {}
+            }
+        }
+        Ok(())
+    })?;
+    found.sort_by_key(|&(time, _)| time);
+    Ok(found.into_iter().enumerate().map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss }).collect())
+}
+
+pub fn choose(snapshots: &[SnapshotInfo], at: At) -> Option<usize> {
+    let best = match at {
+        At::Peak => snapshots.iter().max_by_key(|s| (s.vm_rss, s.index)),
+        At::End => snapshots.last(),
+        At::Seconds(t) => snapshots.iter().min_by(|a, b| (a.seconds - t).abs().total_cmp(&(b.seconds - t).abs())),
+    };
+    best.map(|s| s.index)
+}
+
+/// Replays the trace and computes the ledger at the chosen snapshots.
+struct LedgerVisitor<'a> {
+    state: HeapState,
+    wanted: &'a dyn Fn(usize) -> bool,
+    want_pages: bool,
+    seen: usize,
+    ledgers: Vec<(u64, Ledger)>,
+}
+
+impl Visitor for LedgerVisitor<'_> {
+    fn process(&mut self, _process: &Process) {
+        // A new program image: the old address space is gone.
+        let allocator = std::mem::take(&mut self.state.allocator);
+        self.state.clear();
+        self.state.allocator = allocator;
+    }
+
+    fn allocator(&mut self, path: &str) {
+        self.state.allocator = path.to_string();
+    }
+
+    fn thread(&mut self, thread: &Thread) {
+        self.state.thread(thread);
+    }
+
+    fn event(&mut self, event: &ThreadEvent) {
+        self.state.apply(event);
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) {
+        if (self.wanted)(self.seen) {
+            self.ledgers.push((snapshot.time, ledger::compute(&self.state, snapshot, self.want_pages)));
+        }
+        self.seen += 1;
+    }
+}
+
+fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Result<Vec<Ledger>, TraceError> {
+    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new() };
+    let outcome = replay(path, &mut visitor)?;
+    Ok(visitor
+        .ledgers
+        .into_iter()
+        .map(|(time, mut ledger)| {
+            ledger.at_seconds = outcome.timeline.seconds(time);
+            ledger
+        })
+        .collect())
+}
+
+/// The ledger at one snapshot; `None` when the trace has no snapshot.
+pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
+    let Some(index) = choose(&list(path)?, at) else { return Ok(None) };
+    Ok(ledgers(path, &|i| i == index, want_pages)?.pop())
+}
+
+/// The ledger at every snapshot, in time order.
+pub fn timeline(path: &Path) -> Result<Vec<Ledger>, TraceError> {
+    ledgers(path, &|_| true, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_chooses() {
+        assert_eq!("peak".parse::<At>(), Ok(At::Peak));
+        assert_eq!("2.5".parse::<At>(), Ok(At::Seconds(2.5)));
+        assert_eq!("3s".parse::<At>(), Ok(At::Seconds(3.0)));
+        assert!("soon".parse::<At>().is_err());
+        let snaps = [(0.0, 10), (1.0, 30), (2.0, 20)].iter().enumerate().map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss }).collect::<Vec<_>>();
+        assert_eq!(choose(&snaps, At::Peak), Some(1));
+        assert_eq!(choose(&snaps, At::End), Some(2));
+        assert_eq!(choose(&snaps, At::Seconds(1.8)), Some(2));
+        assert_eq!(choose(&[], At::End), None);
+    }
+}

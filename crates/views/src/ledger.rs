@@ -1,0 +1,240 @@
+//! Terminal views of the ledger: the table with the verdict, the page map,
+//! and the timeline.
+
+use std::fmt::Write;
+
+use memgap_model::{Ledger, PageClass, PageMap};
+
+use crate::format::{bytes, count};
+
+const BAR_WIDTH: usize = 30;
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 { 0.0 } else { part as f64 * 100.0 / whole as f64 }
+}
+
+/// Wraps `text` to `width` columns, each line indented by `indent`.
+fn wrap(text: &str, width: usize, indent: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            let _ = writeln!(out, "{indent}{line}");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        let _ = writeln!(out, "{indent}{line}");
+    }
+    out
+}
+
+pub fn ledger(l: &Ledger, title: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "memgap ledger — {title} — at {:.2} s ({} snapshot)", l.at_seconds, l.snapshot_reason);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  {:<12} {:>11} {:>7}", "row", "bytes", "% RSS");
+    for (name, value) in l.rows.named() {
+        let share = percent(value, l.rss_bytes);
+        let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
+        let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
+    }
+    let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(l.rows.total()));
+    let _ = writeln!(
+        out,
+        "  {:<12} {:>11}   residual {} ({:.2}%)",
+        "RSS (kernel)",
+        bytes(l.rss_bytes),
+        signed_bytes(l.residual_bytes),
+        percent(l.residual_bytes.unsigned_abs(), l.rss_bytes)
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "  malloc_trim(0) would return {} of the {} retained; {} of allocator address space is already released.",
+        bytes(l.trim_would_return_bytes),
+        bytes(l.rows.retained),
+        bytes(l.released_bytes)
+    );
+    let o = &l.other_breakdown;
+    let _ = writeln!(
+        out,
+        "  other: files {}, shared {}, program mmaps {}, static data {}, memgap {}, unclassified {}; runtime: stacks {}.",
+        bytes(o.file),
+        bytes(o.shmem),
+        bytes(o.program_mmap),
+        bytes(o.static_data),
+        bytes(o.agent),
+        bytes(o.unclassified),
+        bytes(l.stacks_bytes)
+    );
+    let allocator = l.allocator.rsplit('/').next().unwrap_or("");
+    let arenas = if l.arenas > 0 { format!(", {} arena{}", l.arenas, if l.arenas == 1 { "" } else { "s" }) } else { String::new() };
+    let _ = writeln!(out, "  allocator: {}{arenas}, {} live blocks; snapshot took {:.1} ms.", if allocator.is_empty() { "unknown" } else { allocator }, count(l.live_blocks), l.snapshot_cost_ms);
+    if !l.heaps.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "  {:<34} {:>10} {:>10} {:>10} {:>10} {:>10}", "heap", "live", "fragmented", "retained", "trimmable", "released");
+        for h in &l.heaps {
+            let name = if h.mappings > 1 { format!("{} ({})", h.name, h.mappings) } else { h.name.clone() };
+            let _ = writeln!(out, "  {name:<34} {:>10} {:>10} {:>10} {:>10} {:>10}", bytes(h.live), bytes(h.fragmented), bytes(h.retained), bytes(h.trimmable), bytes(h.released));
+        }
+    }
+    let worst: Vec<_> = {
+        let mut buckets: Vec<_> = l.fragmentation_by_size.iter().filter(|b| b.fragmented_bytes > 0).collect();
+        buckets.sort_by(|a, b| b.fragmented_bytes.cmp(&a.fragmented_bytes));
+        buckets.into_iter().take(5).collect()
+    };
+    if !worst.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", "block size", "blocks", "live", "fragmented");
+        for b in worst {
+            let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", format!("{}–{} B", b.min_size, b.max_size), count(b.blocks), bytes(b.live_bytes), bytes(b.fragmented_bytes));
+        }
+    }
+    let _ = writeln!(out);
+    out.push_str(&wrap(&l.verdict, 78, "  "));
+    out
+}
+
+/// Every mapping with its resident bytes and the row it went to.
+pub fn mappings(l: &Ledger) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "  {:<33} {:<5} {:<10} {:>10} {:>10}  name", "range", "perms", "class", "resident", "lazy_free");
+    for m in l.mappings.iter().filter(|m| m.resident_bytes > 0) {
+        let range = format!("{:x}-{:x}", m.start, m.end);
+        let _ = writeln!(out, "  {range:<33} {:<5} {:<10} {:>10} {:>10}  {}", m.perms, m.class, bytes(m.resident_bytes), bytes(m.lazy_free_bytes), m.name);
+    }
+    out
+}
+
+fn signed_bytes(value: i64) -> String {
+    if value < 0 { format!("-{}", bytes(value.unsigned_abs())) } else { bytes(value as u64) }
+}
+
+/// Cells per line of the page map.
+const MAP_COLUMNS: usize = 64;
+/// Lines per mapping at most: larger mappings get several pages per cell.
+const MAP_LINES: usize = 32;
+
+/// A page map, one character per page (or per run of pages): blocks shaded by
+/// how full the page is, free pages the allocator keeps, released pages.
+pub fn page_map(maps: &[PageMap], color: bool) -> String {
+    let mut out = String::new();
+    let legend = if color {
+        "legend: \x1b[32m█▓▒░\x1b[0m pages with live blocks, by fill   \x1b[33mT\x1b[0m free, malloc_trim would return   \x1b[31mR\x1b[0m free, retained   · not resident   m memgap   p program mmap"
+    } else {
+        "legend: #+-. pages with live blocks, by fill   T free, malloc_trim would return   R free, retained   (space) not resident   m memgap   p program mmap"
+    };
+    let _ = writeln!(out, "{legend}");
+    for map in maps {
+        let pages = map.pages.len().max(1);
+        let per_cell = pages.div_ceil(MAP_COLUMNS * MAP_LINES).max(1);
+        let _ = writeln!(
+            out,
+            "\n{} {:#x}–{:#x}: {} pages, 1 cell = {} page{} ({})",
+            map.name,
+            map.start,
+            map.start + map.pages.len() as u64 * map.page_size,
+            count(map.pages.len() as u64),
+            per_cell,
+            if per_cell == 1 { "" } else { "s" },
+            bytes(per_cell as u64 * map.page_size)
+        );
+        for (row, line) in map.pages.chunks(per_cell * MAP_COLUMNS).enumerate() {
+            let address = map.start + (row * per_cell * MAP_COLUMNS) as u64 * map.page_size;
+            let _ = write!(out, "  {address:#014x} ");
+            for cell in line.chunks(per_cell) {
+                out.push_str(&cell_text(cell, color));
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The character for a run of pages: its most common class; for pages with
+/// blocks, their average fill.
+fn cell_text(pages: &[PageClass], color: bool) -> String {
+    let mut used = 0usize;
+    let mut fill_sum = 0usize;
+    let (mut trimmable, mut retained, mut absent, mut agent, mut program) = (0, 0, 0, 0, 0);
+    for page in pages {
+        match page {
+            PageClass::Used { fill } => {
+                used += 1;
+                fill_sum += usize::from(*fill);
+            }
+            PageClass::Free { trimmable: true } => trimmable += 1,
+            PageClass::Free { trimmable: false } => retained += 1,
+            PageClass::NotResident => absent += 1,
+            PageClass::Agent => agent += 1,
+            PageClass::ProgramMmap => program += 1,
+        }
+    }
+    let most = [used, trimmable, retained, absent, agent, program].into_iter().max().unwrap_or(0);
+    let (plain, colored) = if used == most {
+        let fill = fill_sum / used.max(1);
+        let shade = [(192, '#', '█'), (128, '+', '▓'), (64, '-', '▒'), (0, '.', '░')].into_iter().find(|(min, _, _)| fill >= *min).unwrap();
+        (shade.1.to_string(), format!("\x1b[32m{}\x1b[0m", shade.2))
+    } else if trimmable == most {
+        ("T".to_string(), "\x1b[33mT\x1b[0m".to_string())
+    } else if retained == most {
+        ("R".to_string(), "\x1b[31mR\x1b[0m".to_string())
+    } else if absent == most {
+        (" ".to_string(), "\x1b[2m·\x1b[0m".to_string())
+    } else if agent == most {
+        ("m".to_string(), "m".to_string())
+    } else {
+        ("p".to_string(), "p".to_string())
+    };
+    if color { colored } else { plain }
+}
+
+pub fn timeline(ledgers: &[Ledger]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
+        "seconds", "RSS", "live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other", "residual"
+    );
+    for l in ledgers {
+        let r = &l.rows;
+        let _ = writeln!(
+            out,
+            "{:>8.2} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8.2}%",
+            l.at_seconds,
+            bytes(l.rss_bytes),
+            bytes(r.live),
+            bytes(r.slack),
+            bytes(r.fragmented),
+            bytes(r.retained),
+            bytes(r.lazy_free),
+            bytes(r.runtime),
+            bytes(r.other),
+            percent(l.residual_bytes.unsigned_abs(), l.rss_bytes)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_take_the_most_common_class() {
+        let pages = [PageClass::Used { fill: 255 }, PageClass::Used { fill: 200 }, PageClass::NotResident];
+        assert_eq!(cell_text(&pages, false), "#");
+        assert_eq!(cell_text(&[PageClass::Free { trimmable: true }], false), "T");
+        assert_eq!(cell_text(&[PageClass::Used { fill: 10 }], false), ".");
+    }
+
+    #[test]
+    fn wraps_words() {
+        assert_eq!(wrap("aa bb cc", 5, "> "), "> aa bb\n> cc\n");
+    }
+}
