@@ -1,0 +1,159 @@
+//! The ledger against planted heap patterns (tests/programs/planted.c), each
+//! checked against figures known in advance and against the kernel: the rows
+//! must add up to VmRSS, and "what malloc_trim would return" must match what
+//! a real malloc_trim(0) then returns.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+
+const MIB: f64 = 1048576.0;
+
+/// Runs `planted ARGS` under memgap (no periodic snapshots) and returns the
+/// ledgers of the snapshots the program asked for, and its stdout.
+fn planted(args: &[&str]) -> (Vec<Value>, String) {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "planted.c");
+    let trace = dir.join("t.mgt");
+    let mut run = vec!["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog)];
+    run.extend_from_slice(args);
+    let out = memgap(&dir, &run);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let timeline = memgap(&dir, &["timeline", arg(&trace), "--json"]);
+    assert!(timeline.status.success(), "{}", text(&timeline.stderr));
+    let all: Vec<Value> = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let ours: Vec<Value> = all.into_iter().filter(|l| l["snapshot_reason"] == "program").collect();
+    for ledger in &ours {
+        assert_rows_add_up(ledger);
+    }
+    (ours, text(&out.stdout))
+}
+
+fn row(ledger: &Value, name: &str) -> f64 {
+    ledger["rows"][name].as_f64().unwrap_or_else(|| panic!("no row {name}: {ledger:#}"))
+}
+
+fn field(ledger: &Value, name: &str) -> f64 {
+    ledger[name].as_f64().unwrap_or_else(|| panic!("no {name}: {ledger:#}"))
+}
+
+/// Rows sum to the RSS the kernel reported at the same instant, within 2 %.
+fn assert_rows_add_up(ledger: &Value) {
+    let rss = field(ledger, "rss_bytes");
+    let sum: f64 = ["live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other"].iter().map(|r| row(ledger, r)).sum();
+    assert!(rss > 0.0, "{ledger:#}");
+    assert!((rss - sum).abs() <= 0.02 * rss, "rows sum to {sum}, RSS is {rss}: {ledger:#}");
+    assert_eq!(field(ledger, "residual_bytes"), rss - sum, "{ledger:#}");
+}
+
+fn heap_resident(ledger: &Value) -> f64 {
+    ["live", "slack", "fragmented", "retained", "lazy_free"].iter().map(|r| row(ledger, r)).sum()
+}
+
+fn kept_bytes(stdout: &str) -> f64 {
+    stdout.trim().strip_prefix("kept ").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("planted printed {stdout:?}"))
+}
+
+#[test]
+fn strip_is_fragmented() {
+    let (ledgers, stdout) = planted(&["strip"]);
+    let l = &ledgers[0];
+    let kept = kept_bytes(&stdout);
+    let live = row(l, "live");
+    assert!(live >= kept && live <= kept + 0.25 * MIB, "live {live} for {kept} kept: {l:#}");
+    assert!(row(l, "fragmented") > 0.6 * field(l, "rss_bytes"), "{l:#}");
+    assert!(heap_resident(l) >= 200.0 * MIB, "{l:#}");
+    assert!(l["verdict"].as_str().unwrap().contains("fragmentation"), "{l:#}");
+    // Survivors every 64 blocks: no page is wholly free, so trim cannot help.
+    assert!(field(l, "trim_would_return_bytes") < 0.05 * field(l, "rss_bytes"), "{l:#}");
+}
+
+#[test]
+fn take_is_not_fragmented() {
+    let (ledgers, stdout) = planted(&["take"]);
+    let l = &ledgers[0];
+    let kept = kept_bytes(&stdout);
+    let live = row(l, "live");
+    assert!(live >= kept && live <= kept + 0.25 * MIB, "live {live} for {kept} kept: {l:#}");
+    assert!(row(l, "fragmented") < 1.0 * MIB, "{l:#}");
+    let freed = row(l, "retained") + field(l, "released_bytes");
+    assert!(freed >= 190.0 * MIB, "the freed 197 MiB is retained or released: {l:#}");
+}
+
+#[test]
+fn trim_estimate_matches_a_real_trim() {
+    let (ledgers, _) = planted(&["trim"]);
+    let (before, after) = (&ledgers[0], &ledgers[1]);
+    assert!(field(before, "arenas") >= 2.0, "the worker thread's arena: {before:#}");
+    assert!(row(before, "retained") >= 90.0 * MIB, "{before:#}");
+    let estimate = field(before, "trim_would_return_bytes");
+    let dropped = field(before, "rss_bytes") - field(after, "rss_bytes");
+    assert!((dropped - estimate).abs() <= 0.05 * estimate, "estimated {estimate}, RSS dropped {dropped}");
+    let moved = field(after, "released_bytes") - field(before, "released_bytes");
+    assert!((moved - dropped).abs() <= 0.02 * dropped, "released grew by {moved}, RSS dropped {dropped}");
+    let retained_drop = row(before, "retained") - row(after, "retained");
+    assert!((retained_drop - dropped).abs() <= 0.02 * dropped, "retained fell by {retained_drop}, RSS by {dropped}");
+}
+
+#[test]
+fn strided_survivors_decide_what_trim_can_return() {
+    let trim_figures = |k: &str| {
+        let (ledgers, _) = planted(&["strided", k]);
+        let (before, after) = (&ledgers[0], &ledgers[1]);
+        let estimate = field(before, "trim_would_return_bytes");
+        let dropped = field(before, "rss_bytes") - field(after, "rss_bytes");
+        (estimate, dropped, heap_resident(before))
+    };
+    // Every 16th block survives: every page keeps one, nothing comes back.
+    let (estimate, dropped, heap) = trim_figures("16");
+    assert!(estimate < 0.02 * heap, "k=16: estimate {estimate} of {heap}");
+    assert!(dropped.abs() < 0.02 * heap, "k=16: a real trim returned {dropped} of {heap}");
+    // Every 64th: whole pages lie between survivors, and trim returns them.
+    let (estimate, dropped, heap) = trim_figures("64");
+    assert!(estimate > 0.4 * heap, "k=64: estimate {estimate} of {heap}");
+    assert!((dropped - estimate).abs() <= 0.05 * estimate, "k=64: estimated {estimate}, RSS dropped {dropped}");
+}
+
+#[test]
+fn many_threads_leave_retained_pages_in_many_arenas() {
+    let (ledgers, _) = planted(&["threads"]);
+    let l = &ledgers[0];
+    assert!(field(l, "arenas") >= 2.0, "{l:#}");
+    let retained = row(l, "retained");
+    for other in ["live", "slack", "fragmented", "lazy_free", "runtime", "other"] {
+        assert!(retained > row(l, other), "retained {retained} should dominate {other}: {l:#}");
+    }
+    assert!(l["verdict"].as_str().unwrap().contains("arenas"), "{l:#}");
+}
+
+#[test]
+fn map_and_ledger_views_render() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "planted.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "strip"]);
+    assert_eq!(out.status.code(), Some(0));
+    let ledger = memgap(&dir, &["ledger", arg(&trace)]);
+    assert!(ledger.status.success(), "{}", text(&ledger.stderr));
+    let ledger = text(&ledger.stdout);
+    for needle in ["fragmented", "RSS (kernel)", "residual", "malloc_trim(0) would return"] {
+        assert!(ledger.contains(needle), "{needle} missing:\n{ledger}");
+    }
+    let map = memgap(&dir, &["map", arg(&trace), "--color", "never"]);
+    assert!(map.status.success(), "{}", text(&map.stderr));
+    let map = text(&map.stdout);
+    assert!(map.contains("main arena ([heap])") && map.contains("legend"), "{map}");
+    assert!(!map.contains('\x1b'), "no colours when asked for none");
+    let json: Value = serde_json::from_slice(&memgap(&dir, &["ledger", arg(&trace), "--json", "--at", "end"]).stdout).unwrap();
+    for key in ["rss_bytes", "rows", "residual_bytes", "released_bytes", "arenas", "at_seconds", "verdict"] {
+        assert!(json.get(key).is_some(), "{key} missing: {json:#}");
+    }
+    for key in ["live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other"] {
+        assert!(json["rows"].get(key).is_some(), "rows.{key} missing: {json:#}");
+    }
+    let path = Path::new(&trace);
+    assert!(path.exists());
+}
