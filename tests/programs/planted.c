@@ -10,6 +10,7 @@
  *   strided K        64-256-byte blocks (~150 MiB), every K-th survives;
  *                    snapshot, malloc_trim(0), snapshot
  *   threads          16 threads build and drop strings, each keeping its last
+ *   madvfree         64 MiB of its own mmap'd memory, touched, then MADV_FREE
  *
  * Prints one line of facts the test compares with the ledger.
  */
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static void snapshot(void) {
     void (*take)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "memgap_snapshot");
@@ -132,6 +134,16 @@ static int threads(void) {
     return 0;
 }
 
+static int madvfree(void) {
+    size_t len = 64u << 20;
+    char *memory = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(memory, 1, len);
+    madvise(memory, len, MADV_FREE);
+    snapshot();
+    printf("lazy %zu\n", len);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "strip")) return strip_or_take(0);
@@ -139,6 +151,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "trim")) return trim();
     if (!strcmp(mode, "strided") && argc > 2) return strided(atoi(argv[2]));
     if (!strcmp(mode, "threads")) return threads();
-    fprintf(stderr, "usage: planted strip|take|trim|strided K|threads\n");
+    if (!strcmp(mode, "madvfree")) return madvfree();
+    fprintf(stderr, "usage: planted strip|take|trim|strided K|threads|madvfree\n");
     return 2;
 }

@@ -157,3 +157,51 @@ fn map_and_ledger_views_render() {
     let path = Path::new(&trace);
     assert!(path.exists());
 }
+
+#[test]
+fn madv_free_pages_are_lazy_free_not_other() {
+    let (ledgers, _) = planted(&["madvfree"]);
+    let l = &ledgers[0];
+    // The kernel may under-report LazyFree a little (the reference saw 992
+    // of 1024 kB).
+    let lazy = row(l, "lazy_free");
+    assert!(lazy >= 0.95 * 64.0 * MIB && lazy <= 64.0 * MIB, "{l:#}");
+    assert!(l["verdict"].as_str().unwrap().contains("MADV_FREE"), "{l:#}");
+}
+
+#[test]
+fn snap_takes_a_snapshot_of_a_running_process() {
+    use std::os::unix::process::CommandExt;
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "sleeper.c");
+    let trace = dir.join("t.mgt");
+    let mut run = memgap_cmd(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog)])
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let pid = loop {
+        if let Some(pid) = children_of(run.id()).into_iter().next() {
+            if std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(prog.as_path()) {
+                break pid;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "sleeper did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let snap = memgap(&dir, &["snap", &pid.to_string()]);
+    assert!(snap.status.success(), "{}", text(&snap.stderr));
+    sigkill(pid as i32);
+    wait_or_kill(&mut run, "memgap run -- sleeper");
+    let timeline: Vec<Value> = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    assert!(timeline.iter().any(|l| l["snapshot_reason"] == "requested"), "{timeline:#?}");
+
+    for (pid, expected) in [("999999999", "no process"), ("1", "not being recorded")] {
+        let out = memgap(&dir, &["snap", pid]);
+        assert!(!out.status.success());
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("memgap:") && stderr.contains(expected), "{stderr}");
+    }
+}

@@ -58,6 +58,12 @@ impl HeapState {
             _ => {
                 self.live.apply(event);
                 if e.addr != 0 && e.kind().is_allocation() {
+                    // An allocator that maps its memory through libc's mmap
+                    // (jemalloc, tcmalloc, mimalloc) shows up as a program
+                    // mmap until the first block lands in it.
+                    if let Some((start, _)) = self.program_mapping_at(e.addr) {
+                        self.program_mappings.remove(&start);
+                    }
                     let region = e.addr >> REGION_SHIFT;
                     if region != self.last_region {
                         self.last_region = region;

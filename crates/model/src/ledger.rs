@@ -197,8 +197,11 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
     agent_ranges.sort_unstable();
 
     let page = snapshot.page_size.max(1);
+    // A program allocating fast moves RSS while the snapshot is taken. The
+    // anonymous mappings, most of the sum, are read last (mincore), right
+    // before VmRSS is read again: compare the rows with that reading.
     let mut ledger = Ledger {
-        rss_bytes: snapshot.rss.vm_rss,
+        rss_bytes: if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss },
         snapshot_reason: reason_name(snapshot.reason),
         allocator: state.allocator.clone(),
         live_blocks: blocks.len() as u64,
@@ -207,6 +210,7 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
     };
     let mut buckets: Vec<SizeBucket> = Vec::new();
     let mut previous: Option<&Mapping> = None;
+    let mut lazy_outside_heap = 0;
     let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
 
     for mapping in &snapshot.mappings {
@@ -262,6 +266,12 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
         };
         let before = ledger.other_breakdown;
         let pages = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown, &mut buckets);
+        // MADV_FREE'd pages are still resident and counted: they hold no
+        // blocks, so they sit among the retained pages.
+        let lazy = mapping.lazy_free.min(heap.retained);
+        heap.retained -= lazy;
+        heap.lazy_free += lazy;
+        heap.trimmable = heap.trimmable.min(heap.retained);
         let other = &mut ledger.other_breakdown;
         let unaccounted = other.unclassified - before.unclassified;
         let anonymous_class = match bss_of.as_deref() {
@@ -279,12 +289,15 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
             None if other.program_mmap > before.program_mmap => "program mmap",
             None => "unclassified",
         };
-        // MADV_FREE'd pages are still resident and counted: they hold no
-        // blocks, so they sit among the retained pages.
-        let lazy = mapping.lazy_free.min(heap.retained);
-        heap.retained -= lazy;
-        heap.lazy_free += lazy;
-        heap.trimmable = heap.trimmable.min(heap.retained);
+        // MADV_FREE'd pages outside the allocator's mappings (a runtime's own
+        // mmaps): out of whichever "other" part they were counted in.
+        let mut lazy_left = mapping.lazy_free - lazy;
+        for (part, was) in [(&mut other.program_mmap, before.program_mmap), (&mut other.unclassified, before.unclassified)] {
+            let moved = lazy_left.min(*part - was);
+            *part -= moved;
+            lazy_left -= moved;
+            lazy_outside_heap += moved;
+        }
         entry.class = if allocator_owned { "heap" } else { anonymous_class };
         entry.resident_bytes = (0..((mapping.end - mapping.start) / page) as usize).filter(|&i| mapping.residency.is_resident(i)).count() as u64 * page;
         ledger.mappings.push(entry);
@@ -303,7 +316,7 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
     if merged.mappings > 0 {
         ledger.heaps.push(merged);
     }
-    let mut rows = Rows { runtime: ledger.stacks_bytes, ..Rows::default() };
+    let mut rows = Rows { runtime: ledger.stacks_bytes, lazy_free: lazy_outside_heap, ..Rows::default() };
     for heap in &ledger.heaps {
         rows.live += heap.live;
         rows.slack += heap.slack;

@@ -25,7 +25,8 @@ impl Snapshotter {
         Snapshotter { smaps: Vec::new(), residency: Vec::new() }
     }
 
-    pub fn take(&mut self, reason: SnapshotReason, rss: Rss) -> Snapshot {
+    /// `rss` was read just before; `read_rss_after` reads VmRSS again at the end.
+    pub fn take(&mut self, reason: SnapshotReason, rss: Rss, read_rss_after: impl FnOnce() -> u64) -> Snapshot {
         let started_ns = clock::monotonic_ns();
         let time = clock::now();
         let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
@@ -38,7 +39,8 @@ impl Snapshotter {
         }
         let mut agent_ranges = Vec::new();
         sys::agent_ranges::copy_into(&mut agent_ranges);
-        Snapshot { time, reason, rss: Rss { time, ..rss }, page_size, mappings, agent_ranges, cost_ns: clock::monotonic_ns() - started_ns }
+        let vm_rss_after = read_rss_after();
+        Snapshot { time, reason, rss: Rss { time, ..rss }, vm_rss_after, page_size, mappings, agent_ranges, cost_ns: clock::monotonic_ns() - started_ns }
     }
 
     fn read_smaps(&mut self) {

@@ -149,7 +149,8 @@ impl Writer {
     /// Takes a snapshot now and writes it out at once (a request is answered
     /// only when its snapshot is on disk).
     pub fn snapshot(&mut self, reason: SnapshotReason, rss: Rss) {
-        let snapshot = self.snapshotter.take(reason, rss);
+        let status_fd = self.status_fd;
+        let snapshot = self.snapshotter.take(reason, rss, || read_status(status_fd, &mut 0).vm_rss);
         self.last_snapshot_ns = clock::monotonic_ns();
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
         self.push(&Record::Snapshot(snapshot));
@@ -161,29 +162,7 @@ impl Writer {
 
     /// The current RSS; also recorded as an RSS sample.
     pub fn sample_rss(&mut self) -> Rss {
-        let mut rss = Rss { time: clock::now(), ..Rss::default() };
-        if self.status_fd < 0 {
-            return rss;
-        }
-        let mut buf = [0u8; 4096];
-        let n = unsafe { libc::pread(self.status_fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
-        if n <= 0 {
-            return rss;
-        }
-        for line in buf[..n as usize].split(|&b| b == b'\n') {
-            let kib = || -> u64 {
-                let digits = line.iter().skip_while(|b| !b.is_ascii_digit()).take_while(|b| b.is_ascii_digit());
-                digits.fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0')) * 1024
-            };
-            match line.split(|&b| b == b':').next() {
-                Some(b"VmRSS") => rss.vm_rss = kib(),
-                Some(b"RssAnon") => rss.rss_anon = kib(),
-                Some(b"RssFile") => rss.rss_file = kib(),
-                Some(b"RssShmem") => rss.rss_shmem = kib(),
-                Some(b"VmHWM") => self.vm_hwm = kib(),
-                _ => {}
-            }
-        }
+        let rss = read_status(self.status_fd, &mut self.vm_hwm);
         self.push(&Record::Rss(rss));
         rss
     }
@@ -218,6 +197,35 @@ impl Writer {
             unsafe { libc::close(self.status_fd) };
         }
     }
+}
+
+/// VmRSS, RssAnon, RssFile and RssShmem from /proc/self/status (`fd`), and
+/// VmHWM into `vm_hwm`.
+fn read_status(fd: i32, vm_hwm: &mut u64) -> Rss {
+    let mut rss = Rss { time: clock::now(), ..Rss::default() };
+    if fd < 0 {
+        return rss;
+    }
+    let mut buf = [0u8; 4096];
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
+    if n <= 0 {
+        return rss;
+    }
+    for line in buf[..n as usize].split(|&b| b == b'\n') {
+        let kib = || -> u64 {
+            let digits = line.iter().skip_while(|b| !b.is_ascii_digit()).take_while(|b| b.is_ascii_digit());
+            digits.fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0')) * 1024
+        };
+        match line.split(|&b| b == b':').next() {
+            Some(b"VmRSS") => rss.vm_rss = kib(),
+            Some(b"RssAnon") => rss.rss_anon = kib(),
+            Some(b"RssFile") => rss.rss_file = kib(),
+            Some(b"RssShmem") => rss.rss_shmem = kib(),
+            Some(b"VmHWM") => *vm_hwm = kib(),
+            _ => {}
+        }
+    }
+    rss
 }
 
 /// Starts the writer thread with every signal blocked, so that signals meant

@@ -168,7 +168,10 @@ impl Mapping {
 pub struct Snapshot {
     pub time: u64,
     pub reason: SnapshotReason,
+    /// RSS read just before the snapshot…
     pub rss: Rss,
+    /// …and VmRSS read just after it: a program allocating fast moves it.
+    pub vm_rss_after: u64,
     pub page_size: u64,
     pub mappings: Vec<Mapping>,
     /// Address ranges holding memgap's own buffers (start, length).
@@ -313,7 +316,7 @@ impl Record<'_> {
 }
 
 fn encode_snapshot(b: &mut Vec<u8>, s: &Snapshot) {
-    for v in [s.time, s.reason as u64, s.rss.vm_rss, s.rss.rss_anon, s.rss.rss_file, s.rss.rss_shmem, s.page_size, s.cost_ns] {
+    for v in [s.time, s.reason as u64, s.rss.vm_rss, s.rss.rss_anon, s.rss.rss_file, s.rss.rss_shmem, s.vm_rss_after, s.page_size, s.cost_ns] {
         varint::push(b, v);
     }
     varint::push(b, s.mappings.len() as u64);
@@ -351,6 +354,7 @@ fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
         _ => return Err(Malformed),
     };
     let rss = Rss { time, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? };
+    let vm_rss_after = c.varint()?;
     let page_size = c.varint()?;
     let cost_ns = c.varint()?;
     let count = c.varint()?;
@@ -381,7 +385,7 @@ fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
     for _ in 0..ranges {
         agent_ranges.push((c.varint()?, c.varint()?));
     }
-    Ok(Snapshot { time, reason, rss, page_size, mappings, agent_ranges, cost_ns })
+    Ok(Snapshot { time, reason, rss, vm_rss_after, page_size, mappings, agent_ranges, cost_ns })
 }
 
 fn u32_of(v: u64) -> Result<u32, Malformed> {
@@ -504,6 +508,7 @@ mod tests {
                 time: 77,
                 reason: SnapshotReason::RssPeak,
                 rss: Rss { time: 77, vm_rss: 8192, rss_anon: 4096, rss_file: 4096, rss_shmem: 0 },
+                vm_rss_after: 12288,
                 page_size: 4096,
                 mappings: vec![
                     Mapping { start: 0x1000, end: 0x5000, perms: "rw-p".into(), name: "[heap]".into(), rss: 8192, anonymous: 8192, residency: Residency::Bitmap(vec![0b1010]), ..Mapping::default() },
