@@ -24,6 +24,9 @@ enum Command {
     Map(commands::map::Args),
     Timeline(commands::timeline::Args),
     Snap(commands::snap::Args),
+    Blame(commands::blame::Args),
+    Export(commands::export::ExportArgs),
+    Flamegraph(commands::export::FlamegraphArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +38,9 @@ fn main() -> ExitCode {
         Command::Map(args) => commands::map::run(args),
         Command::Timeline(args) => commands::timeline::run(args),
         Command::Snap(args) => commands::snap::run(args),
+        Command::Blame(args) => commands::blame::run(args),
+        Command::Export(args) => commands::export::export(args),
+        Command::Flamegraph(args) => commands::export::flamegraph(args),
     };
     match result {
         Ok(code) => code,

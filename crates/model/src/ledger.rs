@@ -163,6 +163,34 @@ pub struct Ledger {
     pub verdict: String,
     #[serde(skip)]
     pub page_maps: Vec<PageMap>,
+    /// Per call stack (when asked for): what its live blocks take and cost.
+    #[serde(skip)]
+    pub by_stack: Vec<StackShare>,
+}
+
+/// What the live blocks of one call stack take at a snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StackShare {
+    pub stack: u32,
+    pub objects: u64,
+    pub live_bytes: u64,
+    /// Free bytes on the pages these blocks occupy, shared among the blocks
+    /// of each page by the bytes they take there: summed over all stacks, the
+    /// fragmented row.
+    pub fragmentation_bytes: f64,
+    /// Resident pages holding at least one of these blocks.
+    pub pages: u64,
+    /// Bytes the blocks take on those pages (requested + slack).
+    pub taken_bytes: u64,
+}
+
+/// What to compute besides the rows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Detail {
+    /// Page classes per heap mapping, for the page map.
+    pub pages: bool,
+    /// Shares per call stack, for blame.
+    pub stacks: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -171,6 +199,7 @@ struct BlockExtent {
     end: u64,
     addr: u64,
     size: u64,
+    stack: u32,
 }
 
 pub fn reason_name(reason: SnapshotReason) -> &'static str {
@@ -184,13 +213,14 @@ pub fn reason_name(reason: SnapshotReason) -> &'static str {
 }
 
 /// The ledger of `snapshot`, given the heap as replayed up to its instant.
-pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledger {
+pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger {
+    let want_pages = detail.pages;
     let glibc = state.is_glibc();
     let header = if glibc { GLIBC_HEADER } else { 0 };
     let mut blocks: Vec<BlockExtent> = state
         .live
         .blocks()
-        .map(|(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable.max(b.size), addr, size: b.size })
+        .map(|(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable.max(b.size), addr, size: b.size, stack: b.stack })
         .collect();
     blocks.sort_unstable_by_key(|b| b.start);
     let mut agent_ranges = snapshot.agent_ranges.clone();
@@ -209,6 +239,7 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
         ..Ledger::default()
     };
     let mut buckets: Vec<SizeBucket> = Vec::new();
+    let mut stacks: rustc_hash::FxHashMap<u32, StackShare> = rustc_hash::FxHashMap::default();
     let mut previous: Option<&Mapping> = None;
     let mut lazy_outside_heap = 0;
     let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
@@ -265,7 +296,29 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
             ..HeapLedger::default()
         };
         let before = ledger.other_breakdown;
-        let pages = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown, &mut buckets);
+        let (pages, taken) = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
+        if allocator_owned {
+            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share, pages| {
+                let bucket = 64 - block.size.max(1).leading_zeros() as usize;
+                if buckets.len() <= bucket {
+                    buckets.resize_with(bucket + 1, SizeBucket::default);
+                }
+                let entry = &mut buckets[bucket];
+                entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
+                entry.max_size = (1u64 << bucket) - 1;
+                entry.blocks += 1;
+                entry.live_bytes += block.size;
+                entry.fragmented_bytes += share.round() as u64;
+                if detail.stacks {
+                    let s = stacks.entry(block.stack).or_insert(StackShare { stack: block.stack, ..StackShare::default() });
+                    s.objects += 1;
+                    s.live_bytes += block.size;
+                    s.taken_bytes += block.end - block.start;
+                    s.fragmentation_bytes += share;
+                    s.pages += pages;
+                }
+            });
+        }
         // MADV_FREE'd pages are still resident and counted: they hold no
         // blocks, so they sit among the retained pages.
         let lazy = mapping.lazy_free.min(heap.retained);
@@ -334,6 +387,7 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, want_pages: bool) -> Ledg
     ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
     buckets.retain(|b| b.blocks > 0);
     ledger.fragmentation_by_size = buckets;
+    ledger.by_stack = stacks.into_values().collect();
     ledger.verdict = verdict(&ledger);
     ledger
 }
@@ -387,8 +441,7 @@ fn account_pages(
     state: &HeapState,
     heap: &mut HeapLedger,
     other: &mut crate::ledger::OtherBreakdown,
-    buckets: &mut Vec<SizeBucket>,
-) -> Vec<PageClass> {
+) -> (Vec<PageClass>, Vec<u32>) {
     let count = ((mapping.end - mapping.start) / page) as usize;
     let page_start = |i: usize| mapping.start + i as u64 * page;
     // Bytes of each page taken by block extents and by requested bytes.
@@ -454,38 +507,29 @@ fn account_pages(
         };
         classes.push(class);
     }
-    if allocator_owned {
-        add_fragmentation_by_size(mapping, blocks, page, &taken, buckets);
-    }
-    classes
+    (classes, taken)
 }
 
 /// Shares each used page's free bytes among its blocks by the bytes each
-/// takes there, and sums the shares by power-of-two block size.
-fn add_fragmentation_by_size(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], buckets: &mut Vec<SizeBucket>) {
+/// takes there; calls `visit` with each block, its share and the number of
+/// resident pages it touches.
+fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, f64, u64)) {
     for b in blocks {
-        let bucket = 64 - b.size.max(1).leading_zeros() as usize;
-        if buckets.len() <= bucket {
-            buckets.resize_with(bucket + 1, SizeBucket::default);
-        }
-        let entry = &mut buckets[bucket];
-        entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
-        entry.max_size = (1u64 << bucket) - 1;
-        entry.blocks += 1;
-        entry.live_bytes += b.size;
         let first = (b.start.max(mapping.start) - mapping.start) / page;
         let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
         let mut share = 0.0;
+        let mut pages = 0;
         for i in first..=last {
             let ps = mapping.start + i * page;
             if !mapping.residency.is_resident(i as usize) {
                 continue;
             }
+            pages += 1;
             let on_page = overlap(b.start, b.end, ps, ps + page) as f64;
             let taken_here = f64::from(taken[i as usize]).min(page as f64);
             share += on_page / taken_here * (page as f64 - taken_here);
         }
-        entry.fragmented_bytes += share.round() as u64;
+        visit(b, share, pages);
     }
 }
 
@@ -588,7 +632,7 @@ mod tests {
     fn one_block_per_page_is_fragmented_and_rows_add_up() {
         // 16 pages, one 64-byte block at the start of each.
         let blocks: Vec<(u64, u64)> = (0..16).map(|i| (HEAP + 16 + i * PAGE, 64)).collect();
-        let ledger = compute(&state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), true);
+        let ledger = compute(&state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true });
         assert_eq!(ledger.rows.live, 16 * 64);
         assert_eq!(ledger.rows.slack, 16 * 8 + 16 * 8, "8 bytes of header + 8 of rounding per block");
         assert_eq!(ledger.rows.fragmented, 16 * (PAGE - 80));
@@ -597,6 +641,8 @@ mod tests {
         assert_eq!(ledger.page_maps[0].pages.len(), 16);
         let fragmented: u64 = ledger.fragmentation_by_size.iter().map(|b| b.fragmented_bytes).sum();
         assert!(fragmented.abs_diff(ledger.rows.fragmented) <= 16);
+        let by_stack: f64 = ledger.by_stack.iter().map(|s| s.fragmentation_bytes).sum();
+        assert!((by_stack - ledger.rows.fragmented as f64).abs() < 1.0);
     }
 
     #[test]
@@ -605,12 +651,12 @@ mod tests {
         // starts within 40 bytes of the first block's end? No: the block ends
         // early in page 0, so pages 1..=8 are all trimmable.
         let blocks = [(HEAP + 16, 64), (HEAP + 9 * PAGE + 16, 64)];
-        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), false);
+        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), Detail::default());
         assert_eq!(ledger.rows.retained, 8 * PAGE);
         assert_eq!(ledger.trim_would_return_bytes, 8 * PAGE);
         // Pages not resident are released, not in RSS.
         let bits = vec![0b0000_0011, 0b10];
-        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), false);
+        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), Detail::default());
         assert_eq!(ledger.rows.retained, PAGE);
         assert_eq!(ledger.released_bytes, 7 * PAGE);
         assert_eq!(ledger.residual_bytes, 0);
@@ -621,7 +667,7 @@ mod tests {
         let blocks = [(HEAP + 16, 64)];
         let mut snap = snapshot(4, Residency::All, 4 * PAGE);
         snap.mappings[0].lazy_free = 2 * PAGE;
-        let ledger = compute(&state_with(&blocks), &snap, false);
+        let ledger = compute(&state_with(&blocks), &snap, Detail::default());
         assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
         assert_eq!(ledger.residual_bytes, 0);
     }

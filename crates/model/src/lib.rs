@@ -17,11 +17,13 @@
 //! # Ok::<(), memgap_trace::TraceError>(())
 //! ```
 
+pub mod blame;
 mod heap_state;
 pub mod ledger;
 mod snapshots;
 mod summary;
 
+pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use heap_state::HeapState;
 pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
 pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};

@@ -112,7 +112,7 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if (self.wanted)(self.seen) {
-            self.ledgers.push((snapshot.time, ledger::compute(&self.state, snapshot, self.want_pages)));
+            self.ledgers.push((snapshot.time, ledger::compute(&self.state, snapshot, ledger::Detail { pages: self.want_pages, stacks: false })));
         }
         self.seen += 1;
     }

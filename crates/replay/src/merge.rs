@@ -40,6 +40,9 @@ pub trait Visitor {
     fn thread(&mut self, _thread: &Thread) {}
     /// The file that provides `malloc` to the program.
     fn allocator(&mut self, _path: &str) {}
+    /// A call stack (return addresses, innermost first) under the id that
+    /// events carry in `Event::stack`; always before the first such event.
+    fn stack(&mut self, _id: u32, _frames: &[u64]) {}
     fn note(&mut self, _time: u64, _text: &str) {}
     /// The agent's END record: the image ended (exit or exec) or recording failed.
     fn end(&mut self, _end: &End) {}
@@ -66,6 +69,8 @@ struct ThreadQueue {
     next_offset: u32,
     delta: DeltaState,
     pending: VecDeque<Event>,
+    /// The thread's own stack ids → ids unique in the trace.
+    stacks: FxHashMap<u32, u32>,
 }
 
 enum Item {
@@ -93,12 +98,15 @@ struct Merger<'v, V: Visitor> {
     watermark: u64,
     exit: Option<Exit>,
     outcome: Outcome,
+    /// Every distinct call stack → its id (ids start at 1; 0 is "none").
+    stack_ids: FxHashMap<Vec<u64>, u32>,
+    frames: Vec<u64>,
 }
 
 /// Reads the trace at `path` and feeds `visitor` in time order.
 pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, TraceError> {
     let trace = TraceFile::open(path)?;
-    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default() };
+    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), stack_ids: FxHashMap::default(), frames: Vec::new() };
     let tail = trace.for_each_chunk(|_, chunk| {
         for record in Records::new(chunk) {
             match record {
@@ -155,6 +163,7 @@ impl<V: Visitor> Merger<'_, V> {
             next_offset: 0,
             delta: DeltaState::default(),
             pending: VecDeque::new(),
+            stacks: FxHashMap::default(),
         });
         let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
         if !continues {
@@ -168,8 +177,21 @@ impl<V: Visitor> Merger<'_, V> {
         queue.next_offset = piece.offset + piece.records.len() as u32;
         let mut cursor = Cursor::new(piece.records);
         while !cursor.is_empty() {
-            match event::decode(&mut queue.delta, &mut cursor) {
-                Ok(event) => queue.pending.push_back(event),
+            match event::decode_with_stack(&mut queue.delta, &mut cursor, &mut self.frames) {
+                Ok((mut event, defines_stack)) => {
+                    if event.stack != event::NO_STACK {
+                        if defines_stack {
+                            let next_id = self.stack_ids.len() as u32 + 1;
+                            let id = *self.stack_ids.entry(self.frames.clone()).or_insert_with(|| {
+                                self.visitor.stack(next_id, &self.frames);
+                                next_id
+                            });
+                            queue.stacks.insert(event.stack, id);
+                        }
+                        event.stack = queue.stacks.get(&event.stack).copied().unwrap_or(event::NO_STACK);
+                    }
+                    queue.pending.push_back(event)
+                }
                 Err(_) => {
                     self.outcome.malformed_records += 1;
                     // The rest of this buffer cannot be decoded without the

@@ -5,13 +5,18 @@
 //! buffer decodes on its own once its start is known. Layout of one record:
 //!
 //! ```text
-//! header u8      kind (bits 0-4) | CPU_CHANGED (bit 5) | HAS_STACK (bit 6)
+//! header u8      kind (bits 0-4) | CPU_CHANGED (bit 5) | HAS_STACK (bit 6) | NEW_STACK (bit 7)
 //! time           zigzag varint, ticks since the previous record
 //! cpu            varint, only when CPU_CHANGED
 //! payload        kind-specific varints, see `EventKind`
-//! stack          varint, only when HAS_STACK
+//! stack          varint, only when HAS_STACK: the thread's id for the call stack
+//! frames         only when NEW_STACK: count, then return addresses
+//!                (innermost first), each a zigzag delta to the one before
 //! ```
 //! Addresses are zigzag deltas against the previous address field written.
+//! A thread defines each stack id once, in the first event that uses it;
+//! ids are per thread (the agent interns stacks without sharing state
+//! between threads).
 
 use crate::varint::{self, Cursor, Malformed, zigzag};
 
@@ -103,6 +108,7 @@ impl EventKind {
 const KIND_MASK: u8 = 0x1f;
 const CPU_CHANGED: u8 = 0x20;
 const HAS_STACK: u8 = 0x40;
+const NEW_STACK: u8 = 0x80;
 
 /// No stack was recorded for this event.
 pub const NO_STACK: u32 = 0;
@@ -139,8 +145,13 @@ impl Event {
     }
 }
 
-/// The largest encoded record: header + 7 varints.
+/// The largest encoded record without stack frames: header + 8 varints.
 pub const MAX_RECORD_LEN: usize = 1 + 8 * varint::MAX_VARINT_LEN;
+
+/// The largest encoded record defining a stack of `frames` frames.
+pub const fn max_record_len(frames: usize) -> usize {
+    MAX_RECORD_LEN + (1 + frames) * varint::MAX_VARINT_LEN
+}
 
 /// Delta state shared by the encoder and decoder of one buffer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -161,9 +172,22 @@ impl RawEncoder {
     /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
     #[inline(always)]
     pub unsafe fn encode(state: &mut DeltaState, out: *mut u8, event: &Event) -> *mut u8 {
+        unsafe { Self::encode_with_stack(state, out, event, None) }
+    }
+
+    /// Like [`encode`](Self::encode), and when `new_stack` is given, defines
+    /// the event's stack id with those frames.
+    ///
+    /// # Safety
+    /// `out` must be valid for [`max_record_len`]`(frames)` bytes of writes.
+    #[inline(always)]
+    pub unsafe fn encode_with_stack(state: &mut DeltaState, out: *mut u8, event: &Event, new_stack: Option<&[u64]>) -> *mut u8 {
         unsafe {
             let kind = event.kind();
             let mut header = kind as u8;
+            if new_stack.is_some() && event.stack != NO_STACK {
+                header |= NEW_STACK;
+            }
             if event.cpu != state.cpu {
                 header |= CPU_CHANGED;
             }
@@ -226,13 +250,31 @@ impl RawEncoder {
             if header & HAS_STACK != 0 {
                 p = varint::write_raw(p, u64::from(event.stack));
             }
+            if let (true, Some(frames)) = (header & NEW_STACK != 0, new_stack) {
+                p = varint::write_raw(p, frames.len() as u64);
+                let mut previous = 0u64;
+                for &frame in frames {
+                    p = varint::write_raw(p, zigzag(frame.wrapping_sub(previous) as i64));
+                    previous = frame;
+                }
+            }
             p
         }
     }
 }
 
-/// Decodes one record; the inverse of [`RawEncoder::encode`].
+/// Decodes one record; the inverse of [`RawEncoder::encode`]. A stack
+/// definition in the record is skipped.
 pub fn decode(state: &mut DeltaState, cursor: &mut Cursor<'_>) -> Result<Event, Malformed> {
+    decode_with_stack(state, cursor, &mut Vec::new()).map(|(event, _)| event)
+}
+
+/// Most frames a stack definition may have; more means corruption.
+pub const MAX_FRAMES: u64 = 1024;
+
+/// Decodes one record; when it defines its stack, the frames are put in
+/// `frames` and the second value is true.
+pub fn decode_with_stack(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>) -> Result<(Event, bool), Malformed> {
     let header = cursor.u8()?;
     let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
     let mut event = Event { kind: Some(kind), ..Event::default() };
@@ -289,7 +331,20 @@ pub fn decode(state: &mut DeltaState, cursor: &mut Cursor<'_>) -> Result<Event, 
     if header & HAS_STACK != 0 {
         event.stack = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
     }
-    Ok(event)
+    let defines_stack = header & NEW_STACK != 0;
+    if defines_stack {
+        let count = cursor.varint()?;
+        if count > MAX_FRAMES {
+            return Err(Malformed);
+        }
+        frames.clear();
+        let mut previous = 0u64;
+        for _ in 0..count {
+            previous = previous.wrapping_add(cursor.signed()? as u64);
+            frames.push(previous);
+        }
+    }
+    Ok((event, defines_stack))
 }
 
 /// Encodes a slice of events into a fresh buffer (tests and tools; the agent
@@ -353,6 +408,26 @@ mod tests {
             let mut state = DeltaState::default();
             while decode(&mut state, &mut cursor).is_ok() {}
         }
+    }
+
+    #[test]
+    fn stacks_are_defined_once_then_referenced() {
+        let frames = [0x5555_1234u64, 0x5555_1000, 0x7fff_0000_1111];
+        let event = Event { time: 5, kind: Some(EventKind::Malloc), addr: 0x1000, size: 8, usable: 24, stack: 3, ..Event::default() };
+        let mut out = vec![0u8; 2 * max_record_len(frames.len())];
+        let mut state = DeltaState::default();
+        let mut p = out.as_mut_ptr();
+        p = unsafe { RawEncoder::encode_with_stack(&mut state, p, &event, Some(&frames)) };
+        p = unsafe { RawEncoder::encode(&mut state, p, &Event { time: 9, ..event }) };
+        let len = p as usize - out.as_ptr() as usize;
+        let mut cursor = Cursor::new(&out[..len]);
+        let mut state = DeltaState::default();
+        let mut decoded = Vec::new();
+        assert_eq!(decode_with_stack(&mut state, &mut cursor, &mut decoded).unwrap(), (event, true));
+        assert_eq!(decoded, frames);
+        let (second, defines) = decode_with_stack(&mut state, &mut cursor, &mut decoded).unwrap();
+        assert_eq!((second.stack, second.time, defines), (3, 9, false));
+        assert!(cursor.is_empty());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! # }
 //! ```
 
+pub mod blame;
 pub mod export;
 pub mod format;
 pub mod json;

@@ -1,3 +1,5 @@
+pub mod blame;
+pub mod export;
 pub mod ledger;
 pub mod map;
 pub mod run;

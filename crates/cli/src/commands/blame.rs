@@ -1,0 +1,52 @@
+//! `memgap blame TRACE [--at …] [--by …] [--top N] [--json]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use memgap_model::{At, BlameOptions, BlameOrder};
+
+use crate::output;
+
+/// The call sites whose surviving blocks keep mostly-empty pages resident:
+/// per site, live bytes and objects, fragmentation cost (free bytes on the
+/// pages its blocks occupy, shared by bytes taken), leaked bytes, scatter.
+#[derive(clap::Args)]
+pub struct Args {
+    trace: PathBuf,
+    /// Which snapshot: peak (highest RSS), end, or seconds since start.
+    #[arg(long, default_value = "peak")]
+    at: At,
+    /// Order by fragmentation, live or leaked bytes.
+    #[arg(long, default_value = "fragmentation")]
+    by: BlameOrder,
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// One entry per full call stack instead of per allocation site.
+    #[arg(long)]
+    per_stack: bool,
+    /// Skip frames whose function starts with this when finding the site
+    /// (besides malloc, operator new and friends); repeatable.
+    #[arg(long, value_name = "PREFIX")]
+    skip: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn options(at: At, by: BlameOrder, top: usize, per_stack: bool, skip: Vec<String>) -> BlameOptions {
+    BlameOptions { at, order: by, top, per_stack, skip }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let name = args.trace.display().to_string();
+    let options = options(args.at, args.by, args.top, args.per_stack, args.skip);
+    let Some(blame) = memgap_model::blame(&args.trace, &options).with_context(|| name.clone())? else {
+        bail!("{name}: the trace has no snapshot");
+    };
+    if args.json {
+        output::print(&(memgap_views::json::to_string(&blame.entries) + "\n"))?;
+    } else {
+        output::print(&memgap_views::blame::blame(&blame, &name))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

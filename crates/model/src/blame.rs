@@ -1,0 +1,285 @@
+//! Blame: which call sites' surviving blocks keep mostly-empty pages resident.
+//!
+//! At a snapshot, every page's free bytes are shared among the blocks on it
+//! by the bytes each takes (the ledger's fragmented row, split); summed per
+//! call stack and per allocation site (the first frame outside memgap and
+//! the allocator), that is each site's fragmentation cost: about what would
+//! come back if its blocks were packed densely.
+
+use std::path::Path;
+
+use memgap_replay::{ThreadEvent, Visitor, replay};
+use memgap_symbolize::{Frame, Symbolizer};
+use memgap_trace::TraceError;
+use memgap_trace::records::{Module, Process, Snapshot, Thread};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::heap_state::HeapState;
+use crate::ledger::{self, Detail, Ledger};
+use crate::snapshots::{At, choose, list};
+
+/// Frames that belong to memgap or to the allocator, not to the program:
+/// the allocation site is the first frame past them. Matched against the
+/// start of the function name.
+pub const ALLOCATOR_FUNCTIONS: &[&str] = &[
+    "malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc", "memalign", "valloc", "pvalloc", "reallocarray",
+    "__libc_", "operator new", "operator delete", "__rust_alloc", "__rust_realloc", "__rdl_", "__rg_", "alloc::alloc::", "alloc::raw_vec::",
+    "<alloc::raw_vec::", "alloc::vec::Vec<T,A>::reserve", "std::sys::alloc", "__gnu_cxx::new_allocator", "__gnu_cxx::__new_allocator",
+    "std::allocator", "std::__new_allocator", "std::allocator_traits", "ruby_xmalloc", "ruby_xcalloc", "ruby_xrealloc", "objspace_xmalloc",
+    "PyMem_", "_PyMem_", "PyObject_Malloc", "_PyObject_Malloc",
+];
+const ALLOCATOR_MODULES: &[&str] = &["libmemgap_agent.so", "libjemalloc.so", "libtcmalloc", "libmimalloc.so"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlameOrder {
+    Fragmentation,
+    Live,
+    Leaked,
+}
+
+impl std::str::FromStr for BlameOrder {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "fragmentation" => Ok(BlameOrder::Fragmentation),
+            "live" => Ok(BlameOrder::Live),
+            "leaked" => Ok(BlameOrder::Leaked),
+            _ => Err(format!("'{text}' is not fragmentation, live or leaked")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct BlameEntry {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    /// The call stack, innermost first (for a site: its largest stack).
+    pub stack: Vec<Frame>,
+    pub live_bytes: u64,
+    pub objects: u64,
+    pub fragmentation_bytes: u64,
+    /// Live at the end of the run (never freed).
+    pub leaked_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Resident pages holding its live blocks.
+    pub pages: u64,
+    /// Pages holding its blocks ÷ pages its blocks would fill if packed
+    /// densely: 1 is dense; large means its survivors are spread thin.
+    pub scatter: f64,
+    /// Distinct call stacks merged into this entry.
+    pub stacks: u32,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Blame {
+    pub at_seconds: f64,
+    pub snapshot_reason: &'static str,
+    pub rss_bytes: u64,
+    /// The ledger's fragmented row: the sum of fragmentation_bytes.
+    pub fragmented_bytes: u64,
+    pub live_bytes: u64,
+    /// Whether the trace has call stacks at all (`memgap run --no-stacks`).
+    pub has_stacks: bool,
+    pub entries: Vec<BlameEntry>,
+    pub warnings: Vec<String>,
+    /// Per call stack, unsorted and untruncated: for exports.
+    #[serde(skip)]
+    pub by_stack: Vec<BlameEntry>,
+}
+
+pub struct BlameOptions {
+    pub at: At,
+    pub order: BlameOrder,
+    pub top: usize,
+    /// One entry per full stack instead of per allocation site.
+    pub per_stack: bool,
+    /// More function-name prefixes to skip when looking for the site.
+    pub skip: Vec<String>,
+}
+
+#[derive(Default)]
+struct BlameVisitor {
+    state: HeapState,
+    wanted: usize,
+    seen: usize,
+    ledger: Option<(u64, Ledger)>,
+    stacks: FxHashMap<u32, Vec<u64>>,
+    allocated: FxHashMap<u32, u64>,
+    modules: Vec<Module>,
+}
+
+impl Visitor for BlameVisitor {
+    fn process(&mut self, _process: &Process) {
+        let allocator = std::mem::take(&mut self.state.allocator);
+        self.state.clear();
+        self.state.allocator = allocator;
+    }
+
+    fn modules(&mut self, modules: &[Module]) {
+        for module in modules {
+            if !self.modules.iter().any(|m| m.base == module.base && m.path == module.path) {
+                self.modules.push(module.clone());
+            }
+        }
+    }
+
+    fn allocator(&mut self, path: &str) {
+        self.state.allocator = path.to_string();
+    }
+
+    fn thread(&mut self, thread: &Thread) {
+        self.state.thread(thread);
+    }
+
+    fn stack(&mut self, id: u32, frames: &[u64]) {
+        self.stacks.insert(id, frames.to_vec());
+    }
+
+    fn event(&mut self, event: &ThreadEvent) {
+        let e = &event.event;
+        if e.addr != 0 && e.kind().is_allocation() {
+            *self.allocated.entry(e.stack).or_default() += e.size;
+        }
+        self.state.apply(event);
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) {
+        if self.seen == self.wanted {
+            self.ledger = Some((snapshot.time, ledger::compute(&self.state, snapshot, Detail { pages: false, stacks: true })));
+        }
+        self.seen += 1;
+    }
+}
+
+pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, TraceError> {
+    let Some(wanted) = choose(&list(path)?, options.at) else { return Ok(None) };
+    let mut v = BlameVisitor { wanted, ..BlameVisitor::default() };
+    let outcome = replay(path, &mut v)?;
+    let Some((time, ledger)) = v.ledger.take() else { return Ok(None) };
+
+    let mut totals: FxHashMap<u32, Totals> = FxHashMap::default();
+    for share in &ledger.by_stack {
+        let t = totals.entry(share.stack).or_default();
+        t.live_bytes += share.live_bytes;
+        t.objects += share.objects;
+        t.fragmentation_bytes += share.fragmentation_bytes;
+        t.pages += share.pages;
+        t.taken_bytes += share.taken_bytes;
+    }
+    for (_, block) in v.state.live.blocks() {
+        totals.entry(block.stack).or_default().leaked_bytes += block.size;
+    }
+    for (&stack, &bytes) in &v.allocated {
+        if let Some(t) = totals.get_mut(&stack) {
+            t.allocated_bytes += bytes;
+        }
+    }
+
+    let mut symbolizer = Symbolizer::new(&v.modules);
+    let mut addresses: Vec<u64> = totals.keys().filter_map(|id| v.stacks.get(id)).flatten().map(|&ip| ip.saturating_sub(1)).collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
+    let mut skip: Vec<&str> = ALLOCATOR_FUNCTIONS.to_vec();
+    skip.extend(options.skip.iter().map(String::as_str));
+
+    // Per stack: its frames and its allocation site.
+    let stacks: Vec<(Vec<Frame>, Option<Frame>, Totals)> = totals
+        .into_iter()
+        .map(|(id, t)| {
+            let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect()).unwrap_or_default();
+            let site = frames.iter().find(|frame| !is_allocator_frame(frame, &skip)).or(frames.first()).cloned();
+            (frames, site, t)
+        })
+        .collect();
+    let by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_ref(), frames.clone(), 1)).collect();
+    let mut entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
+    let key = |e: &BlameEntry| match options.order {
+        BlameOrder::Fragmentation => (e.fragmentation_bytes, e.live_bytes),
+        BlameOrder::Live => (e.live_bytes, e.fragmentation_bytes),
+        BlameOrder::Leaked => (e.leaked_bytes, e.live_bytes),
+    };
+    entries.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.function.cmp(&b.function)));
+    entries.retain(|e| key(e) != (0, 0));
+    entries.truncate(options.top);
+    Ok(Some(Blame {
+        at_seconds: outcome.timeline.seconds(time),
+        snapshot_reason: ledger.snapshot_reason,
+        rss_bytes: ledger.rss_bytes,
+        fragmented_bytes: ledger.rows.fragmented,
+        live_bytes: ledger.rows.live,
+        has_stacks: !v.stacks.is_empty(),
+        entries,
+        warnings: symbolizer.warnings().iter().map(|w| w.to_string()).collect(),
+        by_stack,
+    }))
+}
+
+/// What the blocks of one stack (or site) add up to.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    live_bytes: u64,
+    objects: u64,
+    fragmentation_bytes: f64,
+    pages: u64,
+    taken_bytes: u64,
+    leaked_bytes: u64,
+    allocated_bytes: u64,
+}
+
+impl Totals {
+    fn add(&mut self, other: &Totals) {
+        self.live_bytes += other.live_bytes;
+        self.objects += other.objects;
+        self.fragmentation_bytes += other.fragmentation_bytes;
+        self.pages += other.pages;
+        self.taken_bytes += other.taken_bytes;
+        self.leaked_bytes += other.leaked_bytes;
+        self.allocated_bytes += other.allocated_bytes;
+    }
+
+    fn entry(&self, site: Option<&Frame>, stack: Vec<Frame>, stacks: u32) -> BlameEntry {
+        let dense_pages = (self.taken_bytes as f64 / 4096.0).ceil().max(1.0);
+        BlameEntry {
+            function: site.map(|f| f.function.clone().unwrap_or_else(|| f.label())),
+            file: site.and_then(|f| f.file.clone()),
+            line: site.and_then(|f| f.line),
+            module: site.map(|f| f.module.clone()).unwrap_or_default(),
+            stack,
+            live_bytes: self.live_bytes,
+            objects: self.objects,
+            fragmentation_bytes: self.fragmentation_bytes.round() as u64,
+            leaked_bytes: self.leaked_bytes,
+            allocated_bytes: self.allocated_bytes,
+            pages: self.pages,
+            scatter: if self.pages == 0 { 0.0 } else { self.pages as f64 / dense_pages },
+            stacks,
+        }
+    }
+}
+
+type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
+
+/// Sums the stacks that share an allocation site; shows the site's largest stack.
+fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEntry> {
+    let mut sites: FxHashMap<SiteKey, (Totals, u32, &Option<Frame>, &Vec<Frame>, u64)> = FxHashMap::default();
+    for (frames, site, t) in stacks {
+        let key = site.as_ref().map(|f| (f.function.clone(), f.file.clone(), f.line, f.module.clone())).unwrap_or_default();
+        let weight = t.live_bytes + t.fragmentation_bytes as u64 + t.leaked_bytes;
+        let entry = sites.entry(key).or_insert((Totals::default(), 0, site, frames, 0));
+        entry.0.add(t);
+        entry.1 += 1;
+        if weight >= entry.4 {
+            (entry.3, entry.4) = (frames, weight);
+        }
+    }
+    sites.into_values().map(|(t, count, site, frames, _)| t.entry(site.as_ref(), frames.clone(), count)).collect()
+}
+
+fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
+    ALLOCATOR_MODULES.iter().any(|m| frame.module.contains(m)) || frame.function.as_deref().is_some_and(|f| skip.iter().any(|prefix| f.starts_with(prefix)))
+}

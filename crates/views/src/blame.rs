@@ -1,0 +1,59 @@
+//! Terminal view of blame: the call sites whose live blocks cost the most.
+
+use std::fmt::Write;
+
+use memgap_model::Blame;
+
+use crate::format::{bytes, count};
+
+pub fn blame(b: &Blame, title: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "memgap blame — {title} — at {:.2} s ({} snapshot)", b.at_seconds, b.snapshot_reason);
+    let _ = writeln!(
+        out,
+        "  RSS {}, live heap {}, fragmented {} (the sum of the fragmentation column)\n",
+        bytes(b.rss_bytes),
+        bytes(b.live_bytes),
+        bytes(b.fragmented_bytes)
+    );
+    if !b.has_stacks {
+        let _ = writeln!(out, "  The trace has no call stacks (recorded with --no-stacks): everything is one entry.\n");
+    }
+    let _ = writeln!(out, "  {:>11} {:>10} {:>10} {:>10} {:>7}  site", "fragmented", "live", "objects", "leaked", "scatter");
+    for e in &b.entries {
+        let location = match (&e.file, e.line) {
+            (Some(file), Some(line)) => format!(" ({}:{line})", short_path(file)),
+            _ if !e.module.is_empty() => format!(" ({})", short_path(&e.module)),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:>11} {:>10} {:>10} {:>10} {:>7.1}  {}{location}",
+            bytes(e.fragmentation_bytes),
+            bytes(e.live_bytes),
+            count(e.objects),
+            bytes(e.leaked_bytes),
+            e.scatter,
+            e.function.as_deref().unwrap_or("?"),
+        );
+    }
+    if let Some(top) = b.entries.first() {
+        let _ = writeln!(out, "\n  stack of the first entry:");
+        for frame in top.stack.iter().take(16) {
+            let _ = writeln!(out, "    {frame}");
+        }
+    }
+    for warning in &b.warnings {
+        let _ = writeln!(out, "  note: {warning}");
+    }
+    out
+}
+
+/// The last two components of a path: enough to recognise a file.
+fn short_path(path: &str) -> &str {
+    let mut slashes = path.rmatch_indices('/');
+    match (slashes.next(), slashes.next()) {
+        (Some(_), Some((i, _))) => &path[i + 1..],
+        _ => path,
+    }
+}
