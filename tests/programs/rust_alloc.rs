@@ -26,6 +26,19 @@ impl Shape for Circle {
     }
 }
 
+/// Asks memgap for a snapshot while the data above is alive (a no-op when
+/// the program runs without memgap).
+fn snapshot_if_traced() {
+    unsafe extern "C" {
+        fn dlsym(handle: *mut std::ffi::c_void, symbol: *const std::ffi::c_char) -> *mut std::ffi::c_void;
+    }
+    let found = unsafe { dlsym(std::ptr::null_mut(), c"memgap_snapshot".as_ptr()) };
+    if !found.is_null() {
+        let snapshot: extern "C" fn() = unsafe { std::mem::transmute(found) };
+        snapshot();
+    }
+}
+
 fn main() -> ExitCode {
     let mut numbers: Vec<u64> = Vec::new();
     for i in 0..100_000u64 {
@@ -52,6 +65,8 @@ fn main() -> ExitCode {
 
     let nested: Vec<Box<[u8]>> = (0..2_000).map(|i| vec![(i % 251) as u8; i % 300].into_boxed_slice()).collect();
     let bytes: usize = nested.iter().map(|b| b.len()).sum();
+
+    snapshot_if_traced();
 
     let mut out = std::io::stdout().lock();
     writeln!(out, "sum {sum}").unwrap();

@@ -28,6 +28,9 @@ pub const ALLOCATOR_FUNCTIONS: &[&str] = &[
     "<alloc::raw_vec::", "alloc::vec::Vec<T,A>::reserve", "std::sys::alloc", "__gnu_cxx::new_allocator", "__gnu_cxx::__new_allocator",
     "std::allocator", "std::__new_allocator", "std::allocator_traits", "ruby_xmalloc", "ruby_xcalloc", "ruby_xrealloc", "objspace_xmalloc",
     "PyMem_", "_PyMem_", "PyObject_Malloc", "_PyObject_Malloc",
+    // Standard library containers and strings (C++, Rust): the site is the
+    // program's code that used them.
+    "std::", "__gnu_cxx::", "<std::", "alloc::", "<alloc::", "core::", "<core::",
 ];
 const ALLOCATOR_MODULES: &[&str] = &["libmemgap_agent.so", "libjemalloc.so", "libtcmalloc", "libmimalloc.so"];
 
@@ -245,7 +248,7 @@ impl Totals {
     fn entry(&self, site: Option<&Frame>, stack: Vec<Frame>, stacks: u32) -> BlameEntry {
         let dense_pages = (self.taken_bytes as f64 / 4096.0).ceil().max(1.0);
         BlameEntry {
-            function: site.map(|f| f.function.clone().unwrap_or_else(|| f.label())),
+            function: Some(site.map_or_else(|| "(no stack recorded)".to_string(), |f| f.function.clone().unwrap_or_else(|| f.label()))),
             file: site.and_then(|f| f.file.clone()),
             line: site.and_then(|f| f.line),
             module: site.map(|f| f.module.clone()).unwrap_or_default(),

@@ -239,7 +239,8 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger
         ..Ledger::default()
     };
     let mut buckets: Vec<SizeBucket> = Vec::new();
-    let mut stacks: rustc_hash::FxHashMap<u32, StackShare> = rustc_hash::FxHashMap::default();
+    // Per stack: its share, and the last page counted (mapping start, page index).
+    let mut stacks: rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)> = rustc_hash::FxHashMap::default();
     let mut previous: Option<&Mapping> = None;
     let mut lazy_outside_heap = 0;
     let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
@@ -298,7 +299,7 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger
         let before = ledger.other_breakdown;
         let (pages, taken) = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
         if allocator_owned {
-            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share, pages| {
+            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share, first_page, last_page| {
                 let bucket = 64 - block.size.max(1).leading_zeros() as usize;
                 if buckets.len() <= bucket {
                     buckets.resize_with(bucket + 1, SizeBucket::default);
@@ -310,12 +311,18 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger
                 entry.live_bytes += block.size;
                 entry.fragmented_bytes += share.round() as u64;
                 if detail.stacks {
-                    let s = stacks.entry(block.stack).or_insert(StackShare { stack: block.stack, ..StackShare::default() });
+                    let (s, counted_up_to) = stacks.entry(block.stack).or_insert((StackShare { stack: block.stack, ..StackShare::default() }, None));
                     s.objects += 1;
                     s.live_bytes += block.size;
                     s.taken_bytes += block.end - block.start;
                     s.fragmentation_bytes += share;
-                    s.pages += pages;
+                    // Blocks come in address order: count each page once per stack.
+                    let from = match *counted_up_to {
+                        Some((start, last)) if start == mapping.start => first_page.max(last + 1),
+                        _ => first_page,
+                    };
+                    s.pages += (from..=last_page).filter(|&i| mapping.residency.is_resident(i as usize)).count() as u64;
+                    *counted_up_to = Some((mapping.start, last_page.max(from.saturating_sub(1))));
                 }
             });
         }
@@ -387,7 +394,7 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger
     ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
     buckets.retain(|b| b.blocks > 0);
     ledger.fragmentation_by_size = buckets;
-    ledger.by_stack = stacks.into_values().collect();
+    ledger.by_stack = stacks.into_values().map(|(share, _)| share).collect();
     ledger.verdict = verdict(&ledger);
     ledger
 }
@@ -511,25 +518,23 @@ fn account_pages(
 }
 
 /// Shares each used page's free bytes among its blocks by the bytes each
-/// takes there; calls `visit` with each block, its share and the number of
-/// resident pages it touches.
-fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, f64, u64)) {
+/// takes there; calls `visit` with each block, its share and the indexes of
+/// the first and last page it touches.
+fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, f64, u64, u64)) {
     for b in blocks {
         let first = (b.start.max(mapping.start) - mapping.start) / page;
         let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
         let mut share = 0.0;
-        let mut pages = 0;
         for i in first..=last {
             let ps = mapping.start + i * page;
             if !mapping.residency.is_resident(i as usize) {
                 continue;
             }
-            pages += 1;
             let on_page = overlap(b.start, b.end, ps, ps + page) as f64;
             let taken_here = f64::from(taken[i as usize]).min(page as f64);
             share += on_page / taken_here * (page as f64 - taken_here);
         }
-        visit(b, share, pages);
+        visit(b, share, first, last);
     }
 }
 
@@ -670,5 +675,26 @@ mod tests {
         let ledger = compute(&state_with(&blocks), &snap, Detail::default());
         assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
         assert_eq!(ledger.residual_bytes, 0);
+    }
+
+    #[test]
+    fn sparse_survivors_leave_free_pages() {
+        let heap = HEAP;
+        let mut state = HeapState::default();
+        state.allocator = "/lib/x86_64-linux-gnu/libc.so.6".into();
+        for i in 0..1000u64 {
+            let event = Event { kind: Some(EventKind::Malloc), addr: heap + 0x2a0 + i * 5120, size: 64, usable: 72, ..Event::default() };
+            state.apply(&ThreadEvent { thread: 1, tid: 1, event });
+        }
+        let pages = 1000 * 5120 / PAGE + 2;
+        let snapshot = Snapshot {
+            page_size: PAGE,
+            rss: Rss { vm_rss: pages * PAGE, ..Rss::default() },
+            mappings: vec![Mapping { start: heap, end: heap + pages * PAGE, perms: "rw-p".into(), name: "[heap]".into(), rss: pages * PAGE, residency: Residency::All, ..Mapping::default() }],
+            ..Snapshot::default()
+        };
+        let ledger = compute(&state, &snapshot, Detail::default());
+        let used_pages = (ledger.rows.live + ledger.rows.slack + ledger.rows.fragmented) / PAGE;
+        assert!(used_pages <= 1020, "{used_pages} pages used by 1000 blocks: {:?}", ledger.rows);
     }
 }

@@ -62,7 +62,7 @@ pub fn list(path: &Path) -> Result<Vec<SnapshotInfo>, TraceError> {
                     started = true;
                 }
                 Record::Clock(c) => timeline.add(&c),
-                Record::Snapshot(s) => found.push((s.time, s.rss.vm_rss)),
+                Record::Snapshot(s) => found.push((s.time, if s.vm_rss_after > 0 { s.vm_rss_after } else { s.rss.vm_rss })),
                 _ => {}
             }
         }

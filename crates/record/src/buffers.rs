@@ -12,7 +12,9 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
-use memgap_trace::event::{DeltaState, Event, MAX_RECORD_LEN, RawEncoder};
+use memgap_trace::event::{DeltaState, Event, MAX_RECORD_LEN, RawEncoder, max_record_len};
+
+use crate::stacks::{MAX_DEPTH, ThreadStacks};
 
 use crate::sys::{self, SpinLock};
 
@@ -50,7 +52,8 @@ impl Chunk {
 
 pub struct ThreadState {
     cursor: *mut u8,
-    limit: *mut u8,
+    /// End of the chunk's data: a record is written only with room for it.
+    end: *mut u8,
     data: *mut u8,
     chunk: *mut Chunk,
     delta: DeltaState,
@@ -64,6 +67,8 @@ pub struct ThreadState {
     pub announced: UnsafeCell<bool>,
     /// Oldest chunk the writer has not finished with; the writer's alone.
     pub writer_head: UnsafeCell<*mut Chunk>,
+    /// The unwinder and stack ids, made at the thread's first allocation.
+    stacks: Option<Box<ThreadStacks>>,
 }
 
 // ---- global state ----------------------------------------------------------
@@ -200,11 +205,48 @@ pub fn append(event: &Event) {
     CURRENT.set(BUSY as *mut ThreadState);
     unsafe {
         let st = &mut *state;
-        if st.cursor > st.limit && !st.next_chunk() {
-            DROPPED.fetch_add(1, Relaxed);
-        } else {
+        if st.room(MAX_RECORD_LEN) {
             st.cursor = RawEncoder::encode(&mut st.delta, st.cursor, event);
-            (*st.chunk).len.store((st.cursor as usize - st.data as usize) as u32, Release);
+            st.publish();
+        }
+    }
+    CURRENT.set(state);
+}
+
+/// Like [`append`], with the call stack of the allocation. Never inlined:
+/// the unwinder skips a fixed number of agent frames (this and the hook).
+#[inline(never)]
+pub fn append_allocation(event: &mut Event) {
+    let mut state = CURRENT.get();
+    if state.is_null() {
+        // The thread's first event: make its state here, so the unwinder
+        // below still sees the same frames above it.
+        state = new_thread_state();
+    }
+    if (state as usize) <= GONE {
+        return append_slow(state, event);
+    }
+    CURRENT.set(BUSY as *mut ThreadState);
+    unsafe {
+        let st = &mut *state;
+        let stacks = st.stacks.get_or_insert_with(|| Box::new(ThreadStacks::new()));
+        let mut frames = [0u64; MAX_DEPTH];
+        // A thread's first capture looks up its stack and the loaded
+        // modules, which may set errno.
+        let errno = *libc::__errno_location();
+        let depth = stacks.capture(&mut frames);
+        *libc::__errno_location() = errno;
+        let mut definition = None;
+        if depth > 0 {
+            let (id, new) = stacks.intern(&frames[..depth]);
+            event.stack = id;
+            if new {
+                definition = Some(&frames[..depth]);
+            }
+        }
+        if st.room(max_record_len(depth)) {
+            st.cursor = RawEncoder::encode_with_stack(&mut st.delta, st.cursor, event, definition);
+            st.publish();
         }
     }
     CURRENT.set(state);
@@ -218,20 +260,24 @@ fn append_slow(state: *mut ThreadState, event: &Event) {
         }
         return;
     }
+    let state = new_thread_state();
+    if state.is_null() {
+        DROPPED.fetch_add(1, Relaxed);
+    } else {
+        append(event);
+    }
+}
+
+/// Makes the calling thread's state (null if none can be had) and makes
+/// it current.
+#[cold]
+fn new_thread_state() -> *mut ThreadState {
     CURRENT.set(BUSY as *mut ThreadState);
     let errno = unsafe { *libc::__errno_location() };
-    let created = ThreadState::create();
+    let created = ThreadState::create().unwrap_or(null_mut());
     unsafe { *libc::__errno_location() = errno };
-    match created {
-        Some(st) => {
-            CURRENT.set(st);
-            append(event);
-        }
-        None => {
-            DROPPED.fetch_add(1, Relaxed);
-            CURRENT.set(null_mut());
-        }
-    }
+    CURRENT.set(created);
+    created
 }
 
 /// The calling thread's state, if it has recorded anything.
@@ -248,7 +294,7 @@ impl ThreadState {
         let data = Chunk::data(chunk);
         let state = Box::into_raw(Box::new(ThreadState {
             cursor: data,
-            limit: unsafe { data.add(CHUNK_DATA - MAX_RECORD_LEN) },
+            end: unsafe { data.add(CHUNK_DATA) },
             data,
             chunk,
             delta: DeltaState::default(),
@@ -259,6 +305,7 @@ impl ThreadState {
             stack_hint: &thread as *const u32 as u64,
             announced: UnsafeCell::new(false),
             writer_head: UnsafeCell::new(chunk),
+            stacks: None,
         }));
         if !register(state) {
             recycle(chunk);
@@ -267,6 +314,23 @@ impl ThreadState {
         }
         crate::recorder::on_new_thread(state);
         Some(state)
+    }
+
+    /// Makes sure `len` bytes fit in the current chunk, moving to a fresh
+    /// one if not; false (the event is dropped and counted) if none can be had.
+    #[inline(always)]
+    fn room(&mut self, len: usize) -> bool {
+        if (self.end as usize - self.cursor as usize) >= len || self.next_chunk() {
+            return true;
+        }
+        DROPPED.fetch_add(1, Relaxed);
+        false
+    }
+
+    /// Makes the bytes written so far visible to the writer.
+    #[inline(always)]
+    fn publish(&mut self) {
+        unsafe { (*self.chunk).len.store((self.cursor as usize - self.data as usize) as u32, Release) };
     }
 
     #[cold]
@@ -280,7 +344,7 @@ impl ThreadState {
         self.chunk = chunk;
         self.data = Chunk::data(chunk);
         self.cursor = self.data;
-        self.limit = unsafe { self.data.add(CHUNK_DATA - MAX_RECORD_LEN) };
+        self.end = unsafe { self.data.add(CHUNK_DATA) };
         self.delta = DeltaState::default();
         true
     }

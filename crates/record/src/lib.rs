@@ -21,8 +21,10 @@ mod own_memory;
 mod process;
 mod real;
 mod snapshot;
+mod stacks;
 mod recorder;
 mod sys;
+mod unwind;
 mod writer;
 
 #[global_allocator]

@@ -20,6 +20,18 @@ pub struct Config {
     /// 0: no periodic snapshots (peaks, exit and requests still take them).
     pub snapshot_interval_ns: u64,
     pub buffer_bytes: usize,
+    pub stacks: StackMode,
+    /// Frames kept per stack at most.
+    pub stack_depth: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackMode {
+    None,
+    /// DWARF call frame information (.eh_frame): right for any code.
+    Dwarf,
+    /// Frame pointers: ~4x cheaper, for programs built with them.
+    FramePointers,
 }
 
 fn env(name: &CStr) -> Option<&'static [u8]> {
@@ -46,6 +58,12 @@ impl Config {
             follow: env(c"MEMGAP_FOLLOW") != Some(b"0"),
             interval_ns: env_number(c"MEMGAP_INTERVAL_MS", 10).unwrap_or(10).clamp(1, 10_000) * 1_000_000,
             snapshot_interval_ns: env_number(c"MEMGAP_SNAPSHOT_MS", 10).unwrap_or(1000).min(3_600_000) * 1_000_000,
+            stacks: match env(c"MEMGAP_STACKS") {
+                Some(b"none") | Some(b"0") => StackMode::None,
+                Some(b"fp") => StackMode::FramePointers,
+                _ => StackMode::Dwarf,
+            },
+            stack_depth: env_number(c"MEMGAP_STACK_DEPTH", 10).unwrap_or(64).clamp(1, 256) as usize,
             buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(128).clamp(1, 16_384) as usize) << 20,
         })
     }
@@ -178,6 +196,19 @@ fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
         notes = &notes[desc_end..];
     }
     None
+}
+
+/// The loader's counts of objects loaded and unloaded so far: when they
+/// move, the module list must be recorded again.
+pub fn loader_generation() -> (u64, u64) {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        let counts = unsafe { &mut *(data as *mut (u64, u64)) };
+        unsafe { *counts = ((*info).dlpi_adds, (*info).dlpi_subs) };
+        1
+    }
+    let mut counts = (0u64, 0u64);
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut counts as *mut (u64, u64) as *mut c_void) };
+    counts
 }
 
 /// Removes the agent from LD_PRELOAD in place (no allocation), so programs

@@ -105,6 +105,7 @@ fn start_recording() -> bool {
     clock::choose();
     INTERVAL_NS.store(config.interval_ns, Relaxed);
     FOLLOW.store(config.follow, Relaxed);
+    crate::stacks::configure(config.stacks, config.stack_depth);
     buffers::set_buffer_limit(config.buffer_bytes);
     unsafe { *CONFIG.0.get() = Some(config) };
     open_trace(config_ref(), config_ref().is_top_process())
@@ -347,7 +348,7 @@ pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *
         USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
         _ => 0,
     };
-    buffers::append(&Event {
+    let mut event = Event {
         time,
         kind: Some(kind),
         cpu: cpu(),
@@ -357,7 +358,13 @@ pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *
         old_addr: old_addr as u64,
         extra: align as u64,
         stack: 0,
-    });
+    };
+    // A failed allocation or a realloc that freed (size 0) has no block to blame.
+    if crate::stacks::enabled() && !addr.is_null() {
+        buffers::append_allocation(&mut event);
+    } else {
+        buffers::append(&event);
+    }
 }
 
 #[inline(always)]

@@ -31,6 +31,8 @@ pub struct Writer {
     snapshot_peak_rss: u64,
     /// `<trace>.snap`: `memgap snap PID` creates it, we remove it when done.
     request_path: Vec<u8>,
+    /// The loader's (adds, subs) when modules were last recorded.
+    loader_generation: (u64, u64),
 }
 
 static WAKE: AtomicU32 = AtomicU32::new(0);
@@ -61,6 +63,7 @@ impl Writer {
             last_snapshot_ns: now,
             snapshot_peak_rss: 0,
             request_path,
+            loader_generation: crate::process::loader_generation(),
         }
     }
 
@@ -83,6 +86,13 @@ impl Writer {
         }
         self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: clock::monotonic_ns() }));
         let rss = self.sample_rss();
+        // A dlopen/dlclose since the last round: record the modules again
+        // so stacks through the new code can be named.
+        let generation = crate::process::loader_generation();
+        if generation != self.loader_generation {
+            self.loader_generation = generation;
+            self.push(&Record::Modules(crate::process::loaded_modules()));
+        }
         if !last {
             if let Some(reason) = self.snapshot_due(&rss) {
                 self.snapshot(reason, rss);

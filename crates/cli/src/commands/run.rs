@@ -36,6 +36,16 @@ pub struct Args {
     /// are also taken at each new RSS peak, at exit and by `memgap snap`).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     snapshot_interval: f64,
+    /// Record no call stacks (cheaper; blame then has one entry).
+    #[arg(long)]
+    no_stacks: bool,
+    /// Frames kept per call stack.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=256))]
+    stack_depth: u64,
+    /// How stacks are unwound: dwarf (any code) or fp (frame pointers: about
+    /// 4x cheaper, for programs built with -fno-omit-frame-pointer).
+    #[arg(long, default_value = "dwarf", value_parser = ["dwarf", "fp"])]
+    unwind: String,
     /// The command to run, after `--`.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -68,6 +78,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.no_follow {
         command.env("MEMGAP_FOLLOW", "0");
     }
+    let stacks = if args.no_stacks { "none" } else { args.unwind.as_str() };
+    command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
 
     let mut child = match command.spawn() {
         Ok(child) => child,

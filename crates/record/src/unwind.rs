@@ -1,0 +1,668 @@
+//! Call stacks of the calling thread, taken in the hooks at every allocation.
+//!
+//! [`ThreadUnwinder::capture`] walks the DWARF call frame information that
+//! modules carry for exceptions (`.eh_frame`, indexed by `.eh_frame_hdr`) with
+//! framehop, so programs need no frame pointers.
+//! [`ThreadUnwinder::capture_frame_pointers`] (`--unwind fp`) follows the frame
+//! pointer chain instead, after unwinding the agent's own frames by DWARF: this
+//! crate keeps no frame pointers (the malloc hook uses rbp as an ordinary
+//! register), so a plain rbp walk from here would miss the allocating function.
+//!
+//! Inside the traced program a warm capture must not fault, lock or allocate.
+//! Every stack read is checked against the thread's stack, so a corrupt frame
+//! ends the walk; unwind data is read in place from the loaded images;
+//! framehop's `MustNotAllocateDuringUnwind` preallocates its per-thread rule
+//! cache. A walk ends at the first return address outside known code. A thread
+//! on a stack it does not own (a `sigaltstack` handler, a coroutine) or short
+//! of stack gets no frames. Not covered: a module unloaded by another thread
+//! in the middle of a walk that is reading its unwind data.
+//!
+//! Cost on the 2-vCPU development VM, x86-64, warm (noisy: ranges of runs), by
+//! `cargo test --release -p memgap-agent unwind::tests::cost -- --ignored --nocapture`:
+//! DWARF 80-150 ns for 10 frames, 340-540 ns for 40 (9-13 ns a frame); frame
+//! pointers 30-50 ns and 100-150 ns (with `RUSTFLAGS=-Cforce-frame-pointers=yes`,
+//! the test's frames standing for the program's). A thread's first capture
+//! takes 30-100 µs; its unwinder then holds 40 KB (framehop's 25 KB unwind
+//! context and 8 KB rule cache) and the module list.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::ffi::{c_int, c_void};
+use core::ops::Range;
+use core::sync::atomic::{AtomicU64, Ordering::*};
+
+#[cfg(target_arch = "x86_64")]
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+#[cfg(target_arch = "x86_64")]
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder};
+
+/// Bumped by the dlopen/dlclose hooks; each capture compares it with one load.
+static MODULES_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// For the dlopen/dlclose hooks, after the real call returned: unwinders
+/// rebuild their module list before their next capture.
+#[allow(dead_code)]
+pub fn modules_changed() {
+    MODULES_GENERATION.fetch_add(1, Release);
+}
+
+/// Stack a walk needs below it, so a small thread stack never overflows: a
+/// framehop rule-cache miss uses 8 KB, building its cache 8 KB (measured).
+const WALK_STACK_ROOM: u64 = 16 << 10;
+const CACHE_STACK_ROOM: u64 = 32 << 10;
+/// A walk that ends outside known code asks the loader, once in this many,
+/// whether it mapped modules our dlopen hook never saw (glibc loads NSS and
+/// iconv modules itself); asking takes the loader's lock.
+const UNKNOWN_CODE_RECHECK: u32 = 1024;
+
+/// One per thread, kept in the thread's state. `new` is cheap: the first
+/// capture finds the stack, the modules, and builds framehop's cache.
+#[derive(Default)]
+pub struct ThreadUnwinder {
+    stack: Option<StackBounds>,
+    code: KnownCode,
+    /// `MODULES_GENERATION` when the module list was built (None: never).
+    generation: Option<u64>,
+    #[cfg(target_arch = "x86_64")]
+    dwarf: UnwinderX86_64<&'static [u8], MustNotAllocateDuringUnwind>,
+    #[cfg(target_arch = "x86_64")]
+    rule_cache: Option<CacheX86_64<MustNotAllocateDuringUnwind>>,
+}
+
+#[derive(Clone, Copy)]
+struct Registers {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+}
+
+/// The calling function's instruction, stack and frame pointers, read at one
+/// point so that the unwind rule for `ip` describes `sp`. A macro: they must
+/// be read in the function the walk starts from.
+macro_rules! current_registers {
+    () => {{
+        let (ip, sp, bp): (u64, u64, u64);
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            core::arch::asm!("lea {ip}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp",
+                ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp, options(nomem, nostack, preserves_flags));
+        }
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            core::arch::asm!("adr {ip}, .", "mov {sp}, sp", "mov {bp}, x29",
+                ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp, options(nomem, nostack, preserves_flags));
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            (ip, sp, bp) = (0, 0, 0); // no stack holds 0: captures are empty
+        }
+        Registers { ip, sp, bp }
+    }};
+}
+
+#[allow(dead_code)]
+impl ThreadUnwinder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fills `out` with the calling thread's return addresses (each the
+    /// instruction after a call), innermost first; with `skip` 0, `out[0]` is
+    /// in the function that called `capture`. Returns how many were written.
+    /// A thread's first capture reads /proc/self/maps and calls
+    /// dl_iterate_phdr: call with the re-entrancy guard set. Architectures
+    /// other than x86-64 walk frame pointers.
+    #[inline(never)]
+    pub fn capture(&mut self, out: &mut [u64], skip: usize) -> usize {
+        let registers = current_registers!();
+        self.walk(registers, out, skip, usize::MAX)
+    }
+
+    /// `capture` for programs built with frame pointers: the `skip` frames
+    /// (which must be the agent's own) are unwound by DWARF, then the chain.
+    #[inline(never)]
+    pub fn capture_frame_pointers(&mut self, out: &mut [u64], skip: usize) -> usize {
+        let registers = current_registers!();
+        self.walk(registers, out, skip, skip.saturating_add(1))
+    }
+
+    /// Unwinds `dwarf_frames` frames by DWARF, the rest by frame pointers.
+    fn walk(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize) -> usize {
+        if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
+            self.refresh_modules();
+        }
+        let thread_stack = *self.stack.get_or_insert_with(|| StackBounds::of_current_thread(registers.sp));
+        if out.is_empty() || !thread_stack.contains(registers.sp) {
+            return 0;
+        }
+        let room = registers.sp - thread_stack.low;
+        #[cfg(target_arch = "x86_64")]
+        if self.rule_cache.is_none() {
+            if room < CACHE_STACK_ROOM {
+                return 0;
+            }
+            self.rule_cache = Some(CacheX86_64::new_in());
+        }
+        if room < WALK_STACK_ROOM {
+            return 0;
+        }
+        // Frames lie above the walk's start; nothing below it is read.
+        let stack = StackBounds { low: registers.sp, high: thread_stack.high };
+        let mut frames = Frames { out, skip, written: 0 };
+        #[cfg(target_arch = "x86_64")]
+        let Some(registers) = self.walk_dwarf(registers, stack, &mut frames, dwarf_frames) else {
+            return frames.written;
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = dwarf_frames; // no DWARF walk here yet: frame pointers from the start
+        self.walk_frame_pointers(registers.bp, registers.sp, stack, &mut frames);
+        frames.written
+    }
+
+    /// The registers of the frame where frame pointers take over, or None
+    /// once the walk is over.
+    #[cfg(target_arch = "x86_64")]
+    fn walk_dwarf(&mut self, registers: Registers, stack: StackBounds, frames: &mut Frames, mut budget: usize) -> Option<Registers> {
+        let cache = self.rule_cache.as_mut()?;
+        let mut regs = UnwindRegsX86_64::new(registers.ip, registers.sp, registers.bp);
+        let mut address = FrameAddress::from_instruction_pointer(registers.ip);
+        let mut read_stack = |at: u64| stack.read(at);
+        while budget > 0 {
+            budget -= 1;
+            let return_address = self.dwarf.unwind_frame(address, &mut regs, cache, &mut read_stack).ok().flatten()?;
+            if !self.code.contains(return_address) || !frames.push(return_address) {
+                return None;
+            }
+            address = FrameAddress::from_return_address(return_address)?;
+        }
+        Some(Registers { ip: regs.ip(), sp: regs.sp(), bp: regs.bp() })
+    }
+
+    /// Follows frame records (saved frame pointer, return address) from `bp`;
+    /// each must lie above the last, so a corrupt chain cannot loop.
+    fn walk_frame_pointers(&mut self, mut bp: u64, mut floor: u64, stack: StackBounds, frames: &mut Frames) {
+        while bp >= floor {
+            let (Ok(caller_bp), Ok(return_address)) = (stack.read(bp), stack.read(bp + 8)) else { return };
+            if !self.code.contains(return_address) || !frames.push(return_address) {
+                return;
+            }
+            (floor, bp) = (bp + 16, caller_bp);
+        }
+    }
+
+    /// Rebuilds the module list from the loader's (the first capture, and
+    /// after modules changed). Allocates, from the agent's own heap.
+    #[cold]
+    fn refresh_modules(&mut self) {
+        self.generation = Some(MODULES_GENERATION.load(Acquire));
+        let mut found = LoadedModules::default();
+        unsafe { libc::dl_iterate_phdr(Some(collect_module), &mut found as *mut LoadedModules as *mut c_void) };
+        found.code.sort_unstable_by_key(|range| range.start);
+        self.code = KnownCode { ranges: found.code, loader_events: found.loader_events, ..KnownCode::default() };
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.dwarf = UnwinderX86_64::new();
+            found.modules.into_iter().for_each(|module| self.dwarf.add_module(module));
+        }
+    }
+}
+
+/// The caller's `out`, after dropping the first `skip` addresses.
+struct Frames<'a> {
+    out: &'a mut [u64],
+    skip: usize,
+    written: usize,
+}
+
+impl Frames<'_> {
+    /// false once `out` is full.
+    fn push(&mut self, return_address: u64) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return true;
+        }
+        let Some(slot) = self.out.get_mut(self.written) else { return false };
+        *slot = return_address;
+        self.written += 1;
+        self.written < self.out.len()
+    }
+}
+
+/// A thread's stack: [low, high).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StackBounds {
+    low: u64,
+    high: u64,
+}
+
+impl StackBounds {
+    fn contains(self, address: u64) -> bool {
+        self.low <= address && address < self.high
+    }
+
+    /// The aligned word at `address`, if it lies on this stack.
+    fn read(self, address: u64) -> Result<u64, ()> {
+        if address < self.low || address > self.high.saturating_sub(8) || !address.is_multiple_of(8) {
+            return Err(());
+        }
+        // SAFETY: a thread's stack is mapped from its stack pointer up to `high`.
+        Ok(unsafe { core::ptr::read_volatile(address as *const u64) })
+    }
+
+    /// The calling thread's stack, given a stack pointer on it (empty if unknown).
+    fn of_current_thread(sp: u64) -> StackBounds {
+        let main = StackBounds::of_main_thread();
+        if main.contains(sp) {
+            return main;
+        }
+        // Other threads: the mapping holding the stack pointer. Not
+        // pthread_getattr_np: it takes the thread's lock and reallocs, and a
+        // program may call realloc from inside it (Ruby does, at thread start).
+        match mapping_containing(sp) {
+            Some((low, high)) => StackBounds { low, high },
+            None => StackBounds { low: 0, high: 0 },
+        }
+    }
+
+    /// The main thread's stack: up to the page above `__libc_stack_end` (the
+    /// stack pointer at process entry; argv and the environment lie above it
+    /// on the same mapping), down as far as RLIMIT_STACK lets it grow, capped
+    /// so that "unlimited" cannot claim other mappings.
+    fn of_main_thread() -> StackBounds {
+        unsafe extern "C" {
+            static __libc_stack_end: *const c_void;
+        }
+        let high = (unsafe { __libc_stack_end } as u64).next_multiple_of(4096);
+        let mut limit = libc::rlimit64 { rlim_cur: 8 << 20, rlim_max: 0 };
+        let keep = core::ptr::null::<libc::rlimit64>();
+        unsafe { libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_STACK, keep, &mut limit) };
+        StackBounds { low: high.saturating_sub(limit.rlim_cur.min(4 << 30)), high }
+    }
+}
+
+/// The [start, end) of the mapping holding `address`, from /proc/self/maps
+/// read with raw system calls into a stack buffer (no allocation, no lock).
+fn mapping_containing(address: u64) -> Option<(u64, u64)> {
+    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as i32;
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4096];
+    let mut filled = 0usize;
+    let mut found = None;
+    'read: loop {
+        let n = unsafe { libc::syscall(libc::SYS_read, fd, buf[filled..].as_mut_ptr(), buf.len() - filled) };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+        let mut consumed = 0;
+        while let Some(newline) = buf[consumed..filled].iter().position(|&b| b == b'\n') {
+            let line = &buf[consumed..consumed + newline];
+            consumed += newline + 1;
+            let range = line.split(|&b| b == b' ').next().unwrap_or(&[]);
+            let mut ends = range.split(|&b| b == b'-').map(|h| core::str::from_utf8(h).ok().and_then(|h| u64::from_str_radix(h, 16).ok()));
+            if let (Some(Some(start)), Some(Some(end))) = (ends.next(), ends.next()) {
+                if start <= address && address < end {
+                    found = Some((start, end));
+                    break 'read;
+                }
+            }
+        }
+        // Keep the unfinished line; a line longer than the buffer is dropped.
+        buf.copy_within(consumed..filled, 0);
+        filled -= consumed;
+        if filled == buf.len() {
+            filled = 0;
+        }
+    }
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    found
+}
+
+/// Executable ranges of the loaded modules, sorted, with the last one hit
+/// (frames come in runs from one module).
+#[derive(Default)]
+struct KnownCode {
+    ranges: Vec<Range<u64>>,
+    last_hit: Range<u64>,
+    /// The loader's dlpi_adds + dlpi_subs when `ranges` was built.
+    loader_events: u64,
+    misses: u32,
+    /// The loader has changed modules since: rebuild before the next walk.
+    stale: bool,
+}
+
+impl KnownCode {
+    #[inline]
+    fn contains(&mut self, address: u64) -> bool {
+        self.last_hit.contains(&address) || self.search(address)
+    }
+
+    fn search(&mut self, address: u64) -> bool {
+        let after = self.ranges.partition_point(|range| range.start <= address);
+        if let Some(range) = after.checked_sub(1).map(|i| &self.ranges[i]).filter(|range| range.contains(&address)) {
+            self.last_hit = range.clone();
+            return true;
+        }
+        self.misses = self.misses.wrapping_add(1);
+        if self.misses % UNKNOWN_CODE_RECHECK == 1 && loader_events() != self.loader_events {
+            self.stale = true;
+        }
+        false
+    }
+}
+
+#[derive(Default)]
+struct LoadedModules {
+    code: Vec<Range<u64>>,
+    loader_events: u64,
+    #[cfg(target_arch = "x86_64")]
+    modules: Vec<Module<&'static [u8]>>,
+}
+
+/// The loader's count of modules loaded and unloaded, if `info` has it.
+fn loader_events_of(info: &libc::dl_phdr_info, size: usize) -> Option<u64> {
+    (size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_tls_modid)).then(|| info.dlpi_adds.wrapping_add(info.dlpi_subs))
+}
+
+fn loader_events() -> u64 {
+    unsafe extern "C" fn first_module(info: *mut libc::dl_phdr_info, size: usize, events: *mut c_void) -> c_int {
+        unsafe { *(events as *mut u64) = loader_events_of(&*info, size).unwrap_or(0) };
+        1 // stop at the first module
+    }
+    let mut events = 0u64;
+    unsafe { libc::dl_iterate_phdr(Some(first_module), &mut events as *mut u64 as *mut c_void) };
+    events
+}
+
+/// dl_iterate_phdr callback: one module's executable ranges and, read in
+/// place from its image, its unwind sections. ELF addresses are relative to
+/// the module's load base.
+unsafe extern "C" fn collect_module(info: *mut libc::dl_phdr_info, size: usize, found: *mut c_void) -> c_int {
+    let (info, found) = unsafe { (&*info, &mut *(found as *mut LoadedModules)) };
+    found.loader_events = loader_events_of(info, size).unwrap_or(found.loader_events);
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum.into()) };
+    let base = info.dlpi_addr;
+    let mut text: Option<Range<u64>> = None;
+    for header in headers.iter().filter(|h| h.p_type == libc::PT_LOAD && h.p_flags & libc::PF_X != 0) {
+        let range = header.p_vaddr..header.p_vaddr + header.p_memsz;
+        found.code.push(base.wrapping_add(range.start)..base.wrapping_add(range.end));
+        text = Some(text.map_or(range.clone(), |text| text.start.min(range.start)..text.end.max(range.end)));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(text) = text {
+        let mut sections = ExplicitModuleSectionInfo { text_svma: Some(text.clone()), ..Default::default() };
+        if let Some(eh_frame_hdr) = headers.iter().find(|h| h.p_type == libc::PT_GNU_EH_FRAME) {
+            add_eh_frame(&mut sections, headers, base, eh_frame_hdr);
+        }
+        let loaded_text = base.wrapping_add(text.start)..base.wrapping_add(text.end);
+        found.modules.push(Module::new(String::new(), loaded_text, base, sections));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (text, String::new());
+    0
+}
+
+/// `.eh_frame_hdr` (the PT_GNU_EH_FRAME segment) and the `.eh_frame` it
+/// points to. The header does not say how long `.eh_frame` is: its slice
+/// runs to the end of the loaded segment that holds it.
+#[cfg(target_arch = "x86_64")]
+fn add_eh_frame(sections: &mut ExplicitModuleSectionInfo<&'static [u8]>, headers: &[libc::Elf64_Phdr], base: u64, eh_frame_hdr: &libc::Elf64_Phdr) {
+    let loaded_end = |at: u64| {
+        let segment = headers.iter().find(|h| h.p_type == libc::PT_LOAD && h.p_vaddr <= at && at < h.p_vaddr + h.p_memsz);
+        segment.map(|h| h.p_vaddr + h.p_memsz)
+    };
+    // SAFETY: slices of loaded segments, mapped until a dlclose, which the
+    // hooks report with modules_changed.
+    let image = |range: &Range<u64>| unsafe {
+        core::slice::from_raw_parts(base.wrapping_add(range.start) as *const u8, (range.end - range.start) as usize)
+    };
+    let hdr = eh_frame_hdr.p_vaddr..eh_frame_hdr.p_vaddr + eh_frame_hdr.p_memsz;
+    if loaded_end(hdr.start).is_none_or(|end| end < hdr.end) {
+        return;
+    }
+    let Some(start) = eh_frame_address(image(&hdr), base.wrapping_add(hdr.start)).map(|a| a.wrapping_sub(base)) else { return };
+    let Some(end) = loaded_end(start) else { return };
+    sections.eh_frame = Some(image(&(start..end)));
+    sections.eh_frame_svma = Some(start..end);
+    sections.eh_frame_hdr = Some(image(&hdr));
+    sections.eh_frame_hdr_svma = Some(hdr);
+}
+
+/// Where `.eh_frame` starts, from the `eh_frame_ptr` field of an
+/// `.eh_frame_hdr` at `hdr_address` (LSB 5.0, "Exception Frame Header").
+fn eh_frame_address(hdr: &[u8], hdr_address: u64) -> Option<u64> {
+    let [1, encoding, _, _, ref field @ ..] = *hdr else { return None };
+    let bytes = |n: usize| field.get(..n).map(|b| b.iter().rev().fold(0u64, |value, &byte| value << 8 | u64::from(byte)));
+    let value = match encoding & 0x0f {
+        0x00 | 0x04 | 0x0c => bytes(8)?,        // absptr, udata8, sdata8
+        0x03 => bytes(4)?,                      // udata4
+        0x0b => bytes(4)? as u32 as i32 as u64, // sdata4
+        _ => return None,                       // 0xff: omitted
+    };
+    match encoding & 0x70 {
+        0x00 => Some(value),
+        0x10 => Some(value.wrapping_add(hdr_address + 4)), // pcrel: from the field
+        0x30 => Some(value.wrapping_add(hdr_address)),     // datarel: from the header
+        _ => None,
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use core::hint::black_box;
+
+    const DEPTH: usize = 30;
+
+    // Mutually recursive: a correct walk alternates between their two call
+    // sites. The work after each call keeps them off tail calls.
+    #[inline(never)]
+    fn ping(depth: usize, at_bottom: &mut dyn FnMut()) -> usize {
+        black_box(if depth == 0 { at_bottom(); 0 } else { pong(depth - 1, at_bottom) }) + 1
+    }
+
+    #[inline(never)]
+    fn pong(depth: usize, at_bottom: &mut dyn FnMut()) -> usize {
+        black_box(if depth == 0 { at_bottom(); 0 } else { ping(depth - 1, at_bottom) }) + 2
+    }
+
+    fn capture_in_recursion(frame_pointers: bool, out: &mut [u64]) -> usize {
+        let (mut unwinder, mut written) = (ThreadUnwinder::new(), 0);
+        ping(DEPTH, &mut || {
+            written = if frame_pointers { unwinder.capture_frame_pointers(out, 0) } else { unwinder.capture(out, 0) };
+        });
+        written
+    }
+
+    /// How many frames are in ping and pong, checking that they alternate and
+    /// lie in this test binary's code.
+    fn recursion_frames(frames: &[u64]) -> usize {
+        let functions = [ping as *const () as u64, pong as *const () as u64];
+        let in_recursion = |a: &&u64| functions.iter().any(|&f| **a > f && **a < f + 512);
+        let chain: Vec<u64> = frames.iter().skip_while(|a| !in_recursion(a)).take_while(in_recursion).copied().collect();
+        for window in chain.get(1..).unwrap_or_default().windows(3) {
+            assert!(window[0] == window[2] && window[0] != window[1], "frames do not alternate: {chain:x?}");
+        }
+        let mut modules = ThreadUnwinder::new();
+        modules.refresh_modules();
+        let binary = modules.code.ranges.iter().find(|r| r.contains(&functions[0])).unwrap();
+        assert!(frames.iter().take(DEPTH).all(|a| binary.contains(a)), "{frames:x?}");
+        chain.len()
+    }
+
+    #[test]
+    fn dwarf_walk_sees_every_recursive_frame() {
+        // libtest runs each test on a thread of its own; one more for good measure.
+        let capture = || {
+            let mut out = [0u64; 128];
+            let written = capture_in_recursion(false, &mut out);
+            out[..written].to_vec()
+        };
+        for frames in [capture(), std::thread::spawn(capture).join().unwrap()] {
+            assert!(recursion_frames(&frames) > DEPTH);
+        }
+    }
+
+    #[test]
+    fn a_small_thread_stack_gets_no_frames_rather_than_an_overflow() {
+        let capture = || ThreadUnwinder::new().capture(&mut [0; 8], 0);
+        assert_eq!(std::thread::Builder::new().stack_size(24 << 10).spawn(capture).unwrap().join().unwrap(), 0);
+    }
+
+    #[test]
+    fn main_thread_stack_is_the_stack_mapping() {
+        // Tests run on other threads: check the bounds against /proc/self/maps.
+        let main = StackBounds::of_main_thread();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps.lines().find(|line| line.ends_with("[stack]")).unwrap();
+        let (start, end) = line.split_once(' ').unwrap().0.split_once('-').unwrap();
+        let mapping = u64::from_str_radix(start, 16).unwrap()..u64::from_str_radix(end, 16).unwrap();
+        assert!(mapping.contains(&(main.high - 8)) && main.low <= mapping.start, "{main:x?} {mapping:x?}");
+    }
+
+    #[test]
+    fn skip_drops_innermost_frames_and_out_caps_the_walk() {
+        let mut unwinder = ThreadUnwinder::new();
+        let (mut all, mut skipped, mut short) = ([0u64; 64], [0u64; 64], [0u64; 5]);
+        ping(2 * DEPTH, &mut || {
+            for (out, skip) in [(&mut all[..], 0), (&mut skipped[..], 3), (&mut short[..], 0)] {
+                assert_eq!(unwinder.capture(out, skip), out.len());
+            }
+        });
+        // Frame 0 may differ: the loop can be unrolled into three call sites.
+        assert_eq!((all[3..40].to_vec(), &all[1..5]), (skipped[..37].to_vec(), &short[1..]));
+    }
+
+    /// Whether this build keeps frame pointers (-Cforce-frame-pointers=yes): then
+    /// rbp here points at a frame record with the return address DWARF finds.
+    #[inline(never)]
+    fn frame_pointers_kept() -> bool {
+        let (mut unwinder, mut out) = (ThreadUnwinder::new(), [0u64; 2]);
+        let written = unwinder.capture(&mut out, 0);
+        let here = current_registers!();
+        written == 2 && here.bp >= here.sp && unwinder.stack.unwrap().read(here.bp + 8) == Ok(out[1])
+    }
+
+    #[test]
+    fn frame_pointer_walk_matches_dwarf_when_the_build_keeps_frame_pointers() {
+        let (mut dwarf, mut fp) = ([0u64; 128], [0u64; 128]);
+        capture_in_recursion(false, &mut dwarf);
+        let written = capture_in_recursion(true, &mut fp);
+        if !frame_pointers_kept() {
+            return eprintln!("built without frame pointers: only checked that the walk ends ({written} frames)");
+        }
+        assert!(recursion_frames(&fp[..written]) > DEPTH);
+        assert_eq!(fp[1..=DEPTH + 1], dwarf[1..=DEPTH + 1]); // frame 0: two different calls
+    }
+
+    #[test]
+    fn corrupt_frames_end_the_walk_without_faulting() {
+        let (mut unwinder, mut out) = (ThreadUnwinder::new(), [0u64; 64]);
+        assert!(unwinder.capture(&mut out, 0) > 0);
+        let (here, top) = (current_registers!(), unwinder.stack.unwrap().high);
+        let code = ping as *const () as u64 + 1;
+        // A fake stack: garbage, plausible return addresses, a frame record pointing at itself.
+        let mut fake = [0x4141_4141_4141_4141u64; 64];
+        let fake_sp = fake.as_ptr() as u64;
+        (fake[8], fake[10], fake[11], fake[20]) = (code, fake_sp + 80, code, code);
+        black_box(&mut fake); // the walks read it through its address
+        let starts = [(code, fake_sp, fake_sp + 80), (code, fake_sp, 0xdead_beef), (code, fake_sp + 4, fake_sp + 3),
+            (0x10, fake_sp, fake_sp), (code, top - 8, top - 8), (code, here.sp, here.sp - 64), (code, 16, 16), (code, !7, !7)];
+        for (ip, sp, bp) in starts {
+            for dwarf_frames in [0, 1, usize::MAX] {
+                assert!(unwinder.walk(Registers { ip, sp, bp }, &mut out, 0, dwarf_frames) <= out.len());
+            }
+        }
+        assert_eq!(unwinder.walk(Registers { ip: code, sp: fake_sp, bp: fake_sp + 80 }, &mut out, 0, 0), 1);
+
+        // A real call with rbp overwritten and the stack pointer off its unwind
+        // rule: both walks return the frames before the damage.
+        struct Walks(ThreadUnwinder, [u64; 64], usize, usize);
+        extern "C" fn capture_both(walks: &mut Walks) {
+            walks.2 = walks.0.capture(&mut walks.1, 0);
+            walks.3 = walks.0.capture_frame_pointers(&mut walks.1, 0);
+        }
+        let mut walks = Walks(ThreadUnwinder::new(), [0; 64], 0, 0);
+        for garbage in [0xdead_beef_u64, fake_sp + 80, here.sp] {
+            unsafe {
+                core::arch::asm!("push rbp", "sub rsp, 8", "mov rbp, {garbage}", "call {f}", "add rsp, 8", "pop rbp",
+                    garbage = in(reg) garbage, f = sym capture_both, in("rdi") &mut walks, clobber_abi("C"));
+            }
+            assert!(walks.2 >= 1 && walks.3 >= 1);
+        }
+    }
+
+    #[test]
+    fn modules_changed_rebuilds_the_module_list() {
+        let (mut unwinder, mut out) = (ThreadUnwinder::new(), [0u64; 8]);
+        unwinder.capture(&mut out, 0);
+        modules_changed();
+        assert_ne!(unwinder.generation, Some(MODULES_GENERATION.load(Acquire)));
+        assert!(unwinder.capture(&mut out, 0) > 0);
+        assert_eq!(unwinder.generation, Some(MODULES_GENERATION.load(Acquire)));
+        assert!(unwinder.code.ranges.len() >= 2); // this binary and libc at least
+        // A module loaded behind the hooks' back: a walk ending in unknown code notices.
+        (unwinder.code.loader_events, unwinder.code.misses) = (u64::MAX, 0);
+        assert!(!unwinder.code.contains(0x10) && unwinder.code.stale);
+        assert!(unwinder.capture(&mut out, 0) > 0);
+        assert!(!unwinder.code.stale && unwinder.code.loader_events == loader_events());
+    }
+
+    #[test]
+    fn eh_frame_pointer_encodings() {
+        // pcrel|sdata4, as ld writes it: -0x100 from the field at 0x1004.
+        assert_eq!(eh_frame_address(&[1, 0x1b, 3, 0x3b, 0x00, 0xff, 0xff, 0xff], 0x1000), Some(0xf04));
+        assert_eq!(eh_frame_address(&[1, 0x03, 0, 0, 0x10, 0, 0, 0], 0x1000), Some(0x10));
+        assert_eq!(eh_frame_address(&[1, 0x33, 0, 0, 0x10, 0, 0, 0], 0x1000), Some(0x1010));
+        assert_eq!(eh_frame_address(&[1, 0xff, 0, 0], 0x1000), None);
+        assert_eq!(eh_frame_address(&[1, 0x1b, 3, 0x3b, 0], 0x1000), None);
+    }
+
+    /// Bytes of stack below the caller that `f` touched: paint, run, look.
+    /// (Writes below the stack pointer: for the measurement only.)
+    #[inline(never)]
+    fn stack_used_by(f: &mut dyn FnMut()) -> u64 {
+        const SPAN: u64 = 128 << 10;
+        const PAINT: u64 = 0x5a5a_5a5a_5a5a_5a5a;
+        let sp = current_registers!().sp;
+        (sp - SPAN..sp - 256).step_by(8).for_each(|a| unsafe { (a as *mut u64).write_volatile(PAINT) });
+        f();
+        let untouched = (sp - SPAN..sp).step_by(8).take_while(|&a| unsafe { (a as *const u64).read_volatile() } == PAINT);
+        SPAN - 8 * untouched.count() as u64
+    }
+
+    #[test]
+    #[ignore = "measurement: cargo test --release -p memgap-agent unwind::tests::cost -- --ignored --nocapture"]
+    fn cost() {
+        const ROUNDS: u32 = 200_000;
+        for (walk, frame_pointers) in [("DWARF", false), ("frame pointers", true)] {
+            for frames in [10, 40] {
+                let (mut unwinder, mut out) = (ThreadUnwinder::new(), [0u64; 40]);
+                let capture = |unwinder: &mut ThreadUnwinder, out: &mut [u64]| {
+                    if frame_pointers { unwinder.capture_frame_pointers(out, 0) } else { unwinder.capture(out, 0) }
+                };
+                let (mut first, mut warm, mut written, mut stack) = (0.0, 0.0, 0, 0);
+                ping(50, &mut || {
+                    let start = std::time::Instant::now();
+                    capture(&mut unwinder, &mut out[..frames]);
+                    first = start.elapsed().as_secs_f64() * 1e6;
+                    let start = std::time::Instant::now();
+                    for _ in 0..ROUNDS {
+                        written = black_box(capture(&mut unwinder, &mut out[..frames]));
+                    }
+                    warm = start.elapsed().as_secs_f64() * 1e9 / f64::from(ROUNDS);
+                    stack = stack_used_by(&mut || written = capture(&mut unwinder, &mut out[..frames]));
+                });
+                println!("{walk}, {written} frames: {warm:.0} ns warm, first capture {first:.0} µs, a miss uses {stack} bytes of stack");
+            }
+        }
+        let mut unwinder = ThreadUnwinder::new();
+        let stack = stack_used_by(&mut || unwinder.rule_cache = Some(CacheX86_64::new_in()));
+        println!("building framehop's cache uses {stack} bytes of stack");
+    }
+}
