@@ -534,3 +534,23 @@ fn running_a_missing_command_exits_127() {
     assert!(stderr.contains("/nonexistent/cmd"), "stderr must name the command:\n{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+// ---------------------------------------------------------------------------
+// The trim remedy
+// ---------------------------------------------------------------------------
+
+#[test]
+fn trim_only_returns_free_pages_and_records_nothing() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "idle_rss.c");
+    let rss = |out: &std::process::Output| -> u64 { text(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("{}", text(&out.stdout))) };
+    let plain = run_plain(&dir, arg(&prog), &[]);
+    let trimmed = memgap(&dir, &["run", "--trim-only", "--trim-interval-ms", "100", "--", arg(&prog)]);
+    assert_eq!(trimmed.status.code(), Some(0), "{}", text(&trimmed.stderr));
+    assert!(text(&trimmed.stderr).is_empty(), "the trim remedy prints nothing: {}", text(&trimmed.stderr));
+    assert!(traces_in(&dir).is_empty(), "no trace is written");
+    assert!(rss(&trimmed) * 10 < rss(&plain) * 6, "RSS with trim {} kB, without {} kB", rss(&trimmed), rss(&plain));
+    // A threshold above what glibc holds free: no trim happens.
+    let untouched = memgap(&dir, &["run", "--trim-only", "--trim-interval-ms", "100", "--trim-threshold", "1000000000", "--", arg(&prog)]);
+    assert!(rss(&untouched) * 10 > rss(&plain) * 6, "RSS with a high threshold {} kB, without {} kB", rss(&untouched), rss(&plain));
+}

@@ -24,6 +24,7 @@ mod snapshot;
 mod stacks;
 mod recorder;
 mod sys;
+mod trim;
 mod unwind;
 mod writer;
 

@@ -238,17 +238,22 @@ fn read_status(fd: i32, vm_hwm: &mut u64) -> Rss {
     rss
 }
 
-/// Starts the writer thread with every signal blocked, so that signals meant
-/// for the program are never delivered to (or handled on) the agent's thread.
+/// Starts the writer thread.
 pub fn start_thread() -> bool {
     STOP.store(false, Relaxed);
+    spawn_quiet_thread(writer_main)
+}
+
+/// Starts a detached agent thread with every signal blocked, so that signals
+/// meant for the program are never delivered to (or handled on) it.
+pub fn spawn_quiet_thread(main: extern "C" fn(*mut c_void) -> *mut c_void) -> bool {
     unsafe {
         let mut all: libc::sigset_t = core::mem::zeroed();
         let mut old: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         let mut thread: libc::pthread_t = 0;
-        let started = libc::pthread_create(&mut thread, core::ptr::null(), writer_main, core::ptr::null_mut()) == 0;
+        let started = libc::pthread_create(&mut thread, core::ptr::null(), main, core::ptr::null_mut()) == 0;
         if started {
             libc::pthread_detach(thread);
         }

@@ -36,6 +36,17 @@ pub struct Args {
     /// are also taken at each new RSS peak, at exit and by `memgap snap`).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     snapshot_interval: f64,
+    /// Record nothing: only call malloc_trim(0) from a background thread,
+    /// the production remedy for glibc keeping free pages (same as
+    /// LD_PRELOAD=<agent> MEMGAP_MODE=trim).
+    #[arg(long)]
+    trim_only: bool,
+    /// With --trim-only: milliseconds between trims.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    trim_interval_ms: u64,
+    /// With --trim-only: trim only when glibc holds at least this many free bytes (mallinfo2).
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    trim_threshold: u64,
     /// Record no call stacks (cheaper; blame then has one entry).
     #[arg(long)]
     no_stacks: bool,
@@ -67,19 +78,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         preload.push(existing);
     }
     let mut command = std::process::Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("MEMGAP_OUTPUT", &pattern)
-        .env("MEMGAP_RUN_ID", format!("{run_id:x}"))
-        .env("MEMGAP_PARENT_PID", std::process::id().to_string())
-        .env("MEMGAP_INTERVAL_MS", args.rss_interval.to_string())
-        .env("MEMGAP_SNAPSHOT_MS", ((args.snapshot_interval.max(0.0) * 1000.0) as u64).to_string());
-    if args.no_follow {
-        command.env("MEMGAP_FOLLOW", "0");
+    command.args(&args.command[1..]).env("LD_PRELOAD", preload);
+    if args.trim_only {
+        command
+            .env("MEMGAP_MODE", "trim")
+            .env("MEMGAP_TRIM_INTERVAL_MS", args.trim_interval_ms.to_string())
+            .env("MEMGAP_TRIM_THRESHOLD", args.trim_threshold.to_string());
+    } else {
+        command
+            .env("MEMGAP_OUTPUT", &pattern)
+            .env("MEMGAP_RUN_ID", format!("{run_id:x}"))
+            .env("MEMGAP_PARENT_PID", std::process::id().to_string())
+            .env("MEMGAP_INTERVAL_MS", args.rss_interval.to_string())
+            .env("MEMGAP_SNAPSHOT_MS", ((args.snapshot_interval.max(0.0) * 1000.0) as u64).to_string());
+        if args.no_follow {
+            command.env("MEMGAP_FOLLOW", "0");
+        }
+        let stacks = if args.no_stacks { "none" } else { args.unwind.as_str() };
+        command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
     }
-    let stacks = if args.no_stacks { "none" } else { args.unwind.as_str() };
-    command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
 
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -103,6 +120,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (None, None) => (1, 0),
     };
 
+    if args.trim_only {
+        return Ok(ExitCode::from(exit_code.clamp(0, 255) as u8));
+    }
     let trace = trace_path(&pattern, child.id());
     let recorded = trace.is_file();
     if recorded {
