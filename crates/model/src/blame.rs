@@ -117,9 +117,7 @@ struct BlameVisitor {
 
 impl Visitor for BlameVisitor {
     fn process(&mut self, _process: &Process) {
-        let allocator = std::mem::take(&mut self.state.allocator);
-        self.state.clear();
-        self.state.allocator = allocator;
+        self.state.start_image();
     }
 
     fn modules(&mut self, modules: &[Module]) {

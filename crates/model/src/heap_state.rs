@@ -25,8 +25,11 @@ pub struct HeapState {
 }
 
 impl HeapState {
-    pub fn clear(&mut self) {
-        *self = HeapState::default();
+    /// A new program image (exec): the old address space is gone. The
+    /// allocator is kept until the new image's ALLOCATOR record replaces it.
+    pub fn start_image(&mut self) {
+        let allocator = std::mem::take(&mut self.allocator);
+        *self = HeapState { allocator, ..HeapState::default() };
     }
 
     pub fn is_glibc(&self) -> bool {

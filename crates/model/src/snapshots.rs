@@ -92,10 +92,7 @@ struct LedgerVisitor<'a> {
 
 impl Visitor for LedgerVisitor<'_> {
     fn process(&mut self, _process: &Process) {
-        // A new program image: the old address space is gone.
-        let allocator = std::mem::take(&mut self.state.allocator);
-        self.state.clear();
-        self.state.allocator = allocator;
+        self.state.start_image();
     }
 
     fn allocator(&mut self, path: &str) {

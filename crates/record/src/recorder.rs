@@ -340,7 +340,12 @@ extern "C" fn on_fork_child() {
     }
     buffers::while_busy(|| {
         if open_trace(config_ref(), false) {
-            with_writer(|w| w.push(&Record::Modules(process::loaded_modules())));
+            with_writer(|w| {
+                w.push(&Record::Modules(process::loaded_modules()));
+                if let Some(real) = real::real() {
+                    w.push(&Record::Allocator { path: real::module_path(real.malloc as *const c_void) });
+                }
+            });
             if !writer::start_thread() {
                 PHASE.store(OFF, Release);
             }
