@@ -27,6 +27,7 @@ enum Command {
     Blame(commands::blame::Args),
     Export(commands::export::ExportArgs),
     Flamegraph(commands::export::FlamegraphArgs),
+    Report(commands::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
         Command::Blame(args) => commands::blame::run(args),
         Command::Export(args) => commands::export::export(args),
         Command::Flamegraph(args) => commands::export::flamegraph(args),
+        Command::Report(args) => commands::report::run(args),
     };
     match result {
         Ok(code) => code,

@@ -104,9 +104,10 @@ pub struct BlameOptions {
     pub skip: Vec<String>,
 }
 
+/// Also the heap state of the report's single replay (report.rs).
 #[derive(Default)]
-struct BlameVisitor {
-    state: HeapState,
+pub(crate) struct BlameVisitor {
+    pub(crate) state: HeapState,
     wanted: usize,
     seen: usize,
     ledger: Option<(u64, Ledger)>,
@@ -161,7 +162,12 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Trace
     let mut v = BlameVisitor { wanted, ..BlameVisitor::default() };
     let outcome = replay(path, &mut v)?;
     let Some((time, ledger)) = v.ledger.take() else { return Ok(None) };
+    Ok(Some(assemble(&v, outcome.timeline.seconds(time), &ledger, options)))
+}
 
+/// Blame at the snapshot whose ledger (computed with stacks) is `ledger`,
+/// once the replay `v` has seen is over (also used by report.rs).
+pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, options: &BlameOptions) -> Blame {
     let mut totals: FxHashMap<u32, Totals> = FxHashMap::default();
     for share in &ledger.by_stack {
         let t = totals.entry(share.stack).or_default();
@@ -207,8 +213,8 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Trace
     entries.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.function.cmp(&b.function)));
     entries.retain(|e| key(e) != (0, 0));
     entries.truncate(options.top);
-    Ok(Some(Blame {
-        at_seconds: outcome.timeline.seconds(time),
+    Blame {
+        at_seconds,
         snapshot_reason: ledger.snapshot_reason,
         rss_bytes: ledger.rss_bytes,
         fragmented_bytes: ledger.rows.fragmented,
@@ -217,7 +223,7 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Trace
         entries,
         warnings: symbolizer.warnings().iter().map(|w| w.to_string()).collect(),
         by_stack,
-    }))
+    }
 }
 
 /// What the blocks of one stack (or site) add up to.

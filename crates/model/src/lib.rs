@@ -20,6 +20,7 @@
 pub mod blame;
 mod heap_state;
 pub mod ledger;
+pub mod report;
 mod snapshots;
 mod summary;
 

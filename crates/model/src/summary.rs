@@ -60,7 +60,14 @@ impl Summary {
     pub fn of_trace(path: &Path) -> Result<Summary, TraceError> {
         let mut builder = Builder::default();
         let outcome = replay(path, &mut builder)?;
-        let b = builder;
+        Ok(builder.finish(&outcome, path))
+    }
+}
+
+impl Builder {
+    /// The summary, once the replay is over (also used by report.rs).
+    pub(crate) fn finish(self, outcome: &memgap_replay::Outcome, path: &Path) -> Summary {
+        let b = self;
         let timeline = &outcome.timeline;
         let process = b.process.unwrap_or_default();
         let mut top_sizes: Vec<SizeCount> = b.sizes.into_iter().map(|(size, count)| SizeCount { size, count, bytes: size * count }).collect();
@@ -83,7 +90,7 @@ impl Summary {
         let exit_code = b.exit.map(|x| x.exit_code).or(b.end.and_then(|e| e.exit_code));
         let last_time = b.last_time.max(b.end.map_or(0, |e| e.time));
         let peak_rss = b.peak_rss.max(b.end.map_or(0, |e| e.vm_hwm));
-        Ok(Summary {
+        Summary {
             pid: process.pid,
             ppid: process.ppid,
             command: shell_join(&process.argv),
@@ -112,12 +119,12 @@ impl Summary {
             overlapping_allocations: b.live.overlapping_allocations,
             notes: b.notes,
             trace_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-        })
+        }
     }
 }
 
 #[derive(Default)]
-struct Builder {
+pub(crate) struct Builder {
     process: Option<Process>,
     images: u32,
     counts: [u64; EventKind::ALL.len()],

@@ -13,6 +13,7 @@
 pub mod blame;
 pub mod export;
 pub mod format;
+pub mod html;
 pub mod json;
 pub mod ledger;
 pub mod terminal;

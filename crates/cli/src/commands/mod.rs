@@ -2,6 +2,7 @@ pub mod blame;
 pub mod export;
 pub mod ledger;
 pub mod map;
+pub mod report;
 pub mod run;
 pub mod snap;
 pub mod summary;

@@ -57,6 +57,9 @@ pub struct Args {
     /// 4x cheaper, for programs built with -fno-omit-frame-pointer).
     #[arg(long, default_value = "dwarf", value_parser = ["dwarf", "fp"])]
     unwind: String,
+    /// After the run, write the HTML report beside the trace (<trace stem>.html).
+    #[arg(long)]
+    report: bool,
     /// The command to run, after `--`.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -131,6 +134,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if !args.quiet {
         report(&trace, recorded, &pattern, run_id, &args.command[0]);
+    }
+    if args.report && recorded {
+        let html = super::report::default_output(&trace);
+        match super::report::write(&trace, &html) {
+            Ok(()) if !args.quiet => eprintln!("memgap: report: {}", html.display()),
+            Ok(()) => {}
+            Err(error) => eprintln!("memgap: no report: {error:#}"),
+        }
     }
     Ok(ExitCode::from(exit_code.clamp(0, 255) as u8))
 }

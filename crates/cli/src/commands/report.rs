@@ -1,0 +1,42 @@
+//! `memgap report TRACE [-o report.html]`: the self-contained HTML report.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+
+/// One HTML file that works offline: verdict, timeline, page map, ledger,
+/// blame and a flame graph.
+#[derive(clap::Args)]
+pub struct Args {
+    trace: PathBuf,
+    /// Where to write it [default: the trace's name with .html].
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let output = args.output.unwrap_or_else(|| default_output(&args.trace));
+    write(&args.trace, &output)?;
+    println!("{}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `t.mgt` → `t.html`.
+pub fn default_output(trace: &Path) -> PathBuf {
+    trace.with_extension("html")
+}
+
+/// Writes the report of `trace` to `output` (beside it first, then renamed:
+/// no half-written file is left).
+pub fn write(trace: &Path, output: &Path) -> anyhow::Result<()> {
+    let name = trace.display().to_string();
+    let Some(report) = memgap_model::report::report(trace).with_context(|| name.clone())? else {
+        bail!("{name}: the trace has no snapshot");
+    };
+    let trace_name = trace.file_name().map_or(name.clone(), |n| n.to_string_lossy().into_owned());
+    let html = memgap_views::html::report(&report, &trace_name);
+    let partial = output.with_extension("partial");
+    std::fs::write(&partial, html).with_context(|| format!("cannot write {}", partial.display()))?;
+    std::fs::rename(&partial, output).with_context(|| format!("cannot write {}", output.display()))
+}

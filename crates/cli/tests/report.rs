@@ -1,0 +1,187 @@
+//! The HTML report loaded in a real browser (Debian's headless chromium):
+//! every panel filled once its scripts ran, canvases not blank, no console
+//! message and no network request, the page honouring #snapshot= and
+//! #zoom=, and a trace carrying markup in its argv staying inert.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::*;
+
+/// Chromium, or None (the test is skipped) outside CI when it is not installed.
+fn chromium() -> Option<&'static str> {
+    let found = ["chromium", "chromium-browser"].into_iter().find(|name| output_of(&mut command("sh", ["-c", &format!("command -v {name}")])).status.success());
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "chromium is not installed (apt-get install -y chromium)");
+        eprintln!("skipped: chromium is not installed");
+    }
+    found
+}
+
+/// Runs headless chromium on `url` with `extra` flags; returns (stdout, stderr).
+fn browse(browser: &str, url: &str, extra: &[&str]) -> (String, String) {
+    let profile = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "--headless".to_string(),
+        "--no-sandbox".into(),
+        "--disable-gpu".into(),
+        "--no-first-run".into(),
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        "--enable-logging=stderr".into(),
+        "--v=0".into(),
+        "--virtual-time-budget=2000".into(),
+        format!("--user-data-dir={}", profile.path().display()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push(url.to_string());
+    let out = output_of(&mut command(browser, &args));
+    assert!(out.status.success(), "chromium failed:\n{}", text(&out.stderr));
+    (text(&out.stdout), text(&out.stderr))
+}
+
+fn dump_dom(browser: &str, url: &str) -> String {
+    let (dom, stderr) = browse(browser, url, &["--dump-dom"]);
+    // Console messages (errors, CSP violations, refused loads) are logged as CONSOLE.
+    let console: Vec<&str> = stderr.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "the page logged:\n{}", console.join("\n"));
+    let body = &dom[dom.find("<body").expect("a body")..];
+    let body_tag = &body[..body.find('>').unwrap()];
+    assert!(!body_tag.contains("data-error"), "a script failed: {body_tag}");
+    assert!(body_tag.contains("data-ready=\"true\""), "the scripts did not finish: {body_tag}");
+    dom
+}
+
+struct Screenshot {
+    width: usize,
+    rgb: Vec<[u8; 3]>,
+}
+
+fn screenshot(browser: &str, url: &str, dir: &Path, name: &str) -> Screenshot {
+    let png_path = dir.join(name);
+    browse(browser, url, &[&format!("--screenshot={}", png_path.display()), "--window-size=1400,2400", "--hide-scrollbars"]);
+    let decoder = png::Decoder::new(std::fs::File::open(&png_path).expect("chromium wrote the screenshot"));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buffer = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buffer).unwrap();
+    let channels = info.color_type.samples();
+    let rgb = buffer[..info.buffer_size()].chunks(channels).map(|p| [p[0], p[1], p[2]]).collect();
+    Screenshot { width: info.width as usize, rgb }
+}
+
+impl Screenshot {
+    fn count(&self, wanted: impl Fn([u8; 3]) -> bool) -> usize {
+        self.rgb.iter().filter(|&&p| wanted(p)).count()
+    }
+}
+
+/// The colours report.js gives used pages (fill 0..=31).
+fn is_used_page_colour(p: [u8; 3]) -> bool {
+    (0..32).any(|fill| {
+        let f = fill as f64 / 31.0;
+        let colour = [(200.0 - f * 170.0).round() as u8, (220.0 - f * 150.0).round() as u8, (245.0 - f * 90.0).round() as u8];
+        colour.iter().zip(p).all(|(a, b)| a.abs_diff(b) <= 1)
+    })
+}
+
+/// culprit.c recorded with `memgap run --report`, shared by the tests.
+fn culprit_report() -> &'static (tempfile::TempDir, PathBuf, String) {
+    static REPORT: OnceLock<(tempfile::TempDir, PathBuf, String)> = OnceLock::new();
+    REPORT.get_or_init(|| {
+        let (tmp, dir) = tempdir();
+        let exe = dir.join("culprit");
+        let src = programs_dir().join("culprit.c");
+        let out = output_of(&mut command("cc", ["-O0", "-g", "-o", arg(&exe), arg(&src), "-ldl"]));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let trace = dir.join("culprit.mgt");
+        let out = memgap(&dir, &["run", "--report", "-o", arg(&trace), "--", arg(&exe)]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let html = dir.join("culprit.html");
+        assert!(text(&out.stderr).contains(&format!("memgap: report: {}", html.display())), "{}", text(&out.stderr));
+        let page = std::fs::read_to_string(&html).unwrap();
+        (tmp, html, page)
+    })
+}
+
+#[test]
+fn report_is_self_contained_and_requests_nothing() {
+    let (_, _, page) = culprit_report();
+    assert!(page.contains(r#"<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">"#));
+    for url in ["http://", "https://", "//cdn", "src=\"http", "@import"] {
+        assert!(!page.contains(url), "the report refers to {url}");
+    }
+    let scripts = page.matches("<script").count();
+    let closes = page.matches("</script>").count();
+    assert_eq!(scripts, closes, "every script element closes once");
+    assert!(page.len() < 2 << 20, "{} bytes", page.len());
+}
+
+#[test]
+fn every_panel_is_filled_and_drawn_in_chromium() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, _) = culprit_report();
+    let url = format!("file://{}", html.display());
+    let dom = dump_dom(browser, &url);
+    for panel in ["verdict", "timeline", "pagemap", "ledger", "blame", "flame"] {
+        assert!(dom.contains(&format!("id=\"{panel}\" class=\"panel\" data-ready=\"true\"")), "panel {panel} is not ready");
+    }
+    assert!(dom.contains("fragmentation"), "the verdict names the dominant row");
+    assert!(dom.contains("site_sparse") && dom.contains("site_dense"), "blame lists culprit.c's sites");
+    let attribute = |name: &str| -> u64 {
+        let after = dom.split(&format!("{name}=\"")).nth(1).unwrap_or_else(|| panic!("no {name} in the DOM"));
+        after[..after.find('"').unwrap()].parse::<f64>().unwrap() as u64
+    };
+    assert!(attribute("data-pages") > 1000, "the page map holds the heap's pages");
+    assert!(attribute("data-rows") >= 2, "blame rows");
+    assert!(attribute("data-boxes") >= 2, "flame graph boxes");
+
+    let dir = html.parent().unwrap();
+    let shot = screenshot(browser, &url, dir, "whole.png");
+    assert_eq!(shot.width, 1400);
+    let live = shot.count(|p| p == [0x4a, 0x78, 0xc2]);
+    let fragmented = shot.count(|p| p == [0xe3, 0xa1, 0x3b]);
+    let used_pages = shot.count(is_used_page_colour);
+    assert!(live > 5000, "the timeline's live area has {live} pixels");
+    assert!(fragmented > 2000, "the timeline's fragmented area has {fragmented} pixels");
+    assert!(used_pages > 20_000, "the page map has {used_pages} pixels of used pages");
+}
+
+#[test]
+fn zooming_the_page_map_and_choosing_a_snapshot_change_what_is_drawn() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, _) = culprit_report();
+    let dir = html.parent().unwrap();
+    let url = format!("file://{}", html.display());
+    let plain = screenshot(browser, &url, dir, "plain.png");
+    let zoomed = screenshot(browser, &format!("{url}#zoom=16"), dir, "zoomed.png");
+    let first = screenshot(browser, &format!("{url}#snapshot=0"), dir, "first.png");
+    let differing = |a: &Screenshot, b: &Screenshot| a.rgb.iter().zip(&b.rgb).filter(|(x, y)| x != y).count();
+    assert!(differing(&plain, &zoomed) > 10_000, "zooming in changed {} pixels", differing(&plain, &zoomed));
+    assert!(differing(&plain, &first) > 10_000, "another snapshot changed {} pixels", differing(&plain, &first));
+    let dom = dump_dom(browser, &format!("{url}#zoom=16&snapshot=0"));
+    assert!(dom.contains("id=\"ledger\" class=\"panel\" data-ready=\"true\" data-snapshot=\"0\""), "the ledger shows snapshot 0");
+    assert_eq!(dom.matches("data-snapshot=\"0\"").count(), 2, "the ledger and the page map show snapshot 0");
+}
+
+#[test]
+fn markup_in_the_trace_stays_text() {
+    let Some(browser) = chromium() else { return };
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "planted.c");
+    let payload = "</script><img src=x onerror=alert(1)>";
+    let trace = dir.join("xss.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&exe), "strip", payload]);
+    assert!(out.status.code().is_some(), "{}", text(&out.stderr));
+    let html = dir.join("xss.html");
+    let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&html)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(!page.contains(payload), "the payload is in the HTML unescaped");
+    assert!(page.contains(r"\u003c/script\u003e\u003cimg src=x onerror=alert(1)\u003e"), "the payload is in the data, escaped");
+    let dom = dump_dom(browser, &format!("file://{}", html.display()));
+    assert!(!dom.contains("<img"), "an <img> element was created");
+    assert!(dom.contains("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"), "the payload is shown as text");
+}

@@ -1,0 +1,218 @@
+//! Everything the HTML report shows, gathered in one replay of the trace:
+//! the summary, the ledger at every snapshot (page maps at a bounded set of
+//! them: the peak, the end and a few evenly spaced), the RSS samples, and
+//! blame at the peak.
+
+use std::path::Path;
+
+use memgap_replay::{ThreadEvent, Visitor, replay};
+use memgap_trace::TraceError;
+use memgap_trace::records::{End, Exit, Module, Process, Rss, Snapshot, Thread};
+
+use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
+use crate::ledger::{self, Detail, Ledger};
+use crate::snapshots::{At, choose, list};
+use crate::summary::{Builder, Summary};
+
+/// Snapshots with a page map besides the peak and the end.
+const SPACED_PAGE_MAPS: usize = 12;
+/// Pages kept over all page maps besides the peak's and the end's (one
+/// byte each in the report): bounds memory and file size for huge heaps.
+const PAGE_BUDGET: usize = 24 << 20;
+/// RSS samples kept (the lowest and highest of each bucket of time).
+const RSS_POINTS: usize = 4000;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RssSample {
+    pub seconds: f64,
+    pub vm_rss: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub summary: Summary,
+    /// The ledger at every snapshot, in time order; `page_maps` filled at
+    /// the peak, the end and up to 12 others.
+    pub snapshots: Vec<Ledger>,
+    /// Index in `snapshots` of the one with the highest RSS.
+    pub peak: usize,
+    /// VmRSS over time, at most 4000 points.
+    pub rss: Vec<RssSample>,
+    /// Blame at the peak, every site (unsorted beyond fragmentation order).
+    pub blame: Option<Blame>,
+}
+
+struct ReportVisitor {
+    summary: Builder,
+    blame: BlameVisitor,
+    peak: usize,
+    last: usize,
+    with_pages: Vec<usize>,
+    pages_kept: usize,
+    seen: usize,
+    ledgers: Vec<(u64, Ledger)>,
+    peak_ledger: Option<Ledger>,
+    rss: Vec<(u64, u64)>,
+}
+
+impl Visitor for ReportVisitor {
+    fn process(&mut self, process: &Process) {
+        self.summary.process(process);
+        self.blame.process(process);
+    }
+
+    fn modules(&mut self, modules: &[Module]) {
+        self.summary.modules(modules);
+        self.blame.modules(modules);
+    }
+
+    fn event(&mut self, event: &ThreadEvent) {
+        self.summary.event(event);
+        self.blame.event(event);
+    }
+
+    fn rss(&mut self, rss: &Rss) {
+        self.summary.rss(rss);
+        self.rss.push((rss.time, rss.vm_rss));
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) {
+        let index = self.seen;
+        self.seen += 1;
+        let is_peak = index == self.peak;
+        let always = is_peak || index == self.last;
+        let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
+        let detail = Detail { pages: always || spaced, stacks: is_peak };
+        let mut ledger = ledger::compute(&self.blame.state, snapshot, detail);
+        if spaced {
+            self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
+        }
+        if is_peak {
+            self.peak_ledger = Some(ledger.clone());
+            ledger.by_stack = Vec::new();
+        }
+        self.ledgers.push((snapshot.time, ledger));
+    }
+
+    fn thread(&mut self, thread: &Thread) {
+        self.summary.thread(thread);
+        self.blame.thread(thread);
+    }
+
+    fn allocator(&mut self, path: &str) {
+        self.summary.allocator(path);
+        self.blame.allocator(path);
+    }
+
+    fn stack(&mut self, id: u32, frames: &[u64]) {
+        self.summary.stack(id, frames);
+        self.blame.stack(id, frames);
+    }
+
+    fn note(&mut self, time: u64, text: &str) {
+        self.summary.note(time, text);
+        self.blame.note(time, text);
+    }
+
+    fn end(&mut self, end: &End) {
+        self.summary.end(end);
+        self.blame.end(end);
+    }
+
+    fn exit(&mut self, exit: &Exit) {
+        self.summary.exit(exit);
+        self.blame.exit(exit);
+    }
+}
+
+/// Snapshot indexes given page maps: the peak, the last, and up to
+/// `SPACED_PAGE_MAPS` evenly spaced, sorted.
+fn page_map_indexes(count: usize, peak: usize) -> Vec<usize> {
+    if count == 0 {
+        return Vec::new();
+    }
+    let mut chosen: Vec<usize> = (0..SPACED_PAGE_MAPS.min(count)).map(|i| i * count / SPACED_PAGE_MAPS.min(count)).collect();
+    chosen.push(peak);
+    chosen.push(count - 1);
+    chosen.sort_unstable();
+    chosen.dedup();
+    chosen
+}
+
+/// The lowest and highest sample of each of `points / 2` buckets of time.
+fn downsample(samples: &[RssSample], points: usize) -> Vec<RssSample> {
+    if samples.len() <= points {
+        return samples.to_vec();
+    }
+    let buckets = points / 2;
+    let mut kept = Vec::with_capacity(points);
+    for bucket in 0..buckets {
+        let part = &samples[bucket * samples.len() / buckets..(bucket + 1) * samples.len() / buckets];
+        let (Some(low), Some(high)) = (part.iter().min_by_key(|s| s.vm_rss), part.iter().max_by_key(|s| s.vm_rss)) else { continue };
+        let (first, second) = if low.seconds <= high.seconds { (low, high) } else { (high, low) };
+        kept.push(*first);
+        if second != first {
+            kept.push(*second);
+        }
+    }
+    kept
+}
+
+/// The report's data in one replay; `None` when the trace has no snapshot.
+pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
+    let infos = list(path)?;
+    let Some(peak) = choose(&infos, At::Peak) else { return Ok(None) };
+    let mut v = ReportVisitor {
+        summary: Builder::default(),
+        blame: BlameVisitor::default(),
+        peak,
+        last: infos.len() - 1,
+        with_pages: page_map_indexes(infos.len(), peak),
+        pages_kept: 0,
+        seen: 0,
+        ledgers: Vec::new(),
+        peak_ledger: None,
+        rss: Vec::new(),
+    };
+    let outcome = replay(path, &mut v)?;
+    let timeline = &outcome.timeline;
+    let snapshots: Vec<Ledger> = v
+        .ledgers
+        .drain(..)
+        .map(|(time, mut ledger)| {
+            ledger.at_seconds = timeline.seconds(time);
+            ledger
+        })
+        .collect();
+    let blame = v.peak_ledger.as_ref().map(|ledger| {
+        let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new() };
+        blame::assemble(&v.blame, snapshots.get(peak).map_or(0.0, |l| l.at_seconds), ledger, &options)
+    });
+    let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
+    rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    let summary = v.summary.finish(&outcome, path);
+    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_maps_at_peak_end_and_spaced() {
+        assert_eq!(page_map_indexes(0, 0), Vec::<usize>::new());
+        assert_eq!(page_map_indexes(3, 1), vec![0, 1, 2]);
+        let chosen = page_map_indexes(1000, 537);
+        assert!(chosen.contains(&537) && chosen.contains(&999) && chosen.contains(&0));
+        assert!(chosen.len() <= SPACED_PAGE_MAPS + 2);
+    }
+
+    #[test]
+    fn downsampling_keeps_extremes() {
+        let samples: Vec<RssSample> = (0..10_000).map(|i| RssSample { seconds: i as f64, vm_rss: if i == 5000 { 99 } else { i % 7 } }).collect();
+        let kept = downsample(&samples, 100);
+        assert!(kept.len() <= 100);
+        assert!(kept.iter().any(|s| s.vm_rss == 99));
+        assert!(kept.windows(2).all(|w| w[0].seconds <= w[1].seconds));
+    }
+}

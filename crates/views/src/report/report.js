@@ -1,0 +1,657 @@
+'use strict';
+// memgap's report: reads the JSON embedded in the page and draws each panel.
+// Every string from the trace reaches the DOM through textContent (or a
+// canvas), never as HTML.
+window.addEventListener('error', (e) => document.body.setAttribute('data-error', String(e.message)));
+window.addEventListener('unhandledrejection', (e) => document.body.setAttribute('data-error', String(e.reason)));
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const data = JSON.parse($('data').textContent);
+  const snapshots = data.snapshots;
+  const summary = data.summary;
+  const params = new URLSearchParams(location.hash.includes('=') ? location.hash.slice(1) : '');
+
+  const ROWS = ['live', 'slack', 'fragmented', 'retained', 'lazy_free', 'runtime', 'other'];
+  const ROW_COLOURS = { live: '#4a78c2', slack: '#8fb0e0', fragmented: '#e3a13b', retained: '#d0473f', lazy_free: '#b58ad6', runtime: '#6bb38a', other: '#a9adb6' };
+  const ROW_MEANING = {
+    live: 'bytes the program requested and holds', slack: 'headers, alignment, rounding inside live blocks',
+    fragmented: 'free bytes on pages that hold live blocks', retained: 'resident pages with no live block',
+    lazy_free: "MADV_FREE'd, still counted", runtime: 'thread stacks', other: 'files, shared memory, own mmaps, static data, memgap',
+  };
+
+  function fmtBytes(v) {
+    if (Math.abs(v) < 1024) return Math.round(v) + ' B';
+    const units = ['KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+    let i = -1;
+    do { v /= 1024; i++; } while (Math.abs(v) >= 1024 && i < units.length - 1);
+    return v.toFixed(Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2) + ' ' + units[i];
+  }
+  const fmtSeconds = (s) => (s < 1 ? (s * 1000).toFixed(0) + ' ms' : s.toFixed(2) + ' s');
+  const fmtCount = (n) => Math.round(n).toLocaleString('en-US');
+  const percent = (part, whole) => (whole > 0 ? (part * 100 / whole).toFixed(1) + ' %' : '');
+
+  function el(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (className) node.className = className;
+    return node;
+  }
+
+  const tooltip = $('tooltip');
+  function showTip(event, text) {
+    tooltip.textContent = text;
+    tooltip.hidden = false;
+    const x = Math.min(event.clientX + 14, window.innerWidth - tooltip.offsetWidth - 4);
+    const y = event.clientY + 16 + tooltip.offsetHeight > window.innerHeight ? event.clientY - tooltip.offsetHeight - 8 : event.clientY + 16;
+    tooltip.style.left = Math.max(0, x) + 'px';
+    tooltip.style.top = Math.max(0, y) + 'px';
+  }
+  const hideTip = () => { tooltip.hidden = true; };
+
+  // A canvas sized to its box in CSS pixels, drawn at the screen's density.
+  function prepare(canvas, height) {
+    const width = canvas.parentElement.clientWidth || 800;
+    const ratio = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    canvas.style.height = height + 'px';
+    const ctx = canvas.getContext('2d');
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    return { ctx, width, height };
+  }
+  function mouse(canvas, event) {
+    const r = canvas.getBoundingClientRect();
+    return { x: event.clientX - r.left, y: event.clientY - r.top };
+  }
+  function legend(container, entries) {
+    for (const [colour, name, title] of entries) {
+      const item = el('span', name);
+      const swatch = el('i');
+      swatch.style.background = colour;
+      item.prepend(swatch);
+      if (title) item.title = title;
+      container.append(item);
+    }
+  }
+
+  // ---- header and verdict ----------------------------------------------
+  document.title = 'memgap: ' + summary.command;
+  $('command').textContent = summary.command;
+  const facts = [
+    'pid ' + summary.pid, fmtSeconds(summary.duration_seconds), fmtCount(summary.total_events) + ' calls',
+    'peak RSS ' + fmtBytes(summary.peak_rss_bytes), 'peak live heap ' + fmtBytes(summary.peak_live_bytes),
+    snapshots.length + ' snapshots', 'trace ' + data.trace,
+  ];
+  if (summary.exit_code !== null) facts.push('exit ' + summary.exit_code);
+  if (summary.truncated) facts.push('cut short: ' + summary.truncated_reason);
+  $('facts').textContent = facts.join(' · ');
+
+  const peak = snapshots[data.peak];
+  if (peak) {
+    $('verdict-text').textContent = peak.verdict;
+    const numbers = [
+      [fmtBytes(peak.rss), 'RSS at ' + fmtSeconds(peak.seconds), '#ledger'],
+      [fmtBytes(peak.rows.live), 'live', '#blame'],
+      [fmtBytes(peak.rows.fragmented), 'fragmented (' + percent(peak.rows.fragmented, peak.rss) + ')', '#pagemap'],
+      [fmtBytes(peak.rows.retained), 'retained (' + percent(peak.rows.retained, peak.rss) + ')', '#pagemap'],
+      [fmtBytes(peak.trim), 'malloc_trim would return', '#ledger'],
+      [fmtBytes(peak.rows.other), 'other', '#ledger'],
+      [String(peak.arenas), 'glibc arenas', '#ledger'],
+    ];
+    for (const [value, label, href] of numbers) {
+      const box = el('div');
+      const link = el('a', value);
+      link.href = href;
+      box.append(el('b'), el('span', label));
+      box.firstChild.append(link);
+      $('verdict-numbers').append(box);
+    }
+    $('verdict').setAttribute('data-ready', 'true');
+  } else {
+    $('verdict-text').textContent = 'The trace has no snapshot.';
+  }
+
+  let selected = params.has('snapshot') ? Math.max(0, Math.min(snapshots.length - 1, parseInt(params.get('snapshot'), 10) || 0)) : data.peak;
+
+  // ---- timeline ------------------------------------------------------------
+  const timeline = (function () {
+    const canvas = $('timeline-canvas');
+    legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r]]).concat([['#111', 'VmRSS', 'the kernel\u2019s resident set size']]));
+    const rss = data.rss;
+    let maxT = Math.max(summary.duration_seconds || 0, rss.length ? rss[rss.length - 1][0] : 0, snapshots.length ? snapshots[snapshots.length - 1].seconds : 0) || 1;
+    let maxY = 1;
+    for (const s of snapshots) maxY = Math.max(maxY, s.rss, ROWS.reduce((sum, r) => sum + s.rows[r], 0));
+    for (const [, v] of rss) maxY = Math.max(maxY, v);
+    maxY *= 1.05;
+    const view = { t0: 0, t1: maxT };
+    let drag = null;
+    const M = { left: 72, right: 12, top: 10, bottom: 26 };
+    let geometry = null;
+
+    function draw() {
+      const { ctx, width, height } = prepare(canvas, 320);
+      const plotW = width - M.left - M.right, plotH = height - M.top - M.bottom;
+      const x = (t) => M.left + (t - view.t0) / (view.t1 - view.t0) * plotW;
+      const y = (v) => M.top + plotH - v / maxY * plotH;
+      geometry = { x, plotW };
+      ctx.fillStyle = '#fff';
+      ctx.fillRect(0, 0, width, height);
+      ctx.font = '11px system-ui, sans-serif';
+      ctx.fillStyle = '#556';
+      ctx.strokeStyle = '#eceef2';
+      ctx.textAlign = 'right';
+      for (let i = 0; i <= 5; i++) {
+        const v = maxY * i / 5;
+        ctx.beginPath(); ctx.moveTo(M.left, y(v)); ctx.lineTo(width - M.right, y(v)); ctx.stroke();
+        ctx.fillText(fmtBytes(v), M.left - 6, y(v) + 4);
+      }
+      ctx.textAlign = 'center';
+      for (let i = 0; i <= 6; i++) {
+        const t = view.t0 + (view.t1 - view.t0) * i / 6;
+        ctx.fillText(fmtSeconds(t), x(t), height - 8);
+      }
+      ctx.save();
+      ctx.beginPath(); ctx.rect(M.left, M.top, plotW, plotH); ctx.clip();
+      // Stacked rows between snapshots; a lone snapshot is a bar.
+      const base = snapshots.map(() => 0);
+      for (const row of ROWS) {
+        ctx.fillStyle = ROW_COLOURS[row];
+        if (snapshots.length === 1) {
+          const s = snapshots[0];
+          ctx.fillRect(x(s.seconds) - 6, y(base[0] + s.rows[row]), 12, y(base[0]) - y(base[0] + s.rows[row]));
+        } else {
+          ctx.beginPath();
+          snapshots.forEach((s, i) => ctx.lineTo(x(s.seconds), y(base[i] + s.rows[row])));
+          for (let i = snapshots.length - 1; i >= 0; i--) ctx.lineTo(x(snapshots[i].seconds), y(base[i]));
+          ctx.closePath();
+          ctx.fill();
+        }
+        snapshots.forEach((s, i) => { base[i] += s.rows[row]; });
+      }
+      ctx.strokeStyle = '#111';
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      for (const [t, v] of rss) ctx.lineTo(x(t), y(v));
+      ctx.stroke();
+      ctx.restore();
+      // Snapshot markers: filled when the snapshot has a page map.
+      snapshots.forEach((s, i) => {
+        const sx = x(s.seconds);
+        if (sx < M.left - 1 || sx > width - M.right + 1) return;
+        if (i === selected) {
+          ctx.strokeStyle = '#c0392b'; ctx.setLineDash([4, 3]); ctx.lineWidth = 1;
+          ctx.beginPath(); ctx.moveTo(sx, M.top); ctx.lineTo(sx, M.top + plotH); ctx.stroke(); ctx.setLineDash([]);
+        }
+        ctx.beginPath();
+        ctx.moveTo(sx, M.top + plotH - 8); ctx.lineTo(sx - 5, M.top + plotH); ctx.lineTo(sx + 5, M.top + plotH); ctx.closePath();
+        ctx.fillStyle = i === selected ? '#c0392b' : '#1d2330';
+        ctx.strokeStyle = ctx.fillStyle;
+        if (s.pagemap) ctx.fill(); else { ctx.lineWidth = 1; ctx.stroke(); }
+      });
+      if (drag && drag.x1 !== undefined) {
+        ctx.fillStyle = '#4a78c233';
+        ctx.fillRect(Math.min(drag.x0, drag.x1), M.top, Math.abs(drag.x1 - drag.x0), plotH);
+      }
+      canvas.setAttribute('data-drawn', String(Number(canvas.getAttribute('data-drawn') || 0) + 1));
+    }
+    const timeAt = (px) => view.t0 + (px - M.left) / geometry.plotW * (view.t1 - view.t0);
+    function nearestSnapshot(px) {
+      let best = -1, bestDistance = 12;
+      snapshots.forEach((s, i) => {
+        const d = Math.abs(geometry.x(s.seconds) - px);
+        if (d < bestDistance) { best = i; bestDistance = d; }
+      });
+      return best;
+    }
+    function rssAt(t) {
+      let lo = 0, hi = rss.length - 1;
+      if (hi < 0) return null;
+      while (lo < hi) { const mid = (lo + hi) >> 1; if (rss[mid][0] < t) lo = mid + 1; else hi = mid; }
+      return rss[lo];
+    }
+    canvas.addEventListener('mousedown', (e) => { drag = { x0: mouse(canvas, e).x }; e.preventDefault(); });
+    canvas.addEventListener('mousemove', (e) => {
+      const p = mouse(canvas, e);
+      if (drag) { drag.x1 = p.x; draw(); return; }
+      const t = timeAt(p.x);
+      const lines = [fmtSeconds(Math.max(0, t))];
+      const sample = rssAt(t);
+      if (sample) lines.push('VmRSS ' + fmtBytes(sample[1]) + ' at ' + fmtSeconds(sample[0]));
+      const i = nearestSnapshot(p.x);
+      if (i >= 0) {
+        const s = snapshots[i];
+        lines.push('', 'snapshot ' + i + ' (' + s.reason + ') at ' + fmtSeconds(s.seconds) + ', RSS ' + fmtBytes(s.rss));
+        for (const row of ROWS.slice().reverse()) lines.push('  ' + row.padEnd(11) + fmtBytes(s.rows[row]).padStart(11));
+        lines.push('click to select');
+      }
+      showTip(e, lines.join('\n'));
+    });
+    canvas.addEventListener('mouseleave', hideTip);
+    window.addEventListener('mouseup', (e) => {
+      if (!drag) return;
+      const d = drag;
+      drag = null;
+      if (d.x1 !== undefined && Math.abs(d.x1 - d.x0) > 5) {
+        const a = timeAt(Math.min(d.x0, d.x1)), b = timeAt(Math.max(d.x0, d.x1));
+        view.t0 = Math.max(0, a); view.t1 = Math.max(view.t0 + 1e-6, b);
+        draw();
+      } else if (e.target === canvas) {
+        const i = nearestSnapshot(d.x0);
+        if (i >= 0) select(i); else draw();
+      } else {
+        draw();
+      }
+    });
+    canvas.addEventListener('dblclick', () => { view.t0 = 0; view.t1 = maxT; draw(); });
+    return { draw };
+  })();
+
+  // ---- page map --------------------------------------------------------------
+  const PAGE_COLOURS = [[232, 233, 237], [240, 160, 48], [208, 71, 63], [142, 107, 191], [58, 166, 160]];
+  for (let fill = 0; fill < 32; fill++) {
+    // Used pages: pale when nearly empty, deep blue when full.
+    const f = fill / 31;
+    PAGE_COLOURS.push([Math.round(200 - f * 170), Math.round(220 - f * 150), Math.round(245 - f * 90)]);
+  }
+  function pageClassText(byte) {
+    if (byte >= 5) return 'used: blocks take about ' + Math.round((byte - 5) / 31 * 100) + ' % of the page';
+    return ['not resident (released or never touched)', 'free, resident: malloc_trim would return it', 'free, resident: kept (trim cannot reach it)', 'memgap\u2019s own buffers', 'the program\u2019s own mmap'][byte];
+  }
+  const pagemap = (function () {
+    const canvas = $('pagemap-canvas');
+    const HEIGHT = 480, MARGIN = 8;
+    legend($('pagemap-legend'), [
+      ['rgb(200,220,245)', 'used, nearly empty'], ['rgb(30,70,155)', 'used, full'], ['rgb(240,160,48)', 'free, trim would return'],
+      ['rgb(208,71,63)', 'free, kept'], ['rgb(232,233,237)', 'not resident'], ['rgb(142,107,191)', 'memgap'], ['rgb(58,166,160)', 'program mmap'],
+    ]);
+    const cache = new Map();
+    let layout = null;
+    let view = null;
+    let drag = null;
+    let pending = false;
+
+    function decode(blobIndex) {
+      if (!cache.has(blobIndex)) {
+        const text = $('pages-' + blobIndex).textContent.trim();
+        const binary = atob(text);
+        const bytes = new Uint8Array(binary.length);
+        for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+        const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'));
+        cache.set(blobIndex, new Response(stream).arrayBuffer().then((b) => new Uint8Array(b)));
+      }
+      return cache.get(blobIndex);
+    }
+    function nearestWithPages(index) {
+      let best = -1;
+      snapshots.forEach((s, i) => {
+        if (s.pagemap && (best < 0 || Math.abs(s.seconds - snapshots[index].seconds) < Math.abs(snapshots[best].seconds - snapshots[index].seconds))) best = i;
+      });
+      return best;
+    }
+    // Pages laid out in rows of `cols` (a power of two), each mapping from
+    // a new row, one empty row between mappings; level k of the pyramid
+    // averages 2^k x 2^k pages per pixel, for drawing a big heap zoomed out.
+    function build(snapshotIndex, bytes) {
+      const pm = snapshots[snapshotIndex].pagemap;
+      const width = canvas.parentElement.clientWidth || 800;
+      const aspect = (width - 2 * MARGIN) / (HEIGHT - 2 * MARGIN);
+      let cols = Math.pow(2, Math.round(Math.log2(Math.sqrt(Math.max(1, pm.bytes) * aspect))));
+      cols = Math.max(16, Math.min(4096, cols));
+      const maps = [];
+      let row = 0;
+      for (const m of pm.maps) {
+        const rows = Math.max(1, Math.ceil(m.pages / cols));
+        maps.push({ name: m.name, start: m.start, pageSize: m.page_size, offset: m.offset, pages: m.pages, row, rows });
+        row += rows + 1;
+      }
+      const rows = Math.max(1, row - 1);
+      const base = document.createElement('canvas');
+      base.width = cols; base.height = rows;
+      const image = base.getContext('2d').createImageData(cols, rows);
+      const px = image.data;
+      px.fill(255);
+      for (const m of maps) {
+        for (let i = 0; i < m.pages; i++) {
+          const colour = PAGE_COLOURS[bytes[m.offset + i]] || PAGE_COLOURS[0];
+          const at = ((m.row + Math.floor(i / cols)) * cols + (i % cols)) * 4;
+          px[at] = colour[0]; px[at + 1] = colour[1]; px[at + 2] = colour[2];
+        }
+      }
+      base.getContext('2d').putImageData(image, 0, 0);
+      const levels = [base];
+      let previous = image;
+      while (levels.length < 16 && (previous.width > 1 || previous.height > 1)) {
+        const w = Math.ceil(previous.width / 2), h = Math.ceil(previous.height / 2);
+        const level = document.createElement('canvas');
+        level.width = w; level.height = h;
+        const next = level.getContext('2d').createImageData(w, h);
+        const src = previous.data, dst = next.data, sw = previous.width, sh = previous.height;
+        for (let y = 0; y < h; y++) {
+          for (let x = 0; x < w; x++) {
+            let r = 0, g = 0, b = 0, n = 0;
+            for (let dy = 0; dy < 2; dy++) {
+              for (let dx = 0; dx < 2; dx++) {
+                const sx = 2 * x + dx, sy = 2 * y + dy;
+                if (sx >= sw || sy >= sh) continue;
+                const at = (sy * sw + sx) * 4;
+                r += src[at]; g += src[at + 1]; b += src[at + 2]; n++;
+              }
+            }
+            const at = (y * w + x) * 4;
+            dst[at] = r / n; dst[at + 1] = g / n; dst[at + 2] = b / n; dst[at + 3] = 255;
+          }
+        }
+        level.getContext('2d').putImageData(next, 0, 0);
+        levels.push(level);
+        previous = next;
+      }
+      return { snapshotIndex, bytes, cols, rows, maps, levels };
+    }
+    function fit() {
+      const width = canvas.parentElement.clientWidth || 800;
+      const scale = Math.min((width - 2 * MARGIN) / layout.cols, (HEIGHT - 2 * MARGIN) / layout.rows);
+      return { scale, fitScale: scale, ox: MARGIN, oy: MARGIN };
+    }
+    function draw() {
+      pending = false;
+      const { ctx, width, height } = prepare(canvas, HEIGHT);
+      ctx.fillStyle = '#f7f8fa';
+      ctx.fillRect(0, 0, width, height);
+      if (!layout) return;
+      const { scale, ox, oy } = view;
+      const level = scale < 1 ? Math.min(layout.levels.length - 1, Math.ceil(Math.log2(1 / scale))) : 0;
+      const image = layout.levels[level];
+      const s = scale * Math.pow(2, level);
+      const sx0 = Math.max(0, Math.floor(-ox / s)), sy0 = Math.max(0, Math.floor(-oy / s));
+      const sx1 = Math.min(image.width, Math.ceil((width - ox) / s)), sy1 = Math.min(image.height, Math.ceil((height - oy) / s));
+      ctx.imageSmoothingEnabled = false;
+      if (sx1 > sx0 && sy1 > sy0) ctx.drawImage(image, sx0, sy0, sx1 - sx0, sy1 - sy0, ox + sx0 * s, oy + sy0 * s, (sx1 - sx0) * s, (sy1 - sy0) * s);
+      if (scale >= 8) {
+        // Close enough to see single pages: outline them.
+        ctx.strokeStyle = '#ffffff';
+        ctx.lineWidth = 1;
+        ctx.beginPath();
+        for (let c = sx0; c <= sx1; c++) { ctx.moveTo(ox + c * scale, oy + sy0 * scale); ctx.lineTo(ox + c * scale, oy + sy1 * scale); }
+        for (let r = sy0; r <= sy1; r++) { ctx.moveTo(ox + sx0 * scale, oy + r * scale); ctx.lineTo(ox + sx1 * scale, oy + r * scale); }
+        ctx.stroke();
+      }
+      canvas.setAttribute('data-drawn', String(Number(canvas.getAttribute('data-drawn') || 0) + 1));
+      canvas.setAttribute('data-scale', scale.toFixed(3));
+    }
+    const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
+    function pageAt(p) {
+      if (!layout) return null;
+      const col = Math.floor((p.x - view.ox) / view.scale), row = Math.floor((p.y - view.oy) / view.scale);
+      if (col < 0 || col >= layout.cols) return null;
+      for (const m of layout.maps) {
+        if (row >= m.row && row < m.row + m.rows) {
+          const i = (row - m.row) * layout.cols + col;
+          return i < m.pages ? { map: m, index: i, byte: layout.bytes[m.offset + i] } : null;
+        }
+      }
+      return null;
+    }
+    async function show(index) {
+      const note = $('pagemap-note');
+      const withPages = nearestWithPages(index);
+      if (withPages < 0) {
+        note.textContent = 'No snapshot has a page map.';
+        layout = null; draw();
+        return;
+      }
+      const s = snapshots[withPages];
+      const bytes = await decode(s.pagemap.blob);
+      layout = build(withPages, bytes);
+      view = fit();
+      const zoom = parseFloat(params.get('zoom'));
+      if (zoom > 0 && isFinite(zoom)) view.scale *= zoom;
+      const total = s.pagemap.maps.reduce((sum, m) => sum + m.pages, 0);
+      note.textContent = (withPages === index ? '' : 'nearest snapshot with a page map: ') + 'snapshot ' + withPages + ' at ' + fmtSeconds(s.seconds) +
+        ' (' + s.reason + '): ' + s.pagemap.maps.length + ' heap mapping(s), ' + fmtCount(total) + ' pages, ' + layout.cols + ' pages per row';
+      canvas.setAttribute('data-pages', String(total));
+      canvas.setAttribute('data-snapshot', String(withPages));
+      draw();
+    }
+    canvas.addEventListener('wheel', (e) => {
+      if (!layout) return;
+      e.preventDefault();
+      const p = mouse(canvas, e);
+      const next = Math.max(view.fitScale * 0.5, Math.min(64, view.scale * Math.exp(-e.deltaY * 0.0015)));
+      view.ox = p.x - (p.x - view.ox) * next / view.scale;
+      view.oy = p.y - (p.y - view.oy) * next / view.scale;
+      view.scale = next;
+      redraw();
+    }, { passive: false });
+    canvas.addEventListener('mousedown', (e) => { if (layout) { drag = { x: e.clientX, y: e.clientY, ox: view.ox, oy: view.oy }; e.preventDefault(); } });
+    window.addEventListener('mouseup', () => { drag = null; });
+    canvas.addEventListener('mousemove', (e) => {
+      if (drag && layout) {
+        view.ox = drag.ox + e.clientX - drag.x;
+        view.oy = drag.oy + e.clientY - drag.y;
+        redraw();
+        return;
+      }
+      const hit = pageAt(mouse(canvas, e));
+      if (!hit) { hideTip(); return; }
+      const address = hit.map.start + hit.index * hit.map.pageSize;
+      showTip(e, hit.map.name + '\n0x' + address.toString(16) + '  (page ' + fmtCount(hit.index) + ' of ' + fmtCount(hit.map.pages) + ')\n' + pageClassText(hit.byte));
+    });
+    canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('dblclick', () => { if (layout) { view = fit(); redraw(); } });
+    return { show, draw: () => { if (layout) { draw(); } } };
+  })();
+
+  // ---- ledger table ------------------------------------------------------------
+  function showLedger(index) {
+    const s = snapshots[index];
+    $('ledger-at').textContent = 'snapshot ' + index + ' at ' + fmtSeconds(s.seconds) + ' (' + s.reason + ')' + (index === data.peak ? ', the RSS peak' : '');
+    const body = $('ledger-table').tBodies[0];
+    body.replaceChildren();
+    for (const row of ROWS) {
+      const tr = el('tr');
+      const name = el('td', row);
+      name.title = ROW_MEANING[row];
+      const bar = el('div', null, 'bar');
+      bar.style.width = Math.max(0, Math.min(100, s.rows[row] * 100 / Math.max(1, s.rss))) * 3 + 'px';
+      bar.style.background = ROW_COLOURS[row];
+      const barCell = el('td');
+      barCell.append(bar);
+      tr.append(name, el('td', fmtBytes(s.rows[row]), 'num'), el('td', percent(s.rows[row], s.rss), 'num'), barCell);
+      body.append(tr);
+    }
+    const rssRow = el('tr');
+    rssRow.append(el('th', 'VmRSS'), el('th', fmtBytes(s.rss), 'num'), el('th', 'residual ' + fmtBytes(s.residual), 'num'), el('th'));
+    body.append(rssRow);
+    $('ledger-extra').textContent = 'malloc_trim(0) would return ' + fmtBytes(s.trim) + '; retained where trim cannot reach: ' + fmtBytes(s.retained_not_trimmable) +
+      '; not resident (released): ' + fmtBytes(s.released) + '; ' + fmtCount(s.live_blocks) + ' live blocks; allocator ' + (s.allocator || 'unknown') +
+      (s.arenas ? '; ' + s.arenas + ' glibc arena(s)' : '') + '. Other: files ' + fmtBytes(s.other.file + s.other.shmem) + ', program mmaps ' + fmtBytes(s.other.program_mmap) +
+      ', static data ' + fmtBytes(s.other.static_data) + ', memgap ' + fmtBytes(s.other.agent) + ', unclassified ' + fmtBytes(s.other.unclassified) + '.';
+    const heaps = $('heaps-table').tBodies[0];
+    heaps.replaceChildren();
+    for (const h of s.heaps) {
+      const tr = el('tr');
+      tr.append(el('td', h.name + (h.mappings > 1 ? ' (' + h.mappings + ')' : '')));
+      for (const v of [h.live, h.slack, h.fragmented, h.retained, h.trimmable, h.released]) tr.append(el('td', fmtBytes(v), 'num'));
+      heaps.append(tr);
+    }
+    $('ledger').setAttribute('data-ready', 'true');
+    $('ledger').setAttribute('data-snapshot', String(index));
+  }
+
+  // ---- snapshot selection ----------------------------------------------------
+  const selector = $('snapshot-select');
+  snapshots.forEach((s, i) => {
+    const option = el('option', i + ': ' + fmtSeconds(s.seconds) + ' \u2014 ' + s.reason + ' \u2014 RSS ' + fmtBytes(s.rss) + (i === data.peak ? ' (peak)' : '') + (s.pagemap ? '' : ' (no page map)'));
+    option.value = String(i);
+    selector.append(option);
+  });
+  selector.addEventListener('change', () => select(Number(selector.value)));
+  function select(index) {
+    selected = index;
+    selector.value = String(index);
+    showLedger(index);
+    timeline.draw();
+    return pagemap.show(index);
+  }
+
+  // ---- blame -------------------------------------------------------------------
+  function showBlame() {
+    const b = data.blame;
+    const table = $('blame-table');
+    if (!b || b.entries.length === 0) {
+      $('blame-note').textContent = 'No allocation site holds live blocks at the peak.';
+      return;
+    }
+    $('blame-note').textContent = b.sites + ' allocation sites at ' + fmtSeconds(b.at_seconds) + '; their fragmentation sums to the ledger\u2019s fragmented row (' +
+      fmtBytes(b.fragmented_bytes) + ').' + (b.has_stacks ? '' : ' The trace has no call stacks (memgap run --no-stacks).') +
+      (b.entries.length < b.sites ? ' Showing the top ' + b.entries.length + ' by each column.' : '');
+    let key = 'fragmentation', descending = true;
+    const SHOWN = 200;
+    function render() {
+      const entries = b.entries.slice().sort((x, y) => {
+        const a = key === 'function' ? String(x.function || '') : x[key], c = key === 'function' ? String(y.function || '') : y[key];
+        const order = a < c ? -1 : a > c ? 1 : 0;
+        return descending ? -order : order;
+      });
+      for (const th of table.tHead.rows[0].cells) {
+        th.classList.toggle('sorted', th.dataset.key === key);
+        th.classList.toggle('up', th.dataset.key === key && !descending);
+      }
+      const body = table.tBodies[0];
+      body.replaceChildren();
+      for (const e of entries.slice(0, SHOWN)) {
+        const tr = el('tr');
+        const site = el('td', null, 'site');
+        site.append(el('b', e.function || '(unknown)'));
+        const where = [e.file ? e.file + (e.line ? ':' + e.line : '') : '', e.module, e.stacks > 1 ? e.stacks + ' stacks' : ''].filter(Boolean).join(' \u00b7 ');
+        if (where) site.append(el('small', where));
+        tr.append(site, el('td', fmtBytes(e.fragmentation), 'num'), el('td', fmtBytes(e.live), 'num'), el('td', fmtCount(e.objects), 'num'),
+          el('td', fmtBytes(e.leaked), 'num'), el('td', e.scatter.toFixed(1), 'num'), el('td', fmtBytes(e.allocated), 'num'));
+        tr.addEventListener('click', () => {
+          if (tr.nextSibling && tr.nextSibling.classList.contains('stack')) { tr.nextSibling.remove(); return; }
+          const stackRow = el('tr', null, 'stack');
+          const cell = el('td', e.stack.length ? e.stack.join('\n') : '(no stack recorded)');
+          cell.colSpan = 7;
+          stackRow.append(cell);
+          tr.after(stackRow);
+        });
+        body.append(tr);
+      }
+      table.setAttribute('data-rows', String(Math.min(SHOWN, entries.length)));
+      table.setAttribute('data-sorted', key);
+    }
+    for (const th of table.tHead.rows[0].cells) {
+      th.addEventListener('click', () => {
+        if (key === th.dataset.key) descending = !descending; else { key = th.dataset.key; descending = key !== 'function'; }
+        render();
+      });
+    }
+    render();
+    $('blame').setAttribute('data-ready', 'true');
+  }
+
+  // ---- flame graph (icicle: the root on top) ---------------------------------------
+  const flame = (function () {
+    const canvas = $('flame-canvas');
+    const ROW = 18;
+    const f = data.flame;
+    let focus = null, path = [], boxes = [];
+    if (f) {
+      $('flame-measure').textContent = f.measure + ' bytes by call stack at the RSS peak, callers above callees; click a frame to zoom, the top bar to zoom out';
+      focus = f.root;
+      path = [f.root];
+    } else {
+      $('flame-measure').textContent = 'no call stacks hold live blocks at the peak';
+    }
+    function hue(name) {
+      let h = 0;
+      for (let i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) >>> 0;
+      return h;
+    }
+    function depthOf(node, depth) {
+      if (depth > 60) return depth;
+      let deepest = depth;
+      for (const c of node.c) deepest = Math.max(deepest, depthOf(c, depth + 1));
+      return deepest;
+    }
+    function draw() {
+      if (!focus) return;
+      const rows = path.length + depthOf(focus, 0);
+      const { ctx, width } = prepare(canvas, Math.max(60, Math.min(61, rows) * ROW + 4));
+      ctx.fillStyle = '#fff';
+      ctx.fillRect(0, 0, width, canvas.height);
+      ctx.font = '11px ui-monospace, monospace';
+      ctx.textBaseline = 'middle';
+      boxes = [];
+      function box(node, x, w, row, ancestor) {
+        const y = row * ROW;
+        const h = hue(node.n);
+        ctx.fillStyle = ancestor ? '#d8dbe2' : 'hsl(' + (h % 55 + 5) + ',' + (70 + h % 20) + '%,' + (58 + (h >> 8) % 12) + '%)';
+        ctx.fillRect(x, y, Math.max(0.5, w - 1), ROW - 1);
+        boxes.push({ x, y, w, node, ancestor });
+        if (w > 24) {
+          ctx.save();
+          ctx.beginPath(); ctx.rect(x, y, w - 2, ROW); ctx.clip();
+          ctx.fillStyle = '#1d2330';
+          ctx.fillText(node.n, x + 3, y + ROW / 2);
+          ctx.restore();
+        }
+      }
+      path.slice(0, -1).forEach((node, i) => box(node, 0, width, i, true));
+      function walk(node, x, w, row) {
+        box(node, x, w, row, false);
+        if (row > 60) return;
+        let cx = x;
+        for (const c of node.c) {
+          const cw = w * c.v / node.v;
+          if (cw >= 0.5) walk(c, cx, cw, row + 1);
+          cx += cw;
+        }
+      }
+      walk(focus, 0, width, path.length - 1);
+      canvas.setAttribute('data-boxes', String(boxes.length));
+    }
+    function hit(e) {
+      const p = mouse(canvas, e);
+      return boxes.find((b) => p.x >= b.x && p.x < b.x + b.w && p.y >= b.y && p.y < b.y + ROW);
+    }
+    canvas.addEventListener('mousemove', (e) => {
+      const b = hit(e);
+      if (!b) { hideTip(); return; }
+      showTip(e, b.node.n + '\n' + fmtBytes(b.node.v) + ' (' + percent(b.node.v, f.root.v) + ' of all)');
+    });
+    canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('click', (e) => {
+      const b = hit(e);
+      if (!b) return;
+      if (b.ancestor || b.node === focus) {
+        const at = path.indexOf(b.node);
+        path = path.slice(0, Math.max(1, b.node === focus ? at : at + 1));
+      } else {
+        // Path from the focus down to the node clicked.
+        const trail = [];
+        (function find(node) {
+          if (node === b.node) return true;
+          for (const c of node.c) if (find(c)) { trail.unshift(c); return true; }
+          return false;
+        })(focus);
+        path = path.concat(trail);
+      }
+      focus = path[path.length - 1];
+      draw();
+    });
+    return { draw };
+  })();
+
+  showBlame();
+  flame.draw();
+  if (data.flame) $('flame').setAttribute('data-ready', 'true');
+  window.addEventListener('resize', () => { timeline.draw(); pagemap.draw(); flame.draw(); });
+  const ready = snapshots.length ? select(selected) : Promise.resolve();
+  ready.then(() => {
+    $('timeline').setAttribute('data-ready', 'true');
+    if (document.getElementById('pagemap-canvas').hasAttribute('data-pages')) $('pagemap').setAttribute('data-ready', 'true');
+    document.body.setAttribute('data-ready', 'true');
+  });
+})();
