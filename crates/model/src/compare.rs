@@ -16,6 +16,8 @@ const TIME_TOLERANCE: f64 = 0.10;
 /// ...plus this many seconds, so the noise of a run of a few milliseconds
 /// does not disqualify anything.
 const TIME_SLACK_SECONDS: f64 = 0.01;
+/// Fewer samples than this in a run's steady window make its steady RSS a guess.
+const MIN_STEADY_SAMPLES: usize = 3;
 /// A saving below this share of the default's steady RSS is noise.
 const MEANINGFUL_SAVING: f64 = 0.05;
 
@@ -63,6 +65,8 @@ pub struct ConfigSpec {
 pub struct RunFigures {
     pub peak_rss_bytes: u64,
     pub steady_rss_bytes: u64,
+    /// Samples the steady RSS is the mean of.
+    pub steady_samples: usize,
     pub wall_seconds: f64,
     pub cpu_seconds: f64,
     pub exit_code: i32,
@@ -153,10 +157,11 @@ pub fn compare(command: Vec<String>, specs: Vec<ConfigSpec>, runs: Vec<Vec<Run>>
     if configs.iter().any(|c| c.output_varies) {
         notes.push("stdout varies between runs of the same configuration: the command's output is not deterministic, so differences between configurations may mean nothing".to_string());
     }
-    if let Some(from) = window.from_seconds
-        && configs.iter().flat_map(|c| &c.runs).any(|r| r.wall_seconds <= from)
-    {
-        notes.push(format!("some runs ended before --steady-from {from} s: their steady RSS is their last sample"));
+    let thinly_sampled = configs.iter().flat_map(|c| &c.runs).filter(|r| r.steady_samples < MIN_STEADY_SAMPLES).count();
+    if thinly_sampled > 0 {
+        notes.push(format!(
+            "{thinly_sampled} runs had fewer than {MIN_STEADY_SAMPLES} RSS samples in the steady window (a short run, or --steady-from past its end): their steady RSS is their last sample, or their peak; a smaller --interval-ms helps"
+        ));
     }
     Comparison {
         command,
@@ -226,12 +231,17 @@ fn relate_to_baseline(config: &mut ConfigResult, base: &ConfigResult) {
 }
 
 /// Peak and steady RSS of one run. Peak also counts the kernel's
-/// high-water mark, which sees peaks between two samples.
+/// high-water mark, which sees peaks between two samples. A run with no
+/// sample in the steady window gets its last sample, or its peak.
 pub fn figures(run: &Run, window: SteadyWindow) -> RunFigures {
     let sampled_peak = run.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0);
+    let peak_rss_bytes = sampled_peak.max(run.max_rss_bytes);
+    let (steady, steady_samples) = steady_rss(&run.samples, run.wall_seconds, window);
+    let last_sample = run.samples.last().map(|s| s.rss_bytes);
     RunFigures {
-        peak_rss_bytes: sampled_peak.max(run.max_rss_bytes),
-        steady_rss_bytes: steady_rss(&run.samples, run.wall_seconds, window),
+        peak_rss_bytes,
+        steady_rss_bytes: steady.or(last_sample).unwrap_or(peak_rss_bytes),
+        steady_samples,
         wall_seconds: run.wall_seconds,
         cpu_seconds: run.cpu_seconds,
         exit_code: run.exit_code,
@@ -239,15 +249,14 @@ pub fn figures(run: &Run, window: SteadyWindow) -> RunFigures {
     }
 }
 
-/// The mean of the samples in the steady window; the last sample when the
-/// run ended before the window began.
-pub fn steady_rss(samples: &[RssSample], wall_seconds: f64, window: SteadyWindow) -> u64 {
+/// The mean of the samples in the steady window (`None` when it holds
+/// none), and how many it holds.
+pub fn steady_rss(samples: &[RssSample], wall_seconds: f64, window: SteadyWindow) -> (Option<u64>, usize) {
     let from = window.from_seconds.unwrap_or(wall_seconds / 2.0);
     let in_window: Vec<u64> = samples.iter().filter(|s| s.seconds >= from).map(|s| s.rss_bytes).collect();
-    if in_window.is_empty() {
-        return samples.last().map_or(0, |s| s.rss_bytes);
-    }
-    (in_window.iter().map(|&v| v as u128).sum::<u128>() / in_window.len() as u128) as u64
+    let total: u128 = in_window.iter().map(|&v| u128::from(v)).sum();
+    let mean = (!in_window.is_empty()).then(|| (total / in_window.len() as u128) as u64);
+    (mean, in_window.len())
 }
 
 /// At most `limit` samples: each the highest of a run of consecutive ones,
@@ -369,12 +378,18 @@ mod tests {
     #[test]
     fn steady_is_the_mean_of_the_last_half_or_of_the_window() {
         let r = run(100, 40, 2.0, 1.0, 0);
-        assert_eq!(steady_rss(&r.samples, 2.0, last_half()), 40);
+        assert_eq!(steady_rss(&r.samples, 2.0, last_half()), (Some(40), 50));
         // From 0.5 s: 25 samples at 100 and 50 at 40.
-        assert_eq!(steady_rss(&r.samples, 2.0, SteadyWindow { from_seconds: Some(0.5) }), (25 * 100 + 50 * 40) / 75);
-        // A window starting after the run: its last sample.
-        assert_eq!(steady_rss(&r.samples, 2.0, SteadyWindow { from_seconds: Some(9.0) }), 40);
-        assert_eq!(steady_rss(&[], 2.0, last_half()), 0);
+        assert_eq!(steady_rss(&r.samples, 2.0, SteadyWindow { from_seconds: Some(0.5) }), (Some((25 * 100 + 50 * 40) / 75), 75));
+        // A window starting after the run: its last sample, noted.
+        let late = SteadyWindow { from_seconds: Some(9.0) };
+        assert_eq!(steady_rss(&r.samples, 2.0, late), (None, 0));
+        assert_eq!(figures(&r, late).steady_rss_bytes, 40);
+        let (specs, runs) = (vec![spec("glibc")], vec![vec![r.clone()]]);
+        assert!(compare(vec![], specs, runs, late, 10).notes[0].contains("1 runs had fewer than 3 RSS samples"));
+        // No sample at all (a run shorter than the interval): its peak.
+        let unsampled = Run { samples: Vec::new(), max_rss_bytes: 7, ..r };
+        assert_eq!(figures(&unsampled, last_half()).steady_rss_bytes, 7);
     }
 
     #[test]
