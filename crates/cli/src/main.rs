@@ -3,6 +3,7 @@
 
 mod agent;
 mod commands;
+mod configs;
 mod output;
 
 use std::process::ExitCode;
@@ -19,6 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Run(commands::run::Args),
+    Compare(commands::compare::Args),
     Summary(commands::summary::Args),
     Ledger(commands::ledger::Args),
     Map(commands::map::Args),
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
+        Command::Compare(args) => commands::compare::run(args),
         Command::Summary(args) => commands::summary::run(args),
         Command::Ledger(args) => commands::ledger::run(args),
         Command::Map(args) => commands::map::run(args),

@@ -2,8 +2,9 @@
 //!
 //! Each fact is a plain serializable struct built by a [`memgap_replay::Visitor`]:
 //! the [`Summary`] of a run, and the [`Ledger`] (every resident byte in one
-//! row, with the page map) at a snapshot. Views (terminal, JSON, HTML) only
-//! format these structs.
+//! row, with the page map) at a snapshot; [`compare`] reduces runs of a
+//! command under several allocators, measured from outside, to a comparison.
+//! Views (terminal, JSON, HTML) only format these structs.
 //!
 //! Not for: reading trace bytes (replay) or formatting (views).
 //!
@@ -18,6 +19,7 @@
 //! ```
 
 pub mod blame;
+pub mod compare;
 mod heap_state;
 pub mod ledger;
 pub mod report;

@@ -11,6 +11,7 @@
 //! ```
 
 pub mod blame;
+pub mod compare;
 pub mod export;
 pub mod format;
 pub mod html;

@@ -1,4 +1,5 @@
 pub mod blame;
+pub mod compare;
 pub mod export;
 pub mod ledger;
 pub mod map;

@@ -1,0 +1,173 @@
+//! Terminal view of `memgap compare`: one row per configuration, ratios to
+//! the default beside each figure, differences in behaviour on top.
+
+use std::fmt::Write;
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{CellAlignment, Table};
+use memgap_model::compare::{Comparison, ConfigResult};
+
+use crate::format::{bytes, seconds};
+
+/// Lines of a failed run's stderr shown.
+const STDERR_LINES: usize = 5;
+
+pub fn compare(c: &Comparison) -> String {
+    let mut out = String::new();
+    let runs = if c.repeats == 1 { "1 run per configuration".to_string() } else { format!("{} runs per configuration, interleaved", c.repeats) };
+    let _ = writeln!(out, "memgap compare — {} — {runs}; stdin was {}", shell_words(&c.command), c.stdin);
+    let _ = writeln!(out);
+    for warning in behaviour_warnings(c) {
+        let _ = writeln!(out, "  ! {warning}");
+    }
+    if c.output_differs || c.exit_differs {
+        let _ = writeln!(out);
+    }
+
+    let ran: Vec<&ConfigResult> = c.configs.iter().filter(|config| config.repeats > 0).collect();
+    let mut table = Table::new();
+    table.load_style(NOTHING);
+    table.set_header(vec!["  config", "peak RSS", "", "steady RSS", "", "wall", "", "CPU", "", "exit", "stdout"]);
+    for config in &ran {
+        let ratio = |r: Option<f64>| if config.name == c.baseline { String::new() } else { r.map_or(String::new(), |r| format!("{r:.2}×")) };
+        let stdout = if config.output_differs {
+            "DIFFERS"
+        } else if config.output_varies {
+            "varies"
+        } else {
+            "same"
+        };
+        let exit = config.exit_code.map_or("?".to_string(), |code| code.to_string()) + if config.exit_differs { " !" } else { "" };
+        table.add_row(vec![
+            format!("  {}", config.name),
+            config.peak_rss_bytes.map(bytes).unwrap_or_default(),
+            ratio(config.peak_rss_ratio),
+            config.steady_rss_bytes.map(bytes).unwrap_or_default(),
+            ratio(config.steady_rss_ratio),
+            config.wall_seconds.map(seconds).unwrap_or_default(),
+            ratio(config.wall_ratio),
+            config.cpu_seconds.map(seconds).unwrap_or_default(),
+            ratio(config.cpu_ratio),
+            exit,
+            stdout.to_string(),
+        ]);
+    }
+    for column in 1..=9 {
+        if let Some(column) = table.column_mut(column) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    out.push_str(&table.to_string());
+    out.push('\n');
+
+    for config in c.configs.iter().filter(|config| !config.available) {
+        let install = config.package.as_ref().map(|p| format!(" (apt install {p})")).unwrap_or_default();
+        let why = config.note.as_deref().unwrap_or("not available");
+        let _ = writeln!(out, "  {}: {why}{install}", config.name);
+    }
+    let _ = writeln!(out);
+    let window = match c.steady_from_seconds {
+        Some(from) => format!("mean RSS from {from} s on"),
+        None => "mean RSS over the last half of the run".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "  Medians over runs; RSS of the process tree every {} ms; steady: {window}; ×: ratio to {}.",
+        c.interval_ms, c.baseline
+    );
+    for config in ran.iter().filter(|config| !config.env.is_empty()) {
+        let env: Vec<String> = config.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
+        let _ = writeln!(out, "  {}: {}", config.name, env.join(" "));
+    }
+    for config in &ran {
+        if let Some(stderr) = &config.failure_stderr {
+            let _ = writeln!(out, "  {} failed; the end of its stderr:", config.name);
+            let lines: Vec<&str> = stderr.lines().collect();
+            for line in &lines[lines.len().saturating_sub(STDERR_LINES)..] {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+    }
+    for note in &c.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  Recommendation: {}", c.recommendation);
+    out
+}
+
+/// The command as a shell would read it back: words with anything but
+/// plain characters in single quotes.
+fn shell_words(command: &[String]) -> String {
+    let plain = |word: &str| !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "/._-=:,+@%".contains(c));
+    let quote = |word: &String| if plain(word) { word.clone() } else { format!("'{}'", word.replace('\'', "'\\''")) };
+    command.iter().map(quote).collect::<Vec<_>>().join(" ")
+}
+
+/// Differences in what the command did, which make the figures compare
+/// different work: shown before them, never left out.
+fn behaviour_warnings(c: &Comparison) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let differing = |pick: fn(&ConfigResult) -> bool| c.configs.iter().filter(|config| pick(config)).map(|config| config.name.as_str()).collect::<Vec<_>>();
+    let output = differing(|config| config.output_differs);
+    if !output.is_empty() {
+        warnings.push(format!(
+            "stdout DIFFERS from {}'s under: {} — the command did something else there; figures shown anyway",
+            c.baseline,
+            output.join(", ")
+        ));
+    }
+    let exits: Vec<String> = c
+        .configs
+        .iter()
+        .filter(|config| config.exit_differs)
+        .map(|config| format!("{} (exit {})", config.name, config.runs.iter().map(|r| r.exit_code.to_string()).collect::<Vec<_>>().join(", ")))
+        .collect();
+    if !exits.is_empty() {
+        let base_exit = c.configs.first().and_then(|b| b.runs.first()).map_or(0, |r| r.exit_code);
+        warnings.push(format!("exit status DIFFERS from {}'s ({base_exit}) under: {}", c.baseline, exits.join(", ")));
+    }
+    warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memgap_model::compare::{ConfigSpec, Run, RssSample, SteadyWindow, compare as reduce};
+
+    fn run(rss: u64, hash: u64, exit_code: i32) -> Run {
+        let samples = (0..10).map(|i| RssSample { seconds: i as f64 * 0.1, rss_bytes: rss }).collect();
+        Run { samples, wall_seconds: 1.0, cpu_seconds: 0.5, max_rss_bytes: rss, exit_code, stdout_hash: hash, ..Run::default() }
+    }
+
+    fn spec(name: &str, available: bool) -> ConfigSpec {
+        let package = (!available).then(|| "libjemalloc2".to_string());
+        let note = (!available).then(|| "not installed".to_string());
+        ConfigSpec { name: name.into(), env: vec![("MALLOC_ARENA_MAX".into(), "2".into())], package, available, note }
+    }
+
+    #[test]
+    fn quotes_the_command_like_a_shell() {
+        let words = ["sh", "-c", "echo $X", "it's"].map(String::from);
+        assert_eq!(shell_words(&words), "sh -c 'echo $X' 'it'\\''s'");
+    }
+
+    #[test]
+    fn shows_figures_ratios_differences_and_missing_allocators() {
+        let c = reduce(
+            vec!["./prog".into()],
+            vec![spec("glibc", true), spec("arena-max-2", true), spec("jemalloc", false)],
+            vec![vec![run(80 << 20, 1, 0)], vec![run(20 << 20, 2, 1)], vec![]],
+            SteadyWindow { from_seconds: None },
+            10,
+        );
+        let text = compare(&c);
+        assert!(text.contains("stdin was /dev/null"), "{text}");
+        assert!(text.contains("! stdout DIFFERS from glibc's under: arena-max-2"), "{text}");
+        assert!(text.contains("! exit status DIFFERS from glibc's (0) under: arena-max-2 (exit 1)"), "{text}");
+        assert!(text.contains("20.0 MiB"), "{text}");
+        assert!(text.contains("0.25×"), "{text}");
+        assert!(text.contains("jemalloc: not installed (apt install libjemalloc2)"), "{text}");
+        assert!(text.contains("Recommendation: "), "{text}");
+    }
+}
