@@ -100,6 +100,18 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     out
 }
 
+/// A few lines for the end of `memgap run`: the rows as shares of RSS and
+/// the verdict, each line prefixed `memgap: `.
+pub fn brief(l: &Ledger) -> String {
+    let rows: Vec<String> = l.rows.named().iter().filter(|(_, v)| *v > 0).map(|(name, v)| format!("{name} {} ({:.0}%)", bytes(*v), percent(*v, l.rss_bytes))).collect();
+    let mut out = format!("memgap: at exit, RSS {}: {}\n", bytes(l.rss_bytes), rows.join(", "));
+    for line in wrap(&l.verdict, 90, "memgap: ").lines() {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// Every mapping with its resident bytes and the row it went to.
 pub fn mappings(l: &Ledger) -> String {
     let mut out = String::new();
@@ -231,6 +243,12 @@ mod tests {
         assert_eq!(cell_text(&pages, false), "#");
         assert_eq!(cell_text(&[PageClass::Free { trimmable: true }], false), "T");
         assert_eq!(cell_text(&[PageClass::Used { fill: 10 }], false), ".");
+    }
+
+    #[test]
+    fn brief_is_prefixed_lines() {
+        let l = Ledger { rss_bytes: 4096, rows: memgap_model::Rows { live: 4096, ..Default::default() }, verdict: "All live.".into(), ..Ledger::default() };
+        assert_eq!(brief(&l), "memgap: at exit, RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n");
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub struct Args {
     /// Which snapshot: peak (highest RSS), end, or seconds since start.
     #[arg(long, default_value = "peak")]
     at: At,
-    /// Colours: auto (on a terminal), always, never.
+    /// Colours: auto (on a terminal, unless NO_COLOR is set), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
 }
@@ -30,7 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let color = match args.color.as_str() {
         "always" => true,
         "never" => false,
-        _ => std::io::stdout().is_terminal(),
+        _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
     output::print(&memgap_views::ledger::page_map(&ledger.page_maps, color))?;
     Ok(ExitCode::SUCCESS)

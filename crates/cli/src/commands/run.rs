@@ -232,7 +232,10 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
         eprintln!("memgap: {} more from processes it started: {}", others.len(), names.join(", "));
     }
     if recorded {
-        eprintln!("memgap: details: memgap summary {}", trace.display());
+        if let Ok(Some(ledger)) = memgap_model::ledger_at(trace, memgap_model::At::End, false) {
+            eprint!("{}", memgap_views::ledger::brief(&ledger));
+        }
+        eprintln!("memgap: details: memgap ledger|blame|map|report {}", trace.display());
     }
 }
 
