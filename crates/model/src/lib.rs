@@ -2,7 +2,9 @@
 //!
 //! Each fact is a plain serializable struct built by a [`memgap_replay::Visitor`]:
 //! the [`Summary`] of a run, and the [`Ledger`] (every resident byte in one
-//! row, with the page map) at a snapshot. Views (terminal, JSON, HTML) only
+//! row, with the page map) at a snapshot; and, from outside with no
+//! recording, the [`ProcessLedger`] of a running process (filled by an
+//! adapter that reads procfs). Views (terminal, JSON, HTML) only
 //! format these structs.
 //!
 //! Not for: reading trace bytes (replay) or formatting (views).
@@ -20,12 +22,14 @@
 pub mod blame;
 mod heap_state;
 pub mod ledger;
+mod outside;
 mod snapshots;
 mod summary;
 
 pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use heap_state::HeapState;
 pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
+pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, UNKNOWN_ROWS, outside_ledger};
 pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};
 pub use summary::{SizeCount, Summary};
 

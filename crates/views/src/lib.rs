@@ -15,4 +15,5 @@ pub mod export;
 pub mod format;
 pub mod json;
 pub mod ledger;
+pub mod outside;
 pub mod terminal;

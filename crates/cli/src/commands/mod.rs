@@ -4,5 +4,6 @@ pub mod ledger;
 pub mod map;
 pub mod run;
 pub mod snap;
+pub mod snapshot;
 pub mod summary;
 pub mod timeline;
