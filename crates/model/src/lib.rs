@@ -29,7 +29,7 @@ mod summary;
 pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use heap_state::HeapState;
 pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
-pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, UNKNOWN_ROWS, outside_ledger};
+pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
 pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};
 pub use summary::{SizeCount, Summary};
 

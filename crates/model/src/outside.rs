@@ -153,6 +153,59 @@ pub struct ProcessLedger {
     pub verdict: String,
 }
 
+/// A malloc_trim(0) call made inside a running process (by memgap-attach).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct TrimCall {
+    /// How the call was made: "ptrace".
+    pub method: String,
+    /// The thread that made it.
+    pub thread: u32,
+    /// Rounds over the threads until one was outside the allocator.
+    pub attempts: u32,
+    /// malloc_trim's result: 1 if it released memory, 0 if not.
+    #[serde(rename = "malloc_trim_returned")]
+    pub returned: i32,
+    pub call_seconds: f64,
+}
+
+/// RSS and heap before and after a malloc_trim(0), and what came back.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct TrimReport {
+    pub pid: u32,
+    pub command: String,
+    #[serde(flatten)]
+    pub call: TrimCall,
+    /// VmRSS.
+    pub rss_before_bytes: u64,
+    pub rss_after_bytes: u64,
+    /// Resident bytes of the heap mappings (smaps Rss).
+    pub heap_before_bytes: u64,
+    pub heap_after_bytes: u64,
+    /// The drop in VmRSS (negative if RSS grew meanwhile).
+    pub returned_bytes: i64,
+    pub heap_returned_bytes: i64,
+    /// heap_returned_bytes ÷ heap_before_bytes, in percent.
+    pub heap_returned_percent: f64,
+}
+
+impl TrimReport {
+    pub fn new(before: &ProcessLedger, after: &ProcessLedger, call: TrimCall) -> TrimReport {
+        let heap_returned_bytes = before.groups.heap as i64 - after.groups.heap as i64;
+        TrimReport {
+            pid: before.pid,
+            command: before.command.clone(),
+            call,
+            rss_before_bytes: before.rss_bytes,
+            rss_after_bytes: after.rss_bytes,
+            heap_before_bytes: before.groups.heap,
+            heap_after_bytes: after.groups.heap,
+            returned_bytes: before.rss_bytes as i64 - after.rss_bytes as i64,
+            heap_returned_bytes,
+            heap_returned_percent: if before.groups.heap == 0 { 0.0 } else { heap_returned_bytes as f64 * 100.0 / before.groups.heap as f64 },
+        }
+    }
+}
+
 /// The ledger of `reading`.
 pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
     let glibc = reading.allocator == "glibc";
@@ -389,6 +442,16 @@ mod tests {
         r.allocator = "jemalloc".into();
         let l = outside_ledger(&r);
         assert_eq!((l.arenas, l.heaps[0].kind), (0, "mappings"));
+    }
+
+    #[test]
+    fn trim_report() {
+        let ledger = |rss, heap| ProcessLedger { pid: 9, rss_bytes: rss, groups: Groups { heap, ..Groups::default() }, ..ProcessLedger::default() };
+        let report = TrimReport::new(&ledger(100 * MIB, 80 * MIB), &ledger(40 * MIB, 20 * MIB), TrimCall { method: "ptrace".into(), ..TrimCall::default() });
+        assert_eq!((report.returned_bytes, report.heap_returned_bytes), (60 * MIB as i64, 60 * MIB as i64));
+        assert_eq!(report.heap_returned_percent, 75.0);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!((json["method"].as_str(), json["malloc_trim_returned"].as_i64()), (Some("ptrace"), Some(0)));
     }
 
     #[test]
