@@ -1,9 +1,10 @@
 //! Terminal views of a running process seen from outside: `memgap snapshot
-//! PID` (the rows it can know, and which need a recording).
+//! PID` (the rows it can know, and which need a recording) and `memgap trim
+//! PID` (what malloc_trim gave back).
 
 use std::fmt::Write;
 
-use memgap_model::{CgroupMemory, ProcessLedger};
+use memgap_model::{CgroupMemory, ProcessLedger, TrimReport};
 
 use crate::format::bytes;
 use crate::ledger::wrap;
@@ -81,6 +82,43 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let _ = writeln!(out, "  {}", cgroup_line(l.cgroup.as_ref()));
     let _ = writeln!(out);
     out.push_str(&wrap(&l.verdict, 78, "  "));
+    out
+}
+
+pub fn trim(r: &TrimReport) -> String {
+    let mut out = String::new();
+    let c = &r.call;
+    let tries = if c.attempts > 1 { format!(", after {} rounds over the threads", c.attempts) } else { String::new() };
+    let _ = writeln!(
+        out,
+        "memgap trim — pid {} ({}) — malloc_trim(0) called by {} injection in thread {}{tries}: returned {} in {:.1} ms",
+        r.pid,
+        r.command,
+        c.method,
+        c.thread,
+        c.returned,
+        c.call_seconds * 1000.0
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  {:<10} {:>11} {:>11} {:>11}", "", "before", "after", "returned");
+    let signed = |v: i64| if v < 0 { format!("-{}", bytes(v.unsigned_abs())) } else { bytes(v as u64) };
+    let _ = writeln!(out, "  {:<10} {:>11} {:>11} {:>11}", "VmRSS", bytes(r.rss_before_bytes), bytes(r.rss_after_bytes), signed(r.returned_bytes));
+    let _ = writeln!(
+        out,
+        "  {:<10} {:>11} {:>11} {:>11}  ({:.1}% of the heap)",
+        "heap Rss",
+        bytes(r.heap_before_bytes),
+        bytes(r.heap_after_bytes),
+        signed(r.heap_returned_bytes),
+        r.heap_returned_percent
+    );
+    let _ = writeln!(out);
+    let advice = if r.heap_returned_percent >= 20.0 {
+        "glibc was keeping free pages the program no longer used. Trimming regularly keeps them out of RSS: `memgap run --trim-only` without code changes, or malloc_trim(0) from the program."
+    } else {
+        "Little came back: the heap's resident pages hold live blocks (or free space glibc cannot return). `memgap run` then `memgap ledger` shows which."
+    };
+    out.push_str(&wrap(advice, 78, "  "));
     out
 }
 

@@ -7,3 +7,4 @@ pub mod snap;
 pub mod snapshot;
 pub mod summary;
 pub mod timeline;
+pub mod trim;

@@ -43,6 +43,11 @@ pub fn arg(path: &Path) -> &str {
 /// Compiles `tests/programs/<source>` (.c, .cpp or .rs) into `dir` and
 /// returns the executable's path.
 pub fn compile(dir: &Path, source: &str) -> PathBuf {
+    compile_with(dir, source, &[])
+}
+
+/// `compile` with more compiler flags (e.g. `-static`).
+pub fn compile_with(dir: &Path, source: &str, flags: &[&str]) -> PathBuf {
     let src = programs_dir().join(source);
     let (stem, ext) = source.rsplit_once('.').expect("source file has an extension");
     let exe = dir.join(stem);
@@ -53,7 +58,7 @@ pub fn compile(dir: &Path, source: &str) -> PathBuf {
         "rs" => command("rustc", ["-O", "--edition", "2021"]),
         _ => panic!("don't know how to compile {source}"),
     };
-    cmd.arg("-o").arg(&exe).arg(&src);
+    cmd.args(flags).arg("-o").arg(&exe).arg(&src);
     let out = output_of(&mut cmd);
     assert!(out.status.success(), "compiling {source} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     exe
@@ -221,7 +226,10 @@ impl Background {
     pub fn start(cmd: &mut Command, lines: usize) -> Background {
         use std::io::BufRead;
         use std::os::unix::process::CommandExt;
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).process_group(0).env_remove("LD_PRELOAD");
+        if !cmd.get_envs().any(|(key, _)| key == "LD_PRELOAD") {
+            cmd.env_remove("LD_PRELOAD");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).process_group(0);
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let pid = child.id();
         let stdout = child.stdout.take().unwrap();
