@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::heap_state::HeapState;
 
 /// glibc keeps each heap in 64 MiB-aligned reservations (HEAP_MAX_SIZE).
-const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
+pub(crate) const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
 /// glibc's malloc_trim releases the pages of a free chunk from
 /// chunk + sizeof(struct malloc_chunk) (48 bytes) on; our block extents end
 /// 8 bytes into the next chunk.

@@ -3,8 +3,10 @@
 //! Each fact is a plain serializable struct built by a [`memgap_replay::Visitor`]:
 //! the [`Summary`] of a run, and the [`Ledger`] (every resident byte in one
 //! row, with the page map) at a snapshot; [`compare`] reduces runs of a
-//! command under several allocators, measured from outside, to a comparison.
-//! Views (terminal, JSON, HTML) only format these structs.
+//! command under several allocators, measured from outside, to a comparison;
+//! and, from outside with no recording, the [`ProcessLedger`] of a running
+//! process (filled by an adapter that reads procfs). Views (terminal, JSON,
+//! HTML) only format these structs.
 //!
 //! Not for: reading trace bytes (replay) or formatting (views).
 //!
@@ -23,12 +25,14 @@ pub mod compare;
 mod heap_state;
 pub mod ledger;
 pub mod report;
+mod outside;
 mod snapshots;
 mod summary;
 
 pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use heap_state::HeapState;
 pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
+pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
 pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};
 pub use summary::{SizeCount, Summary};
 

@@ -23,6 +23,7 @@ pub mod event;
 pub mod framing;
 pub mod reader;
 pub mod records;
+pub mod smaps;
 pub mod varint;
 
 pub use event::{Event, EventKind};

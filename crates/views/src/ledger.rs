@@ -14,7 +14,7 @@ fn percent(part: u64, whole: u64) -> f64 {
 }
 
 /// Wraps `text` to `width` columns, each line indented by `indent`.
-fn wrap(text: &str, width: usize, indent: &str) -> String {
+pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> String {
     let mut out = String::new();
     let mut line = String::new();
     for word in text.split_whitespace() {

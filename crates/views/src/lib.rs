@@ -17,4 +17,5 @@ pub mod format;
 pub mod html;
 pub mod json;
 pub mod ledger;
+pub mod outside;
 pub mod terminal;

@@ -6,5 +6,7 @@ pub mod map;
 pub mod report;
 pub mod run;
 pub mod snap;
+pub mod snapshot;
 pub mod summary;
 pub mod timeline;
+pub mod trim;

@@ -43,6 +43,11 @@ pub fn arg(path: &Path) -> &str {
 /// Compiles `tests/programs/<source>` (.c, .cpp or .rs) into `dir` and
 /// returns the executable's path.
 pub fn compile(dir: &Path, source: &str) -> PathBuf {
+    compile_with(dir, source, &[])
+}
+
+/// `compile` with more compiler flags (e.g. `-static`).
+pub fn compile_with(dir: &Path, source: &str, flags: &[&str]) -> PathBuf {
     let src = programs_dir().join(source);
     let (stem, ext) = source.rsplit_once('.').expect("source file has an extension");
     let exe = dir.join(stem);
@@ -53,7 +58,7 @@ pub fn compile(dir: &Path, source: &str) -> PathBuf {
         "rs" => command("rustc", ["-O", "--edition", "2021"]),
         _ => panic!("don't know how to compile {source}"),
     };
-    cmd.arg("-o").arg(&exe).arg(&src);
+    cmd.args(flags).arg("-o").arg(&exe).arg(&src);
     let out = output_of(&mut cmd);
     assert!(out.status.success(), "compiling {source} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     exe
@@ -202,3 +207,90 @@ pub fn children_of(pid: u32) -> Vec<u32> {
     children
 }
 
+
+// ---------------------------------------------------------------------------
+// Processes that keep running while memgap looks at them (attach tests).
+
+/// A program started in the background in its own process group; it is
+/// SIGKILLed (with its group) when dropped.
+pub struct Background {
+    pub child: Child,
+    pub pid: u32,
+    /// The lines it printed before `start` returned.
+    pub lines: Vec<String>,
+}
+
+impl Background {
+    /// Starts `cmd` (stdin closed, stderr inherited) and waits for its first
+    /// `lines` lines on stdout, failing after TIMEOUT.
+    pub fn start(cmd: &mut Command, lines: usize) -> Background {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        if !cmd.get_envs().any(|(key, _)| key == "LD_PRELOAD") {
+            cmd.env_remove("LD_PRELOAD");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).process_group(0);
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let pid = child.id();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut running = Background { child, pid, lines: Vec::new() };
+        while running.lines.len() < lines {
+            match receiver.recv_timeout(TIMEOUT) {
+                Ok(line) => running.lines.push(line),
+                Err(_) => panic!("{cmd:?} printed {:?}, then nothing within {TIMEOUT:?}", running.lines),
+            }
+        }
+        running
+    }
+
+    /// The number after `key ` in the lines it printed ("kept 1234").
+    pub fn printed(&self, key: &str) -> u64 {
+        let prefix = format!("{key} ");
+        self.lines.iter().find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok()).unwrap_or_else(|| panic!("no \"{key} N\" in {:?}", self.lines))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        sigkill(-(self.pid as i32));
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `Key:` in /proc/PID/status.
+pub fn proc_status(pid: u32, key: &str) -> Option<String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| Some(line.strip_prefix(key)?.strip_prefix(':')?.trim().to_string()))
+}
+
+/// A `kB` figure of /proc/PID/status, in bytes.
+pub fn proc_status_bytes(pid: u32, key: &str) -> u64 {
+    let value = proc_status(pid, key).unwrap_or_else(|| panic!("no {key} for process {pid}"));
+    value.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("{key}: {value}")) * 1024
+}
+
+/// A pid no process has: one of a child that has been reaped.
+pub fn unused_pid() -> u32 {
+    let mut child = Command::new("true").spawn().expect("start true");
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// Fails unless `out` failed with exactly one line on stderr and nothing on
+/// stdout; returns that line.
+pub fn assert_one_line_failure(out: &Output) -> String {
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "succeeded: {}\n{}", text(&out.stdout), stderr);
+    assert_eq!(stderr.lines().count(), 1, "not one line on stderr:\n{stderr}");
+    assert!(out.stdout.is_empty(), "printed on stdout: {}", text(&out.stdout));
+    stderr.trim().to_string()
+}

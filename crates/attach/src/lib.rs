@@ -1,0 +1,47 @@
+//! Reading a running process from outside, with no agent in it: the
+//! adapter behind `memgap snapshot PID` (procfs figures for the model's
+//! [`memgap_model::ProcessLedger`]) and `memgap trim PID` (malloc_trim(0)
+//! called inside the process through ptrace, on one thread held for the
+//! length of the call).
+//!
+//! Not for: recording (the agent does that) or rendering (views).
+//!
+//! ```no_run
+//! let reading = memgap_attach::read_process(1234)?;
+//! let ledger = memgap_model::outside_ledger(&reading);
+//! println!("heap: {} bytes of {} RSS", ledger.heap_bytes, ledger.rss_bytes);
+//! # Ok::<(), memgap_attach::AttachError>(())
+//! ```
+
+pub mod cgroup;
+mod error;
+#[cfg(target_arch = "x86_64")]
+mod libc_image;
+pub mod modules;
+pub mod procfs;
+#[cfg(target_arch = "x86_64")]
+mod remote_call;
+#[cfg(target_arch = "x86_64")]
+mod tracee;
+#[cfg(target_arch = "x86_64")]
+mod trim;
+
+pub use error::{AttachError, permission_cause};
+pub use procfs::read_process;
+#[cfg(target_arch = "x86_64")]
+pub use trim::{TrimOptions, malloc_trim};
+
+/// `memgap trim` injects its call with the x86-64 calling convention.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn malloc_trim(pid: u32, _options: &TrimOptions) -> Result<memgap_model::TrimCall, AttachError> {
+    Err(AttachError::Unsuitable { pid, state: "cannot be trimmed: memgap trim supports x86-64 only".into() })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Debug, Clone, Default)]
+pub struct TrimOptions {
+    pub thread: Option<u32>,
+    pub rounds: u32,
+    pub pause: std::time::Duration,
+    pub patience: std::time::Duration,
+}

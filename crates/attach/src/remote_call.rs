@@ -1,0 +1,136 @@
+//! Calling a function inside another process, on one of its threads held by
+//! ptrace (x86-64 System V ABI).
+//!
+//! The thread's registers (general and vector) and the stack word used are
+//! saved; the call is set up below the red zone with a return address of 0,
+//! so the function's `ret` faults at address 0 and the SIGSEGV stops the
+//! thread before any handler sees it; then everything is put back as it was.
+//! `orig_rax = -1` keeps the kernel from restarting an interrupted system
+//! call in the middle of ours; the saved registers restart it afterwards.
+
+use std::time::{Duration, Instant};
+
+use libc::user_regs_struct;
+
+use crate::error::AttachError;
+use crate::tracee::{Stop, StoppedThread};
+
+/// The System V red zone below the stack pointer, which leaf code may use.
+const RED_ZONE: u64 = 128;
+/// The direction flag, which the ABI wants clear at a call.
+const DIRECTION_FLAG: u64 = 1 << 10;
+
+/// What a call gave back.
+#[derive(Debug, Clone, Copy)]
+pub struct Returned {
+    pub value: u64,
+    pub duration: Duration,
+}
+
+/// Calls `function(argument)` on `thread`. If it has not returned after
+/// `patience`, asks `can_abandon` (with the thread stopped) whether leaving
+/// it there is harmless; if so, gives up, otherwise waits again.
+/// The thread's state is restored on every path where it still exists.
+pub fn call(
+    thread: &mut StoppedThread,
+    function: u64,
+    argument: u64,
+    patience: Duration,
+    can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool,
+) -> Result<Returned, AttachError> {
+    let saved = thread.registers()?;
+    let saved_vector = thread.extended_state()?;
+    // At a function's first instruction rsp + 8 is 16-aligned: the slot at
+    // rsp holds the return address.
+    let return_slot = ((saved.rsp - RED_ZONE - 256) & !15) - 8;
+    let saved_word = thread.read_word(return_slot).ok_or_else(|| AttachError::Failed(format!("cannot read the stack of thread {}", thread.tid)))?;
+    thread.write_word(return_slot, 0)?;
+    let mut regs = saved;
+    regs.rip = function;
+    regs.rdi = argument;
+    regs.rsp = return_slot;
+    regs.rax = 0;
+    regs.orig_rax = u64::MAX;
+    regs.eflags &= !DIRECTION_FLAG;
+    let started = Instant::now();
+    let outcome = thread.set_registers(regs).map_err(CallError::Failed).and_then(|()| run_until_return(thread, patience, can_abandon));
+    let duration = started.elapsed();
+    let ended = || AttachError::Failed(format!("process {} ended during the call", thread.pid));
+    if matches!(outcome, Err(CallError::Gone)) {
+        return Err(ended());
+    }
+    // Put everything back, whatever happened.
+    let restored = thread.set_registers(saved).and_then(|()| thread.set_extended_state(&saved_vector)).and_then(|()| thread.write_word(return_slot, saved_word));
+    let value = outcome.map_err(|e| match e {
+        CallError::Failed(e) => e,
+        CallError::Abandoned => AttachError::Failed(format!(
+            "the call did not return within {:.1} s: it waits for an allocator lock (held by a thread stuck inside malloc?); it was abandoned, the process is as it was",
+            duration.as_secs_f64()
+        )),
+        CallError::Gone => ended(),
+    })?;
+    restored?;
+    Ok(Returned { value, duration })
+}
+
+enum CallError {
+    Failed(AttachError),
+    Abandoned,
+    Gone,
+}
+
+impl From<AttachError> for CallError {
+    fn from(e: AttachError) -> Self {
+        CallError::Failed(e)
+    }
+}
+
+/// Runs the thread until the call returns (a SIGSEGV at address 0); the
+/// value it returned, in rax.
+fn run_until_return(thread: &mut StoppedThread, patience: Duration, can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool) -> Result<u64, CallError> {
+    thread.resume()?;
+    let mut deadline = Instant::now() + patience;
+    loop {
+        match thread.wait(Some(deadline))? {
+            Some(Stop::Gone) => return Err(CallError::Gone),
+            Some(Stop::Signal(libc::SIGSEGV)) => return returned(thread),
+            Some(Stop::Signal(signal)) => {
+                thread.hold_signal(signal);
+                thread.resume()?;
+            }
+            Some(Stop::Interrupted) => thread.resume()?,
+            None => {
+                thread.interrupt()?;
+                let regs = loop {
+                    match thread.wait(None)? {
+                        Some(Stop::Gone) => return Err(CallError::Gone),
+                        Some(Stop::Signal(libc::SIGSEGV)) => return returned(thread),
+                        Some(Stop::Signal(signal)) => {
+                            thread.hold_signal(signal);
+                            thread.resume()?;
+                        }
+                        _ => break thread.registers()?,
+                    }
+                };
+                if can_abandon(thread, &regs) {
+                    return Err(CallError::Abandoned);
+                }
+                eprintln!("memgap: the call in thread {} still runs after {:.0} s; waiting", thread.tid, patience.as_secs_f64());
+                thread.resume()?;
+                deadline = Instant::now() + patience;
+            }
+        }
+    }
+}
+
+/// At a SIGSEGV: the call's return (at address 0) and its value, or a crash.
+fn returned(thread: &StoppedThread) -> Result<u64, CallError> {
+    let regs = thread.registers()?;
+    if regs.rip == 0 {
+        return Ok(regs.rax);
+    }
+    Err(CallError::Failed(AttachError::Failed(format!(
+        "the called function crashed (SIGSEGV at {:#x}) in thread {}; its registers were restored",
+        regs.rip, thread.tid
+    ))))
+}

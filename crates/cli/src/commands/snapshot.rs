@@ -1,0 +1,34 @@
+//! `memgap snapshot PID [--json] [--mappings]`: the ledger rows of a running
+//! process that need no recording, read from /proc/PID.
+
+use std::process::ExitCode;
+
+use crate::output;
+
+/// The memory of a running process from outside, with no agent: heap,
+/// stacks, files, shared memory, NUMA nodes and its cgroup's limit. Which
+/// part of the heap is live, fragmented or retained needs `memgap run`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The process (as root, any process, also one in a container, by its host pid).
+    pid: u32,
+    #[arg(long)]
+    json: bool,
+    /// Also list every mapping and its group.
+    #[arg(long)]
+    mappings: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let reading = memgap_attach::read_process(args.pid)?;
+    let ledger = memgap_model::outside_ledger(&reading);
+    if args.json {
+        output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
+    } else {
+        output::print(&memgap_views::outside::snapshot(&ledger))?;
+        if args.mappings {
+            output::print(&format!("\n{}", memgap_views::outside::mappings(&ledger)))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

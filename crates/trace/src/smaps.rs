@@ -1,0 +1,78 @@
+//! /proc/PID/smaps, parsed into the [`Mapping`]s a snapshot holds: by the
+//! agent for its own process, and by `memgap snapshot` for another one.
+
+use crate::records::Mapping;
+
+/// Parses /proc/PID/smaps: a header line per mapping
+/// (`start-end perms offset dev inode [name]`) followed by `Key: N kB` lines.
+pub fn parse_smaps(text: &[u8]) -> Vec<Mapping> {
+    let mut mappings: Vec<Mapping> = Vec::new();
+    for line in text.split(|&b| b == b'\n') {
+        if line.is_empty() {
+            continue;
+        }
+        let first = line.split(|&b| b == b' ').next().unwrap_or(&[]);
+        if let Some(dash) = first.iter().position(|&b| b == b'-') {
+            if let (Some(start), Some(end)) = (hex(&first[..dash]), hex(&first[dash + 1..])) {
+                let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+                fields.next();
+                let perms = fields.next().unwrap_or(&[]);
+                let offset = fields.next().and_then(hex).unwrap_or(0);
+                fields.next(); // device
+                let inode = fields.next().and_then(decimal).unwrap_or(0);
+                let name: Vec<u8> = fields.collect::<Vec<_>>().join(&b' ');
+                mappings.push(Mapping {
+                    start,
+                    end,
+                    perms: String::from_utf8_lossy(perms).into_owned(),
+                    offset,
+                    inode,
+                    name: String::from_utf8_lossy(&name).into_owned(),
+                    ..Mapping::default()
+                });
+                continue;
+            }
+        }
+        let Some(mapping) = mappings.last_mut() else { continue };
+        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+        let kib = || line[colon + 1..].split(|&b| b == b' ').find(|f| !f.is_empty()).and_then(decimal).unwrap_or(0) * 1024;
+        match &line[..colon] {
+            b"Rss" => mapping.rss = kib(),
+            b"Anonymous" => mapping.anonymous = kib(),
+            b"LazyFree" => mapping.lazy_free = kib(),
+            b"Swap" => mapping.swap = kib(),
+            _ => {}
+        }
+    }
+    mappings
+}
+
+fn hex(text: &[u8]) -> Option<u64> {
+    u64::from_str_radix(core::str::from_utf8(text).ok()?, 16).ok()
+}
+
+fn decimal(text: &[u8]) -> Option<u64> {
+    core::str::from_utf8(text).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_smaps() {
+        let text = b"55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]\n\
+Size:                132 kB\nRss:                   8 kB\nAnonymous:             8 kB\nLazyFree:              4 kB\nSwap:                  0 kB\n\
+7f1c8a000000-7f1c8a021000 r-xp 00002000 fe:01 1234                       /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+Rss:                 100 kB\nVmFlags: rd ex mr mw me\n\
+7f1c8b000000-7f1c8b001000 rw-p 00000000 00:00 0 \nRss: 4 kB\n";
+        let maps = parse_smaps(text);
+        assert_eq!(maps.len(), 3);
+        assert_eq!((maps[0].start, maps[0].end, maps[0].name.as_str()), (0x55d0c0a00000, 0x55d0c0a21000, "[heap]"));
+        assert_eq!((maps[0].rss, maps[0].anonymous, maps[0].lazy_free), (8192, 8192, 4096));
+        assert_eq!((maps[1].inode, maps[1].offset, maps[1].rss), (1234, 0x2000, 102400));
+        assert_eq!(maps[1].name, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert!(maps[0].is_private_writable_anonymous() && !maps[1].is_private_writable_anonymous());
+        assert!(maps[2].is_private_writable_anonymous() && maps[2].name.is_empty());
+    }
+}

@@ -1,0 +1,177 @@
+//! Terminal views of a running process seen from outside: `memgap snapshot
+//! PID` (the rows it can know, and which need a recording) and `memgap trim
+//! PID` (what malloc_trim gave back).
+
+use std::fmt::Write;
+
+use memgap_model::{CgroupMemory, ProcessLedger, TrimReport};
+
+use crate::format::bytes;
+use crate::ledger::wrap;
+
+const BAR_WIDTH: usize = 30;
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 { 0.0 } else { part as f64 * 100.0 / whole as f64 }
+}
+
+pub fn snapshot(l: &ProcessLedger) -> String {
+    let mut out = String::new();
+    let allocator = match l.allocator.as_str() {
+        "unknown" => "no libc.so.6 (statically linked)".to_string(),
+        name => format!("{name} malloc"),
+    };
+    let threads = if l.threads == 1 { "1 thread".to_string() } else { format!("{} threads", l.threads) };
+    let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — from /proc, no recording", l.pid, l.command);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  {:<12} {:>11} {:>7}", "row", "bytes", "% RSS");
+    for (name, value) in l.rows.named() {
+        let share = percent(value, l.rss_bytes);
+        let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
+        let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
+    }
+    let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(l.rows.total()));
+    let residual = if l.residual_bytes < 0 { format!("-{}", bytes(l.residual_bytes.unsigned_abs())) } else { bytes(l.residual_bytes as u64) };
+    let _ = writeln!(out, "  {:<12} {:>11}   residual {residual}", "RSS (kernel)", bytes(l.rss_bytes));
+    let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
+    let _ = writeln!(out);
+    let s = &l.status;
+    let _ = writeln!(
+        out,
+        "  status: VmRSS {} = RssAnon {} + RssFile {} + RssShmem {}",
+        bytes(s.vm_rss_bytes),
+        bytes(s.rss_anon_bytes),
+        bytes(s.rss_file_bytes),
+        bytes(s.rss_shmem_bytes)
+    );
+    let t = &l.smaps;
+    let _ = writeln!(
+        out,
+        "  smaps: Rss {}, Anonymous {}, LazyFree {}, Swap {}",
+        bytes(t.rss_bytes),
+        bytes(t.anonymous_bytes),
+        bytes(t.lazy_free_bytes),
+        bytes(t.swap_bytes)
+    );
+    let g = &l.groups;
+    let _ = writeln!(
+        out,
+        "  mappings: heap {}, stacks {}, files {}, shared {}, other anonymous {}",
+        bytes(g.heap),
+        bytes(g.stacks),
+        bytes(g.file),
+        bytes(g.shared),
+        bytes(g.anonymous_other)
+    );
+    if !l.heaps.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "  {:<36} {:>10} {:>10} {:>10}", "heap", "resident", "lazy_free", "reserved");
+        for h in &l.heaps {
+            let name = if h.mappings > 1 { format!("{} ({})", h.name, h.mappings) } else { h.name.clone() };
+            let _ = writeln!(out, "  {name:<36} {:>10} {:>10} {:>10}", bytes(h.resident_bytes), bytes(h.lazy_free_bytes), bytes(h.reserved_bytes));
+        }
+        if l.arenas > 0 {
+            let _ = writeln!(out, "  glibc arenas: {} (the main one plus each 64 MiB heap)", l.arenas);
+        }
+    }
+    let _ = writeln!(out);
+    if !l.numa.is_empty() {
+        let nodes: Vec<String> = l.numa.iter().map(|(node, b)| format!("node {node} {}", bytes(*b))).collect();
+        let _ = writeln!(out, "  NUMA: {}", nodes.join(", "));
+    }
+    let _ = writeln!(out, "  {}", cgroup_line(l.cgroup.as_ref()));
+    let _ = writeln!(out);
+    out.push_str(&wrap(&l.verdict, 78, "  "));
+    out
+}
+
+pub fn trim(r: &TrimReport) -> String {
+    let mut out = String::new();
+    let c = &r.call;
+    let tries = if c.attempts > 1 { format!(", after {} rounds over the threads", c.attempts) } else { String::new() };
+    let _ = writeln!(
+        out,
+        "memgap trim — pid {} ({}) — malloc_trim(0) called by {} injection in thread {}{tries}: returned {} in {:.1} ms",
+        r.pid,
+        r.command,
+        c.method,
+        c.thread,
+        c.returned,
+        c.call_seconds * 1000.0
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  {:<10} {:>11} {:>11} {:>11}", "", "before", "after", "returned");
+    let signed = |v: i64| if v < 0 { format!("-{}", bytes(v.unsigned_abs())) } else { bytes(v as u64) };
+    let _ = writeln!(out, "  {:<10} {:>11} {:>11} {:>11}", "VmRSS", bytes(r.rss_before_bytes), bytes(r.rss_after_bytes), signed(r.returned_bytes));
+    let _ = writeln!(
+        out,
+        "  {:<10} {:>11} {:>11} {:>11}  ({:.1}% of the heap)",
+        "heap Rss",
+        bytes(r.heap_before_bytes),
+        bytes(r.heap_after_bytes),
+        signed(r.heap_returned_bytes),
+        r.heap_returned_percent
+    );
+    let _ = writeln!(out);
+    let advice = if r.heap_returned_percent >= 20.0 {
+        "glibc was keeping free pages the program no longer used. Trimming regularly keeps them out of RSS: `memgap run --trim-only` without code changes, or malloc_trim(0) from the program."
+    } else {
+        "Little came back: the heap's resident pages hold live blocks (or free space glibc cannot return). `memgap run` then `memgap ledger` shows which."
+    };
+    out.push_str(&wrap(advice, 78, "  "));
+    out
+}
+
+fn cgroup_line(cgroup: Option<&CgroupMemory>) -> String {
+    let Some(c) = cgroup else {
+        return "cgroup: none with memory accounting".to_string();
+    };
+    let mut line = format!("cgroup v{} {}: {}", c.version, c.path, bytes(c.current_bytes));
+    match (c.max_bytes, c.used_percent, c.headroom_bytes) {
+        (Some(max), Some(used), Some(headroom)) => {
+            let at = c.limit_path.as_deref().filter(|p| *p != c.path).map(|p| format!(" (set on {p})")).unwrap_or_default();
+            let _ = write!(line, " of {}{at} ({used:.1}%), {} left before the OOM killer", bytes(max), bytes(headroom));
+        }
+        _ => line.push_str(", no limit"),
+    }
+    let parts: Vec<String> = c.stat.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {}", bytes(*v))).collect();
+    if !parts.is_empty() {
+        let _ = write!(line, "; {}", parts.join(", "));
+    }
+    if let Some(kills) = c.oom_kills.filter(|&k| k > 0) {
+        let _ = write!(line, "; {kills} OOM kill{} so far", if kills == 1 { "" } else { "s" });
+    }
+    line
+}
+
+/// Every mapping with its resident bytes and its group.
+pub fn mappings(l: &ProcessLedger) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "  {:<33} {:<5} {:<11} {:>10} {:>10}  name", "range", "perms", "class", "resident", "lazy_free");
+    for m in l.mappings.iter().filter(|m| m.resident_bytes > 0) {
+        let range = format!("{:x}-{:x}", m.start, m.end);
+        let _ = writeln!(out, "  {range:<33} {:<5} {:<11} {:>10} {:>10}  {}", m.perms, m.class, bytes(m.resident_bytes), bytes(m.lazy_free_bytes), m.name);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_lines() {
+        assert_eq!(cgroup_line(None), "cgroup: none with memory accounting");
+        let mut c = CgroupMemory { version: 2, path: "/app".into(), current_bytes: 3 << 29, max_bytes: Some(2 << 30), used_percent: Some(75.0), headroom_bytes: Some(1 << 29), ..CgroupMemory::default() };
+        c.limit_path = Some("/".into());
+        c.stat.insert("anon".into(), 1 << 30);
+        c.oom_kills = Some(2);
+        assert_eq!(cgroup_line(Some(&c)), "cgroup v2 /app: 1.50 GiB of 2.00 GiB (set on /) (75.0%), 512 MiB left before the OOM killer; anon 1.00 GiB; 2 OOM kills so far");
+        c.max_bytes = None;
+        c.used_percent = None;
+        c.headroom_bytes = None;
+        c.stat.clear();
+        c.oom_kills = None;
+        assert_eq!(cgroup_line(Some(&c)), "cgroup v2 /app: 1.50 GiB, no limit");
+    }
+}
