@@ -112,13 +112,14 @@ pub fn brief(l: &Ledger) -> String {
     out
 }
 
-/// Every mapping with its resident bytes and the row it went to.
-pub fn mappings(l: &Ledger) -> String {
+/// Every resident mapping with its resident bytes and the row or group it
+/// went to (used by `memgap ledger` and `memgap snapshot`).
+pub fn mappings(mappings: &[memgap_model::MappingLedger]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "  {:<33} {:<5} {:<10} {:>10} {:>10}  name", "range", "perms", "class", "resident", "lazy_free");
-    for m in l.mappings.iter().filter(|m| m.resident_bytes > 0) {
+    let _ = writeln!(out, "  {:<33} {:<5} {:<12} {:>10} {:>10}  name", "range", "perms", "class", "resident", "lazy_free");
+    for m in mappings.iter().filter(|m| m.resident_bytes > 0) {
         let range = format!("{:x}-{:x}", m.start, m.end);
-        let _ = writeln!(out, "  {range:<33} {:<5} {:<10} {:>10} {:>10}  {}", m.perms, m.class, bytes(m.resident_bytes), bytes(m.lazy_free_bytes), m.name);
+        let _ = writeln!(out, "  {range:<33} {:<5} {:<12} {:>10} {:>10}  {}", m.perms, m.class, bytes(m.resident_bytes), bytes(m.lazy_free_bytes), m.name);
     }
     out
 }

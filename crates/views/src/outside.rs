@@ -144,17 +144,6 @@ fn cgroup_line(cgroup: Option<&CgroupMemory>) -> String {
     line
 }
 
-/// Every mapping with its resident bytes and its group.
-pub fn mappings(l: &ProcessLedger) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "  {:<33} {:<5} {:<11} {:>10} {:>10}  name", "range", "perms", "class", "resident", "lazy_free");
-    for m in l.mappings.iter().filter(|m| m.resident_bytes > 0) {
-        let range = format!("{:x}-{:x}", m.start, m.end);
-        let _ = writeln!(out, "  {range:<33} {:<5} {:<11} {:>10} {:>10}  {}", m.perms, m.class, bytes(m.resident_bytes), bytes(m.lazy_free_bytes), m.name);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

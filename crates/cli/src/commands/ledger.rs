@@ -33,7 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         output::print(&memgap_views::ledger::ledger(&ledger, &name))?;
         if args.mappings {
-            output::print(&format!("\n{}", memgap_views::ledger::mappings(&ledger)))?;
+            output::print(&format!("\n{}", memgap_views::ledger::mappings(&ledger.mappings)))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -27,7 +27,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         output::print(&memgap_views::outside::snapshot(&ledger))?;
         if args.mappings {
-            output::print(&format!("\n{}", memgap_views::outside::mappings(&ledger)))?;
+            output::print(&format!("\n{}", memgap_views::ledger::mappings(&ledger.mappings)))?;
         }
     }
     Ok(ExitCode::SUCCESS)
