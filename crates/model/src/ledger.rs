@@ -502,11 +502,13 @@ fn account_pages(
             PageClass::Used { fill: (taken_bytes * 255 / page) as u8 }
         } else {
             heap.retained += page;
-            // glibc's malloc_trim(0) releases whole pages inside free chunks,
-            // and the top of the main (brk) heap, but not the top of the
-            // other arenas; other allocators do not implement it.
-            let followed_by_block = next_block < blocks.len() && blocks[next_block].start < mapping.end;
-            let trimmable = glibc && ps >= (last_block_end + GLIBC_TRIM_SKIP).next_multiple_of(page) && (followed_by_block || mapping.name == "[heap]");
+            // glibc's malloc_trim(0) releases whole pages inside free chunks
+            // and the top of the brk heap. The top chunk of another arena is
+            // not trimmed, but free() already shrinks it to top_pad (128 KiB)
+            // resident, and the free end of an arena's earlier heaps is an
+            // ordinary free chunk: so every wholly free page counts. Other
+            // allocators do not implement malloc_trim.
+            let trimmable = glibc && ps >= (last_block_end + GLIBC_TRIM_SKIP).next_multiple_of(page);
             if trimmable {
                 heap.trimmable += page;
             }

@@ -23,7 +23,9 @@ pub struct Snapshotter {
 
 impl Snapshotter {
     pub fn new() -> Self {
-        Snapshotter { smaps: Vec::new(), residency: Vec::new() }
+        // Room for a few thousand mappings up front: growing the buffer while
+        // smaps is read would unmap memory the text just described.
+        Snapshotter { smaps: Vec::with_capacity(1 << 20), residency: Vec::new() }
     }
 
     /// `rss` was read just before; `read_rss_after` reads VmRSS again at the end.
@@ -75,9 +77,15 @@ impl Snapshotter {
             let addr = start + page as u64 * page_size;
             let ok = unsafe { libc::mincore(addr as *mut libc::c_void, count * page_size as usize, self.residency.as_mut_ptr()) } == 0;
             if !ok {
-                // The mapping changed under us (unmapped meanwhile): count
-                // what was seen so far, the rest as not resident.
-                break;
+                // Part of the range was unmapped after smaps was read (the
+                // agent's own buffers come and go): ask page by page, so the
+                // hole does not hide the resident pages around it.
+                for (i, byte) in self.residency[..count].iter_mut().enumerate() {
+                    let one = addr + i as u64 * page_size;
+                    if unsafe { libc::mincore(one as *mut libc::c_void, page_size as usize, byte) } != 0 {
+                        *byte = 0;
+                    }
+                }
             }
             for (i, &byte) in self.residency[..count].iter().enumerate() {
                 if byte & 1 != 0 {
