@@ -33,17 +33,24 @@ pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> String {
     out
 }
 
+/// The rows with bytes, share of RSS and a bar, then their sum.
+pub(crate) fn rows_table(rows: &[(&str, u64)], rss: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "  {:<12} {:>11} {:>7}", "row", "bytes", "% RSS");
+    for &(name, value) in rows {
+        let share = percent(value, rss);
+        let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
+        let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
+    }
+    let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(rows.iter().map(|r| r.1).sum()));
+    out
+}
+
 pub fn ledger(l: &Ledger, title: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "memgap ledger — {title} — at {:.2} s ({} snapshot)", l.at_seconds, l.snapshot_reason);
     let _ = writeln!(out);
-    let _ = writeln!(out, "  {:<12} {:>11} {:>7}", "row", "bytes", "% RSS");
-    for (name, value) in l.rows.named() {
-        let share = percent(value, l.rss_bytes);
-        let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
-        let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
-    }
-    let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(l.rows.total()));
+    out.push_str(&rows_table(&l.rows.named(), l.rss_bytes));
     let _ = writeln!(
         out,
         "  {:<12} {:>11}   residual {} ({:.2}%)",

@@ -9,12 +9,6 @@ use memgap_model::{CgroupMemory, ProcessLedger, TrimReport};
 use crate::format::bytes;
 use crate::ledger::wrap;
 
-const BAR_WIDTH: usize = 30;
-
-fn percent(part: u64, whole: u64) -> f64 {
-    if whole == 0 { 0.0 } else { part as f64 * 100.0 / whole as f64 }
-}
-
 pub fn snapshot(l: &ProcessLedger) -> String {
     let mut out = String::new();
     let allocator = match l.allocator.as_str() {
@@ -24,13 +18,7 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let threads = if l.threads == 1 { "1 thread".to_string() } else { format!("{} threads", l.threads) };
     let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — from /proc, no recording", l.pid, l.command);
     let _ = writeln!(out);
-    let _ = writeln!(out, "  {:<12} {:>11} {:>7}", "row", "bytes", "% RSS");
-    for (name, value) in l.rows.named() {
-        let share = percent(value, l.rss_bytes);
-        let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
-        let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
-    }
-    let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(l.rows.total()));
+    out.push_str(&crate::ledger::rows_table(&l.rows.named(), l.rss_bytes));
     let residual = if l.residual_bytes < 0 { format!("-{}", bytes(l.residual_bytes.unsigned_abs())) } else { bytes(l.residual_bytes as u64) };
     let _ = writeln!(out, "  {:<12} {:>11}   residual {residual}", "RSS (kernel)", bytes(l.rss_bytes));
     let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
