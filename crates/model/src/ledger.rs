@@ -376,18 +376,22 @@ pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger
     if merged.mappings > 0 {
         ledger.heaps.push(merged);
     }
-    let mut rows = Rows { runtime: ledger.stacks_bytes, lazy_free: lazy_outside_heap, ..Rows::default() };
+    let mut heap_total = HeapLedger::default();
     for heap in &ledger.heaps {
-        rows.live += heap.live;
-        rows.slack += heap.slack;
-        rows.fragmented += heap.fragmented;
-        rows.retained += heap.retained;
-        rows.lazy_free += heap.lazy_free;
-        ledger.released_bytes += heap.released;
-        ledger.trim_would_return_bytes += heap.trimmable;
+        add_heap(&mut heap_total, heap);
     }
+    ledger.released_bytes = heap_total.released;
+    ledger.trim_would_return_bytes = heap_total.trimmable;
     let other = &ledger.other_breakdown;
-    rows.other = other.file + other.shmem + other.program_mmap + other.agent + other.static_data + other.unclassified;
+    let rows = Rows {
+        live: heap_total.live,
+        slack: heap_total.slack,
+        fragmented: heap_total.fragmented,
+        retained: heap_total.retained,
+        lazy_free: heap_total.lazy_free + lazy_outside_heap,
+        runtime: ledger.stacks_bytes,
+        other: other.file + other.shmem + other.program_mmap + other.agent + other.static_data + other.unclassified,
+    };
     ledger.rows = rows;
     ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
     ledger.retained_not_trimmable_bytes = rows.retained - ledger.trim_would_return_bytes;

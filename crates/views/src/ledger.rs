@@ -131,7 +131,7 @@ pub fn mappings(mappings: &[memgap_model::MappingLedger]) -> String {
     out
 }
 
-fn signed_bytes(value: i64) -> String {
+pub(crate) fn signed_bytes(value: i64) -> String {
     if value < 0 { format!("-{}", bytes(value.unsigned_abs())) } else { bytes(value as u64) }
 }
 

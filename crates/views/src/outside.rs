@@ -19,8 +19,7 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — from /proc, no recording", l.pid, l.command);
     let _ = writeln!(out);
     out.push_str(&crate::ledger::rows_table(&l.rows.named(), l.rss_bytes));
-    let residual = if l.residual_bytes < 0 { format!("-{}", bytes(l.residual_bytes.unsigned_abs())) } else { bytes(l.residual_bytes as u64) };
-    let _ = writeln!(out, "  {:<12} {:>11}   residual {residual}", "RSS (kernel)", bytes(l.rss_bytes));
+    let _ = writeln!(out, "  {:<12} {:>11}   residual {}", "RSS (kernel)", bytes(l.rss_bytes), crate::ledger::signed_bytes(l.residual_bytes));
     let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
     let _ = writeln!(out);
     let s = &l.status;
