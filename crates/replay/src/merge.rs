@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use memgap_trace::event::{self, DeltaState, Event};
-use memgap_trace::records::{End, EventsPiece, Exit, Module, Process, Record, Records, Rss, Snapshot, Thread};
+use memgap_trace::records::{End, EventsPiece, Exit, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
@@ -40,6 +40,9 @@ pub trait Visitor {
     fn thread(&mut self, _thread: &Thread) {}
     /// The file that provides `malloc` to the program.
     fn allocator(&mut self, _path: &str) {}
+    /// A runtime's own figures, in file order (times are monotonic ns, see
+    /// [`Metrics`]), not merged with the events.
+    fn metrics(&mut self, _metrics: &Metrics) {}
     /// A call stack (return addresses, innermost first) under the id that
     /// events carry in `Event::stack`; always before the first such event.
     fn stack(&mut self, _id: u32, _frames: &[u64]) {}
@@ -137,6 +140,7 @@ impl<V: Visitor> Merger<'_, V> {
             Record::Snapshot(snapshot) => self.samples.push_back(Item::Snapshot(Box::new(snapshot))),
             Record::Thread(thread) => self.visitor.thread(&thread),
             Record::Allocator { path } => self.visitor.allocator(&path),
+            Record::Metrics(metrics) => self.visitor.metrics(&metrics),
             Record::Process(process) => {
                 self.release(u64::MAX);
                 self.threads.clear();

@@ -25,10 +25,12 @@ pub mod reader;
 pub mod records;
 pub mod smaps;
 pub mod varint;
+pub mod writer;
 
 pub use event::{Event, EventKind};
 pub use framing::Tail;
 pub use reader::TraceFile;
+pub use writer::TraceWriter;
 
 use std::path::PathBuf;
 

@@ -14,6 +14,7 @@ pub const TAG_NOTE: u8 = 8;
 pub const TAG_SNAPSHOT: u8 = 9;
 pub const TAG_THREAD: u8 = 10;
 pub const TAG_ALLOCATOR: u8 = 11;
+pub const TAG_METRICS: u8 = 12;
 
 /// How event times are counted.
 pub const CLOCK_MONOTONIC_NS: u8 = 0;
@@ -188,7 +189,30 @@ pub struct Thread {
     pub stack_hint: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Figures a runtime reports about its own memory (the Go runtime's
+/// runtime/metrics or gctrace, the GHC eventlog, Ruby's GC.stat), written by
+/// `memgap run` or an adapter beside the agent's records. Times are
+/// CLOCK_MONOTONIC nanoseconds whatever clock the events use, because these
+/// come from outside the agent.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Metrics {
+    pub monotonic_ns: u64,
+    /// Who measured: "go", "ghc", "ruby", …
+    pub source: String,
+    /// What the sample is: "sample", "gc", "memstats", …
+    pub kind: String,
+    /// Names as the runtime spells them (`/memory/classes/heap/free:bytes`,
+    /// `heap_live_slots`); histogram buckets as `name[upper]`.
+    pub values: Vec<(String, f64)>,
+}
+
+impl Metrics {
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.values.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub enum Record<'a> {
     Process(Process),
     Modules(Vec<Module>),
@@ -203,6 +227,7 @@ pub enum Record<'a> {
     /// The file that provides `malloc` to the program (glibc's libc.so.6, a
     /// jemalloc…), which tells readers how blocks are laid out.
     Allocator { path: String },
+    Metrics(Metrics),
     Unknown { tag: u8 },
 }
 
@@ -290,6 +315,17 @@ impl Record<'_> {
             Record::Allocator { path } => {
                 varint::push_bytes(b, path.as_bytes());
                 TAG_ALLOCATOR
+            }
+            Record::Metrics(m) => {
+                varint::push(b, m.monotonic_ns);
+                varint::push_bytes(b, m.source.as_bytes());
+                varint::push_bytes(b, m.kind.as_bytes());
+                varint::push(b, m.values.len() as u64);
+                for (name, value) in &m.values {
+                    varint::push_bytes(b, name.as_bytes());
+                    b.extend_from_slice(&value.to_le_bytes());
+                }
+                TAG_METRICS
             }
             Record::Unknown { tag } => *tag,
         };
@@ -485,6 +521,23 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
         TAG_SNAPSHOT => Record::Snapshot(decode_snapshot(&mut c)?),
         TAG_THREAD => Record::Thread(Thread { thread: u32_of(c.varint()?)?, tid: u32_of(c.varint()?)?, stack_hint: c.varint()? }),
         TAG_ALLOCATOR => Record::Allocator { path: c.string()? },
+        TAG_METRICS => {
+            let monotonic_ns = c.varint()?;
+            let source = c.string()?;
+            let kind = c.string()?;
+            let count = c.varint()?;
+            // Each value takes at least 9 bytes: a count beyond the body is corruption.
+            if count > body.len() as u64 / 9 {
+                return Err(Malformed);
+            }
+            let mut values = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                let name = c.string()?;
+                let value = f64::from_le_bytes(c.take(8)?.try_into().map_err(|_| Malformed)?);
+                values.push((name, value));
+            }
+            Record::Metrics(Metrics { monotonic_ns, source, kind, values })
+        }
         tag => Record::Unknown { tag },
     })
 }
@@ -520,6 +573,7 @@ mod tests {
             }),
             Record::Thread(Thread { thread: 2, tid: 99, stack_hint: 0x7fff_0000 }),
             Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() },
+            Record::Metrics(Metrics { monotonic_ns: 123, source: "go".into(), kind: "sample".into(), values: vec![("/memory/classes/heap/free:bytes".into(), 8192.0), ("x[16]".into(), 0.5)] }),
         ];
         let mut chunk = Vec::new();
         for r in &records {

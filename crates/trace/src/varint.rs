@@ -107,6 +107,14 @@ impl<'a> Cursor<'a> {
         Ok(slice)
     }
 
+    /// The next `len` bytes as they are.
+    pub fn take(&mut self, len: usize) -> Result<&'a [u8], Malformed> {
+        let end = self.pos.checked_add(len).ok_or(Malformed)?;
+        let slice = self.bytes.get(self.pos..end).ok_or(Malformed)?;
+        self.pos = end;
+        Ok(slice)
+    }
+
     pub fn string(&mut self) -> Result<String, Malformed> {
         Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
     }
