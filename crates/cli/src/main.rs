@@ -5,6 +5,7 @@ mod agent;
 mod commands;
 mod configs;
 mod output;
+mod ruby;
 
 use std::process::ExitCode;
 

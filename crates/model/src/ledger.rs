@@ -161,6 +161,9 @@ pub struct Ledger {
     pub mappings: Vec<MappingLedger>,
     pub snapshot_cost_ms: f64,
     pub verdict: String,
+    /// The Ruby layer, when the process was a Ruby that memgap's sampler saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ruby: Option<crate::ruby::RubyLayer>,
     #[serde(skip)]
     pub page_maps: Vec<PageMap>,
     /// Per call stack (when asked for): what its live blocks take and cost.

@@ -25,7 +25,9 @@ pub mod compare;
 mod heap_state;
 pub mod ledger;
 pub mod report;
+pub mod runtimes;
 mod outside;
+pub mod ruby;
 mod snapshots;
 mod summary;
 

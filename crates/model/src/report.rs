@@ -7,10 +7,11 @@ use std::path::Path;
 
 use memgap_replay::{ThreadEvent, Visitor, replay};
 use memgap_trace::TraceError;
-use memgap_trace::records::{End, Exit, Module, Process, Rss, Snapshot, Thread};
+use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, Thread};
 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
+use crate::runtimes::RuntimeFigures;
 use crate::snapshots::{At, choose, list};
 use crate::summary::{Builder, Summary};
 
@@ -53,10 +54,16 @@ struct ReportVisitor {
     ledgers: Vec<(u64, Ledger)>,
     peak_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
+    runtimes: RuntimeFigures,
 }
 
 impl Visitor for ReportVisitor {
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.runtimes.metrics(metrics);
+    }
+
     fn process(&mut self, process: &Process) {
+        self.runtimes.process(process);
         self.summary.process(process);
         self.blame.process(process);
     }
@@ -110,6 +117,7 @@ impl Visitor for ReportVisitor {
     }
 
     fn note(&mut self, time: u64, text: &str) {
+        self.runtimes.note(text);
         self.summary.note(time, text);
         self.blame.note(time, text);
     }
@@ -173,6 +181,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         ledgers: Vec::new(),
         peak_ledger: None,
         rss: Vec::new(),
+        runtimes: RuntimeFigures::default(),
     };
     let outcome = replay(path, &mut v)?;
     let timeline = &outcome.timeline;
@@ -181,6 +190,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         .drain(..)
         .map(|(time, mut ledger)| {
             ledger.at_seconds = timeline.seconds(time);
+            v.runtimes.annotate(&mut ledger, timeline.monotonic_ns(time));
             ledger
         })
         .collect();

@@ -102,8 +102,32 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
             let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", format!("{}–{} B", b.min_size, b.max_size), count(b.blocks), bytes(b.live_bytes), bytes(b.fragmented_bytes));
         }
     }
+    if let Some(ruby) = &l.ruby {
+        out.push_str(&ruby_layer(ruby));
+    }
     let _ = writeln!(out);
     out.push_str(&wrap(&l.verdict, 78, "  "));
+    out
+}
+
+/// Ruby's own view, the layer above malloc.
+fn ruby_layer(r: &memgap_model::ruby::RubyLayer) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  Ruby {} layer (GC.stat at {:.2} s, {}): Ruby knows of {}", r.version, r.sampled_at_seconds, r.sample_kind.replace('_', " "), bytes(r.known_bytes));
+    let _ = writeln!(out, "    {:<34} {:>11}  {} pages of {}", "object pages (mmap)", bytes(r.object_pages_bytes), count(r.object_pages), bytes(r.page_size));
+    let _ = writeln!(out, "    {:<34} {:>11}  {} slots of {} B", "  live slots", bytes(r.live_slots_bytes), count(r.live_slots), r.slot_size);
+    let _ = writeln!(out, "    {:<34} {:>11}  {} slots, {:.0}% of slots: Ruby-page fragmentation", "  free slots", bytes(r.free_slots_bytes), count(r.free_slots), 100.0 * r.free_slot_fraction);
+    let _ = writeln!(out, "    {:<34} {:>11}", "  page overhead", bytes(r.page_overhead_bytes));
+    match r.external_bytes {
+        Some(external) => {
+            let _ = writeln!(out, "    {:<34} {:>11}  (memsize_of_all − live slots; in the malloc layer's live row)", "object data in malloc", bytes(external));
+        }
+        None => {
+            let _ = writeln!(out, "    {:<34} {:>11}", "object data in malloc", "unknown");
+        }
+    }
+    let _ = writeln!(out, "    GC: {} runs, {} major, {} compactions", count(r.gc_count), count(r.major_gc_count), count(r.compact_count));
     out
 }
 
