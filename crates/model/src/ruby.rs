@@ -117,8 +117,9 @@ fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
         )
     } else {
         format!(
-            "The difference sits in Ruby's own heap: {} of {} object pages ({:.0}% of their slots) are free slots on pages that also hold live objects, \
-             which Ruby cannot return while one object lives on a page. GC.compact (or GC.auto_compact = true) moves the survivors together so whole pages free up.",
+            "The difference sits in Ruby's own heap: {} of its {} object pages ({:.0}% of their slots) are free slots. Ruby returns a page only when \
+             every slot on it is free, so survivors scattered over many pages keep them all. GC.compact (or GC.auto_compact = true) moves the survivors \
+             together so whole pages free up.",
             b(ruby.free_slots_bytes),
             ruby.object_pages,
             100.0 * ruby.free_slot_fraction
