@@ -74,8 +74,8 @@ impl Visitor for ReportVisitor {
     }
 
     fn event(&mut self, event: &ThreadEvent) {
-        self.summary.event(event);
-        self.blame.event(event);
+        let change = self.blame.apply(event);
+        self.summary.count(event, change, self.blame.state.live.live_bytes());
     }
 
     fn rss(&mut self, rss: &Rss) {
@@ -90,7 +90,7 @@ impl Visitor for ReportVisitor {
         let always = is_peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         let detail = Detail { pages: always || spaced, stacks: is_peak };
-        let mut ledger = ledger::compute(&self.blame.state, snapshot, detail);
+        let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
@@ -200,6 +200,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     });
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    v.summary.live = std::mem::take(&mut v.blame.state.live);
     let summary = v.summary.finish(&outcome, path);
     Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame }))
 }
