@@ -5,6 +5,7 @@ mod agent;
 mod commands;
 mod configs;
 mod output;
+mod progress;
 mod ruby;
 
 use std::process::ExitCode;
@@ -37,6 +38,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    progress::install();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Compare(args) => commands::compare::run(args),
