@@ -572,3 +572,24 @@ fn progress_bar_only_on_a_terminal() {
     assert!(text(&tty.stdout).contains("memgap: reading trace"), "{}", text(&tty.stdout));
     assert!(text(&tty.stdout).contains("memgap summary"), "{}", text(&tty.stdout));
 }
+
+#[test]
+fn output_fits_the_terminal_width() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "planted.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&program), "strided", "8"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for width in [60usize, 100] {
+        for args in [&["summary"][..], &["ledger"], &["ledger", "--mappings"], &["timeline"], &["blame"], &["map"]] {
+            let mut all = args.to_vec();
+            all.push(arg(&trace));
+            let out = output_of(memgap_cmd(&dir, &all).env("COLUMNS", width.to_string()));
+            assert!(out.status.success(), "{all:?}: {}", text(&out.stderr));
+            let stdout = text(&out.stdout);
+            let widest = stdout.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= width, "memgap {all:?} at {width} columns has a line of {widest}:\n{stdout}");
+            // Without a width (a pipe), lines stay as they are.
+        }
+    }
+}
