@@ -75,6 +75,13 @@ fn a_real_program_under_run_numa() {
         assert!(json["numa_access_rate"].as_f64().unwrap() > 0.0);
     }
 
+    // The HTML report carries the same facts for its NUMA panel.
+    let html = dir.join("t.html");
+    let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&html)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<section id=\"numa\"") && page.contains("\"numa\":{") && page.contains("\"allocation_matrix_bytes\""), "no NUMA data in the report");
+
     if machine_nodes() == 1 {
         assert_eq!(json["local_fraction"].as_f64(), Some(1.0));
         assert_eq!(json["allocation_remote_bytes"], 0);

@@ -328,9 +328,13 @@ pub struct NumaOptions {
     pub top: usize,
 }
 
+/// Gathers what the NUMA report needs during a replay. On its own it keeps
+/// its own heap state; inside the HTML report's single replay the host
+/// hands it the live set at each snapshot ([`NumaVisitor::at_snapshot`]).
 #[derive(Default)]
-struct NumaVisitor {
-    state: HeapState,
+pub(crate) struct NumaVisitor {
+    /// None when embedded: the host owns the heap state.
+    state: Option<HeapState>,
     pid: Option<u32>,
     wanted: Option<usize>,
     seen: usize,
@@ -346,9 +350,31 @@ struct NumaVisitor {
     modules: Vec<Module>,
 }
 
+impl NumaVisitor {
+    pub(crate) fn embedded(wanted: Option<usize>) -> NumaVisitor {
+        NumaVisitor { wanted, ..NumaVisitor::default() }
+    }
+
+    /// A snapshot, with the live blocks at its instant.
+    pub(crate) fn at_snapshot(&mut self, snapshot: &Snapshot, live: &memgap_replay::LiveSet) {
+        if Some(self.seen) == self.wanted {
+            let blocks = live.blocks().map(|(addr, block)| (addr, *block)).collect();
+            self.at_snapshot = Some((snapshot.time, blocks, snapshot.agent_ranges.clone()));
+        }
+        self.seen += 1;
+    }
+
+    /// Whether the trace holds anything NUMA (a topology, placements or samples).
+    pub(crate) fn saw_anything(&self) -> bool {
+        self.topology.is_some() || self.last_placement.is_some() || !self.samples.source.is_empty()
+    }
+}
+
 impl Visitor for NumaVisitor {
     fn process(&mut self, process: &Process) {
-        self.state.start_image();
+        if let Some(state) = &mut self.state {
+            state.start_image();
+        }
         self.pid.get_or_insert(process.pid);
     }
 
@@ -361,11 +387,15 @@ impl Visitor for NumaVisitor {
     }
 
     fn allocator(&mut self, path: &str) {
-        self.state.allocator = path.to_string();
+        if let Some(state) = &mut self.state {
+            state.allocator = path.to_string();
+        }
     }
 
     fn thread(&mut self, thread: &Thread) {
-        self.state.thread(thread);
+        if let Some(state) = &mut self.state {
+            state.thread(thread);
+        }
     }
 
     fn stack(&mut self, id: u32, frames: &[u64]) {
@@ -374,20 +404,20 @@ impl Visitor for NumaVisitor {
 
     fn event(&mut self, event: &ThreadEvent) {
         self.thread_cpus.entry(event.thread).or_default().insert(event.event.cpu);
-        self.state.apply(event);
+        if let Some(state) = &mut self.state {
+            state.apply(event);
+        }
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
-        if Some(self.seen) == self.wanted {
-            let blocks = self.state.live.blocks().map(|(addr, block)| (addr, *block)).collect();
-            self.at_snapshot = Some((snapshot.time, blocks, snapshot.agent_ranges.clone()));
+        if let Some(state) = self.state.take() {
+            self.at_snapshot(snapshot, &state.live);
+            self.state = Some(state);
         }
-        self.seen += 1;
     }
 
     fn placement(&mut self, placement: &Placement) {
-        if let Some((time, blocks, agent_ranges)) = self.at_snapshot.take_if(|(time, ..)| *time == placement.time) {
-            let _ = time;
+        if let Some((_, blocks, agent_ranges)) = self.at_snapshot.take_if(|(time, ..)| *time == placement.time) {
             self.chosen = Some((blocks, agent_ranges, placement.clone()));
         }
         self.last_placement = Some(placement.clone());
@@ -406,8 +436,15 @@ impl Visitor for NumaVisitor {
 pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, TraceError> {
     let snapshots = list(path)?;
     let wanted = choose(&snapshots, options.at);
-    let mut v = NumaVisitor { wanted, ..NumaVisitor::default() };
+    let mut v = NumaVisitor { wanted, state: Some(HeapState::default()), ..NumaVisitor::default() };
     replay(path, &mut v)?;
+    Ok(assemble(v, wanted.map(|i| snapshots[i].seconds), options))
+}
+
+/// The report from what the visitor gathered, once the replay is over.
+pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOptions) -> NumaReport {
+    let mut v = v;
+    let wanted = v.wanted;
     let mut report = NumaReport { topology_source: "trace", ..NumaReport::default() };
     let topology = match v.topology.take() {
         Some(t) => t,
@@ -423,7 +460,7 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, TraceError
         .map(|(&thread, cpus)| (thread, cpus.iter().filter_map(|&cpu| topology.index_of_cpu(cpu)).collect()))
         .collect();
     report.multi_node_threads = threads.values().filter(|nodes| nodes.len() > 1).count() as u64;
-    report.at_seconds = wanted.map(|i| snapshots[i].seconds);
+    report.at_seconds = at_seconds;
 
     match &v.chosen {
         None if wanted.is_none() => report.placement_unavailable_reason = Some("the trace has no snapshot".into()),
@@ -467,7 +504,7 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, TraceError
     (report.hot_node, report.hot_node_share, report.hot_node_basis) = hot_node(&topology, report.sampled.as_ref(), &report.resident_bytes_by_node);
     report.nodes = topology.nodes;
     report.distances = topology.distances;
-    Ok(report)
+    report
 }
 
 /// Resident heap bytes per node, leaving out mappings that are the agent's own.
