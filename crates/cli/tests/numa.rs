@@ -114,3 +114,22 @@ fn bad_input_is_one_line() {
     std::fs::write(dir.join("junk.mgt"), b"not a trace at all, not at all").unwrap();
     assert_one_line_failure(&memgap(&dir, &["numa", arg(&dir.join("junk.mgt"))]));
 }
+
+#[test]
+fn a_running_process_from_numa_maps() {
+    let (_tmp, dir) = tempdir();
+    let pid = std::process::id().to_string();
+    let out = memgap(&dir, &["numa", "--pid", &pid, "--json"]);
+    if !Path::new("/proc/self/numa_maps").exists() {
+        assert_one_line_failure(&out); // a kernel without NUMA
+        return;
+    }
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["nodes"].as_array().unwrap().len(), machine_nodes());
+    let total: u64 = json["resident_bytes_by_node"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    let rss = proc_status_bytes(std::process::id(), "VmRSS");
+    assert!(total.abs_diff(rss) <= rss / 5, "numa_maps {total} vs VmRSS {rss}");
+    assert!(json["mappings"].as_array().unwrap().iter().any(|m| m["kind"] == "heap" || m["kind"] == ""));
+    assert_one_line_failure(&memgap(&dir, &["numa", "--pid", "999999999"]));
+}

@@ -574,5 +574,52 @@ fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> V
     out
 }
 
+/// A running process's pages per node, mapping by mapping (numa_maps).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProcessPlacement {
+    pub pid: u32,
+    pub nodes: Vec<Node>,
+    pub distances: Vec<Vec<u32>>,
+    /// Resident bytes per node (in `nodes` order), all mappings.
+    pub resident_bytes_by_node: Vec<u64>,
+    /// …of the heap: `[heap]` and anonymous mappings.
+    pub heap_bytes_by_node: Vec<u64>,
+    pub mappings: Vec<MappingPlacementBytes>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MappingPlacementBytes {
+    pub start: u64,
+    pub policy: String,
+    /// heap, stack, huge, file=PATH, or empty (anonymous).
+    pub kind: String,
+    pub bytes_by_node: BTreeMap<u32, u64>,
+}
+
+impl ProcessPlacement {
+    /// From numa_maps lines: (start, policy, kind, bytes by node id).
+    pub fn new(pid: u32, topology: Topology, maps: Vec<(u64, String, String, BTreeMap<u32, u64>)>) -> ProcessPlacement {
+        let n = topology.nodes.len();
+        let mut out = ProcessPlacement { pid, resident_bytes_by_node: vec![0; n], heap_bytes_by_node: vec![0; n], ..ProcessPlacement::default() };
+        for (start, policy, kind, bytes_by_node) in maps {
+            let heap = kind == "heap" || kind.is_empty();
+            for (&id, &bytes) in &bytes_by_node {
+                if let Some(i) = topology.index_of_node(id) {
+                    out.resident_bytes_by_node[i] += bytes;
+                    if heap {
+                        out.heap_bytes_by_node[i] += bytes;
+                    }
+                }
+            }
+            if !bytes_by_node.is_empty() {
+                out.mappings.push(MappingPlacementBytes { start, policy, kind, bytes_by_node });
+            }
+        }
+        out.nodes = topology.nodes;
+        out.distances = topology.distances;
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests;

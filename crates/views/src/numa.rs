@@ -145,6 +145,26 @@ fn sampled(out: &mut String, r: &NumaReport, s: &AccessLocality, columns: &[Stri
     let _ = writeln!(out, "    {} samples, {} lost, {} without a node", count(s.samples), count(s.lost), count(s.unresolved));
 }
 
+/// `memgap numa --pid PID`: resident bytes per node, in total, of the heap,
+/// and per mapping.
+pub fn process(p: &memgap_model::numa::ProcessPlacement) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "memgap numa — process {} (numa_maps, no recording)", p.pid);
+    for n in &p.nodes {
+        let _ = writeln!(out, "  node {}: CPUs {}", n.id, cpu_ranges(&n.cpus));
+    }
+    let columns: Vec<String> = p.nodes.iter().map(|n| format!("node {}", n.id)).collect();
+    let rows = vec!["all mappings".to_string(), "heap".to_string()];
+    matrix(&mut out, &rows, &columns, &[p.resident_bytes_by_node.clone(), p.heap_bytes_by_node.clone()], bytes);
+    let _ = writeln!(out, "  per mapping:");
+    for m in &p.mappings {
+        let nodes: Vec<String> = m.bytes_by_node.iter().map(|(id, b)| format!("N{id} {}", bytes(*b))).collect();
+        let kind = if m.kind.is_empty() { "anonymous" } else { m.kind.as_str() };
+        let _ = writeln!(out, "    {:>14x}  {:<14} {:<30} {}", m.start, m.policy, kind, nodes.join(", "));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,3 +223,17 @@ fn a_recorded_trace_on_the_papers_machine() {
     assert_eq!(report.numa_access_rate, Some(54.0 * 65536.0 / 2.0));
     assert_eq!((report.hot_node, report.hot_node_share, report.hot_node_basis), (Some(7), Some(1.0), Some("accesses")));
 }
+
+#[test]
+fn a_process_from_numa_maps() {
+    let maps = vec![
+        (0x1000, "default".to_string(), "heap".to_string(), BTreeMap::from([(0, 4096), (1, 8192)])),
+        (0x9000, "bind:1".to_string(), String::new(), BTreeMap::from([(1, 4096)])),
+        (0x7000, "default".to_string(), "file=/lib/libc.so.6".to_string(), BTreeMap::from([(0, 1 << 20)])),
+        (0x8000, "default".to_string(), "stack".to_string(), BTreeMap::new()),
+    ];
+    let p = ProcessPlacement::new(7, two_nodes(), maps);
+    assert_eq!(p.resident_bytes_by_node, vec![4096 + (1 << 20), 12288]);
+    assert_eq!(p.heap_bytes_by_node, vec![4096, 12288]);
+    assert_eq!(p.mappings.len(), 3);
+}
