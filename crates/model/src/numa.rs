@@ -297,6 +297,8 @@ pub struct NumaReport {
     pub placement_unavailable_reason: Option<String>,
     /// Resident heap bytes on each node at the snapshot.
     pub resident_bytes_by_node: Vec<u64>,
+    /// How long the agent's move_pages queries took at that snapshot.
+    pub placement_cost_seconds: Option<f64>,
     pub allocation_rows: Vec<String>,
     pub allocation_matrix_bytes: Vec<Vec<u64>>,
     pub allocation_local_bytes: u64,
@@ -470,6 +472,7 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
         }
         Some((blocks, agent_ranges, placement)) => {
             report.resident_bytes_by_node = resident_by_node(&topology, placement, agent_ranges);
+            report.placement_cost_seconds = Some(placement.cost_ns as f64 / 1e9);
             let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, placement, placement.page_size);
             report.local_fraction = locality.local_fraction();
             report.allocation_local_bytes = locality.local_bytes;

@@ -84,7 +84,8 @@ pub fn numa(r: &NumaReport, title: &str) -> String {
         None => {
             matrix(&mut out, &r.allocation_rows, &columns, &r.allocation_matrix_bytes, bytes);
             let resident: Vec<String> = r.nodes.iter().zip(&r.resident_bytes_by_node).map(|(n, &b)| format!("node {} {}", n.id, bytes(b))).collect();
-            let _ = writeln!(out, "    resident heap pages: {}", resident.join(", "));
+            let cost = r.placement_cost_seconds.map(|s| format!(" (asked in {:.1} ms)", s * 1e3)).unwrap_or_default();
+            let _ = writeln!(out, "    resident heap pages: {}{cost}", resident.join(", "));
             let local = r.local_fraction.map(percent).unwrap_or_else(|| "n/a".into());
             let _ = writeln!(
                 out,
