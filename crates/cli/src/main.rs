@@ -4,6 +4,7 @@
 mod agent;
 mod commands;
 mod configs;
+mod numa_sampling;
 mod output;
 mod progress;
 mod ruby;
@@ -34,6 +35,7 @@ enum Command {
     Export(commands::export::ExportArgs),
     Flamegraph(commands::export::FlamegraphArgs),
     Report(commands::report::Args),
+    Numa(commands::numa::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::export(args),
         Command::Flamegraph(args) => commands::export::flamegraph(args),
         Command::Report(args) => commands::report::run(args),
+        Command::Numa(args) => commands::numa::run(args),
     };
     match result {
         Ok(code) => code,

@@ -293,6 +293,6 @@ fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEnt
     sites.into_values().map(|(t, count, site, frames, _)| t.entry(site.as_ref(), frames.clone(), count)).collect()
 }
 
-fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
+pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
     ALLOCATOR_MODULES.iter().any(|m| frame.module.contains(m)) || frame.function.as_deref().is_some_and(|f| skip.iter().any(|prefix| f.starts_with(prefix)))
 }

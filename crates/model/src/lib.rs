@@ -24,6 +24,7 @@ pub mod blame;
 pub mod compare;
 mod heap_state;
 pub mod ledger;
+pub mod numa;
 pub mod report;
 pub mod runtimes;
 mod outside;

@@ -12,6 +12,7 @@ use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
 use crate::runtimes::RuntimeFigures;
+use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::snapshots::{At, choose, list};
 use crate::summary::{Builder, Summary};
 
@@ -41,6 +42,8 @@ pub struct Report {
     pub rss: Vec<RssSample>,
     /// Blame at the peak, every site (unsorted beyond fragmentation order).
     pub blame: Option<Blame>,
+    /// NUMA at the peak, when the trace holds a topology, placements or samples.
+    pub numa: Option<NumaReport>,
 }
 
 struct ReportVisitor {
@@ -55,6 +58,7 @@ struct ReportVisitor {
     peak_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
     runtimes: RuntimeFigures,
+    numa: NumaVisitor,
 }
 
 impl Visitor for ReportVisitor {
@@ -66,16 +70,31 @@ impl Visitor for ReportVisitor {
         self.runtimes.process(process);
         self.summary.process(process);
         self.blame.process(process);
+        self.numa.process(process);
     }
 
     fn modules(&mut self, modules: &[Module]) {
         self.summary.modules(modules);
         self.blame.modules(modules);
+        self.numa.modules(modules);
     }
 
     fn event(&mut self, event: &ThreadEvent) {
         let change = self.blame.apply(event);
         self.summary.count(event, change, self.blame.state.live.live_bytes());
+        self.numa.event(event);
+    }
+
+    fn topology(&mut self, topology: &memgap_trace::numa::Topology) {
+        self.numa.topology(topology);
+    }
+
+    fn placement(&mut self, placement: &memgap_trace::numa::Placement) {
+        self.numa.placement(placement);
+    }
+
+    fn memory_samples(&mut self, samples: &memgap_trace::numa::MemorySamples) {
+        self.numa.memory_samples(samples);
     }
 
     fn rss(&mut self, rss: &Rss) {
@@ -86,6 +105,7 @@ impl Visitor for ReportVisitor {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         let index = self.seen;
         self.seen += 1;
+        self.numa.at_snapshot(snapshot, &self.blame.state.live);
         let is_peak = index == self.peak;
         let always = is_peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
@@ -114,6 +134,7 @@ impl Visitor for ReportVisitor {
     fn stack(&mut self, id: u32, frames: &[u64]) {
         self.summary.stack(id, frames);
         self.blame.stack(id, frames);
+        self.numa.stack(id, frames);
     }
 
     fn note(&mut self, time: u64, text: &str) {
@@ -182,6 +203,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         peak_ledger: None,
         rss: Vec::new(),
         runtimes: RuntimeFigures::default(),
+        numa: NumaVisitor::embedded(Some(peak)),
     };
     let outcome = replay(path, &mut v)?;
     let timeline = &outcome.timeline;
@@ -202,7 +224,11 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     v.summary.live = std::mem::take(&mut v.blame.state.live);
     let summary = v.summary.finish(&outcome, path);
-    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame }))
+    let numa = v.numa.saw_anything().then(|| {
+        let options = NumaOptions { at: At::Peak, machine_topology: None, top: 20 };
+        numa::assemble(v.numa, snapshots.get(peak).map(|l| l.at_seconds), &options)
+    });
+    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa }))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod buffers;
 mod clock;
 pub mod hooks;
 mod own_memory;
+mod placement;
 mod process;
 mod real;
 mod snapshot;

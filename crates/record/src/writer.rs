@@ -9,6 +9,7 @@ use memgap_trace::framing;
 use memgap_trace::records::{Clock, End, EndReason, Module, Record, Rss, SnapshotReason, Thread};
 
 use crate::buffers::{self, Chunk, SLOTS, SLOTS_USED, ThreadState};
+use crate::placement::Placer;
 use crate::snapshot::Snapshotter;
 use crate::{clock, sys};
 
@@ -25,6 +26,7 @@ pub struct Writer {
     pub vm_hwm: u64,
     failed: bool,
     snapshotter: Snapshotter,
+    placer: Placer,
     snapshot_interval_ns: u64,
     last_snapshot_ns: u64,
     /// RSS at the largest snapshot so far; 5 % above it triggers another.
@@ -59,6 +61,7 @@ impl Writer {
             vm_hwm: 0,
             failed: false,
             snapshotter: Snapshotter::new(),
+            placer: Placer::new(),
             snapshot_interval_ns,
             last_snapshot_ns: now,
             snapshot_peak_rss: 0,
@@ -163,7 +166,9 @@ impl Writer {
         let snapshot = self.snapshotter.take(reason, rss, || read_status(status_fd, &mut 0).vm_rss);
         self.last_snapshot_ns = clock::monotonic_ns();
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
+        let placement = self.placer.place(&snapshot);
         self.push(&Record::Snapshot(snapshot));
+        self.push(&Record::Placement(placement));
         self.flush();
         if reason == SnapshotReason::Requested {
             unsafe { libc::unlink(self.request_path.as_ptr() as *const libc::c_char) };

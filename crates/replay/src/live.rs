@@ -14,6 +14,8 @@ pub struct Block {
     pub time: u64,
     pub thread: u32,
     pub stack: u32,
+    /// The CPU the allocating thread ran on.
+    pub cpu: u32,
 }
 
 /// What one event did to the live set.
@@ -132,7 +134,7 @@ impl LiveSet {
     pub fn apply(&mut self, event: &ThreadEvent) -> Change {
         let e = &event.event;
         let kind = e.kind();
-        let new_block = || Block { size: e.size, usable: e.usable, time: e.time, thread: event.thread, stack: e.stack };
+        let new_block = || Block { size: e.size, usable: e.usable, time: e.time, thread: event.thread, stack: e.stack, cpu: e.cpu };
         match kind {
             EventKind::Free => self.remove(e.addr).map_or(Change::None, Change::Freed),
             EventKind::Realloc | EventKind::Reallocarray => {

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use memgap_trace::event::{self, DeltaState, Event};
 use memgap_trace::records::{End, EventsPiece, Exit, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
+use memgap_trace::numa::{MemorySamples, Placement, Topology};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
@@ -43,6 +44,13 @@ pub trait Visitor {
     /// A runtime's own figures, in file order (times are monotonic ns, see
     /// [`Metrics`]), not merged with the events.
     fn metrics(&mut self, _metrics: &Metrics) {}
+    /// The NUMA nodes of the machine that recorded the trace.
+    fn topology(&mut self, _topology: &Topology) {}
+    /// The node of each resident heap page, right after the snapshot it
+    /// belongs to (same time).
+    fn placement(&mut self, _placement: &Placement) {}
+    /// Sampled memory accesses or page faults, in file order.
+    fn memory_samples(&mut self, _samples: &MemorySamples) {}
     /// A call stack (return addresses, innermost first) under the id that
     /// events carry in `Event::stack`; always before the first such event.
     fn stack(&mut self, _id: u32, _frames: &[u64]) {}
@@ -80,6 +88,7 @@ enum Item {
     Event(ThreadEvent),
     Rss(Rss),
     Snapshot(Box<Snapshot>),
+    Placement(Box<Placement>),
 }
 
 impl Item {
@@ -88,6 +97,7 @@ impl Item {
             Item::Event(e) => e.event.time,
             Item::Rss(r) => r.time,
             Item::Snapshot(s) => s.time,
+            Item::Placement(p) => p.time,
         }
     }
 }
@@ -160,6 +170,9 @@ impl<V: Visitor> Merger<'_, V> {
             Record::Thread(thread) => self.visitor.thread(&thread),
             Record::Allocator { path } => self.visitor.allocator(&path),
             Record::Metrics(metrics) => self.visitor.metrics(&metrics),
+            Record::Topology(topology) => self.visitor.topology(&topology),
+            Record::Placement(placement) => self.samples.push_back(Item::Placement(Box::new(placement))),
+            Record::MemorySamples(samples) => self.visitor.memory_samples(&samples),
             Record::Process(process) => {
                 self.release(u64::MAX);
                 self.threads.clear();
@@ -249,6 +262,7 @@ impl<V: Visitor> Merger<'_, V> {
                 }
                 Item::Rss(rss) => self.visitor.rss(&rss),
                 Item::Snapshot(snapshot) => self.visitor.snapshot(&snapshot),
+                Item::Placement(placement) => self.visitor.placement(&placement),
             }
         }
         self.batch = batch;

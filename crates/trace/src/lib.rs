@@ -21,6 +21,7 @@
 
 pub mod event;
 pub mod framing;
+pub mod numa;
 pub mod reader;
 pub mod records;
 pub mod smaps;

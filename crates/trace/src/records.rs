@@ -15,6 +15,10 @@ pub const TAG_SNAPSHOT: u8 = 9;
 pub const TAG_THREAD: u8 = 10;
 pub const TAG_ALLOCATOR: u8 = 11;
 pub const TAG_METRICS: u8 = 12;
+/// NUMA records (see [`crate::numa`]).
+pub const TAG_TOPOLOGY: u8 = 20;
+pub const TAG_PLACEMENT: u8 = 21;
+pub const TAG_MEMORY_SAMPLES: u8 = 22;
 
 /// How event times are counted.
 pub const CLOCK_MONOTONIC_NS: u8 = 0;
@@ -228,6 +232,9 @@ pub enum Record<'a> {
     /// jemalloc…), which tells readers how blocks are laid out.
     Allocator { path: String },
     Metrics(Metrics),
+    Topology(crate::numa::Topology),
+    Placement(crate::numa::Placement),
+    MemorySamples(crate::numa::MemorySamples),
     Unknown { tag: u8 },
 }
 
@@ -326,6 +333,18 @@ impl Record<'_> {
                     b.extend_from_slice(&value.to_le_bytes());
                 }
                 TAG_METRICS
+            }
+            Record::Topology(t) => {
+                crate::numa::encode_topology(b, t);
+                TAG_TOPOLOGY
+            }
+            Record::Placement(p) => {
+                crate::numa::encode_placement(b, p);
+                TAG_PLACEMENT
+            }
+            Record::MemorySamples(s) => {
+                crate::numa::encode_samples(b, s);
+                TAG_MEMORY_SAMPLES
             }
             Record::Unknown { tag } => *tag,
         };
@@ -538,6 +557,9 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             }
             Record::Metrics(Metrics { monotonic_ns, source, kind, values })
         }
+        TAG_TOPOLOGY => Record::Topology(crate::numa::decode_topology(&mut c, body.len())?),
+        TAG_PLACEMENT => Record::Placement(crate::numa::decode_placement(&mut c, body.len())?),
+        TAG_MEMORY_SAMPLES => Record::MemorySamples(crate::numa::decode_samples(&mut c, body.len())?),
         tag => Record::Unknown { tag },
     })
 }
@@ -574,6 +596,20 @@ mod tests {
             Record::Thread(Thread { thread: 2, tid: 99, stack_hint: 0x7fff_0000 }),
             Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() },
             Record::Metrics(Metrics { monotonic_ns: 123, source: "go".into(), kind: "sample".into(), values: vec![("/memory/classes/heap/free:bytes".into(), 8192.0), ("x[16]".into(), 0.5)] }),
+            Record::Topology(crate::numa::Topology { nodes: vec![crate::numa::NumaNode { id: 0, cpus: vec![0, 1], memory_bytes: 1 << 30, distances: vec![10, 21] }, crate::numa::NumaNode { id: 1, cpus: vec![2, 3], memory_bytes: 1 << 30, distances: vec![21, 10] }] }),
+            Record::Placement(crate::numa::Placement { time: 77, page_size: 4096, stride: 1, error: 0, cost_ns: 5, mappings: vec![crate::numa::MappingPlacement { start: 0x1000, pages: 4, runs: vec![(crate::numa::NOT_PRESENT, 1), (1, 3)] }] }),
+            Record::MemorySamples(crate::numa::MemorySamples {
+                source: crate::numa::SOURCE_PAGE_FAULTS.into(),
+                precise_unavailable: "no PMU".into(),
+                period: 1,
+                start_ns: 10,
+                end_ns: 90,
+                lost: 2,
+                samples: vec![
+                    crate::numa::MemorySample { monotonic_ns: 50, pid: 7, tid: 8, cpu: 1, addr: 0x7f00_0000_1000, node: 0, data_source: 0 },
+                    crate::numa::MemorySample { monotonic_ns: 40, pid: 7, tid: 9, cpu: 0, addr: 0x1000, node: crate::numa::FAULT, data_source: 3 },
+                ],
+            }),
         ];
         let mut chunk = Vec::new();
         for r in &records {

@@ -58,6 +58,7 @@ pub fn report(report: &Report, trace_name: &str) -> String {
             "warnings": b.warnings,
         })),
         "flame": report.blame.as_ref().map(|b| flame(&b.by_stack)),
+        "numa": report.numa,
     });
     let mut pages = String::new();
     for (index, blob) in blobs.iter().enumerate() {

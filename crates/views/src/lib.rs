@@ -17,5 +17,6 @@ pub mod format;
 pub mod html;
 pub mod json;
 pub mod ledger;
+pub mod numa;
 pub mod outside;
 pub mod terminal;

@@ -3,6 +3,7 @@ pub mod compare;
 pub mod export;
 pub mod ledger;
 pub mod map;
+pub mod numa;
 pub mod report;
 pub mod run;
 pub mod snap;

@@ -60,6 +60,11 @@ pub struct Args {
     /// After the run, write the HTML report beside the trace (<trace stem>.html).
     #[arg(long)]
     report: bool,
+    /// Also sample memory accesses for NUMA locality (`memgap numa`): precise
+    /// sampling where the CPU offers it (AMD IBS, Intel PEBS), else page
+    /// faults for first-touch locality.
+    #[arg(long)]
+    numa: bool,
     /// The command to run, after `--`.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -103,7 +108,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let ruby = if args.trim_only { None } else { crate::ruby::RubySampler::prepare(&mut command, run_id, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
 
-    let mut child = match command.spawn() {
+    let sampling = match args.numa && !args.trim_only {
+        true => Some(crate::numa_sampling::prepare(&mut command).context("cannot prepare NUMA sampling")?),
+        false => None,
+    };
+    let spawned = command.spawn();
+    if let Some(sampling) = &sampling {
+        sampling.spawned();
+    }
+    let mut child = match spawned {
         Ok(child) => child,
         Err(error) => {
             let name = args.command[0].to_string_lossy();
@@ -134,7 +147,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ruby.finish(|pid| trace_path(&pattern, pid, pid == top_pid));
     }
     let recorded = trace.is_file();
+    let samples = sampling.map(crate::numa_sampling::Sampling::finish);
     if recorded {
+        crate::numa_sampling::write(samples, &trace, top_pid, |pid| trace_path(&pattern, pid, pid == top_pid), args.quiet);
         framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal })))
             .with_context(|| format!("cannot add the exit status to {}", trace.display()))?;
     }

@@ -670,7 +670,69 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     return { draw };
   })();
 
+  // ---- NUMA: matrices as heat maps ------------------------------------------------
+  function heatTable(table, rowLabels, columnLabels, cells, format) {
+    table.replaceChildren();
+    const max = Math.max(0, ...cells.flat());
+    const head = el('tr');
+    head.append(el('th', ''));
+    for (const c of columnLabels) head.append(el('th', c, 'num'));
+    table.append(head);
+    cells.forEach((row, i) => {
+      const tr = el('tr');
+      tr.append(el('th', rowLabels[i]));
+      for (const v of row) {
+        const td = el('td', v ? format(v) : '\u00b7', 'num');
+        const share = max > 0 ? v / max : 0;
+        td.style.background = v ? 'rgba(208, 71, 63, ' + (0.08 + 0.82 * share).toFixed(3) + ')' : '';
+        if (share > 0.55) td.style.color = '#fff';
+        tr.append(td);
+      }
+      table.append(tr);
+    });
+  }
+
+  function showNuma() {
+    const n = data.numa;
+    if (!n) return;
+    $('numa').hidden = false;
+    $('numa-link').hidden = false;
+    const nodes = n.nodes.map((node) => 'node ' + node.id);
+    const facts = [n.nodes.length + (n.nodes.length === 1 ? ' node' : ' nodes') + ' (topology from the ' + n.topology_source + ')'];
+    if (n.local_fraction !== null) facts.push('local: ' + (n.local_fraction * 100).toFixed(1) + ' % of the live heap sits on the node of the CPU that allocated it');
+    if (n.hot_node !== null) facts.push('hot node: ' + n.hot_node + ' (' + (n.hot_node_share * 100).toFixed(1) + ' % of ' + n.hot_node_basis + ')');
+    if (n.numa_access_rate !== null) facts.push('NUMA access rate: ' + n.numa_access_rate.toExponential(3) + ' per second');
+    $('numa-facts').textContent = facts.join('; ') + '.' + (n.placement_unavailable_reason ? ' No placement: ' + n.placement_unavailable_reason + '.' : '');
+    heatTable($('numa-allocation'), n.allocation_rows, nodes, n.allocation_matrix_bytes, fmtBytes);
+    heatTable($('numa-distances'), nodes, nodes, n.distances, String);
+    const s = n.sampled;
+    if (s) {
+      $('numa-sampled-title').textContent = s.kind === 'access'
+        ? 'Access locality (' + s.source + '): sampled accesses by the accessing CPU\u2019s node × the data\u2019s node'
+        : 'First-touch locality (page faults, not accesses): pages first touched from node (rows) × the node they landed on';
+      const distances = s.by_distance.map((d) => d.distance + '\u00d7' + fmtCount(d.events)).join(', ');
+      $('numa-sampled-note').textContent = (s.kind === 'access' ? '' : 'Access sampling unavailable: ' + n.access_unavailable_reason + '. ') +
+        'By distance: ' + (distances || 'none') + '; ' + fmtCount(s.samples) + ' samples, ' + fmtCount(s.lost) + ' lost.';
+      heatTable($('numa-sampled'), nodes, nodes, s.matrix, fmtCount);
+    } else {
+      $('numa-sampled-title').textContent = 'Access locality';
+      $('numa-sampled-note').textContent = 'Unavailable: ' + (n.access_unavailable_reason || 'no samples') + '.';
+    }
+    const body = $('numa-sites').tBodies[0];
+    for (const site of n.remote_by_site) {
+      const tr = el('tr');
+      const cell = el('td', null, 'site');
+      cell.append(el('b', site.function || '(unknown)'));
+      if (site.file) cell.append(el('small', site.file + (site.line ? ':' + site.line : '')));
+      tr.append(cell, el('td', fmtBytes(site.remote_bytes), 'num'), el('td', fmtBytes(site.placed_bytes), 'num'));
+      body.append(tr);
+    }
+    $('numa-sites').hidden = n.remote_by_site.length === 0;
+    $('numa').setAttribute('data-ready', 'true');
+  }
+
   showBlame();
+  showNuma();
   flame.draw();
   if (data.flame) $('flame').setAttribute('data-ready', 'true');
   window.addEventListener('resize', () => { timeline.draw(); pagemap.draw(); flame.draw(); });

@@ -1,0 +1,635 @@
+//! NUMA: where the heap sits, who allocated it, and who touches it.
+//!
+//! Three facts, after the paper in the project's seeds (an 8-node machine on
+//! which an unpinned main thread's allocations made one node take most
+//! accesses):
+//! - **allocation locality**: live bytes at a snapshot by the node of the
+//!   allocating thread (row) and the node the page landed on (column); a
+//!   thread whose events ran on more than one node gets the extra
+//!   "multi-node threads" row. Per call site: the bytes placed on another
+//!   node than the CPU that allocated them.
+//! - **access locality** (precise memory sampling) or, where the hardware
+//!   cannot sample memory accesses, **first-touch locality** from page-fault
+//!   samples: node of the CPU × node of the page, counts by distance and the
+//!   paper's NUMA access rate, Σ distance × accesses ÷ runtime.
+//! - the topology: nodes, CPUs, memory, distances.
+//!
+//! The page → node resolver and the topology are inputs ([`PageNodes`],
+//! [`Topology`]), so the arithmetic is tested on hand-made machines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use memgap_replay::{Block, ThreadEvent, Visitor, replay};
+use memgap_symbolize::{Frame, Symbolizer};
+use memgap_trace::TraceError;
+use memgap_trace::numa::{self as records, MemorySample, MemorySamples, Placement};
+use memgap_trace::records::{Module, Process, Snapshot, Thread};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::blame::{ALLOCATOR_FUNCTIONS, is_allocator_frame};
+use crate::heap_state::HeapState;
+use crate::snapshots::{At, choose, list};
+
+/// One node: its id (as the kernel numbers it), CPUs and memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Node {
+    pub id: u32,
+    pub cpus: Vec<u32>,
+    pub memory_bytes: u64,
+}
+
+/// Nodes, in the kernel's order, and the distance matrix (SLIT: local 10),
+/// indexed by position in `nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Topology {
+    pub nodes: Vec<Node>,
+    pub distances: Vec<Vec<u32>>,
+}
+
+impl Topology {
+    pub fn from_record(record: &records::Topology) -> Topology {
+        Topology {
+            nodes: record.nodes.iter().map(|n| Node { id: n.id, cpus: n.cpus.clone(), memory_bytes: n.memory_bytes }).collect(),
+            distances: record.nodes.iter().map(|n| n.distances.clone()).collect(),
+        }
+    }
+
+    pub fn to_record(&self) -> records::Topology {
+        let nodes = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| records::NumaNode { id: n.id, cpus: n.cpus.clone(), memory_bytes: n.memory_bytes, distances: self.distances.get(i).cloned().unwrap_or_default() })
+            .collect();
+        records::Topology { nodes }
+    }
+
+    /// Position of the node holding `cpu`.
+    pub fn index_of_cpu(&self, cpu: u32) -> Option<usize> {
+        self.nodes.iter().position(|n| n.cpus.contains(&cpu))
+    }
+
+    /// Position of node `id`.
+    pub fn index_of_node(&self, id: u32) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
+    /// Distance between the nodes at positions `from` and `to`; 10 (local)
+    /// on the diagonal when sysfs gave no matrix.
+    pub fn distance(&self, from: usize, to: usize) -> u32 {
+        self.distances.get(from).and_then(|row| row.get(to)).copied().unwrap_or(if from == to { 10 } else { 20 })
+    }
+}
+
+/// The node of the page holding an address.
+pub trait PageNodes {
+    fn node_of(&self, addr: u64) -> Option<u32>;
+}
+
+impl PageNodes for Placement {
+    fn node_of(&self, addr: u64) -> Option<u32> {
+        self.status_of(addr).and_then(|s| u32::try_from(s).ok())
+    }
+}
+
+impl<F: Fn(u64) -> Option<u32>> PageNodes for F {
+    fn node_of(&self, addr: u64) -> Option<u32> {
+        self(addr)
+    }
+}
+
+/// Live bytes by allocating thread's node × page's node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AllocationLocality {
+    /// One label per row: "node N" for threads that stayed on node N, then
+    /// "multi-node threads".
+    pub rows: Vec<String>,
+    /// rows × nodes, in bytes.
+    pub matrix: Vec<Vec<u64>>,
+    /// On the node of the CPU that allocated them.
+    pub local_bytes: u64,
+    pub remote_bytes: u64,
+    /// Live bytes on pages with no node (not resident, or not asked).
+    pub unplaced_bytes: u64,
+    /// Per call stack id: (remote bytes, placed bytes).
+    #[serde(skip)]
+    pub by_stack: FxHashMap<u32, (u64, u64)>,
+}
+
+impl AllocationLocality {
+    pub fn local_fraction(&self) -> Option<f64> {
+        let placed = self.local_bytes + self.remote_bytes;
+        (placed > 0).then(|| self.local_bytes as f64 / placed as f64)
+    }
+}
+
+/// The node positions each thread's events ran on, over the whole run.
+pub type ThreadNodes = FxHashMap<u32, BTreeSet<usize>>;
+
+/// Splits every live block over the pages it covers and tallies its bytes
+/// by (allocating thread's row, page's node).
+pub fn allocation_locality<'a>(topology: &Topology, blocks: impl IntoIterator<Item = (u64, &'a Block)>, threads: &ThreadNodes, pages: &dyn PageNodes, page_size: u64) -> AllocationLocality {
+    let n = topology.nodes.len();
+    let mut rows: Vec<String> = topology.nodes.iter().map(|node| format!("node {}", node.id)).collect();
+    rows.push("multi-node threads".into());
+    let mut out = AllocationLocality { rows, matrix: vec![vec![0; n]; n + 1], ..AllocationLocality::default() };
+    let page_size = page_size.max(1);
+    for (addr, block) in blocks {
+        let allocated_on = topology.index_of_cpu(block.cpu);
+        let row = match threads.get(&block.thread) {
+            Some(nodes) if nodes.len() > 1 => Some(n),
+            Some(nodes) if nodes.len() == 1 => nodes.first().copied(),
+            _ => allocated_on,
+        };
+        let (mut at, end) = (addr, addr.saturating_add(block.size));
+        while at < end {
+            let piece_end = ((at / page_size) + 1).saturating_mul(page_size).min(end);
+            let bytes = piece_end - at;
+            match pages.node_of(at).and_then(|id| topology.index_of_node(id)) {
+                Some(column) => {
+                    if let Some(row) = row {
+                        out.matrix[row][column] += bytes;
+                    }
+                    let stack = out.by_stack.entry(block.stack).or_default();
+                    stack.1 += bytes;
+                    if allocated_on == Some(column) {
+                        out.local_bytes += bytes;
+                    } else {
+                        out.remote_bytes += bytes;
+                        stack.0 += bytes;
+                    }
+                }
+                None => out.unplaced_bytes += bytes,
+            }
+            at = piece_end;
+        }
+    }
+    out
+}
+
+/// Samples by the accessing CPU's node × the data's node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AccessLocality {
+    /// "access" (precise memory-access sampling) or "first-touch" (page
+    /// faults: the CPU that first touched each page, and where it landed).
+    pub kind: &'static str,
+    /// The perf source: ibs-op, pebs-mem-loads, page-faults.
+    pub source: String,
+    /// nodes × nodes: sampled events × the sampling period.
+    pub matrix: Vec<Vec<u64>>,
+    pub by_distance: Vec<DistanceCount>,
+    pub local_fraction: Option<f64>,
+    /// Σ distance × events ÷ seconds (the paper's NUMA access rate when
+    /// `kind` is "access"; the same sum over first touches otherwise).
+    pub weighted_rate_per_second: Option<f64>,
+    pub seconds: f64,
+    pub samples: u64,
+    /// Samples the kernel dropped.
+    pub lost: u64,
+    /// Samples whose page or CPU has no known node.
+    pub unresolved: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DistanceCount {
+    pub distance: u32,
+    pub events: u64,
+}
+
+/// The paper's NUMA access rate: Σ distance × accesses ÷ seconds.
+pub fn numa_access_rate(by_distance: &[DistanceCount], seconds: f64) -> Option<f64> {
+    let weighted: u128 = by_distance.iter().map(|d| d.distance as u128 * d.events as u128).sum();
+    (seconds > 0.0).then(|| weighted as f64 / seconds)
+}
+
+/// Builds the access (or first-touch) matrix from samples: the CPU's node
+/// from the topology, the data's node from the sample (taken right after it)
+/// or else from `pages`.
+pub fn access_locality(topology: &Topology, kind: &'static str, batch: &SampleBatch, pages: &dyn PageNodes) -> AccessLocality {
+    let n = topology.nodes.len();
+    let mut matrix = vec![vec![0u64; n]; n];
+    let mut unresolved = 0;
+    for sample in &batch.samples {
+        let data = u32::try_from(sample.node).ok().or_else(|| pages.node_of(sample.addr)).and_then(|id| topology.index_of_node(id));
+        match (topology.index_of_cpu(sample.cpu), data) {
+            (Some(cpu), Some(data)) => matrix[cpu][data] += batch.period.max(1),
+            _ => unresolved += 1,
+        }
+    }
+    let mut distances: BTreeMap<u32, u64> = BTreeMap::new();
+    let (mut local, mut total) = (0u64, 0u64);
+    for (i, row) in matrix.iter().enumerate() {
+        for (j, &events) in row.iter().enumerate() {
+            if events > 0 {
+                *distances.entry(topology.distance(i, j)).or_default() += events;
+            }
+            total += events;
+            if i == j {
+                local += events;
+            }
+        }
+    }
+    let by_distance: Vec<DistanceCount> = distances.into_iter().map(|(distance, events)| DistanceCount { distance, events }).collect();
+    AccessLocality {
+        kind,
+        source: batch.source.clone(),
+        weighted_rate_per_second: numa_access_rate(&by_distance, batch.seconds),
+        by_distance,
+        local_fraction: (total > 0).then(|| local as f64 / total as f64),
+        matrix,
+        seconds: batch.seconds,
+        samples: batch.samples.len() as u64,
+        lost: batch.lost,
+        unresolved,
+    }
+}
+
+/// Every MEMORY_SAMPLES record of a process, merged.
+#[derive(Debug, Clone, Default)]
+pub struct SampleBatch {
+    pub source: String,
+    pub precise_unavailable: String,
+    pub period: u64,
+    pub seconds: f64,
+    pub lost: u64,
+    pub samples: Vec<MemorySample>,
+}
+
+impl SampleBatch {
+    fn add(&mut self, record: &MemorySamples, pid: Option<u32>) {
+        if self.source.is_empty() {
+            self.source = record.source.clone();
+            self.precise_unavailable = record.precise_unavailable.clone();
+            self.period = record.period;
+        }
+        self.seconds = self.seconds.max(record.end_ns.saturating_sub(record.start_ns) as f64 / 1e9);
+        self.lost += record.lost;
+        self.samples.extend(record.samples.iter().filter(|s| pid.is_none_or(|pid| s.pid == pid)));
+    }
+
+    pub fn is_precise(&self) -> bool {
+        self.source == records::SOURCE_IBS_OP || self.source == records::SOURCE_PEBS_LOADS
+    }
+}
+
+/// A call site whose blocks sit on another node than the CPU that allocated them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RemoteSite {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub remote_bytes: u64,
+    pub placed_bytes: u64,
+}
+
+/// Everything `memgap numa` shows.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NumaReport {
+    /// "trace" (recorded with the run) or "this machine" (an older trace).
+    pub topology_source: &'static str,
+    pub nodes: Vec<Node>,
+    pub distances: Vec<Vec<u32>>,
+    pub at_seconds: Option<f64>,
+    /// Why there is no placement (no snapshot, move_pages refused…).
+    pub placement_unavailable_reason: Option<String>,
+    /// Resident heap bytes on each node at the snapshot.
+    pub resident_bytes_by_node: Vec<u64>,
+    /// How long the agent's move_pages queries took at that snapshot.
+    pub placement_cost_seconds: Option<f64>,
+    pub allocation_rows: Vec<String>,
+    pub allocation_matrix_bytes: Vec<Vec<u64>>,
+    pub allocation_local_bytes: u64,
+    pub allocation_remote_bytes: u64,
+    pub allocation_unplaced_bytes: u64,
+    /// Live bytes on the node of the CPU that allocated them ÷ placed live bytes.
+    pub local_fraction: Option<f64>,
+    /// The node taking the most accesses (or first touches, or else heap bytes)…
+    pub hot_node: Option<u32>,
+    /// …and its share of them.
+    pub hot_node_share: Option<f64>,
+    /// What `hot_node` was judged on: "accesses", "first touches" or "resident heap bytes".
+    pub hot_node_basis: Option<&'static str>,
+    pub remote_by_site: Vec<RemoteSite>,
+    pub access_matrix: Option<Vec<Vec<u64>>>,
+    pub access_unavailable_reason: Option<String>,
+    pub numa_access_rate: Option<f64>,
+    /// Access or first-touch locality from the samples (see `kind`).
+    pub sampled: Option<AccessLocality>,
+    /// Threads whose events ran on more than one node.
+    pub multi_node_threads: u64,
+    pub notes: Vec<String>,
+}
+
+pub struct NumaOptions {
+    pub at: At,
+    /// Used when the trace carries no topology (recorded before it did).
+    pub machine_topology: Option<Topology>,
+    pub top: usize,
+}
+
+/// Gathers what the NUMA report needs during a replay. On its own it keeps
+/// its own heap state; inside the HTML report's single replay the host
+/// hands it the live set at each snapshot ([`NumaVisitor::at_snapshot`]).
+#[derive(Default)]
+pub(crate) struct NumaVisitor {
+    /// None when embedded: the host owns the heap state.
+    state: Option<HeapState>,
+    pid: Option<u32>,
+    wanted: Option<usize>,
+    seen: usize,
+    topology: Option<Topology>,
+    /// Per thread: the CPUs its events ran on.
+    thread_cpus: FxHashMap<u32, BTreeSet<u32>>,
+    /// The last (thread, CPU) seen: most events repeat it, and the report
+    /// replays tens of millions of events.
+    last_thread_cpu: Option<(u32, u32)>,
+    /// The live blocks and agent ranges at the wanted snapshot, until its placement.
+    at_snapshot: Option<(u64, Vec<(u64, Block)>, Vec<(u64, u64)>)>,
+    chosen: Option<(Vec<(u64, Block)>, Vec<(u64, u64)>, Placement)>,
+    last_placement: Option<Placement>,
+    samples: SampleBatch,
+    stacks: FxHashMap<u32, Vec<u64>>,
+    modules: Vec<Module>,
+}
+
+impl NumaVisitor {
+    pub(crate) fn embedded(wanted: Option<usize>) -> NumaVisitor {
+        NumaVisitor { wanted, ..NumaVisitor::default() }
+    }
+
+    /// A snapshot, with the live blocks at its instant.
+    pub(crate) fn at_snapshot(&mut self, snapshot: &Snapshot, live: &memgap_replay::LiveSet) {
+        if Some(self.seen) == self.wanted {
+            let blocks = live.blocks().map(|(addr, block)| (addr, *block)).collect();
+            self.at_snapshot = Some((snapshot.time, blocks, snapshot.agent_ranges.clone()));
+        }
+        self.seen += 1;
+    }
+
+    /// Whether the trace holds anything NUMA (a topology, placements or samples).
+    pub(crate) fn saw_anything(&self) -> bool {
+        self.topology.is_some() || self.last_placement.is_some() || !self.samples.source.is_empty()
+    }
+}
+
+impl Visitor for NumaVisitor {
+    fn process(&mut self, process: &Process) {
+        if let Some(state) = &mut self.state {
+            state.start_image();
+        }
+        self.pid.get_or_insert(process.pid);
+    }
+
+    fn modules(&mut self, modules: &[Module]) {
+        for module in modules {
+            if !self.modules.iter().any(|m| m.base == module.base && m.path == module.path) {
+                self.modules.push(module.clone());
+            }
+        }
+    }
+
+    fn allocator(&mut self, path: &str) {
+        if let Some(state) = &mut self.state {
+            state.allocator = path.to_string();
+        }
+    }
+
+    fn thread(&mut self, thread: &Thread) {
+        if let Some(state) = &mut self.state {
+            state.thread(thread);
+        }
+    }
+
+    fn stack(&mut self, id: u32, frames: &[u64]) {
+        self.stacks.insert(id, frames.to_vec());
+    }
+
+    fn event(&mut self, event: &ThreadEvent) {
+        let pair = (event.thread, event.event.cpu);
+        if self.last_thread_cpu != Some(pair) {
+            self.last_thread_cpu = Some(pair);
+            self.thread_cpus.entry(event.thread).or_default().insert(event.event.cpu);
+        }
+        if let Some(state) = &mut self.state {
+            state.apply(event);
+        }
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) {
+        if let Some(state) = self.state.take() {
+            self.at_snapshot(snapshot, &state.live);
+            self.state = Some(state);
+        }
+    }
+
+    fn placement(&mut self, placement: &Placement) {
+        if let Some((_, blocks, agent_ranges)) = self.at_snapshot.take_if(|(time, ..)| *time == placement.time) {
+            self.chosen = Some((blocks, agent_ranges, placement.clone()));
+        }
+        self.last_placement = Some(placement.clone());
+    }
+
+    fn topology(&mut self, topology: &records::Topology) {
+        self.topology = Some(Topology::from_record(topology));
+    }
+
+    fn memory_samples(&mut self, samples: &MemorySamples) {
+        self.samples.add(samples, self.pid);
+    }
+}
+
+/// The NUMA report of a trace.
+pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, TraceError> {
+    let snapshots = list(path)?;
+    let wanted = choose(&snapshots, options.at);
+    let mut v = NumaVisitor { wanted, state: Some(HeapState::default()), ..NumaVisitor::default() };
+    replay(path, &mut v)?;
+    Ok(assemble(v, wanted.map(|i| snapshots[i].seconds), options))
+}
+
+/// The report from what the visitor gathered, once the replay is over.
+pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOptions) -> NumaReport {
+    let mut v = v;
+    let wanted = v.wanted;
+    let mut report = NumaReport { topology_source: "trace", ..NumaReport::default() };
+    let topology = match v.topology.take() {
+        Some(t) => t,
+        None => {
+            report.topology_source = "this machine";
+            report.notes.push("the trace carries no topology (recorded by an older memgap): this machine's is shown".into());
+            options.machine_topology.clone().unwrap_or_default()
+        }
+    };
+    let threads: ThreadNodes = v
+        .thread_cpus
+        .iter()
+        .map(|(&thread, cpus)| (thread, cpus.iter().filter_map(|&cpu| topology.index_of_cpu(cpu)).collect()))
+        .collect();
+    report.multi_node_threads = threads.values().filter(|nodes| nodes.len() > 1).count() as u64;
+    report.at_seconds = at_seconds;
+
+    match &v.chosen {
+        None if wanted.is_none() => report.placement_unavailable_reason = Some("the trace has no snapshot".into()),
+        None => report.placement_unavailable_reason = Some("the snapshot has no placement record (recorded by an older memgap)".into()),
+        Some((_, _, placement)) if placement.error != 0 => {
+            report.placement_unavailable_reason = Some(format!("move_pages failed in the traced process: {}", std::io::Error::from_raw_os_error(placement.error)));
+        }
+        Some((blocks, agent_ranges, placement)) => {
+            report.resident_bytes_by_node = resident_by_node(&topology, placement, agent_ranges);
+            report.placement_cost_seconds = Some(placement.cost_ns as f64 / 1e9);
+            let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, placement, placement.page_size);
+            report.local_fraction = locality.local_fraction();
+            report.allocation_local_bytes = locality.local_bytes;
+            report.allocation_remote_bytes = locality.remote_bytes;
+            report.allocation_unplaced_bytes = locality.unplaced_bytes;
+            report.remote_by_site = remote_sites(&v, &locality, options.top);
+            report.allocation_rows = locality.rows;
+            report.allocation_matrix_bytes = locality.matrix;
+            if placement.stride > 1 {
+                report.notes.push(format!("placement sampled one resident page in {} (the agent's cost bound)", placement.stride));
+            }
+        }
+    }
+
+    if v.samples.source.is_empty() {
+        report.access_unavailable_reason = Some("no memory samples in the trace (record with `memgap run --numa`)".into());
+    } else {
+        let fallback: &dyn PageNodes = match &v.last_placement {
+            Some(p) => p,
+            None => &|_| None,
+        };
+        let kind = if v.samples.is_precise() { "access" } else { "first-touch" };
+        let sampled = access_locality(&topology, kind, &v.samples, fallback);
+        if v.samples.is_precise() {
+            report.access_matrix = Some(sampled.matrix.clone());
+            report.numa_access_rate = sampled.weighted_rate_per_second;
+        } else {
+            report.access_unavailable_reason = Some(v.samples.precise_unavailable.clone());
+        }
+        report.sampled = Some(sampled);
+    }
+    (report.hot_node, report.hot_node_share, report.hot_node_basis) = hot_node(&topology, report.sampled.as_ref(), &report.resident_bytes_by_node);
+    report.nodes = topology.nodes;
+    report.distances = topology.distances;
+    report
+}
+
+/// Resident heap bytes per node, leaving out mappings that are the agent's own.
+fn resident_by_node(topology: &Topology, placement: &Placement, agent_ranges: &[(u64, u64)]) -> Vec<u64> {
+    let mut out = vec![0u64; topology.nodes.len()];
+    for m in &placement.mappings {
+        let end = m.start + m.pages * placement.page_size;
+        if agent_ranges.iter().any(|&(start, len)| start <= m.start && end <= start + len) {
+            continue;
+        }
+        for &(status, pages) in &m.runs {
+            if let Some(i) = u32::try_from(status).ok().and_then(|id| topology.index_of_node(id)) {
+                out[i] += pages * placement.page_size;
+            }
+        }
+    }
+    out
+}
+
+/// The column with the largest total: of the sampled matrix if there is one,
+/// else of the resident heap.
+fn hot_node(topology: &Topology, sampled: Option<&AccessLocality>, resident: &[u64]) -> (Option<u32>, Option<f64>, Option<&'static str>) {
+    let (columns, basis): (Vec<u64>, &'static str) = match sampled {
+        Some(s) if s.matrix.iter().flatten().any(|&c| c > 0) => {
+            ((0..topology.nodes.len()).map(|j| s.matrix.iter().map(|row| row[j]).sum()).collect(), if s.kind == "access" { "accesses" } else { "first touches" })
+        }
+        _ => (resident.to_vec(), "resident heap bytes"),
+    };
+    let total: u64 = columns.iter().sum();
+    let Some((best, &value)) = columns.iter().enumerate().max_by_key(|&(i, &v)| (v, std::cmp::Reverse(i))) else { return (None, None, None) };
+    if total == 0 {
+        return (None, None, None);
+    }
+    (Some(topology.nodes[best].id), Some(value as f64 / total as f64), Some(basis))
+}
+
+/// Per allocation site (the first frame outside memgap and the allocator, as
+/// in blame): bytes on a node other than the allocating CPU's.
+fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> Vec<RemoteSite> {
+    let remote: Vec<(u32, (u64, u64))> = locality.by_stack.iter().filter(|(_, (remote, _))| *remote > 0).map(|(&s, &t)| (s, t)).collect();
+    if remote.is_empty() {
+        return Vec::new();
+    }
+    let mut symbolizer = Symbolizer::new(&v.modules);
+    let mut addresses: Vec<u64> = remote.iter().filter_map(|(id, _)| v.stacks.get(id)).flatten().map(|&ip| ip.saturating_sub(1)).collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
+    let mut sites: BTreeMap<(Option<String>, Option<String>, Option<u32>, String), (u64, u64)> = BTreeMap::new();
+    for (id, (remote, placed)) in remote {
+        let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect()).unwrap_or_default();
+        let site = frames.iter().find(|f| !is_allocator_frame(f, ALLOCATOR_FUNCTIONS)).or(frames.first());
+        let key = match site {
+            Some(f) => (Some(f.function.clone().unwrap_or_else(|| f.label())), f.file.clone(), f.line, f.module.clone()),
+            None => (Some("(no stack recorded)".into()), None, None, String::new()),
+        };
+        let entry = sites.entry(key).or_default();
+        entry.0 += remote;
+        entry.1 += placed;
+    }
+    let mut out: Vec<RemoteSite> = sites
+        .into_iter()
+        .map(|((function, file, line, module), (remote_bytes, placed_bytes))| RemoteSite { function, file, line, module, remote_bytes, placed_bytes })
+        .collect();
+    out.sort_by(|a, b| b.remote_bytes.cmp(&a.remote_bytes).then_with(|| a.function.cmp(&b.function)));
+    out.truncate(top);
+    out
+}
+
+/// A running process's pages per node, mapping by mapping (numa_maps).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProcessPlacement {
+    pub pid: u32,
+    pub nodes: Vec<Node>,
+    pub distances: Vec<Vec<u32>>,
+    /// Resident bytes per node (in `nodes` order), all mappings.
+    pub resident_bytes_by_node: Vec<u64>,
+    /// …of the heap: `[heap]` and anonymous mappings.
+    pub heap_bytes_by_node: Vec<u64>,
+    pub mappings: Vec<MappingPlacementBytes>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MappingPlacementBytes {
+    pub start: u64,
+    pub policy: String,
+    /// heap, stack, huge, file=PATH, or empty (anonymous).
+    pub kind: String,
+    pub bytes_by_node: BTreeMap<u32, u64>,
+}
+
+impl ProcessPlacement {
+    /// From numa_maps lines: (start, policy, kind, bytes by node id).
+    pub fn new(pid: u32, topology: Topology, maps: Vec<(u64, String, String, BTreeMap<u32, u64>)>) -> ProcessPlacement {
+        let n = topology.nodes.len();
+        let mut out = ProcessPlacement { pid, resident_bytes_by_node: vec![0; n], heap_bytes_by_node: vec![0; n], ..ProcessPlacement::default() };
+        for (start, policy, kind, bytes_by_node) in maps {
+            let heap = kind == "heap" || kind.is_empty();
+            for (&id, &bytes) in &bytes_by_node {
+                if let Some(i) = topology.index_of_node(id) {
+                    out.resident_bytes_by_node[i] += bytes;
+                    if heap {
+                        out.heap_bytes_by_node[i] += bytes;
+                    }
+                }
+            }
+            if !bytes_by_node.is_empty() {
+                out.mappings.push(MappingPlacementBytes { start, policy, kind, bytes_by_node });
+            }
+        }
+        out.nodes = topology.nodes;
+        out.distances = topology.distances;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
