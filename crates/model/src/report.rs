@@ -7,7 +7,7 @@ use std::path::Path;
 
 use memgap_replay::{ThreadEvent, Visitor, replay};
 use memgap_trace::TraceError;
-use memgap_trace::records::{End, Exit, Module, Process, Rss, Snapshot, Thread};
+use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, Thread};
 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
@@ -92,6 +92,10 @@ impl Visitor for ReportVisitor {
             ledger.by_stack = Vec::new();
         }
         self.ledgers.push((snapshot.time, ledger));
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.blame.metrics(metrics);
     }
 
     fn thread(&mut self, thread: &Thread) {

@@ -5,7 +5,7 @@ use std::path::Path;
 use memgap_replay::{ThreadEvent, Timeline, Visitor, replay};
 use memgap_trace::TraceError;
 use memgap_trace::TraceFile;
-use memgap_trace::records::{Process, Record, Records, Snapshot, Thread};
+use memgap_trace::records::{Metrics, Process, Record, Records, Snapshot, Thread};
 
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Ledger};
@@ -101,6 +101,10 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn thread(&mut self, thread: &Thread) {
         self.state.thread(thread);
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.state.metrics(metrics);
     }
 
     fn event(&mut self, event: &ThreadEvent) {
