@@ -31,3 +31,22 @@ pub mod size_classes;
 
 /// The `source` of every METRICS record this crate makes.
 pub const SOURCE: &str = "go";
+
+use memgap_trace::records::Metrics;
+
+/// What a Go version implies, as METRICS records: kind `build` (the version
+/// as `go_info{version="…"}`) and, when it names a Go 1.x release, kind
+/// `size_classes` (`span_bytes[SIZE]` and `objects_per_span[SIZE]` per class).
+pub fn version_metrics(version: &str, monotonic_ns: u64) -> Vec<Metrics> {
+    let metrics = |kind: &str, values| Metrics { monotonic_ns, source: SOURCE.into(), kind: kind.into(), values };
+    let mut out = vec![metrics("build", vec![(names::version_metric(version), 1.0)])];
+    if let Some(runtime) = size_classes::Runtime::from_version(version) {
+        let mut values = Vec::new();
+        for class in runtime.classes() {
+            values.push((names::bucket("span_bytes", f64::from(class.size)), f64::from(class.span_bytes)));
+            values.push((names::bucket("objects_per_span", f64::from(class.size)), f64::from(class.objects_per_span)));
+        }
+        out.push(metrics("size_classes", values));
+    }
+    out
+}

@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use memgap_attach::residency::{self, monotonic_ns};
 use memgap_source_go::buildinfo::GoBinary;
-use memgap_source_go::size_classes::Runtime;
-use memgap_source_go::{gctrace, helper, names};
+use memgap_source_go::{gctrace, helper};
 use memgap_trace::TraceWriter;
 use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, End, EndReason, Exit, Metrics, Process, Record, SnapshotReason};
 
@@ -178,16 +177,8 @@ impl Recorder<'_> {
         }
         self.version = Some(version.to_string());
         let now = monotonic_ns();
-        self.metrics("build", vec![(names::version_metric(version), 1.0)], now);
         self.pending.push(Record::Note { time: now, text: format!("Go {version} (from the {from})") });
-        if let Some(runtime) = Runtime::from_version(version) {
-            let mut values = Vec::new();
-            for class in runtime.classes() {
-                values.push((names::bucket("span_bytes", f64::from(class.size)), f64::from(class.span_bytes)));
-                values.push((names::bucket("objects_per_span", f64::from(class.size)), f64::from(class.objects_per_span)));
-            }
-            self.metrics("size_classes", values, now);
-        }
+        self.pending.extend(memgap_source_go::version_metrics(version, now).into_iter().map(Record::Metrics));
     }
 
     fn snapshot(&mut self, reason: SnapshotReason) -> anyhow::Result<()> {
