@@ -9,7 +9,7 @@
 //! runtime counts memory it never touched as in use (fresh spans are known
 //! to be zero and are not written), so its figures are checked against the
 //! resident pages of the heap mappings: what the runtime counts but the
-//! kernel does not hold comes off fragmented, then live, then retained
+//! kernel does not hold comes off stacks, then fragmented, live, retained
 //! (`untouched_bytes`); what the kernel holds beyond the runtime's count is
 //! MADV_FREE'd (lazy_free) or retained (`unaccounted_heap_bytes`). Every
 //! other mapping goes to runtime or other by its kind, and the rows are
@@ -309,11 +309,14 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
         g.heap_stacks_bytes = go.get(N_HEAP_STACKS).unwrap_or(0);
         g.total_bytes = go.get(N_TOTAL).unwrap_or(0);
         g.heap_usage_bytes = g.heap_objects_bytes + g.heap_unused_bytes + g.heap_free_bytes;
-        let mut parts = [g.heap_unused_bytes, g.heap_objects_bytes, g.heap_free_bytes, g.heap_stacks_bytes];
+        let mut parts = [g.heap_stacks_bytes, g.heap_unused_bytes, g.heap_objects_bytes, g.heap_free_bytes];
         let claimed: u64 = parts.iter().sum();
         if heap_resident < claimed {
-            // Fresh spans are never written by the runtime: their untouched tails
-            // (unused), objects never written (live), then free pages.
+            // What the runtime never touched: the deep end of goroutine stacks
+            // (a stack grows down into pages it may never reach), the
+            // untouched tails of fresh spans (unused: fresh spans are known to
+            // be zero and not written), objects never written (live), then
+            // free pages.
             let mut deficit = claimed - heap_resident;
             g.untouched_bytes = deficit;
             for part in parts.iter_mut() {
@@ -322,7 +325,7 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
                 deficit -= cut;
             }
         }
-        let [unused, objects, free, stacks] = parts;
+        let [stacks, unused, objects, free] = parts;
         rows.live = objects;
         rows.fragmented = unused;
         rows.retained = free;

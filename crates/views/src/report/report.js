@@ -477,6 +477,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     }
     $('ledger').setAttribute('data-ready', 'true');
     $('ledger').setAttribute('data-snapshot', String(index));
+    if (window.memgapGo && $('go-panel')) window.memgapGo(s, fmtBytes);
   }
 
   // ---- snapshot selection ----------------------------------------------------

@@ -8,9 +8,11 @@ package main
 import (
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"unsafe"
 
 	"memgap.dev/go/memgap"
 )
@@ -44,6 +46,9 @@ func main() {
 	step := flag.Int("step", 512, "keep every step-th object")
 	compact := flag.Bool("compact", false, "copy the survivors into new objects")
 	flag.Parse()
+	fmt.Fprintf(os.Stderr, "fragment: step %d\n", *step)
+	// Measured first, while no span of the class has free slots to reuse.
+	perSpan := objectsPerSpan()
 
 	measure("start")
 	all := allocate(1 << 20)
@@ -70,4 +75,23 @@ func main() {
 	measure("more")
 	runtime.KeepAlive(kept)
 	runtime.KeepAlive(all)
+	json.NewEncoder(os.Stdout).Encode(map[string]any{"point": "objects_per_span", "16": perSpan})
+	os.Stderr.WriteString("fragment: done")
+}
+
+// objectsPerSpan measures how many 16-byte objects this runtime puts in one
+// 8 KiB span: spans are 8 KiB-aligned, so fresh objects group by address.
+func objectsPerSpan() int {
+	objects := allocate(1 << 14)
+	perSpan := map[uintptr]int{}
+	most := 0
+	for _, object := range objects {
+		span := uintptr(unsafe.Pointer(object)) / 8192
+		perSpan[span]++
+		if perSpan[span] > most {
+			most = perSpan[span]
+		}
+	}
+	runtime.KeepAlive(objects)
+	return most
 }
