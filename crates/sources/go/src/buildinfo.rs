@@ -18,7 +18,9 @@ pub struct GoBinary {
 
 /// `Some` when `path` is a Go executable (ELF with a Go buildinfo blob).
 pub fn detect(path: &Path) -> Option<GoBinary> {
-    let bytes = std::fs::read(path).ok()?;
+    let file = std::fs::File::open(path).ok()?;
+    // Mapped, not read: only the ELF headers and the section are touched.
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     detect_bytes(&bytes)
 }
 
@@ -26,7 +28,12 @@ pub fn detect_bytes(bytes: &[u8]) -> Option<GoBinary> {
     if !bytes.starts_with(b"\x7fELF") {
         return None;
     }
-    let blob = elf_section(bytes, ".go.buildinfo").or_else(|| find_magic(bytes))?;
+    let blob = match elf_section(bytes, ".go.buildinfo") {
+        Some(section) => section,
+        // No section headers at all (stripped with sstrip): search the file.
+        None if section_count(bytes) == Some(0) => find_magic(bytes)?,
+        None => return None,
+    };
     if !blob.starts_with(MAGIC) || blob.len() < 32 {
         return None;
     }
@@ -51,6 +58,11 @@ fn read_string(bytes: &[u8]) -> Option<String> {
     }
     let text = bytes.get(used..used + len)?;
     String::from_utf8(text.to_vec()).ok().filter(|s| !s.is_empty())
+}
+
+fn section_count(bytes: &[u8]) -> Option<usize> {
+    let at = if *bytes.get(4)? == 2 { 0x3c } else { 0x30 };
+    Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?) as usize)
 }
 
 /// The bytes of the named section of a little-endian ELF file (32 or 64 bit).
