@@ -41,6 +41,29 @@ fn go_build(dir: &Path, name: &str) -> PathBuf {
     exe
 }
 
+/// The report's DOM after its scripts ran in headless chromium (`None`, and
+/// a line, when chromium is not installed outside CI); fails on any console
+/// message or script error.
+fn dump_dom_in_chromium(report: &Path) -> Option<String> {
+    let Some(browser) = ["chromium", "chromium-browser"].into_iter().find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success())) else {
+        assert!(std::env::var_os("CI").is_none(), "chromium is not installed (apt-get install -y chromium)");
+        eprintln!("skipped the browser check: chromium is not installed");
+        return None;
+    };
+    let profile = tempfile::tempdir().unwrap();
+    let out = output_of(Command::new(browser).args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000", "--dump-dom"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("file://{}", report.display())));
+    assert!(out.status.success(), "chromium failed:\n{}", text(&out.stderr));
+    let console: Vec<String> = text(&out.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(str::to_string).collect();
+    assert!(console.is_empty(), "the page logged:\n{}", console.join("\n"));
+    let dom = text(&out.stdout);
+    let body = &dom[dom.find("<body").expect("a body")..];
+    assert!(!body[..body.find('>').unwrap()].contains("data-error"), "a script failed: {}", &body[..body.find('>').unwrap()]);
+    Some(dom)
+}
+
 fn json_lines(stdout: &[u8]) -> Vec<Value> {
     text(stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()
 }
@@ -224,6 +247,10 @@ fn attach_records_a_live_service_timeline() {
     let report = dir.join("attach.html");
     assert!(memgap(&dir, &["report", arg(&trace), "-o", arg(&report)]).status.success());
     assert!(std::fs::read_to_string(&report).unwrap().contains("go-panel"));
+    if let Some(dom) = dump_dom_in_chromium(&report) {
+        assert!(dom.contains("id=\"go-panel\" class=\"panel\" data-ready=\"true\""), "the Go panel was not filled");
+        assert!(dom.contains("memstats") || dom.contains("MemStats"), "the Go panel names its source");
+    }
     assert!(memgap(&dir, &["summary", arg(&trace)]).status.success());
 
     // Nothing listening: one line, exit 1.

@@ -51,6 +51,9 @@ const HEAP_CHUNK: u64 = 4 << 20;
 const LOW_OCCUPANCY: f64 = 0.25;
 const LOW_OCCUPANCY_MIN_BYTES: u64 = 1 << 20;
 
+/// Figures held back waiting for a snapshot (100 s of the helper's samples).
+const MAX_PENDING: usize = 1000;
+
 /// What the Go runtime has reported so far in a replay.
 #[derive(Debug, Clone, Default)]
 pub struct GoState {
@@ -73,6 +76,13 @@ impl GoState {
         if metrics.source == "go" {
             self.seen = true;
             self.pending.push_back(metrics.clone());
+            // Snapshots reach the model at most a few writer rounds after the
+            // figures around them; a reader that skips snapshots never
+            // catches up, so the oldest figures are taken in here.
+            while self.pending.len() > MAX_PENDING {
+                let oldest = self.pending.pop_front().unwrap();
+                self.apply(oldest);
+            }
         }
     }
 
