@@ -184,6 +184,10 @@ fn gctrace_is_kept_when_the_user_asked_for_it_and_the_helper_is_inert_without_me
     let ledger: Value = serde_json::from_slice(&memgap(&dir, &["ledger", arg(&trace), "--at", "end", "--json"]).stdout).unwrap();
     assert!(u(&ledger["go"], "gc_cycles") >= 4);
 
+    // A trace memgap cannot write: refused before the program starts.
+    let line = assert_one_line_failure(&memgap(&dir, &["run", "-o", "/nonexistent/t.mgt", "--", arg(&exe)]));
+    assert!(line.contains("/nonexistent"), "{line}");
+
     // Without memgap the import does nothing: same output shape, no pipe.
     let plain = output_of(Command::new(&exe).args(["-step", "2048"]).env_remove("MEMGAP_GO_METRICS"));
     assert!(plain.status.success());
@@ -256,4 +260,13 @@ fn attach_records_a_live_service_timeline() {
     // Nothing listening: one line, exit 1.
     let line = assert_one_line_failure(&memgap(&dir, &["attach", "--go", "http://127.0.0.1:1", "--duration", "1", "-o", arg(&dir.join("x.mgt"))]));
     assert!(line.contains("127.0.0.1:1"), "{line}");
+}
+
+#[test]
+fn helper_package_passes_its_own_tests() {
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../go/memgap");
+    for args in [&["vet", "./..."][..], &["test", "./..."][..]] {
+        let out = output_of(Command::new(go_command()).args(args).current_dir(&helper).env_remove("MEMGAP_GO_METRICS"));
+        assert!(out.status.success(), "go {}:\n{}{}", args.join(" "), text(&out.stdout), text(&out.stderr));
+    }
 }

@@ -232,7 +232,7 @@ fn is_go_heap(mapping: &Mapping, named: bool) -> bool {
     if named {
         return mapping.name == "[anon: Go: heap]";
     }
-    mapping.is_private_writable_anonymous() && mapping.name.is_empty() && mapping.start % HEAP_CHUNK == 0 && mapping.end % HEAP_CHUNK == 0
+    mapping.is_private_writable_anonymous() && mapping.name.is_empty() && mapping.start.is_multiple_of(HEAP_CHUNK) && mapping.end.is_multiple_of(HEAP_CHUNK)
 }
 
 fn resident_bytes(mapping: &Mapping, page: u64) -> u64 {
@@ -359,7 +359,7 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
         .iter()
         .filter(|c| c.spans_estimate >= 2 * c.spans_needed.max(1) && c.occupancy <= LOW_OCCUPANCY && c.unused_bytes_estimate >= LOW_OCCUPANCY_MIN_BYTES)
         .collect();
-    sparse.sort_by(|a, b| b.unused_bytes_estimate.cmp(&a.unused_bytes_estimate));
+    sparse.sort_by_key(|c| std::cmp::Reverse(c.unused_bytes_estimate));
     g.sparse_classes = sparse.iter().map(|c| c.size).collect();
 
     rows.runtime = heap_stacks + runtime_mapped + ledger.stacks_bytes;
@@ -447,7 +447,7 @@ pub fn verdict(l: &Ledger) -> String {
         return format!("{opening} {why} For the exact split, import memgap.dev/go/memgap (it reports runtime/metrics to memgap run).");
     }
     let mut gap = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("runtime", r.runtime), ("other", r.other)];
-    gap.sort_by(|a, b| b.1.cmp(&a.1));
+    gap.sort_by_key(|row| std::cmp::Reverse(row.1));
     let (dominant, bytes) = gap[0];
     let share = percent(bytes, rss);
     if bytes < r.live / 4 {

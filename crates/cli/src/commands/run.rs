@@ -73,10 +73,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let program_name = Path::new(&args.command[0]).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "program".into());
     let pattern = output_pattern(args.output.as_deref(), &program_name)?;
     let run_id = random_run_id();
-    if !args.trim_only {
-        if let Some(binary) = go::resolve(&args.command[0]).and_then(|exe| memgap_source_go::buildinfo::detect(&exe)) {
-            return go::run(&args, binary, &pattern, run_id);
-        }
+    let go_binary = if args.trim_only { None } else { go::resolve(&args.command[0]).and_then(|exe| memgap_source_go::buildinfo::detect(&exe)) };
+    if let Some(binary) = go_binary {
+        return go::run(&args, binary, &pattern, run_id);
     }
     let agent = agent::locate()?;
 

@@ -49,6 +49,13 @@ enum Message {
 }
 
 pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> anyhow::Result<ExitCode> {
+    // memgap writes the trace itself: a place it cannot write is refused
+    // before the program starts.
+    let dir = pattern.parent().unwrap_or(Path::new("."));
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).context("the trace's directory")?;
+    if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        anyhow::bail!("cannot write the trace in {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
     let user_godebug = std::env::var("GODEBUG").unwrap_or_default();
     let user_wants_gctrace = user_godebug.split(',').any(|s| s.trim().strip_prefix("gctrace=").is_some_and(|v| v != "0"));
     let godebug = match (user_godebug.is_empty(), user_wants_gctrace) {
@@ -182,13 +189,10 @@ impl Recorder<'_> {
     }
 
     fn snapshot(&mut self, reason: SnapshotReason) -> anyhow::Result<()> {
-        match residency::snapshot(self.pid, reason) {
-            Ok(snapshot) => {
-                self.peak_snapshot_rss = self.peak_snapshot_rss.max(snapshot.vm_rss_after.max(snapshot.rss.vm_rss));
-                self.pending.push(Record::Snapshot(snapshot));
-            }
-            // The program ended between two readings.
-            Err(_) => {}
+        // An error: the program ended between two readings.
+        if let Ok(snapshot) = residency::snapshot(self.pid, reason) {
+            self.peak_snapshot_rss = self.peak_snapshot_rss.max(snapshot.vm_rss_after.max(snapshot.rss.vm_rss));
+            self.pending.push(Record::Snapshot(snapshot));
         }
         self.flush()
     }
