@@ -36,6 +36,8 @@ var (
 	answers *os.File
 	samples []metrics.Sample
 	line    []byte
+	acks    = make(chan struct{}, 16)
+	gone    = make(chan struct{}) // closed when memgap's answers end
 )
 
 func init() {
@@ -69,6 +71,25 @@ func init() {
 	out.WriteString("hello " + runtime.Version() + "\n")
 	send()
 	mu.Unlock()
+	// memgap's answers: 's' asks for a sample now (it is about to take a
+	// snapshot), 'k' says the snapshot Snapshot asked for is taken.
+	go func() {
+		defer close(gone)
+		var b [1]byte
+		for {
+			if n, err := answers.Read(b[:]); err != nil || n == 0 {
+				return
+			}
+			switch b[0] {
+			case 's':
+				mu.Lock()
+				send()
+				mu.Unlock()
+			case 'k':
+				acks <- struct{}{}
+			}
+		}
+	}()
 	go func() {
 		for range time.Tick(interval) {
 			mu.Lock()
@@ -140,15 +161,19 @@ func Snapshot() {
 		return
 	}
 	mu.Lock()
-	defer mu.Unlock()
-	if !send() {
-		return
+	ok := send()
+	if ok {
+		_, err := out.WriteString("snapshot\n")
+		ok = err == nil && out.Flush() == nil
 	}
-	if _, err := out.WriteString("snapshot\n"); err != nil || out.Flush() != nil {
-		return
+	// Not held while waiting: the reader of memgap's answers may need it.
+	mu.Unlock()
+	if ok {
+		select {
+		case <-acks:
+		case <-gone:
+		}
 	}
-	var answer [1]byte
-	answers.Read(answer[:])
 }
 
 func samplesFor() []string {

@@ -9,10 +9,13 @@
 //!   helper package asks, and at exit (the program is held at its exit with
 //!   ptrace's PTRACE_EVENT_EXIT, before its memory is gone);
 //! - runtime/metrics from the helper package (`go/memgap`), when the
-//!   program imports it, through a pipe named in MEMGAP_GO_METRICS.
+//!   program imports it, through a pipe named in MEMGAP_GO_METRICS (and a
+//!   second pipe back: `s` asks for a sample now, before a snapshot; `k`
+//!   answers the program's own snapshot request).
 
 use std::ffi::OsString;
 use std::fs::File;
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -33,6 +36,8 @@ use super::Args;
 
 /// A snapshot is also taken when RSS passes the last snapshot's by 5 %.
 const PEAK_STEP: f64 = 1.05;
+/// How long a snapshot waits for the helper's fresh figures.
+const FRESH_SAMPLE_PATIENCE: Duration = Duration::from_millis(50);
 /// Records are written at least this often.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
@@ -131,7 +136,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
         exe,
         argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
     };
-    let mut recorder = Recorder { pid, writer: &mut writer, pending: Vec::new(), version: None, peak_snapshot_rss: 0, vm_hwm: 0 };
+    let mut recorder = Recorder { pid, writer: &mut writer, pending: Vec::new(), version: None, peak_snapshot_rss: 0, vm_hwm: 0, helper: false, deferred: VecDeque::new() };
     recorder.pending.push(Record::Process(process));
     recorder.set_version(&go.version, "buildinfo");
     recorder.flush()?;
@@ -160,6 +165,10 @@ struct Recorder<'w> {
     version: Option<String>,
     peak_snapshot_rss: u64,
     vm_hwm: u64,
+    /// The helper package said hello: it answers `s` with a sample.
+    helper: bool,
+    /// Messages that came while waiting for a fresh sample.
+    deferred: VecDeque<Message>,
 }
 
 impl Recorder<'_> {
@@ -186,6 +195,23 @@ impl Recorder<'_> {
         let now = monotonic_ns();
         self.pending.push(Record::Note { time: now, text: format!("Go {version} (from the {from})") });
         self.pending.extend(memgap_source_go::version_metrics(version, now).into_iter().map(Record::Metrics));
+    }
+
+    /// Asks the helper package for runtime/metrics now, so that a snapshot
+    /// taken while the heap grows is laid over current figures; waits for
+    /// them a little (other messages are kept for later).
+    fn fresh_sample(&mut self, messages: &Receiver<Message>, ack: &mut File) {
+        if !self.helper || ack.write_all(b"s").is_err() {
+            return;
+        }
+        let deadline = Instant::now() + FRESH_SAMPLE_PATIENCE;
+        while let Ok(message) = messages.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if let Message::Helper(helper::Line::Sample(values), at) = message {
+                self.metrics("sample", values, at);
+                return;
+            }
+            self.deferred.push_back(message);
+        }
     }
 
     fn snapshot(&mut self, reason: SnapshotReason) -> anyhow::Result<()> {
@@ -218,12 +244,14 @@ impl Recorder<'_> {
                         let peak = self.peak_snapshot_rss > 0 && rss.vm_rss as f64 > self.peak_snapshot_rss as f64 * PEAK_STEP;
                         self.pending.push(Record::Rss(rss));
                         if peak {
+                            self.fresh_sample(&messages, &mut ack);
                             self.snapshot(SnapshotReason::RssPeak)?;
                         }
                     }
                 }
                 if next_snapshot.is_some_and(|at| now >= at) {
                     next_snapshot = snapshot_every.map(|d| now + d);
+                    self.fresh_sample(&messages, &mut ack);
                     self.snapshot(SnapshotReason::Periodic)?;
                 }
             }
@@ -232,7 +260,11 @@ impl Recorder<'_> {
                 self.flush()?;
             }
             let wake = [Some(next_rss), next_snapshot, Some(next_flush), drain_until].into_iter().flatten().min().unwrap();
-            let message = match messages.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+            let received = match self.deferred.pop_front() {
+                Some(message) => Ok(message),
+                None => messages.recv_timeout(wake.saturating_duration_since(Instant::now())),
+            };
+            let message = match received {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => {
                     if drain_until.is_some_and(|at| Instant::now() >= at) {
@@ -247,7 +279,10 @@ impl Recorder<'_> {
                     gc_seen = true;
                     self.pending.push(Record::Metrics(gc.to_metrics(at)));
                 }
-                Message::Helper(helper::Line::Hello { version }, _) => self.set_version(&version, "helper package"),
+                Message::Helper(helper::Line::Hello { version }, _) => {
+                    self.helper = true;
+                    self.set_version(&version, "helper package");
+                }
                 Message::Helper(helper::Line::Sample(values), at) => self.metrics("sample", values, at),
                 Message::Helper(helper::Line::Snapshot, _) => {
                     self.snapshot(SnapshotReason::Program)?;
