@@ -338,16 +338,14 @@ fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Passes the program's stderr on, line by line as it comes, minus the
-/// gctrace lines when `strip` (they go to the recorder either way). A partial
-/// line is held back only while it could still become a gctrace line.
+/// Passes the program's stderr on as it comes, minus the gctrace lines when
+/// `strip` (they go to the recorder either way).
 fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, strip: bool, sender: Sender<Message>) {
     std::thread::spawn(move || {
         let mut out = std::io::stderr();
         let mut buffer = vec![0u8; 64 << 10];
-        let mut line: Vec<u8> = Vec::new();
-        // Bytes of the current line already passed on: the line is not gctrace.
-        let mut passing = false;
+        let mut filter = StderrFilter { strip, ..StderrFilter::default() };
+        let mut to_write = Vec::new();
         loop {
             let n = match stderr.read(&mut buffer) {
                 Ok(0) => break,
@@ -355,46 +353,65 @@ fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, strip: bool, send
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
-            let mut chunk = &buffer[..n];
-            let mut to_write: Vec<u8> = Vec::new();
-            while !chunk.is_empty() {
-                let newline = chunk.iter().position(|&b| b == b'\n');
-                let (part, rest) = match newline {
-                    Some(i) => (&chunk[..=i], &chunk[i + 1..]),
-                    None => (chunk, &[][..]),
-                };
-                chunk = rest;
-                if passing {
-                    to_write.extend_from_slice(part);
-                } else {
-                    line.extend_from_slice(part);
-                }
-                if newline.is_some() {
-                    if !passing {
-                        let text = String::from_utf8_lossy(&line[..line.len() - 1]);
-                        match gctrace::parse(&text) {
-                            Some(gc) => {
-                                let _ = sender.send(Message::Gc(gc, monotonic_ns()));
-                                if !strip {
-                                    to_write.extend_from_slice(&line);
-                                }
-                            }
-                            None => to_write.extend_from_slice(&line),
-                        }
-                        line.clear();
-                    }
-                    passing = false;
-                } else if !passing && !gctrace::may_start_line(&line) {
-                    to_write.append(&mut line);
-                    passing = true;
-                }
-            }
+            to_write.clear();
+            filter.feed(&buffer[..n], &mut to_write, |gc| {
+                let _ = sender.send(Message::Gc(gc, monotonic_ns()));
+            });
             let _ = out.write_all(&to_write);
             let _ = out.flush();
         }
-        let _ = out.write_all(&line);
+        let _ = out.write_all(&filter.line);
         let _ = sender.send(Message::StderrClosed);
     });
+}
+
+/// Splits stderr into lines as it comes. Complete lines go out at once
+/// (gctrace lines only when not stripped); a partial line is held back only
+/// while it could still become a gctrace line, so a prompt without a
+/// newline is not delayed.
+#[derive(Default)]
+struct StderrFilter {
+    strip: bool,
+    /// The current line, held back.
+    line: Vec<u8>,
+    /// Bytes of the current line were already passed on: it is not gctrace.
+    passing: bool,
+}
+
+impl StderrFilter {
+    fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<u8>, mut gc: impl FnMut(gctrace::GcLine)) {
+        while !chunk.is_empty() {
+            let newline = chunk.iter().position(|&b| b == b'\n');
+            let (part, rest) = match newline {
+                Some(i) => (&chunk[..=i], &chunk[i + 1..]),
+                None => (chunk, &[][..]),
+            };
+            chunk = rest;
+            if self.passing {
+                out.extend_from_slice(part);
+            } else {
+                self.line.extend_from_slice(part);
+            }
+            if newline.is_some() {
+                if !self.passing {
+                    match gctrace::parse(&String::from_utf8_lossy(&self.line[..self.line.len() - 1])) {
+                        Some(line) => {
+                            gc(line);
+                            if !self.strip {
+                                out.extend_from_slice(&self.line);
+                            }
+                        }
+                        None => out.extend_from_slice(&self.line),
+                    }
+                    self.line.clear();
+                }
+                self.passing = false;
+            } else if !self.passing && !gctrace::may_start_line(&self.line) {
+                out.append(&mut self.line);
+                self.passing = true;
+            }
+        }
+    }
 }
 
 fn spawn_helper_reader(read_end: OwnedFd, sender: Sender<Message>) {
@@ -494,4 +511,43 @@ pub(super) fn resolve(program: &OsString) -> Option<std::path::PathBuf> {
         return Some(path.to_path_buf());
     }
     std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(path)).find(|candidate| candidate.is_file()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GC: &str = "gc 3 @0.001s 9%: 0.014+0.064+0.001 ms clock, 0.029+0/0.010/0.044+0.002 ms cpu, 12->12->12 MB, 15 MB goal, 0 MB stacks, 0 MB globals, 2 P (forced)\n";
+
+    fn run(strip: bool, chunks: &[&str]) -> (Vec<String>, usize, String) {
+        let mut filter = StderrFilter { strip, ..StderrFilter::default() };
+        let (mut outputs, mut gcs) = (Vec::new(), 0);
+        for chunk in chunks {
+            let mut out = Vec::new();
+            filter.feed(chunk.as_bytes(), &mut out, |_| gcs += 1);
+            outputs.push(String::from_utf8(out).unwrap());
+        }
+        (outputs, gcs, String::from_utf8(filter.line).unwrap())
+    }
+
+    #[test]
+    fn gctrace_lines_are_taken_out_and_the_rest_passes_in_order() {
+        let (gc_start, gc_end) = GC.split_at(30);
+        let (out, gcs, held) = run(true, &["hello\n", gc_start, gc_end, "Name? ", "Ann\n", "gc is fun\n", "g", "o\n"]);
+        assert_eq!(out, ["hello\n", "", "", "Name? ", "Ann\n", "gc is fun\n", "", "go\n"]);
+        assert_eq!((gcs, held.as_str()), (1, ""));
+    }
+
+    #[test]
+    fn gctrace_lines_stay_when_the_user_asked() {
+        let (out, gcs, _) = run(false, &[&format!("a\n{GC}b")]);
+        assert_eq!(out, [format!("a\n{GC}b")]);
+        assert_eq!(gcs, 1);
+    }
+
+    #[test]
+    fn a_partial_line_that_may_be_gctrace_is_held_until_it_ends() {
+        let (out, _, held) = run(true, &["gc 12 @0.5"]);
+        assert_eq!((out[0].as_str(), held.as_str()), ("", "gc 12 @0.5"));
+    }
 }
