@@ -19,6 +19,7 @@ mod error;
 mod libc_image;
 pub mod modules;
 pub mod procfs;
+pub mod residency;
 #[cfg(target_arch = "x86_64")]
 mod remote_call;
 #[cfg(target_arch = "x86_64")]

@@ -11,7 +11,7 @@ use std::path::Path;
 use memgap_replay::{Change, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::TraceError;
-use memgap_trace::records::{Module, Process, Snapshot, Thread};
+use memgap_trace::records::{Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -141,6 +141,10 @@ impl Visitor for BlameVisitor {
 
     fn allocator(&mut self, path: &str) {
         self.state.allocator = path.to_string();
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.state.metrics(metrics);
     }
 
     fn thread(&mut self, thread: &Thread) {

@@ -22,6 +22,9 @@ pub struct HeapState {
     program_mappings: BTreeMap<u64, u64>,
     block_regions: FxHashSet<u64>,
     last_region: u64,
+    /// What the Go runtime reported (METRICS of source `go`), taken in as
+    /// snapshots are reached.
+    pub go: std::cell::RefCell<crate::go::GoState>,
 }
 
 impl HeapState {
@@ -34,6 +37,10 @@ impl HeapState {
 
     pub fn is_glibc(&self) -> bool {
         self.allocator.ends_with("/libc.so.6")
+    }
+
+    pub fn metrics(&mut self, metrics: &memgap_trace::records::Metrics) {
+        self.go.get_mut().add(metrics);
     }
 
     pub fn thread(&mut self, thread: &Thread) {

@@ -164,6 +164,9 @@ pub struct Ledger {
     /// The Ruby layer, when the process was a Ruby that memgap's sampler saw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ruby: Option<crate::ruby::RubyLayer>,
+    /// What the Go runtime said (Go programs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go: Option<crate::go::GoLedger>,
     #[serde(skip)]
     pub page_maps: Vec<PageMap>,
     /// Per call stack (when asked for): what its live blocks take and cost.
@@ -217,6 +220,11 @@ pub fn reason_name(reason: SnapshotReason) -> &'static str {
 
 /// The ledger of `snapshot`, given the heap as replayed up to its instant.
 pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger {
+    if state.go.borrow().is_go() {
+        let mut go = state.go.borrow_mut();
+        go.catch_up(snapshot.time);
+        return crate::go::ledger(&go, snapshot);
+    }
     let want_pages = detail.pages;
     let glibc = state.is_glibc();
     let header = if glibc { GLIBC_HEADER } else { 0 };

@@ -22,6 +22,7 @@
 
 pub mod blame;
 pub mod compare;
+pub mod go;
 mod heap_state;
 pub mod ledger;
 pub mod numa;
@@ -33,6 +34,7 @@ mod snapshots;
 mod summary;
 
 pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
+pub use go::{GoLedger, GoSizeClass};
 pub use heap_state::HeapState;
 pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
 pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};

@@ -64,6 +64,7 @@ struct ReportVisitor {
 impl Visitor for ReportVisitor {
     fn metrics(&mut self, metrics: &Metrics) {
         self.runtimes.metrics(metrics);
+        self.blame.metrics(metrics);
     }
 
     fn process(&mut self, process: &Process) {

@@ -100,6 +100,7 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn metrics(&mut self, metrics: &Metrics) {
         self.runtimes.metrics(metrics);
+        self.state.metrics(metrics);
     }
 
     fn note(&mut self, _time: u64, text: &str) {

@@ -66,7 +66,9 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         pages.push_str(&format!("<script type=\"application/octet-stream\" id=\"pages-{index}\">{blob}</script>\n"));
     }
     // The data goes in last: no string from the trace is searched for a placeholder.
+    let go_panel = if report.snapshots.iter().any(|l| l.go.is_some()) { crate::go::PANEL } else { "" };
     TEMPLATE
+        .replace("<!--GO-->", go_panel)
         .replace("/*STYLE*/", STYLE)
         .replace("/*SCRIPT*/", SCRIPT)
         .replacen("<!--DATA-->", &format!("<script type=\"application/json\" id=\"data\">{}</script>\n{pages}", script_safe_json(&data)), 1)
@@ -129,6 +131,7 @@ fn snapshot(index: usize, l: &Ledger, blobs: &mut Vec<String>) -> Value {
         "other": l.other_breakdown,
         "heaps": l.heaps,
         "verdict": l.verdict,
+        "go": l.go,
         "pagemap": maps,
         "ruby": l.ruby,
     })

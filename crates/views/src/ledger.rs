@@ -60,13 +60,18 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
         percent(l.residual_bytes.unsigned_abs(), l.rss_bytes)
     );
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "  malloc_trim(0) would return {} of the {} retained; {} of allocator address space is already released.",
-        bytes(l.trim_would_return_bytes),
-        bytes(l.rows.retained),
-        bytes(l.released_bytes)
-    );
+    match &l.go {
+        Some(go) => out.push_str(&crate::go::section(go)),
+        None => {
+            let _ = writeln!(
+                out,
+                "  malloc_trim(0) would return {} of the {} retained; {} of allocator address space is already released.",
+                bytes(l.trim_would_return_bytes),
+                bytes(l.rows.retained),
+                bytes(l.released_bytes)
+            );
+        }
+    }
     let o = &l.other_breakdown;
     let _ = writeln!(
         out,

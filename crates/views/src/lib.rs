@@ -14,6 +14,7 @@ pub mod blame;
 pub mod compare;
 pub mod export;
 pub mod format;
+pub mod go;
 pub mod html;
 pub mod json;
 pub mod ledger;

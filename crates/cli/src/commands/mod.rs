@@ -1,3 +1,4 @@
+pub mod attach;
 pub mod blame;
 pub mod compare;
 pub mod export;

@@ -16,6 +16,8 @@ use memgap_views::format::bytes;
 
 use crate::agent;
 
+mod go;
+
 /// Record every heap event of CMD (and of the programs it starts) into a trace.
 #[derive(clap::Args)]
 pub struct Args {
@@ -73,10 +75,14 @@ pub struct Args {
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let agent = agent::locate()?;
     let program_name = Path::new(&args.command[0]).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "program".into());
     let pattern = output_pattern(args.output.as_deref(), &program_name)?;
     let run_id = random_run_id();
+    let go_binary = if args.trim_only { None } else { go::resolve(&args.command[0]).and_then(|exe| memgap_source_go::buildinfo::detect(&exe)) };
+    if let Some(binary) = go_binary {
+        return go::run(&args, binary, &pattern, run_id);
+    }
+    let agent = agent::locate()?;
 
     let mut preload = agent.as_os_str().to_owned();
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {

@@ -478,6 +478,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     $('ledger').setAttribute('data-ready', 'true');
     $('ledger').setAttribute('data-snapshot', String(index));
     showRuby(s);
+    if (window.memgapGo && $('go-panel')) window.memgapGo(s, fmtBytes);
   }
 
   // ---- Ruby layer (present when memgap's Ruby sampler ran) --------------------

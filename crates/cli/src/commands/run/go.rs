@@ -1,0 +1,553 @@
+//! `memgap run` for a Go program. A Go binary does not use malloc (and a
+//! static one ignores LD_PRELOAD), so the agent is not loaded: memgap writes
+//! the trace itself, from outside the program:
+//! - GODEBUG=gctrace=1 is added to the user's GODEBUG, and the program's
+//!   stderr goes through memgap, which takes the gctrace lines out (unless
+//!   the user asked for gctrace) and passes everything else on at once;
+//! - VmRSS every `--rss-interval`, snapshots of page residency (smaps and
+//!   pagemap) every `--snapshot-interval`, at each new RSS peak, when the
+//!   helper package asks, and at exit (the program is held at its exit with
+//!   ptrace's PTRACE_EVENT_EXIT, before its memory is gone);
+//! - runtime/metrics from the helper package (`go/memgap`), when the
+//!   program imports it, through a pipe named in MEMGAP_GO_METRICS (and a
+//!   second pipe back: `s` asks for a sample now, before a snapshot; `k`
+//!   answers the program's own snapshot request).
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{ExitCode, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use memgap_attach::residency::{self, monotonic_ns};
+use memgap_source_go::buildinfo::GoBinary;
+use memgap_source_go::{gctrace, helper};
+use memgap_trace::TraceWriter;
+use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, End, EndReason, Exit, Metrics, Process, Record, SnapshotReason};
+
+use super::Args;
+
+/// A snapshot is also taken when RSS passes the last snapshot's by 5 %.
+const PEAK_STEP: f64 = 1.05;
+/// How long a snapshot waits for the helper's fresh figures.
+const FRESH_SAMPLE_PATIENCE: Duration = Duration::from_millis(50);
+/// Records are written at least this often.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+enum Message {
+    Gc(gctrace::GcLine, u64),
+    Helper(helper::Line, u64),
+    HelperBad(helper::BadLine),
+    HelperClosed,
+    StderrClosed,
+    /// The program is held at its exit; reply to let it go.
+    ExitStop(Sender<()>),
+    Exited { exit_code: i32, signal: i32 },
+    NoExitSnapshot(String),
+}
+
+pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> anyhow::Result<ExitCode> {
+    // memgap writes the trace itself: a place it cannot write is refused
+    // before the program starts.
+    let dir = pattern.parent().unwrap_or(Path::new("."));
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).context("the trace's directory")?;
+    if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        anyhow::bail!("cannot write the trace in {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
+    let user_godebug = std::env::var("GODEBUG").unwrap_or_default();
+    let user_wants_gctrace = user_godebug.split(',').any(|s| s.trim().strip_prefix("gctrace=").is_some_and(|v| v != "0"));
+    let godebug = match (user_godebug.is_empty(), user_wants_gctrace) {
+        (true, _) => "gctrace=1".to_string(),
+        (false, true) => user_godebug.clone(),
+        (false, false) => format!("{user_godebug},gctrace=1"),
+    };
+    let (helper_read, helper_write) = pipe()?;
+    let (ack_read, ack_write) = pipe()?;
+    let child_ends = [helper_write.as_raw_fd(), ack_read.as_raw_fd()];
+    let interval_ms = args.rss_interval.max(100);
+
+    let mut command = std::process::Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("GODEBUG", &godebug)
+        .env(helper::ENV, format!("{},{}", child_ends[0], child_ends[1]))
+        .env(helper::ENV_INTERVAL, interval_ms.to_string())
+        .stderr(Stdio::piped());
+    // The child keeps its ends of the two pipes across exec.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in child_ends {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let start_ns = monotonic_ns();
+    let start_realtime_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            let name = args.command[0].to_string_lossy();
+            let (code, what) = match error.kind() {
+                std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
+                std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
+                _ => (126, error.to_string()),
+            };
+            eprintln!("memgap: {name}: {what}");
+            return Ok(ExitCode::from(code));
+        }
+    };
+    drop((helper_write, ack_read));
+    let pid = child.id();
+    super::CHILD_PID.store(pid as i32, Ordering::Relaxed);
+    super::forward_signals();
+
+    let (sender, messages) = mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr is piped");
+    spawn_stderr_filter(stderr, !user_wants_gctrace, sender.clone());
+    spawn_helper_reader(helper_read, sender.clone());
+    spawn_waiter(pid, sender);
+    // The waiter thread reaps the child with waitpid: std's Child must not.
+    std::mem::forget(child);
+
+    let trace_path = super::trace_path(pattern, pid, true);
+    let mut writer = TraceWriter::create(&trace_path, run_id).with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| args.command[0].to_string_lossy().into_owned());
+    let process = Process {
+        pid,
+        ppid: std::process::id(),
+        run_id,
+        image: 0,
+        clock: CLOCK_MONOTONIC_NS,
+        start_time: start_ns,
+        start_monotonic_ns: start_ns,
+        start_realtime_ns,
+        page_size: unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64,
+        cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        exe,
+        argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+    };
+    let mut recorder = Recorder { pid, writer: &mut writer, pending: Vec::new(), version: None, peak_snapshot_rss: 0, vm_hwm: 0, helper: false, deferred: VecDeque::new() };
+    recorder.pending.push(Record::Process(process));
+    recorder.set_version(&go.version, "buildinfo");
+    recorder.flush()?;
+
+    let (exit_code, _signal) = recorder.record(args, messages, ack_write)?;
+    drop(recorder);
+    drop(writer);
+    if !args.quiet {
+        report(&trace_path, &go);
+    }
+    if args.report {
+        let html = crate::commands::report::default_output(&trace_path);
+        match crate::commands::report::write(&trace_path, &html) {
+            Ok(()) if !args.quiet => eprintln!("memgap: report: {}", html.display()),
+            Ok(()) => {}
+            Err(error) => eprintln!("memgap: no report: {error:#}"),
+        }
+    }
+    Ok(ExitCode::from(exit_code.clamp(0, 255) as u8))
+}
+
+struct Recorder<'w> {
+    pid: u32,
+    writer: &'w mut TraceWriter,
+    pending: Vec<Record<'static>>,
+    version: Option<String>,
+    peak_snapshot_rss: u64,
+    vm_hwm: u64,
+    /// The helper package said hello: it answers `s` with a sample.
+    helper: bool,
+    /// Messages that came while waiting for a fresh sample.
+    deferred: VecDeque<Message>,
+}
+
+impl Recorder<'_> {
+    fn flush(&mut self) -> anyhow::Result<()> {
+        // Readers hold snapshots back until a CLOCK record passes them.
+        let now = monotonic_ns();
+        self.pending.push(Record::Clock(Clock { time: now, monotonic_ns: now }));
+        self.writer.write(&self.pending).with_context(|| format!("cannot write the trace {}", self.writer.path().display()))?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    fn metrics(&mut self, kind: &str, values: Vec<(String, f64)>, monotonic_ns: u64) {
+        self.pending.push(Record::Metrics(Metrics { monotonic_ns, source: memgap_source_go::SOURCE.into(), kind: kind.into(), values }));
+    }
+
+    /// The Go version, and the size classes it implies (objects per span
+    /// differ between versions and GCs).
+    fn set_version(&mut self, version: &str, from: &str) {
+        if self.version.as_deref() == Some(version) {
+            return;
+        }
+        self.version = Some(version.to_string());
+        let now = monotonic_ns();
+        self.pending.push(Record::Note { time: now, text: format!("Go {version} (from the {from})") });
+        self.pending.extend(memgap_source_go::version_metrics(version, now).into_iter().map(Record::Metrics));
+    }
+
+    /// Asks the helper package for runtime/metrics now, so that a snapshot
+    /// taken while the heap grows is laid over current figures; waits for
+    /// them a little (other messages are kept for later).
+    fn fresh_sample(&mut self, messages: &Receiver<Message>, ack: &mut File) {
+        if !self.helper || ack.write_all(b"s").is_err() {
+            return;
+        }
+        let deadline = Instant::now() + FRESH_SAMPLE_PATIENCE;
+        while let Ok(message) = messages.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if let Message::Helper(helper::Line::Sample(values), at) = message {
+                self.metrics("sample", values, at);
+                return;
+            }
+            self.deferred.push_back(message);
+        }
+    }
+
+    fn snapshot(&mut self, reason: SnapshotReason) -> anyhow::Result<()> {
+        // An error: the program ended between two readings.
+        if let Ok(snapshot) = residency::snapshot(self.pid, reason) {
+            self.peak_snapshot_rss = self.peak_snapshot_rss.max(snapshot.vm_rss_after.max(snapshot.rss.vm_rss));
+            self.pending.push(Record::Snapshot(snapshot));
+        }
+        self.flush()
+    }
+
+    /// Runs until the program has exited; returns its exit code and signal.
+    fn record(&mut self, args: &Args, messages: Receiver<Message>, ack: OwnedFd) -> anyhow::Result<(i32, i32)> {
+        let mut ack = File::from(ack);
+        let rss_every = Duration::from_millis(args.rss_interval);
+        let snapshot_every = (args.snapshot_interval > 0.0).then(|| Duration::from_secs_f64(args.snapshot_interval));
+        let started = Instant::now();
+        let (mut next_rss, mut next_snapshot, mut next_flush) = (started, snapshot_every.map(|d| started + d), started + FLUSH_EVERY);
+        let mut exited: Option<(i32, i32)> = None;
+        let mut open_streams = 2;
+        let mut gc_seen = false;
+        let mut drain_until = None;
+        loop {
+            let now = Instant::now();
+            if exited.is_none() {
+                if now >= next_rss {
+                    next_rss = now + rss_every;
+                    if let Ok(rss) = residency::rss(self.pid) {
+                        self.vm_hwm = self.vm_hwm.max(rss.vm_rss);
+                        let peak = self.peak_snapshot_rss > 0 && rss.vm_rss as f64 > self.peak_snapshot_rss as f64 * PEAK_STEP;
+                        self.pending.push(Record::Rss(rss));
+                        if peak {
+                            self.fresh_sample(&messages, &mut ack);
+                            self.snapshot(SnapshotReason::RssPeak)?;
+                        }
+                    }
+                }
+                if next_snapshot.is_some_and(|at| now >= at) {
+                    next_snapshot = snapshot_every.map(|d| now + d);
+                    self.fresh_sample(&messages, &mut ack);
+                    self.snapshot(SnapshotReason::Periodic)?;
+                }
+            }
+            if now >= next_flush {
+                next_flush = now + FLUSH_EVERY;
+                self.flush()?;
+            }
+            let wake = [Some(next_rss), next_snapshot, Some(next_flush), drain_until].into_iter().flatten().min().unwrap();
+            let received = match self.deferred.pop_front() {
+                Some(message) => Ok(message),
+                None => messages.recv_timeout(wake.saturating_duration_since(Instant::now())),
+            };
+            let message = match received {
+                Ok(message) => message,
+                Err(RecvTimeoutError::Timeout) => {
+                    if drain_until.is_some_and(|at| Instant::now() >= at) {
+                        break;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            match message {
+                Message::Gc(gc, at) => {
+                    gc_seen = true;
+                    self.pending.push(Record::Metrics(gc.to_metrics(at)));
+                }
+                Message::Helper(helper::Line::Hello { version }, _) => {
+                    self.helper = true;
+                    self.set_version(&version, "helper package");
+                }
+                Message::Helper(helper::Line::Sample(values), at) => self.metrics("sample", values, at),
+                Message::Helper(helper::Line::Snapshot, _) => {
+                    self.snapshot(SnapshotReason::Program)?;
+                    // The program waits for this byte: it may go on now.
+                    let _ = ack.write_all(b"k");
+                }
+                Message::HelperBad(bad) => {
+                    if !args.quiet {
+                        eprintln!("memgap: {bad}");
+                    }
+                    self.pending.push(Record::Note { time: monotonic_ns(), text: bad.to_string() });
+                }
+                Message::ExitStop(reply) => {
+                    if let Ok(rss) = residency::rss(self.pid) {
+                        self.pending.push(Record::Rss(rss));
+                    }
+                    self.snapshot(SnapshotReason::Exit)?;
+                    let _ = reply.send(());
+                }
+                Message::NoExitSnapshot(why) => self.pending.push(Record::Note { time: monotonic_ns(), text: format!("no snapshot at exit: {why}") }),
+                Message::Exited { exit_code, signal } => {
+                    exited = Some((exit_code, signal));
+                    // Lines still in the pipes; a grandchild holding stderr open is not waited for long.
+                    drain_until = Some(Instant::now() + Duration::from_secs(2));
+                    if open_streams == 0 {
+                        break;
+                    }
+                }
+                Message::HelperClosed | Message::StderrClosed => {
+                    open_streams -= 1;
+                    if open_streams == 0 && exited.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        let (exit_code, signal) = exited.unwrap_or((1, 0));
+        if !gc_seen {
+            self.pending.push(Record::Note { time: monotonic_ns(), text: "no gctrace line was read (the program ended before its first GC, or closed stderr)".into() });
+        }
+        self.pending.push(Record::End(End { time: monotonic_ns(), reason: EndReason::Exit, dropped_events: 0, vm_hwm: self.vm_hwm, exit_code: Some(exit_code) }));
+        self.pending.push(Record::Exit(Exit { exit_code, signal }));
+        self.flush()?;
+        Ok((exit_code, signal))
+    }
+}
+
+fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("cannot create a pipe");
+    }
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Passes the program's stderr on as it comes, minus the gctrace lines when
+/// `strip` (they go to the recorder either way).
+fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, strip: bool, sender: Sender<Message>) {
+    std::thread::spawn(move || {
+        let mut out = std::io::stderr();
+        let mut buffer = vec![0u8; 64 << 10];
+        let mut filter = StderrFilter { strip, ..StderrFilter::default() };
+        let mut to_write = Vec::new();
+        loop {
+            let n = match stderr.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            to_write.clear();
+            filter.feed(&buffer[..n], &mut to_write, |gc| {
+                let _ = sender.send(Message::Gc(gc, monotonic_ns()));
+            });
+            let _ = out.write_all(&to_write);
+            let _ = out.flush();
+        }
+        let _ = out.write_all(&filter.line);
+        let _ = sender.send(Message::StderrClosed);
+    });
+}
+
+/// Splits stderr into lines as it comes. Complete lines go out at once
+/// (gctrace lines only when not stripped); a partial line is held back only
+/// while it could still become a gctrace line, so a prompt without a
+/// newline is not delayed.
+#[derive(Default)]
+struct StderrFilter {
+    strip: bool,
+    /// The current line, held back.
+    line: Vec<u8>,
+    /// Bytes of the current line were already passed on: it is not gctrace.
+    passing: bool,
+}
+
+impl StderrFilter {
+    fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<u8>, mut gc: impl FnMut(gctrace::GcLine)) {
+        while !chunk.is_empty() {
+            let newline = chunk.iter().position(|&b| b == b'\n');
+            let (part, rest) = match newline {
+                Some(i) => (&chunk[..=i], &chunk[i + 1..]),
+                None => (chunk, &[][..]),
+            };
+            chunk = rest;
+            if self.passing {
+                out.extend_from_slice(part);
+            } else {
+                self.line.extend_from_slice(part);
+            }
+            if newline.is_some() {
+                if !self.passing {
+                    match gctrace::parse(&String::from_utf8_lossy(&self.line[..self.line.len() - 1])) {
+                        Some(line) => {
+                            gc(line);
+                            if !self.strip {
+                                out.extend_from_slice(&self.line);
+                            }
+                        }
+                        None => out.extend_from_slice(&self.line),
+                    }
+                    self.line.clear();
+                }
+                self.passing = false;
+            } else if !self.passing && !gctrace::may_start_line(&self.line) {
+                out.append(&mut self.line);
+                self.passing = true;
+            }
+        }
+    }
+}
+
+fn spawn_helper_reader(read_end: OwnedFd, sender: Sender<Message>) {
+    std::thread::spawn(move || {
+        let reader = BufReader::new(File::from(read_end));
+        for line in reader.split(b'\n') {
+            let Ok(line) = line else { break };
+            let message = match helper::parse(&String::from_utf8_lossy(&line)) {
+                Ok(parsed) => Message::Helper(parsed, monotonic_ns()),
+                Err(bad) => Message::HelperBad(bad),
+            };
+            if sender.send(message).is_err() {
+                return;
+            }
+        }
+        let _ = sender.send(Message::HelperClosed);
+    });
+}
+
+/// Waits for the program (it is reaped here, not by std's Child). The
+/// program is seized with ptrace only to be held at its exit
+/// (PTRACE_EVENT_EXIT) while the recorder snapshots its memory; the signals
+/// it receives meanwhile are passed on unchanged.
+fn spawn_waiter(pid: u32, sender: Sender<Message>) {
+    std::thread::spawn(move || {
+        let pid = pid as libc::pid_t;
+        let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, libc::PTRACE_O_TRACEEXIT as libc::c_long) } == 0;
+        if !seized {
+            let _ = sender.send(Message::NoExitSnapshot(format!("ptrace is not permitted ({})", std::io::Error::last_os_error())));
+        }
+        loop {
+            let mut status = 0;
+            let got = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+            if got < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                let _ = sender.send(Message::Exited { exit_code: 1, signal: 0 });
+                return;
+            }
+            if libc::WIFEXITED(status) {
+                let _ = sender.send(Message::Exited { exit_code: libc::WEXITSTATUS(status), signal: 0 });
+                return;
+            }
+            if libc::WIFSIGNALED(status) {
+                let signal = libc::WTERMSIG(status);
+                let _ = sender.send(Message::Exited { exit_code: 128 + signal, signal });
+                return;
+            }
+            if !libc::WIFSTOPPED(status) {
+                continue;
+            }
+            let signal = libc::WSTOPSIG(status);
+            match status >> 16 {
+                libc::PTRACE_EVENT_EXIT => {
+                    let (reply, replied) = mpsc::channel();
+                    if sender.send(Message::ExitStop(reply)).is_ok() {
+                        let _ = replied.recv_timeout(Duration::from_secs(30));
+                    }
+                    unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
+                }
+                libc::PTRACE_EVENT_STOP => {
+                    // A group stop (SIGSTOP and the like) stays a stop; other
+                    // event stops just continue.
+                    let request = if matches!(signal, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU) { libc::PTRACE_LISTEN } else { libc::PTRACE_CONT };
+                    unsafe { libc::ptrace(request, pid, 0, 0) };
+                }
+                _ => {
+                    unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, signal as libc::c_long) };
+                }
+            }
+        }
+    });
+}
+
+fn report(trace: &Path, go: &GoBinary) {
+    match memgap_model::Summary::of_trace(trace) {
+        Ok(s) => eprintln!(
+            "memgap: {} — Go program ({}), peak RSS {}{}",
+            trace.display(),
+            go.version,
+            memgap_views::format::bytes(s.peak_rss_bytes),
+            if s.truncated { " (cut short)" } else { "" }
+        ),
+        Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
+    }
+    if let Ok(Some(ledger)) = memgap_model::ledger_at(trace, memgap_model::At::End, false) {
+        eprint!("{}", memgap_views::ledger::brief(&ledger));
+    }
+    eprintln!("memgap: details: memgap ledger|timeline|report {}", trace.display());
+}
+
+/// The executable `program` names: a path, or a name looked up in PATH.
+pub(super) fn resolve(program: &OsString) -> Option<std::path::PathBuf> {
+    let path = Path::new(program);
+    if path.components().count() > 1 {
+        return Some(path.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(path)).find(|candidate| candidate.is_file()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GC: &str = "gc 3 @0.001s 9%: 0.014+0.064+0.001 ms clock, 0.029+0/0.010/0.044+0.002 ms cpu, 12->12->12 MB, 15 MB goal, 0 MB stacks, 0 MB globals, 2 P (forced)\n";
+
+    fn run(strip: bool, chunks: &[&str]) -> (Vec<String>, usize, String) {
+        let mut filter = StderrFilter { strip, ..StderrFilter::default() };
+        let (mut outputs, mut gcs) = (Vec::new(), 0);
+        for chunk in chunks {
+            let mut out = Vec::new();
+            filter.feed(chunk.as_bytes(), &mut out, |_| gcs += 1);
+            outputs.push(String::from_utf8(out).unwrap());
+        }
+        (outputs, gcs, String::from_utf8(filter.line).unwrap())
+    }
+
+    #[test]
+    fn gctrace_lines_are_taken_out_and_the_rest_passes_in_order() {
+        let (gc_start, gc_end) = GC.split_at(30);
+        let (out, gcs, held) = run(true, &["hello\n", gc_start, gc_end, "Name? ", "Ann\n", "gc is fun\n", "g", "o\n"]);
+        assert_eq!(out, ["hello\n", "", "", "Name? ", "Ann\n", "gc is fun\n", "", "go\n"]);
+        assert_eq!((gcs, held.as_str()), (1, ""));
+    }
+
+    #[test]
+    fn gctrace_lines_stay_when_the_user_asked() {
+        let (out, gcs, _) = run(false, &[&format!("a\n{GC}b")]);
+        assert_eq!(out, [format!("a\n{GC}b")]);
+        assert_eq!(gcs, 1);
+    }
+
+    #[test]
+    fn a_partial_line_that_may_be_gctrace_is_held_until_it_ends() {
+        let (out, _, held) = run(true, &["gc 12 @0.5"]);
+        assert_eq!((out[0].as_str(), held.as_str()), ("", "gc 12 @0.5"));
+    }
+}

@@ -1,0 +1,3 @@
+module memgap.dev/go/memgap
+
+go 1.19
