@@ -117,7 +117,7 @@ fn cases(programs: &Path) -> Vec<Case> {
         case("find -printf over a tree", "findutils", &["find", "tree", "-type", "f", "-size", "-100k", "-printf", "%s %p\\n"]).setup(text_tree),
         case("openssl enc + dgst", "openssl", &["sh", "-c", "openssl enc -aes-256-cbc -pbkdf2 -iter 20000 -S 0011223344556677 -pass pass:memgap -in numbers.txt -out numbers.enc && openssl dgst -sha256 -sha512 numbers.enc"]).setup(numbers).artifacts(&["numbers.enc"]),
         case("make (sh, cc1, as, ld per target)", "make", &["make", "-s", "all"]).setup(makefile).artifacts(&["prog"]),
-        case("diff -u (exit 1)", "diffutils", &["diff", "-u", "tree/a/f1.txt", "tree/b/f2.txt"]).setup(text_tree),
+        case("diff -u (exit 1)", "diffutils", &["diff", "-u", "--label", "a", "--label", "b", "tree/a/f1.txt", "tree/b/f2.txt"]).setup(text_tree),
         case("ls of a missing file (exit 2, stderr)", "coreutils", &["ls", "-l", "tree/a", "/no/such/file"]).setup(text_tree).normalize(without_ls_times),
         case("jq (JSON reshaping)", "jq", &["jq", "-c", "group_by(.k) | map({k: .[0].k, n: length, s: (map(.v) | add)})", "data.json"]).setup(json_data),
         case("bzip2 -9", "bzip2", &["bzip2", "-9", "-k", "numbers.txt"]).setup(numbers).artifacts(&["numbers.txt.bz2"]),

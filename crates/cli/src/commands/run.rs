@@ -129,8 +129,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let trace = trace_path(&pattern, child.id());
     let recorded = trace.is_file();
     if recorded {
-        framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal })))
-            .with_context(|| format!("cannot add the exit status to {}", trace.display()))?;
+        // A full disk must not change the exit status memgap passes on.
+        if let Err(error) = framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal }))) {
+            eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display());
+        }
     }
     if !args.quiet {
         report(&trace, recorded, &pattern, run_id, &args.command[0]);
@@ -203,6 +205,9 @@ fn forward_signals() {
     for signal in [libc::SIGINT, libc::SIGQUIT] {
         install(signal, ignore);
     }
+    // Past RLIMIT_FSIZE (`ulimit -f`) adding the exit status fails instead
+    // of killing memgap. Set after the program started: it inherits no change.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
