@@ -162,7 +162,7 @@ impl Visitor for Builder {
         let change = self.live.apply(event);
         if let Change::Allocated(block) | Change::Reallocated { new: block, .. } = change {
             self.allocations += 1;
-            self.allocated_bytes += block.size;
+            self.allocated_bytes = self.allocated_bytes.saturating_add(block.size);
             *self.sizes.entry(block.size).or_default() += 1;
             if self.live.live_bytes() > self.peak_live {
                 self.peak_live = self.live.live_bytes();

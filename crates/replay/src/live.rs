@@ -95,18 +95,20 @@ impl LiveSet {
         }
     }
 
+    // Sums wrap rather than overflow: only a corrupt trace holds sizes whose
+    // sum exceeds u64, and adding and removing the same sizes stays exact.
     fn insert(&mut self, addr: u64, block: Block) {
-        self.live_bytes += block.size;
+        self.live_bytes = self.live_bytes.wrapping_add(block.size);
         if let Some(old) = self.blocks.insert(addr, block) {
             self.overlapping_allocations += 1;
-            self.live_bytes -= old.size;
+            self.live_bytes = self.live_bytes.wrapping_sub(old.size);
         }
     }
 
     fn remove(&mut self, addr: u64) -> Option<Block> {
         match self.blocks.remove(&addr) {
             Some(block) => {
-                self.live_bytes -= block.size;
+                self.live_bytes = self.live_bytes.wrapping_sub(block.size);
                 Some(block)
             }
             None => {

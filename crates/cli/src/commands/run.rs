@@ -219,15 +219,20 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
         );
     } else {
         match Summary::of_trace(trace) {
-            Ok(s) => eprintln!(
-                "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
-                trace.display(),
-                memgap_views::format::count(s.total_events),
-                bytes(s.peak_live_bytes),
-                bytes(s.peak_rss_bytes),
-                bytes(s.live_bytes_at_end),
-                if s.truncated { " (cut short)" } else { "" }
-            ),
+            Ok(s) => {
+                eprintln!(
+                    "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
+                    trace.display(),
+                    memgap_views::format::count(s.total_events),
+                    bytes(s.peak_live_bytes),
+                    bytes(s.peak_rss_bytes),
+                    bytes(s.live_bytes_at_end),
+                    if s.truncated { " (cut short)" } else { "" }
+                );
+                if s.dropped_events > 0 {
+                    eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough", memgap_views::format::count(s.dropped_events));
+                }
+            }
             Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
         }
     }
