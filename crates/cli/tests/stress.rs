@@ -128,14 +128,8 @@ fn start_signals(dir: &Path, trace: &Path, mode: &str) -> (Background, u32) {
     (running, program)
 }
 
-fn wait_for(running: &mut Background) -> (std::process::ExitStatus, String) {
-    use std::io::Read;
-    let status = wait_or_kill(&mut running.child, "memgap run -- signals");
-    let mut rest = String::new();
-    if let Some(mut stdout) = running.child.stdout.take() {
-        let _ = stdout.read_to_string(&mut rest);
-    }
-    (status, rest)
+fn wait_for(running: &mut Background) -> std::process::ExitStatus {
+    wait_or_kill(&mut running.child, "memgap run -- signals")
 }
 
 fn send(pid: i32, signal: i32) {
@@ -148,7 +142,7 @@ fn sigterm_to_memgap_reaches_the_programs_own_handler() {
     let trace = dir.join("t.mgt");
     let (mut running, _) = start_signals(&dir, &trace, "handlers");
     send(running.pid as i32, libc::SIGTERM);
-    let (status, _) = wait_for(&mut running);
+    let status = wait_for(&mut running);
     assert_eq!(status.code(), Some(42), "the handler's exit code, passed on");
     let s = summary_json(&trace);
     assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
@@ -162,7 +156,7 @@ fn sigint_to_the_process_group_runs_the_programs_handler() {
     let (mut running, _) = start_signals(&dir, &trace, "handlers");
     // As a terminal's ^C: to the whole foreground process group.
     send(-(running.pid as i32), libc::SIGINT);
-    let (status, _) = wait_for(&mut running);
+    let status = wait_for(&mut running);
     assert_eq!(status.code(), Some(43), "memgap outlives ^C and passes the handler's exit code on");
     let s = summary_json(&trace);
     assert_eq!(s["exit_code"], Value::from(43), "{s:#}");
@@ -175,7 +169,7 @@ fn sigterm_without_a_handler_exits_143() {
     let trace = dir.join("t.mgt");
     let (mut running, program) = start_signals(&dir, &trace, "default");
     send(program as i32, libc::SIGTERM);
-    let (status, _) = wait_for(&mut running);
+    let status = wait_for(&mut running);
     assert_eq!(status.code(), Some(143));
     // Killed by a signal: no END from the agent; the trace reads up to its
     // last chunk (events still in buffers are lost, as with SIGKILL).
