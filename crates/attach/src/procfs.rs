@@ -25,7 +25,7 @@ pub struct Status {
 
 pub fn parse_status(text: &str) -> Status {
     let number = |key| field(text, key).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let kib = |key| number(key) * 1024;
+    let kib = |key| number(key).saturating_mul(1024);
     Status {
         name: field(text, "Name").unwrap_or("").to_string(),
         state: field(text, "State").and_then(|s| s.chars().next()).unwrap_or('?'),
@@ -81,7 +81,9 @@ pub fn parse_numa_maps(text: &str) -> BTreeMap<u32, u64> {
         let page_kib = line.split_whitespace().find_map(|f| f.strip_prefix("kernelpagesize_kB=")?.parse::<u64>().ok()).unwrap_or(4);
         for (node, pages) in line.split_whitespace().filter_map(|f| f.strip_prefix('N')?.split_once('=')) {
             if let (Ok(node), Ok(pages)) = (node.parse::<u32>(), pages.parse::<u64>()) {
-                *nodes.entry(node).or_insert(0) += pages * page_kib * 1024;
+                let bytes = pages.saturating_mul(page_kib).saturating_mul(1024);
+                let total = nodes.entry(node).or_insert(0u64);
+                *total = total.saturating_add(bytes);
             }
         }
     }

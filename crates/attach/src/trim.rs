@@ -46,10 +46,41 @@ impl Default for TrimOptions {
     }
 }
 
+/// memgap trim runs code in the target: only in a process of the user who
+/// runs memgap, or as root. CAP_SYS_PTRACE alone (a memgap binary given it
+/// with setcap, a container granting it) would let the kernel permit more.
+fn refuse_another_users_process(pid: u32) -> Result<(), AttachError> {
+    let caller = unsafe { libc::getuid() };
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| AttachError::from_proc(pid, "read", &path, e))?;
+    let uids = crate::error::field(&text, "Uid").unwrap_or("");
+    match owner_refusal(caller, uids) {
+        Some(cause) => Err(AttachError::NotPermitted { pid, action: "trim", cause }),
+        None => Ok(()),
+    }
+}
+
+/// Why a caller of real uid `caller` may not trim a process whose status
+/// shows `uids` (real, effective, saved, filesystem), if it may not.
+fn owner_refusal(caller: u32, uids: &str) -> Option<String> {
+    if caller == 0 {
+        return None;
+    }
+    let uids: Vec<&str> = uids.split_whitespace().collect();
+    let caller_text = caller.to_string();
+    if uids.len() == 4 && uids.iter().all(|&uid| uid == caller_text) {
+        return None;
+    }
+    let owner = uids.first().copied().unwrap_or("?");
+    let other = uids.iter().find(|&&uid| uid != caller_text).copied().unwrap_or(owner);
+    Some(format!("it belongs to uid {other} and memgap runs as uid {caller}; memgap trim acts only on your own processes (or as root)"))
+}
+
 /// Makes process `pid` call malloc_trim(0) once.
 pub fn malloc_trim(pid: u32, options: &TrimOptions) -> Result<TrimCall, AttachError> {
     let status = procfs::status(pid)?;
     let pid = if status.tgid != 0 { status.tgid } else { pid };
+    refuse_another_users_process(pid)?;
     match status.state {
         'Z' | 'X' => return Err(AttachError::Zombie(pid)),
         'T' => return Err(AttachError::Unsuitable { pid, state: "is stopped (state T); let it continue first (kill -CONT)".into() }),
@@ -202,5 +233,21 @@ impl Drop for TerminationSignalsBlocked {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `new`.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use super::owner_refusal;
+
+    #[test]
+    fn only_own_processes_or_root() {
+        assert_eq!(owner_refusal(0, "1000\t1000\t1000\t1000"), None);
+        assert_eq!(owner_refusal(1000, "1000\t1000\t1000\t1000"), None);
+        let other = owner_refusal(1000, "0\t0\t0\t0").unwrap();
+        assert!(other.contains("belongs to uid 0") && other.contains("uid 1000"), "{other}");
+        // A setuid program run by the caller: its effective uid is another's.
+        assert!(owner_refusal(1000, "1000\t0\t0\t0").unwrap().contains("uid 0"));
+        assert!(owner_refusal(1000, "").is_some());
     }
 }

@@ -238,7 +238,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
 
-    let page = snapshot.page_size.max(1);
+    let page = plausible_page_size(snapshot.page_size);
     // A program allocating fast moves RSS while the snapshot is taken. The
     // anonymous mappings, most of the sum, are read last (mincore), right
     // before VmRSS is read again: compare the rows with that reading.
@@ -277,7 +277,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
             ledger.mappings.push(entry);
             continue;
         }
-        if !mapping.is_private_writable_anonymous() {
+        if !mapping.is_private_writable_anonymous() || !countable_by_page(mapping, page) {
             let other = &mut ledger.other_breakdown;
             entry.class = match () {
                 _ if mapping.perms.ends_with('s') => {
@@ -452,6 +452,23 @@ fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
     i > 0 && addr < ranges[i - 1].0 + ranges[i - 1].1
 }
 
+/// Most pages of one mapping the ledger classifies one by one (256 GiB of
+/// 4 KiB pages); a larger one is counted whole, by its smaps Rss, so that a
+/// corrupt or hostile snapshot cannot make the ledger allocate per claimed page.
+const MAX_PAGES_PER_MAPPING: u64 = 1 << 26;
+
+/// The snapshot's page size when it is one a kernel uses; 4 KiB otherwise
+/// (a corrupt trace).
+fn plausible_page_size(page_size: u64) -> u64 {
+    if page_size.is_power_of_two() && (4096..=1 << 30).contains(&page_size) { page_size } else { 4096 }
+}
+
+/// Whether `mapping` can be classified page by page: page-aligned, not
+/// empty, and not larger than [`MAX_PAGES_PER_MAPPING`].
+fn countable_by_page(mapping: &Mapping, page: u64) -> bool {
+    mapping.end > mapping.start && mapping.start % page == 0 && mapping.end % page == 0 && (mapping.end - mapping.start) / page <= MAX_PAGES_PER_MAPPING
+}
+
 /// Classifies every page of one private anonymous mapping.
 #[allow(clippy::too_many_arguments)]
 fn account_pages(
@@ -472,8 +489,12 @@ fn account_pages(
     let mut requested = vec![0u32; taken.len()];
     if allocator_owned {
         for b in blocks {
+            // Blocks of a corrupt trace may overlap or lie outside the mapping.
+            if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
+                continue;
+            }
             let first = (b.start.max(mapping.start) - mapping.start) / page;
-            let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+            let last = ((b.end.min(mapping.end) - 1 - mapping.start) / page).min(count as u64 - 1);
             for i in first..=last {
                 let (ps, pe) = (page_start(i as usize), page_start(i as usize) + page);
                 taken[i as usize] += overlap(b.start, b.end, ps, pe) as u32;

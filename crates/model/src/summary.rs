@@ -159,7 +159,7 @@ impl Builder {
         }
         if let Change::Allocated(block) | Change::Reallocated { new: block, .. } = change {
             self.allocations += 1;
-            self.allocated_bytes += block.size;
+            self.allocated_bytes = self.allocated_bytes.saturating_add(block.size);
             *self.sizes.entry(block.size).or_default() += 1;
             if live_bytes > self.peak_live {
                 self.peak_live = live_bytes;

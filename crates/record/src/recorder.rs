@@ -128,7 +128,8 @@ fn open_trace(config: &Config, top: bool) -> bool {
     let mut path = process::trace_path(&config.output, pid, top);
     path.push(0);
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
-    let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, flags, 0o644) };
+    // Owner only: a trace holds addresses, command lines and symbol names.
+    let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, flags, 0o600) };
     path.pop();
     if fd < 0 {
         let errno = unsafe { *libc::__errno_location() };
@@ -142,7 +143,9 @@ fn open_trace(config: &Config, top: bool) -> bool {
     let continues = read == existing.len() as isize && FileHeader::decode(&existing).is_ok_and(|h| h.run_id == config.run_id);
     let mut bytes = Vec::new();
     if !continues {
+        // A stale file from an earlier run keeps its mode on open.
         unsafe { libc::ftruncate(fd, 0) };
+        unsafe { libc::fchmod(fd, 0o600) };
         bytes.extend_from_slice(&FileHeader::new(config.run_id).encode());
     }
     let mut raw = Vec::new();

@@ -103,7 +103,38 @@ pub fn getppid() -> u32 {
 }
 
 /// Writes all of `bytes` to `fd`, retrying on EINTR and short writes.
-pub fn write_all(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
+///
+/// A write past RLIMIT_FSIZE raises SIGXFSZ, whose default action kills the
+/// program (the limit may come from `ulimit -f`, or a full quota of a file
+/// size): SIGXFSZ is blocked around the write, and one the write raised is
+/// taken back, so the write only fails with EFBIG. One the program already
+/// had pending stays pending.
+pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), i32> {
+    unsafe {
+        let mut xfsz: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut xfsz);
+        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
+        let was_pending = xfsz_pending();
+        let result = write_all_raw(fd, bytes);
+        if !was_pending && xfsz_pending() {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            libc::sigtimedwait(&xfsz, core::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        result
+    }
+}
+
+fn xfsz_pending() -> bool {
+    unsafe {
+        let mut pending: libc::sigset_t = core::mem::zeroed();
+        libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGXFSZ) == 1
+    }
+}
+
+fn write_all_raw(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
     while !bytes.is_empty() {
         let n = unsafe { libc::syscall(libc::SYS_write, fd, bytes.as_ptr(), bytes.len()) };
         if n < 0 {
@@ -112,6 +143,9 @@ pub fn write_all(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
                 continue;
             }
             return Err(errno);
+        }
+        if n == 0 {
+            return Err(libc::ENOSPC);
         }
         bytes = &bytes[n as usize..];
     }

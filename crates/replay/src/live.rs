@@ -166,12 +166,14 @@ impl LiveSet {
         }
     }
 
+    // Sums wrap rather than overflow: only a corrupt trace holds sizes whose
+    // sum exceeds u64, and adding and removing the same sizes stays exact.
     fn insert(&mut self, addr: u64, block: Block) {
-        self.live_bytes += block.size;
+        self.live_bytes = self.live_bytes.wrapping_add(block.size);
         let replaced = self.blocks.insert(addr, block);
         if let Some(old) = replaced {
             self.overlapping_allocations += 1;
-            self.live_bytes -= old.size;
+            self.live_bytes = self.live_bytes.wrapping_sub(old.size);
         }
         self.ordered.note(Some(addr), replaced.map(|_| addr), self.blocks.len());
     }
@@ -179,7 +181,7 @@ impl LiveSet {
     fn remove(&mut self, addr: u64) -> Option<Block> {
         match self.blocks.remove(&addr) {
             Some(block) => {
-                self.live_bytes -= block.size;
+                self.live_bytes = self.live_bytes.wrapping_sub(block.size);
                 self.ordered.note(None, Some(addr), self.blocks.len());
                 Some(block)
             }

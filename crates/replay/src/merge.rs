@@ -210,11 +210,18 @@ impl<V: Visitor> Merger<'_, V> {
             queue.buffer = piece.buffer;
             queue.delta = DeltaState::default();
         }
-        queue.next_offset = piece.offset + piece.records.len() as u32;
+        queue.next_offset = piece.offset.wrapping_add(piece.records.len() as u32);
         let mut cursor = Cursor::new(piece.records);
         while !cursor.is_empty() {
             match event::decode_with_stack(&mut queue.delta, &mut cursor, &mut self.frames) {
                 Ok((mut event, defines_stack)) => {
+                    if !event_is_plausible(&event) {
+                        // Beyond the address space: a corrupt trace (or a
+                        // call that failed). Skipped; the next record
+                        // decodes on from here.
+                        self.outcome.malformed_records += 1;
+                        continue;
+                    }
                     if event.stack != event::NO_STACK {
                         if defines_stack {
                             let next_id = self.stack_ids.len() as u32 + 1;
@@ -267,4 +274,15 @@ impl<V: Visitor> Merger<'_, V> {
         }
         self.batch = batch;
     }
+}
+
+/// The highest user-space address (57 bits, x86-64 and arm64 with 5-level
+/// page tables): a block or mapping reaching past it comes from a corrupt
+/// trace, and would overflow the arithmetic of every later stage.
+const ADDRESS_LIMIT: u64 = 1 << 57;
+
+fn event_is_plausible(e: &Event) -> bool {
+    let within = |addr: u64, len: u64| addr.checked_add(len).is_some_and(|end| end <= ADDRESS_LIMIT);
+    let old_range = if e.kind() == event::EventKind::Mremap { within(e.old_addr, e.extra) } else { e.old_addr <= ADDRESS_LIMIT };
+    within(e.addr, e.size) && within(e.addr, e.usable) && old_range
 }

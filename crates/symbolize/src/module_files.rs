@@ -100,6 +100,11 @@ struct ElfFacts {
 impl ElfFacts {
     /// Reads only the headers and notes, not the whole (possibly huge) file.
     fn read(path: &Path) -> io::Result<ElfFacts> {
+        // A trace names the files; a FIFO or device among them (a corrupt or
+        // hostile trace) would block the open or never end.
+        if !std::fs::metadata(path)?.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+        }
         let cache = object::ReadCache::new(File::open(path)?);
         let elf = object::File::parse(&cache).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
         let lowest_segment_address = elf.segments().map(|segment| segment.address()).min().unwrap_or(0);
@@ -110,4 +115,22 @@ impl ElfFacts {
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_or_device_named_as_a_module_is_refused_without_opening_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("module.so");
+        let status = std::process::Command::new("mkfifo").arg(&fifo).status().expect("run mkfifo");
+        assert!(status.success());
+        for path in [fifo.to_string_lossy().into_owned(), "/dev/zero".to_string()] {
+            let module = Module { path: path.clone(), base: 0x1000, size: 0x1000, build_id: Vec::new() };
+            // Opening the FIFO for reading would block this test forever.
+            assert!(matches!(locate(&module, &[]), Err(Warning::Unreadable { .. })), "{path}");
+        }
+    }
 }

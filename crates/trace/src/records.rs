@@ -408,7 +408,7 @@ fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
         4 => SnapshotReason::Program,
         _ => return Err(Malformed),
     };
-    let rss = Rss { time, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? };
+    let rss = plausible_rss(Rss { time, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? })?;
     let vm_rss_after = c.varint()?;
     let page_size = c.varint()?;
     let cost_ns = c.varint()?;
@@ -433,6 +433,14 @@ fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
             3 => Residency::Bitmap(c.bytes()?.to_vec()),
             _ => return Err(Malformed),
         };
+        // As smaps shows them: in address order, apart, and no figure above
+        // the mapping's size. Every later sum of them then fits in a u64.
+        // ([vsyscall] sits at 0xffffffffff600000: no address limit here.)
+        let size = m.end - m.start;
+        let apart = mappings.last().is_none_or(|previous: &Mapping| previous.end <= m.start);
+        if !apart || [m.rss, m.anonymous, m.lazy_free, m.swap].iter().any(|&figure| figure > size) {
+            return Err(Malformed);
+        }
         mappings.push(m);
     }
     let ranges = c.varint()?;
@@ -441,6 +449,18 @@ fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
         agent_ranges.push((c.varint()?, c.varint()?));
     }
     Ok(Snapshot { time, reason, rss, vm_rss_after, page_size, mappings, agent_ranges, cost_ns })
+}
+
+/// No process holds more memory than the 57-bit address space of x86-64 and
+/// arm64 with 5-level page tables.
+pub const ADDRESS_LIMIT: u64 = 1 << 57;
+
+fn plausible_rss(rss: Rss) -> Result<Rss, Malformed> {
+    let figures = [rss.vm_rss, rss.rss_anon, rss.rss_file, rss.rss_shmem];
+    if figures.iter().any(|&figure| figure > ADDRESS_LIMIT) {
+        return Err(Malformed);
+    }
+    Ok(rss)
 }
 
 fn u32_of(v: u64) -> Result<u32, Malformed> {
@@ -521,7 +541,7 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             records: c.rest(),
         }),
         TAG_CLOCK => Record::Clock(Clock { time: c.varint()?, monotonic_ns: c.varint()? }),
-        TAG_RSS => Record::Rss(Rss { time: c.varint()?, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? }),
+        TAG_RSS => Record::Rss(plausible_rss(Rss { time: c.varint()?, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? })?),
         TAG_END => {
             let time = c.varint()?;
             let reason = match c.varint()? {

@@ -35,7 +35,7 @@ pub fn parse_smaps(text: &[u8]) -> Vec<Mapping> {
         }
         let Some(mapping) = mappings.last_mut() else { continue };
         let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
-        let kib = || line[colon + 1..].split(|&b| b == b' ').find(|f| !f.is_empty()).and_then(decimal).unwrap_or(0) * 1024;
+        let kib = || line[colon + 1..].split(|&b| b == b' ').find(|f| !f.is_empty()).and_then(decimal).unwrap_or(0).saturating_mul(1024);
         match &line[..colon] {
             b"Rss" => mapping.rss = kib(),
             b"Anonymous" => mapping.anonymous = kib(),
@@ -74,5 +74,29 @@ Rss:                 100 kB\nVmFlags: rd ex mr mw me\n\
         assert_eq!(maps[1].name, "/usr/lib/x86_64-linux-gnu/libc.so.6");
         assert!(maps[0].is_private_writable_anonymous() && !maps[1].is_private_writable_anonymous());
         assert!(maps[2].is_private_writable_anonymous() && maps[2].name.is_empty());
+    }
+
+    /// Lines that look like smaps, with values out of any range.
+    fn smaps_like() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let number = prop_oneof![Just("0".to_string()), Just(u64::MAX.to_string()), Just("18446744073709551616".to_string()), any::<u64>().prop_map(|n| n.to_string()), "[0-9a-f]{0,20}"];
+        let header = (any::<u64>(), any::<u64>(), "[rwxps-]{0,5}", "[0-9a-f]{0,17}", number.clone(), "[ -~]{0,30}").prop_map(|(start, end, perms, offset, inode, name)| format!("{start:x}-{end:x} {perms} {offset} 00:00 {inode} {name}"));
+        let field = (prop_oneof![Just("Rss"), Just("Anonymous"), Just("LazyFree"), Just("Swap"), Just("Size"), Just("VmFlags")], number).prop_map(|(key, value)| format!("{key}: {value} kB"));
+        let line = prop_oneof![header, field, "[ -~]{0,40}"];
+        proptest::collection::vec(line, 0..30).prop_map(|lines| lines.join("\n").into_bytes())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = parse_smaps(&bytes);
+        }
+
+        #[test]
+        fn hostile_smaps_never_panic(text in smaps_like()) {
+            for mapping in parse_smaps(&text) {
+                let _ = mapping.is_private_writable_anonymous();
+            }
+        }
     }
 }

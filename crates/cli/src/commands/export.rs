@@ -65,10 +65,7 @@ fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<Vec<WeightedStack>> {
 }
 
 fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    // Written beside the target, then renamed: no half-written file is left.
-    let partial = path.with_extension("partial");
-    std::fs::write(&partial, bytes).with_context(|| format!("cannot write {}", partial.display()))?;
-    std::fs::rename(&partial, path).with_context(|| format!("cannot write {}", path.display()))
+    crate::output::write_private(path, bytes)
 }
 
 pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {

@@ -36,7 +36,5 @@ pub fn write(trace: &Path, output: &Path) -> anyhow::Result<()> {
     };
     let trace_name = trace.file_name().map_or(name.clone(), |n| n.to_string_lossy().into_owned());
     let html = memgap_views::html::report(&report, &trace_name);
-    let partial = output.with_extension("partial");
-    std::fs::write(&partial, html).with_context(|| format!("cannot write {}", partial.display()))?;
-    std::fs::rename(&partial, output).with_context(|| format!("cannot write {}", output.display()))
+    crate::output::write_private(output, html.as_bytes())
 }

@@ -156,8 +156,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let samples = sampling.map(crate::numa_sampling::Sampling::finish);
     if recorded {
         crate::numa_sampling::write(samples, &trace, top_pid, |pid| trace_path(&pattern, pid, pid == top_pid), args.quiet);
-        framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal })))
-            .with_context(|| format!("cannot add the exit status to {}", trace.display()))?;
+        // A full disk must not change the exit status memgap passes on.
+        if let Err(error) = framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal }))) {
+            eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display());
+        }
     }
     if !args.quiet {
         report(&trace, recorded, &pattern, run_id, &args.command[0]);
@@ -242,6 +244,9 @@ fn forward_signals() {
     for signal in [libc::SIGINT, libc::SIGQUIT] {
         install(signal, ignore);
     }
+    // Past RLIMIT_FSIZE (`ulimit -f`) adding the exit status fails instead
+    // of killing memgap. Set after the program started: it inherits no change.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
@@ -253,15 +258,20 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
         );
     } else {
         match Summary::of_trace(trace) {
-            Ok(s) => eprintln!(
-                "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
-                trace.display(),
-                memgap_views::format::count(s.total_events),
-                bytes(s.peak_live_bytes),
-                bytes(s.peak_rss_bytes),
-                bytes(s.live_bytes_at_end),
-                if s.truncated { " (cut short)" } else { "" }
-            ),
+            Ok(s) => {
+                eprintln!(
+                    "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
+                    trace.display(),
+                    memgap_views::format::count(s.total_events),
+                    bytes(s.peak_live_bytes),
+                    bytes(s.peak_rss_bytes),
+                    bytes(s.live_bytes_at_end),
+                    if s.truncated { " (cut short)" } else { "" }
+                );
+                if s.dropped_events > 0 {
+                    eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough", memgap_views::format::count(s.dropped_events));
+                }
+            }
             Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
         }
     }

@@ -1,0 +1,68 @@
+//! What memgap writes is readable by its owner only (traces and reports hold
+//! addresses, command lines and symbol names), and `memgap trim` runs code
+//! only in the caller's own processes, whatever capabilities it was given.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use common::*;
+
+fn mode(path: &Path) -> u32 {
+    fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
+}
+
+#[test]
+fn traces_reports_and_exports_are_private() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "fork_exec.c");
+    let trace = dir.join("t.mgt");
+    // A stale file of an earlier run, readable by all, is made private too.
+    fs::write(&trace, b"old").unwrap();
+    fs::set_permissions(&trace, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = memgap(&dir, &["run", "--quiet", "--report", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let traces = traces_in(&dir);
+    assert!(traces.len() >= 2, "the fork child's trace too: {traces:?}");
+    for name in &traces {
+        assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
+    }
+    assert_eq!(mode(&dir.join("t.html")), 0o600, "the report");
+    let out = memgap(&dir, &["export", arg(&trace), "--folded", "t.folded", "--pprof", "t.pb.gz"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(mode(&dir.join("t.folded")), 0o600);
+    assert_eq!(mode(&dir.join("t.pb.gz")), 0o600);
+    let out = memgap(&dir, &["flamegraph", arg(&trace), "-o", "t.svg"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(mode(&dir.join("t.svg")), 0o600);
+}
+
+/// tests/programs/retainer.c, running as root (the test's user).
+fn retainer(dir: &Path) -> Background {
+    let exe = compile(dir, "retainer.c");
+    let counter = dir.join("counter");
+    Background::start(command(arg(&exe), ["1".to_string(), "1".to_string(), arg(&counter).to_string()]).current_dir(dir), 2)
+}
+
+#[test]
+fn trim_with_cap_sys_ptrace_still_refuses_another_users_process() {
+    let (_tmp, dir) = tempdir();
+    if proc_status(std::process::id(), "Uid").and_then(|u| u.split_whitespace().next().map(str::to_string)).as_deref() != Some("0") {
+        eprintln!("not root: cannot run memgap as another user; skipped");
+        return;
+    }
+    let target = retainer(&dir);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let memgap_copy = dir.join("memgap");
+    fs::copy(memgap_bin(), &memgap_copy).unwrap();
+    // nobody, holding CAP_SYS_PTRACE: the kernel would let it trace root's
+    // process; memgap must not.
+    let pid = target.pid.to_string();
+    let setpriv = ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=+sys_ptrace", "--ambient-caps=+sys_ptrace", arg(&memgap_copy), "trim", &pid];
+    let out = output_of(command("setpriv", setpriv).current_dir(&dir));
+    let line = assert_one_line_failure(&out);
+    assert!(line.contains("belongs to uid 0") && line.contains("uid 65534") && line.contains("only on your own processes"), "{line}");
+    assert_eq!(proc_status(target.pid, "TracerPid").as_deref(), Some("0"));
+}

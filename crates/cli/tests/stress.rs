@@ -1,0 +1,413 @@
+//! Stress and faults: many threads, threads that exit with events still in
+//! their buffers, fork from a multithreaded process, vfork and posix_spawn,
+//! signal handlers that allocate, SIGKILL at random moments, SIGTERM and
+//! SIGINT with the program's own handlers, a trace directory the program may
+//! not write, a full disk, RLIMIT_FSIZE, and a writer that cannot keep up.
+//! Through all of it the program must behave as without memgap, and what
+//! was recorded must read back.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn run_traced(dir: &Path, trace: &Path, program: &Path, args: &[&str]) -> std::process::Output {
+    let mut argv = vec!["run", "--quiet", "-o", arg(trace), "--", arg(program)];
+    argv.extend_from_slice(args);
+    memgap(dir, &argv)
+}
+
+// ---------------------------------------------------------------------------
+// Threads
+// ---------------------------------------------------------------------------
+
+/// `many_threads THREADS PER_THREAD ROUNDS` under memgap: malloc and free
+/// counts minus those of the same run with PER_THREAD = 0.
+fn thread_loop_counts(threads: u32, per_thread: u32, rounds: u32) -> (u64, u64, u64) {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "many_threads.c");
+    let counts = |per: u32, name: &str| {
+        let trace = dir.join(name);
+        let out = run_traced(&dir, &trace, &prog, &[&threads.to_string(), &per.to_string(), &rounds.to_string()]);
+        assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "done\n");
+        let s = summary_json(&trace);
+        assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+        assert_eq!(number(&s, "dropped_events"), 0, "{s:#}");
+        (events(&s, "malloc"), events(&s, "free"), number(&s, "threads"))
+    };
+    let (base_malloc, base_free, _) = counts(0, "base.mgt");
+    let (malloc, free, threads_seen) = counts(per_thread, "full.mgt");
+    (malloc - base_malloc, free - base_free, threads_seen)
+}
+
+#[test]
+fn sixty_four_threads_allocating_lose_no_event() {
+    let (malloc, free, threads) = thread_loop_counts(64, 20_000, 2);
+    assert_eq!((malloc, free), (64 * 20_000 * 2, 64 * 20_000 * 2));
+    assert!(threads > 64, "threads {threads}");
+}
+
+#[test]
+fn threads_exiting_with_unflushed_buffers_lose_no_event() {
+    // 1,600 threads, each exiting a few events after its first: nearly all
+    // of a thread's events are still in its buffer when it ends.
+    let (malloc, free, threads) = thread_loop_counts(32, 3, 50);
+    assert_eq!((malloc, free), (32 * 3 * 50, 32 * 3 * 50));
+    assert!(threads > 1_600, "threads {threads}");
+}
+
+// ---------------------------------------------------------------------------
+// fork, vfork, posix_spawn, signal handlers
+// ---------------------------------------------------------------------------
+
+#[test]
+fn fork_from_threads_vfork_and_posix_spawn() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "fork_threads.c");
+    let trace = dir.join("t.mgt");
+    let plain = run_plain(&dir, arg(&prog), &["30"]);
+    assert_eq!(text(&plain.stdout), "forks 30 ok, vforks 30 ok, spawns 30 ok\n");
+    let traced = run_traced(&dir, &trace, &prog, &["30"]);
+    assert_same_behaviour(&plain, &traced);
+
+    let top = summary_json(&trace);
+    assert_eq!(top["truncated"], Value::Bool(false), "{top:#}");
+    // Every fork child wrote its own complete trace with its own events.
+    let mut fork_children = 0;
+    for name in traces_in(&dir) {
+        let path = dir.join(&name);
+        if path == trace {
+            continue;
+        }
+        let s = summary_json(&path);
+        assert_eq!(s["truncated"], Value::Bool(false), "{name}: {s:#}");
+        if s["exit_code"] == Value::from(7) {
+            fork_children += 1;
+            assert!(events(&s, "malloc") >= 1_000, "{name}: {s:#}");
+            assert_eq!(number(&s, "threads"), 1, "only the forking thread lives on in a child: {s:#}");
+        }
+    }
+    assert_eq!(fork_children, 30, "traces: {:?}", traces_in(&dir));
+}
+
+#[test]
+fn a_signal_handler_that_allocates() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "signals.c");
+    let trace = dir.join("t.mgt");
+    let plain = run_plain(&dir, arg(&prog), &["alarm"]);
+    let traced = run_traced(&dir, &trace, &prog, &["alarm"]);
+    assert_same_behaviour(&plain, &traced);
+    assert_eq!(text(&traced.stdout), "alarms N, pairs 2000000\n");
+    let s = summary_json(&trace);
+    assert!(events(&s, "malloc") >= 2_000_000, "{s:#}");
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+}
+
+// ---------------------------------------------------------------------------
+// Signals from outside
+// ---------------------------------------------------------------------------
+
+/// `memgap run -- signals MODE` in the background, once it printed "ready":
+/// (memgap's child, the program's pid).
+fn start_signals(dir: &Path, trace: &Path, mode: &str) -> (Background, u32) {
+    let prog = compile(dir, "signals.c");
+    let mut cmd = memgap_cmd(dir, &["run", "--quiet", "-o", arg(trace), "--", arg(&prog), mode]);
+    let running = Background::start(&mut cmd, 1);
+    assert_eq!(running.lines, ["ready"]);
+    let program = children_of(running.pid).into_iter().next().expect("memgap's child");
+    (running, program)
+}
+
+fn wait_for(running: &mut Background) -> std::process::ExitStatus {
+    wait_or_kill(&mut running.child, "memgap run -- signals")
+}
+
+fn send(pid: i32, signal: i32) {
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid} {signal}");
+}
+
+#[test]
+fn sigterm_to_memgap_reaches_the_programs_own_handler() {
+    let (_tmp, dir) = tempdir();
+    let trace = dir.join("t.mgt");
+    let (mut running, _) = start_signals(&dir, &trace, "handlers");
+    send(running.pid as i32, libc::SIGTERM);
+    let status = wait_for(&mut running);
+    assert_eq!(status.code(), Some(42), "the handler's exit code, passed on");
+    let s = summary_json(&trace);
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+    assert_eq!(s["exit_code"], Value::from(42), "{s:#}");
+}
+
+#[test]
+fn sigint_to_the_process_group_runs_the_programs_handler() {
+    let (_tmp, dir) = tempdir();
+    let trace = dir.join("t.mgt");
+    let (mut running, _) = start_signals(&dir, &trace, "handlers");
+    // As a terminal's ^C: to the whole foreground process group.
+    send(-(running.pid as i32), libc::SIGINT);
+    let status = wait_for(&mut running);
+    assert_eq!(status.code(), Some(43), "memgap outlives ^C and passes the handler's exit code on");
+    let s = summary_json(&trace);
+    assert_eq!(s["exit_code"], Value::from(43), "{s:#}");
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+}
+
+#[test]
+fn sigterm_without_a_handler_exits_143() {
+    let (_tmp, dir) = tempdir();
+    let trace = dir.join("t.mgt");
+    let (mut running, program) = start_signals(&dir, &trace, "default");
+    send(program as i32, libc::SIGTERM);
+    let status = wait_for(&mut running);
+    assert_eq!(status.code(), Some(143));
+    // Killed by a signal: no END from the agent; the trace reads up to its
+    // last chunk (events still in buffers are lost, as with SIGKILL).
+    let s = summary_json(&trace);
+    assert_eq!(s["signal"], Value::from(15), "{s:#}");
+    assert_eq!(s["truncated"], Value::Bool(true), "{s:#}");
+}
+
+#[test]
+fn sigkill_at_random_moments_leaves_readable_traces() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "many_threads.c");
+    // A seed from the clock: each run kills at other moments; printed so a
+    // failure can be repeated.
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64 | 1;
+    eprintln!("sigkill seed {seed}");
+    let mut x = seed;
+    for attempt in 0..6 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let delay = Duration::from_millis(20 + x % 400);
+        let trace = dir.join(format!("kill{attempt}.mgt"));
+        let mut child = memgap_cmd(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "8", "200000", "1000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let program = loop {
+            if let Some(pid) = children_of(child.id()).into_iter().next() {
+                break pid;
+            }
+            assert!(started.elapsed() < TIMEOUT, "the program did not start");
+            thread::sleep(Duration::from_millis(1));
+        };
+        thread::sleep(delay);
+        send(program as i32, libc::SIGKILL);
+        let status = wait_or_kill(&mut child, "memgap run -- many_threads");
+        assert_eq!(status.code(), Some(137), "after {delay:?}");
+        if !trace.exists() {
+            // Killed before the agent's first write (the loader was still at work).
+            continue;
+        }
+        let s = summary_json(&trace);
+        assert_eq!(s["truncated"], Value::Bool(true), "after {delay:?}: {s:#}");
+        assert_eq!(s["signal"], Value::from(9), "after {delay:?}: {s:#}");
+        let summary = memgap(&dir, &["summary", arg(&trace)]);
+        assert!(text(&summary.stdout).contains("cut short") || text(&summary.stderr).contains("cut short"), "{}", text(&summary.stdout));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Recording fails, the program does not
+// ---------------------------------------------------------------------------
+
+/// memgap's own lines in `stderr` (the program's are the others).
+fn memgap_lines(stderr: &[u8]) -> Vec<String> {
+    text(stderr).lines().filter(|l| l.contains("memgap:")).map(str::to_string).collect()
+}
+
+#[test]
+fn trace_directory_not_writable_for_the_user() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "outputs.c");
+    let readonly = dir.join("readonly");
+    fs::create_dir(&readonly).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&readonly, fs::Permissions::from_mode(0o555)).unwrap();
+    let trace = readonly.join("t.mgt");
+    // As root every directory is writable: run as nobody where we can.
+    let as_nobody = unsafe { libc::geteuid() } == 0;
+    let wrap = |cmd: &mut Command| {
+        if as_nobody {
+            cmd.uid(65534).gid(65534);
+        }
+    };
+    let mut plain_cmd = command(arg(&prog), ["x"]);
+    plain_cmd.current_dir(&dir);
+    wrap(&mut plain_cmd);
+    let plain = output_of(&mut plain_cmd);
+    let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "x"]);
+    wrap(&mut traced_cmd);
+    let traced = output_of(&mut traced_cmd);
+    assert_eq!(traced.stdout, plain.stdout);
+    assert_eq!(traced.status.code(), plain.status.code());
+    let said = memgap_lines(&traced.stderr);
+    assert!(said.iter().any(|l| l.contains("cannot create") && l.contains("Permission denied")), "{said:?}");
+    assert!(!trace.exists());
+}
+
+/// Mounts a tmpfs of `size` at `dir` for the life of the value; None (and a
+/// message) where mounting is not permitted.
+struct SmallDisk {
+    dir: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs", arg(dir)]).output();
+        match out {
+            Ok(out) if out.status.success() => Some(SmallDisk { dir: dir.to_path_buf() }),
+            Ok(out) => {
+                eprintln!("skipped: cannot mount a tmpfs: {}", text(&out.stderr).trim());
+                None
+            }
+            Err(error) => {
+                eprintln!("skipped: cannot run mount: {error}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn disk_full_stops_recording_once_and_leaves_the_program_alone() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "churn_hwm.c");
+    let Some(disk) = SmallDisk::mount(&dir.join("small"), "2m") else { return };
+    let trace = disk.dir.join("t.mgt");
+    let traced = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "3000000"]);
+    assert_eq!(traced.status.code(), Some(0), "stderr:\n{}", text(&traced.stderr));
+    assert!(text(&traced.stdout).ends_with("pairs 3000000\n"), "{}", text(&traced.stdout));
+    let said = memgap_lines(&traced.stderr);
+    let stopped = said.iter().filter(|l| l.contains("recording stopped")).count();
+    assert_eq!(stopped, 1, "memgap says once that recording stopped: {said:?}");
+    assert!(said.iter().any(|l| l.contains("No space left")), "{said:?}");
+    let s = summary_json(&trace);
+    assert_eq!(s["truncated"], Value::Bool(true), "{s:#}");
+    assert!(events(&s, "malloc") > 0, "{s:#}");
+}
+
+#[test]
+fn file_size_limit_does_not_kill_the_program() {
+    // RLIMIT_FSIZE makes a write past the limit raise SIGXFSZ, which kills by
+    // default; the agent's writes must not.
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "churn_hwm.c");
+    let trace = dir.join("t.mgt");
+    let limit = |cmd: &mut Command| unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 200_000, rlim_max: 200_000 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    };
+    let mut plain_cmd = command(arg(&prog), ["2000000"]);
+    limit(plain_cmd.current_dir(&dir));
+    let plain = output_of(&mut plain_cmd);
+    assert_eq!(plain.status.code(), Some(0));
+    let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "2000000"]);
+    limit(&mut traced_cmd);
+    let traced = output_of(&mut traced_cmd);
+    assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
+    assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+    assert!(text(&traced.stdout).ends_with("pairs 2000000\n"));
+    let said = memgap_lines(&traced.stderr);
+    assert_eq!(said.iter().filter(|l| l.contains("recording stopped")).count(), 1, "{said:?}");
+    let s = summary_json(&trace);
+    assert_eq!(s["truncated"], Value::Bool(true), "{s:#}");
+    assert!(fs::metadata(&trace).unwrap().len() <= 200_000);
+}
+
+#[test]
+fn file_size_limit_lowered_before_exit_does_not_kill_the_program() {
+    // The last buffers are written at exit on the program's own thread, where
+    // SIGXFSZ is not blocked as it is on the agent's writer thread.
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "churn_hwm.c");
+    let trace = dir.join("t.mgt");
+    let traced = run_traced(&dir, &trace, &prog, &["500000", "limit-at-exit"]);
+    assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
+    assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+    assert!(text(&traced.stdout).ends_with("pairs 500000\n"));
+    let s = summary_json(&trace);
+    assert!(events(&s, "malloc") > 0, "{s:#}");
+}
+
+// ---------------------------------------------------------------------------
+// A writer that cannot keep up
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_slow_reader_bounds_memory_and_loses_nothing_silently() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "churn_hwm.c");
+    let plain = run_plain(&dir, arg(&prog), &["3000000"]);
+    let plain_hwm: u64 = text(&plain.stdout).lines().find_map(|l| l.strip_prefix("hwm ")?.parse().ok()).unwrap();
+
+    // The trace is a FIFO that this test drains slowly: the agent's writer
+    // blocks on it as on a slow disk.
+    let fifo = dir.join("t.mgt");
+    let path = std::ffi::CString::new(arg(&fifo)).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let copy = dir.join("copy.mgt");
+    let reader = {
+        let (fifo, copy) = (fifo.clone(), copy.clone());
+        thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut input = fs::File::open(&fifo).unwrap();
+            let mut output = fs::File::create(&copy).unwrap();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = input.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                output.write_all(&buf[..n]).unwrap();
+                thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let mut cmd = memgap_cmd(&dir, &["run", "--quiet", "--no-stacks", "-o", arg(&fifo), "--", arg(&prog), "3000000"]);
+    cmd.env("MEMGAP_BUFFER_MB", "1");
+    let traced = output_of(&mut cmd);
+    reader.join().unwrap();
+    assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+    let traced_hwm: u64 = text(&traced.stdout).lines().find_map(|l| l.strip_prefix("hwm ")?.parse().ok()).unwrap();
+    // 3 M pairs are ~40 MB of raw events: buffered without bound they would
+    // show in VmHWM. With 1 MiB of buffers, the agent's writer and stacks
+    // stay within a few MiB.
+    let grown = traced_hwm.saturating_sub(plain_hwm);
+    assert!(grown < 16 << 20, "VmHWM grew by {grown} bytes under memgap ({plain_hwm} → {traced_hwm})");
+
+    let s = summary_json(&copy);
+    let recorded = events(&s, "malloc") + events(&s, "free");
+    let dropped = number(&s, "dropped_events");
+    assert!(recorded + dropped >= 6_000_000, "recorded {recorded} + dropped {dropped}: {s:#}");
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+}
