@@ -23,7 +23,8 @@ const WINDOW: usize = 65536;
 const MAX_QUERIED_PAGES: u64 = 262_144;
 
 pub struct Placer {
-    addresses: Vec<usize>, // page addresses, as move_pages wants them (void *)
+    /// Page addresses, laid out as the `void *` array move_pages reads.
+    addresses: Vec<usize>,
     status: Vec<i32>,
     /// The errno that made move_pages unusable, once seen (ENOSYS, EPERM…).
     unusable: i32,
