@@ -77,7 +77,7 @@ impl Placer {
             let mut counter = seen;
             for i in window_start..window_start + window {
                 if residency.is_resident(i as usize) {
-                    if counter % stride == 0 {
+                    if counter.is_multiple_of(stride) {
                         self.addresses.push((start + i * page_size) as usize);
                     }
                     counter += 1;
@@ -94,7 +94,7 @@ impl Placer {
                     push(NOT_PRESENT, 1);
                     continue;
                 }
-                if seen % stride == 0 {
+                if seen.is_multiple_of(stride) {
                     standing = self.status[answer];
                     answer += 1;
                 }
