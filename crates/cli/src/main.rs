@@ -6,6 +6,8 @@ mod commands;
 mod configs;
 mod numa_sampling;
 mod output;
+mod progress;
+mod ruby;
 
 use std::process::ExitCode;
 
@@ -38,6 +40,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    progress::install();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
         Command::Compare(args) => commands::compare::run(args),

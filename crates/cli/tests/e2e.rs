@@ -554,3 +554,42 @@ fn trim_only_returns_free_pages_and_records_nothing() {
     let untouched = memgap(&dir, &["run", "--trim-only", "--trim-interval-ms", "100", "--trim-threshold", "1000000000", "--", arg(&prog)]);
     assert!(rss(&untouched) * 10 > rss(&plain) * 6, "RSS with a high threshold {} kB, without {} kB", rss(&untouched), rss(&plain));
 }
+
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "exact_counts.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&program)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Not a terminal: nothing but the summary.
+    let piped = output_of(memgap_cmd(&dir, &["summary", arg(&trace)]).env("MEMGAP_PROGRESS_AFTER_MS", "0"));
+    assert!(!text(&piped.stderr).contains("reading trace"), "{}", text(&piped.stderr));
+    // A terminal (script(1) gives one): the bar, shown from the first chunk here.
+    let line = format!("{} summary {}", memgap_bin().display(), trace.display());
+    let tty = output_of(command("script", ["-qec", &line, "/dev/null"]).env("MEMGAP_PROGRESS_AFTER_MS", "0"));
+    assert!(tty.status.success(), "{}", text(&tty.stderr));
+    assert!(text(&tty.stdout).contains("memgap: reading trace"), "{}", text(&tty.stdout));
+    assert!(text(&tty.stdout).contains("memgap summary"), "{}", text(&tty.stdout));
+}
+
+#[test]
+fn output_fits_the_terminal_width() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "planted.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&program), "strided", "8"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for width in [60usize, 100] {
+        for args in [&["summary"][..], &["ledger"], &["ledger", "--mappings"], &["timeline"], &["blame"], &["map"]] {
+            let mut all = args.to_vec();
+            all.push(arg(&trace));
+            let out = output_of(memgap_cmd(&dir, &all).env("COLUMNS", width.to_string()));
+            assert!(out.status.success(), "{all:?}: {}", text(&out.stderr));
+            let stdout = text(&out.stdout);
+            let widest = stdout.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= width, "memgap {all:?} at {width} columns has a line of {widest}:\n{stdout}");
+            // Without a width (a pipe), lines stay as they are.
+        }
+    }
+}

@@ -185,3 +185,19 @@ fn markup_in_the_trace_stays_text() {
     assert!(!dom.contains("<img"), "an <img> element was created");
     assert!(dom.contains("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"), "the payload is shown as text");
 }
+
+#[test]
+fn a_ruby_trace_shows_the_ruby_layer_and_others_do_not() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, _) = culprit_report();
+    let dom = dump_dom(browser, &format!("file://{}", html.display()));
+    assert!(dom.contains("id=\"ruby\" class=\"panel\" hidden"), "a C program has no Ruby panel");
+
+    let (_tmp, dir) = tempdir();
+    let program = programs_dir().join("ruby").join("burst.rb");
+    let out = memgap(&dir, &["run", "-q", "--report", "-o", "burst.mgt", "--", "ruby", arg(&program)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let dom = dump_dom(browser, &format!("file://{}", dir.join("burst.html").display()));
+    assert!(dom.contains("id=\"ruby\" class=\"panel\" data-ready=\"true\""), "the Ruby panel is not ready");
+    assert!(dom.contains("Ruby-page fragmentation") && dom.contains("Ruby 3"), "the Ruby panel lists the layer");
+}

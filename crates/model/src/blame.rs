@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{ThreadEvent, Visitor, replay};
+use memgap_replay::{Change, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::TraceError;
 use memgap_trace::records::{Module, Process, Snapshot, Thread};
@@ -116,6 +116,16 @@ pub(crate) struct BlameVisitor {
     modules: Vec<Module>,
 }
 
+impl BlameVisitor {
+    pub(crate) fn apply(&mut self, event: &ThreadEvent) -> Change {
+        let e = &event.event;
+        if e.addr != 0 && e.kind().is_allocation() {
+            *self.allocated.entry(e.stack).or_default() += e.size;
+        }
+        self.state.apply(event)
+    }
+}
+
 impl Visitor for BlameVisitor {
     fn process(&mut self, _process: &Process) {
         self.state.start_image();
@@ -142,16 +152,12 @@ impl Visitor for BlameVisitor {
     }
 
     fn event(&mut self, event: &ThreadEvent) {
-        let e = &event.event;
-        if e.addr != 0 && e.kind().is_allocation() {
-            *self.allocated.entry(e.stack).or_default() += e.size;
-        }
-        self.state.apply(event);
+        self.apply(event);
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if self.seen == self.wanted {
-            self.ledger = Some((snapshot.time, ledger::compute(&self.state, snapshot, Detail { pages: false, stacks: true })));
+            self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { pages: false, stacks: true })));
         }
         self.seen += 1;
     }

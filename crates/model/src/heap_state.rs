@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use memgap_replay::{LiveSet, ThreadEvent};
+use memgap_replay::{Change, LiveSet, ThreadEvent};
 use memgap_trace::EventKind;
 use memgap_trace::records::Thread;
 use rustc_hash::FxHashSet;
@@ -40,7 +40,7 @@ impl HeapState {
         self.stack_hints.push(thread.stack_hint);
     }
 
-    pub fn apply(&mut self, event: &ThreadEvent) {
+    pub fn apply(&mut self, event: &ThreadEvent) -> Change {
         let e = &event.event;
         match e.kind() {
             EventKind::Mmap => {
@@ -59,7 +59,7 @@ impl HeapState {
                 }
             }
             _ => {
-                self.live.apply(event);
+                let change = self.live.apply(event);
                 if e.addr != 0 && e.kind().is_allocation() {
                     // An allocator that maps its memory through libc's mmap
                     // (jemalloc, tcmalloc, mimalloc) shows up as a program
@@ -73,8 +73,10 @@ impl HeapState {
                         self.block_regions.insert(region);
                     }
                 }
+                return change;
             }
         }
+        Change::None
     }
 
     /// Removes [start, start+len) from the program's mappings, splitting

@@ -161,6 +161,9 @@ pub struct Ledger {
     pub mappings: Vec<MappingLedger>,
     pub snapshot_cost_ms: f64,
     pub verdict: String,
+    /// The Ruby layer, when the process was a Ruby that memgap's sampler saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ruby: Option<crate::ruby::RubyLayer>,
     #[serde(skip)]
     pub page_maps: Vec<PageMap>,
     /// Per call stack (when asked for): what its live blocks take and cost.
@@ -213,16 +216,17 @@ pub fn reason_name(reason: SnapshotReason) -> &'static str {
 }
 
 /// The ledger of `snapshot`, given the heap as replayed up to its instant.
-pub fn compute(state: &HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger {
+pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger {
     let want_pages = detail.pages;
     let glibc = state.is_glibc();
     let header = if glibc { GLIBC_HEADER } else { 0 };
-    let mut blocks: Vec<BlockExtent> = state
+    let blocks: Vec<BlockExtent> = state
         .live
-        .blocks()
-        .map(|(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable.max(b.size), addr, size: b.size, stack: b.stack })
+        .in_address_order()
+        .iter()
+        .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable.max(b.size), addr, size: b.size, stack: b.stack })
         .collect();
-    blocks.sort_unstable_by_key(|b| b.start);
+    let state = &*state;
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
 
@@ -643,7 +647,7 @@ mod tests {
     fn one_block_per_page_is_fragmented_and_rows_add_up() {
         // 16 pages, one 64-byte block at the start of each.
         let blocks: Vec<(u64, u64)> = (0..16).map(|i| (HEAP + 16 + i * PAGE, 64)).collect();
-        let ledger = compute(&state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true });
+        let ledger = compute(&mut state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true });
         assert_eq!(ledger.rows.live, 16 * 64);
         assert_eq!(ledger.rows.slack, 16 * 8 + 16 * 8, "8 bytes of header + 8 of rounding per block");
         assert_eq!(ledger.rows.fragmented, 16 * (PAGE - 80));
@@ -662,12 +666,12 @@ mod tests {
         // starts within 40 bytes of the first block's end? No: the block ends
         // early in page 0, so pages 1..=8 are all trimmable.
         let blocks = [(HEAP + 16, 64), (HEAP + 9 * PAGE + 16, 64)];
-        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), Detail::default());
+        let ledger = compute(&mut state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), Detail::default());
         assert_eq!(ledger.rows.retained, 8 * PAGE);
         assert_eq!(ledger.trim_would_return_bytes, 8 * PAGE);
         // Pages not resident are released, not in RSS.
         let bits = vec![0b0000_0011, 0b10];
-        let ledger = compute(&state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), Detail::default());
+        let ledger = compute(&mut state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), Detail::default());
         assert_eq!(ledger.rows.retained, PAGE);
         assert_eq!(ledger.released_bytes, 7 * PAGE);
         assert_eq!(ledger.residual_bytes, 0);
@@ -678,7 +682,7 @@ mod tests {
         let blocks = [(HEAP + 16, 64)];
         let mut snap = snapshot(4, Residency::All, 4 * PAGE);
         snap.mappings[0].lazy_free = 2 * PAGE;
-        let ledger = compute(&state_with(&blocks), &snap, Detail::default());
+        let ledger = compute(&mut state_with(&blocks), &snap, Detail::default());
         assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
         assert_eq!(ledger.residual_bytes, 0);
     }
@@ -699,7 +703,7 @@ mod tests {
             mappings: vec![Mapping { start: heap, end: heap + pages * PAGE, perms: "rw-p".into(), name: "[heap]".into(), rss: pages * PAGE, residency: Residency::All, ..Mapping::default() }],
             ..Snapshot::default()
         };
-        let ledger = compute(&state, &snapshot, Detail::default());
+        let ledger = compute(&mut state, &snapshot, Detail::default());
         let used_pages = (ledger.rows.live + ledger.rows.slack + ledger.rows.fragmented) / PAGE;
         assert!(used_pages <= 1020, "{used_pages} pages used by 1000 blocks: {:?}", ledger.rows);
     }

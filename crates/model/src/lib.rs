@@ -26,7 +26,9 @@ mod heap_state;
 pub mod ledger;
 pub mod numa;
 pub mod report;
+pub mod runtimes;
 mod outside;
+pub mod ruby;
 mod snapshots;
 mod summary;
 

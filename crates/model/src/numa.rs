@@ -350,6 +350,9 @@ pub(crate) struct NumaVisitor {
     topology: Option<Topology>,
     /// Per thread: the CPUs its events ran on.
     thread_cpus: FxHashMap<u32, BTreeSet<u32>>,
+    /// The last (thread, CPU) seen: most events repeat it, and the report
+    /// replays tens of millions of events.
+    last_thread_cpu: Option<(u32, u32)>,
     /// The live blocks and agent ranges at the wanted snapshot, until its placement.
     at_snapshot: Option<(u64, LiveBlocks, AgentRanges)>,
     chosen: Option<(LiveBlocks, AgentRanges, Placement)>,
@@ -412,7 +415,11 @@ impl Visitor for NumaVisitor {
     }
 
     fn event(&mut self, event: &ThreadEvent) {
-        self.thread_cpus.entry(event.thread).or_default().insert(event.event.cpu);
+        let pair = (event.thread, event.event.cpu);
+        if self.last_thread_cpu != Some(pair) {
+            self.last_thread_cpu = Some(pair);
+            self.thread_cpus.entry(event.thread).or_default().insert(event.event.cpu);
+        }
         if let Some(state) = &mut self.state {
             state.apply(event);
         }

@@ -7,10 +7,11 @@ use std::path::Path;
 
 use memgap_replay::{ThreadEvent, Visitor, replay};
 use memgap_trace::TraceError;
-use memgap_trace::records::{End, Exit, Module, Process, Rss, Snapshot, Thread};
+use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, Thread};
 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
+use crate::runtimes::RuntimeFigures;
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::snapshots::{At, choose, list};
 use crate::summary::{Builder, Summary};
@@ -56,11 +57,17 @@ struct ReportVisitor {
     ledgers: Vec<(u64, Ledger)>,
     peak_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
+    runtimes: RuntimeFigures,
     numa: NumaVisitor,
 }
 
 impl Visitor for ReportVisitor {
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.runtimes.metrics(metrics);
+    }
+
     fn process(&mut self, process: &Process) {
+        self.runtimes.process(process);
         self.summary.process(process);
         self.blame.process(process);
         self.numa.process(process);
@@ -73,8 +80,8 @@ impl Visitor for ReportVisitor {
     }
 
     fn event(&mut self, event: &ThreadEvent) {
-        self.summary.event(event);
-        self.blame.event(event);
+        let change = self.blame.apply(event);
+        self.summary.count(event, change, self.blame.state.live.live_bytes());
         self.numa.event(event);
     }
 
@@ -103,7 +110,7 @@ impl Visitor for ReportVisitor {
         let always = is_peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         let detail = Detail { pages: always || spaced, stacks: is_peak };
-        let mut ledger = ledger::compute(&self.blame.state, snapshot, detail);
+        let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
@@ -131,6 +138,7 @@ impl Visitor for ReportVisitor {
     }
 
     fn note(&mut self, time: u64, text: &str) {
+        self.runtimes.note(text);
         self.summary.note(time, text);
         self.blame.note(time, text);
     }
@@ -194,6 +202,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         ledgers: Vec::new(),
         peak_ledger: None,
         rss: Vec::new(),
+        runtimes: RuntimeFigures::default(),
         numa: NumaVisitor::embedded(Some(peak)),
     };
     let outcome = replay(path, &mut v)?;
@@ -203,6 +212,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         .drain(..)
         .map(|(time, mut ledger)| {
             ledger.at_seconds = timeline.seconds(time);
+            v.runtimes.annotate(&mut ledger, timeline.monotonic_ns(time));
             ledger
         })
         .collect();
@@ -212,6 +222,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     });
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    v.summary.live = std::mem::take(&mut v.blame.state.live);
     let summary = v.summary.finish(&outcome, path);
     let numa = v.numa.saw_anything().then(|| {
         let options = NumaOptions { at: At::Peak, machine_topology: None, top: 20 };

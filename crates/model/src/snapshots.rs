@@ -5,10 +5,11 @@ use std::path::Path;
 use memgap_replay::{ThreadEvent, Timeline, Visitor, replay};
 use memgap_trace::TraceError;
 use memgap_trace::TraceFile;
-use memgap_trace::records::{Process, Record, Records, Snapshot, Thread};
+use memgap_trace::records::{Metrics, Process, Record, Records, Snapshot, Thread};
 
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Ledger};
+use crate::runtimes::RuntimeFigures;
 
 /// Which snapshot to look at.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,11 +89,21 @@ struct LedgerVisitor<'a> {
     want_pages: bool,
     seen: usize,
     ledgers: Vec<(u64, Ledger)>,
+    runtimes: RuntimeFigures,
 }
 
 impl Visitor for LedgerVisitor<'_> {
-    fn process(&mut self, _process: &Process) {
+    fn process(&mut self, process: &Process) {
         self.state.start_image();
+        self.runtimes.process(process);
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.runtimes.metrics(metrics);
+    }
+
+    fn note(&mut self, _time: u64, text: &str) {
+        self.runtimes.note(text);
     }
 
     fn allocator(&mut self, path: &str) {
@@ -109,20 +120,22 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if (self.wanted)(self.seen) {
-            self.ledgers.push((snapshot.time, ledger::compute(&self.state, snapshot, ledger::Detail { pages: self.want_pages, stacks: false })));
+            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, stacks: false })));
         }
         self.seen += 1;
     }
 }
 
 fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Result<Vec<Ledger>, TraceError> {
-    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new() };
+    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), runtimes: RuntimeFigures::default() };
     let outcome = replay(path, &mut visitor)?;
+    let runtimes = visitor.runtimes;
     Ok(visitor
         .ledgers
         .into_iter()
         .map(|(time, mut ledger)| {
             ledger.at_seconds = outcome.timeline.seconds(time);
+            runtimes.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
             ledger
         })
         .collect())

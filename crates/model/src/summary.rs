@@ -130,17 +130,43 @@ pub(crate) struct Builder {
     counts: [u64; EventKind::ALL.len()],
     allocations: u64,
     allocated_bytes: u64,
-    live: LiveSet,
+    pub(crate) live: LiveSet,
     peak_live: u64,
     peak_live_time: u64,
     peak_rss: u64,
     last_rss: u64,
     last_time: u64,
     threads: FxHashSet<(u32, u32)>,
+    last_thread: Option<(u32, u32)>,
     sizes: FxHashMap<u64, u64>,
     end: Option<End>,
     exit: Option<Exit>,
     notes: Vec<String>,
+}
+
+impl Builder {
+    /// Counts one event whose effect on the live heap is known: `change`, and
+    /// `live_bytes` after it. The report's replay keeps one live set for
+    /// the summary and the ledgers (`live` is then moved in at the end).
+    pub(crate) fn count(&mut self, event: &ThreadEvent, change: Change, live_bytes: u64) {
+        let e = &event.event;
+        self.counts[e.kind() as usize - 1] += 1;
+        self.last_time = self.last_time.max(e.time);
+        let thread = (self.images, event.thread);
+        if self.last_thread != Some(thread) {
+            self.last_thread = Some(thread);
+            self.threads.insert(thread);
+        }
+        if let Change::Allocated(block) | Change::Reallocated { new: block, .. } = change {
+            self.allocations += 1;
+            self.allocated_bytes += block.size;
+            *self.sizes.entry(block.size).or_default() += 1;
+            if live_bytes > self.peak_live {
+                self.peak_live = live_bytes;
+                self.peak_live_time = e.time;
+            }
+        }
+    }
 }
 
 impl Visitor for Builder {
@@ -154,21 +180,9 @@ impl Visitor for Builder {
     fn modules(&mut self, _modules: &[Module]) {}
 
     fn event(&mut self, event: &ThreadEvent) {
-        let e = &event.event;
-        let kind = e.kind();
-        self.counts[kind as usize - 1] += 1;
-        self.last_time = self.last_time.max(e.time);
-        self.threads.insert((self.images, event.thread));
         let change = self.live.apply(event);
-        if let Change::Allocated(block) | Change::Reallocated { new: block, .. } = change {
-            self.allocations += 1;
-            self.allocated_bytes += block.size;
-            *self.sizes.entry(block.size).or_default() += 1;
-            if self.live.live_bytes() > self.peak_live {
-                self.peak_live = self.live.live_bytes();
-                self.peak_live_time = e.time;
-            }
-        }
+        let live_bytes = self.live.live_bytes();
+        self.count(event, change, live_bytes);
     }
 
     fn rss(&mut self, rss: &Rss) {

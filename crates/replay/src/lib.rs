@@ -24,5 +24,5 @@ mod merge;
 mod timeline;
 
 pub use live::{Block, Change, LiveSet};
-pub use merge::{Outcome, ThreadEvent, Visitor, replay};
+pub use merge::{Outcome, Progress, ThreadEvent, Visitor, on_progress, replay};
 pub use timeline::Timeline;

@@ -37,6 +37,34 @@ pub struct LiveSet {
     /// Allocations at an address already live: the free in between was
     /// missed (or ordered after the allocation); the old block is dropped.
     pub overlapping_allocations: u64,
+    ordered: Ordered,
+}
+
+/// The blocks in address order as of the last [`LiveSet::in_address_order`],
+/// and the addresses added and removed since: the next call merges the
+/// changes instead of sorting millions of blocks again.
+#[derive(Debug, Default)]
+struct Ordered {
+    blocks: Vec<(u64, Block)>,
+    added: Vec<u64>,
+    removed: Vec<u64>,
+    /// The log grew past what a fresh sort costs: the next call sorts.
+    stale: bool,
+}
+
+impl Ordered {
+    fn note(&mut self, added: Option<u64>, removed: Option<u64>, live: usize) {
+        if self.stale {
+            return;
+        }
+        self.added.extend(added);
+        self.removed.extend(removed);
+        if self.added.len() + self.removed.len() > live.max(1 << 16) {
+            self.stale = true;
+            self.added = Vec::new();
+            self.removed = Vec::new();
+        }
+    }
 }
 
 impl LiveSet {
@@ -60,6 +88,47 @@ impl LiveSet {
     pub fn clear(&mut self) {
         self.blocks.clear();
         self.live_bytes = 0;
+        self.ordered = Ordered::default();
+    }
+
+    /// Every live block in address order. Between two calls it keeps a log
+    /// of changes, so calling it at each snapshot costs a merge of what
+    /// changed rather than a sort of everything.
+    pub fn in_address_order(&mut self) -> &[(u64, Block)] {
+        let ordered = &mut self.ordered;
+        if ordered.stale || (ordered.blocks.is_empty() && !self.blocks.is_empty()) {
+            ordered.blocks.clear();
+            ordered.blocks.extend(self.blocks.iter().map(|(&addr, &block)| (addr, block)));
+            ordered.blocks.sort_unstable_by_key(|&(addr, _)| addr);
+        } else if !ordered.added.is_empty() || !ordered.removed.is_empty() {
+            ordered.removed.sort_unstable();
+            ordered.removed.dedup();
+            let removed = &ordered.removed;
+            if !removed.is_empty() {
+                ordered.blocks.retain(|(addr, _)| removed.binary_search(addr).is_err());
+            }
+            ordered.added.sort_unstable();
+            ordered.added.dedup();
+            let added: Vec<(u64, Block)> = ordered.added.iter().filter_map(|addr| self.blocks.get(addr).map(|&block| (*addr, block))).collect();
+            if !added.is_empty() {
+                let old = std::mem::take(&mut ordered.blocks);
+                ordered.blocks.reserve(old.len() + added.len());
+                let (mut a, mut b) = (old.into_iter().peekable(), added.into_iter().peekable());
+                loop {
+                    let next = match (a.peek(), b.peek()) {
+                        (Some(x), Some(y)) => if x.0 <= y.0 { a.next() } else { b.next() },
+                        (Some(_), None) => a.next(),
+                        (None, Some(_)) => b.next(),
+                        (None, None) => break,
+                    };
+                    ordered.blocks.extend(next);
+                }
+            }
+        }
+        ordered.added.clear();
+        ordered.removed.clear();
+        ordered.stale = false;
+        &ordered.blocks
     }
 
     pub fn apply(&mut self, event: &ThreadEvent) -> Change {
@@ -99,16 +168,19 @@ impl LiveSet {
 
     fn insert(&mut self, addr: u64, block: Block) {
         self.live_bytes += block.size;
-        if let Some(old) = self.blocks.insert(addr, block) {
+        let replaced = self.blocks.insert(addr, block);
+        if let Some(old) = replaced {
             self.overlapping_allocations += 1;
             self.live_bytes -= old.size;
         }
+        self.ordered.note(Some(addr), replaced.map(|_| addr), self.blocks.len());
     }
 
     fn remove(&mut self, addr: u64) -> Option<Block> {
         match self.blocks.remove(&addr) {
             Some(block) => {
                 self.live_bytes -= block.size;
+                self.ordered.note(None, Some(addr), self.blocks.len());
                 Some(block)
             }
             None => {
@@ -170,6 +242,29 @@ mod tests {
                 }
                 prop_assert_eq!(live.live_bytes(), model.values().sum::<u64>());
                 prop_assert_eq!(live.len(), model.len());
+            }
+        }
+
+        /// The address-ordered view, asked for at any points between
+        /// changes, is the live set sorted.
+        #[test]
+        fn address_order_follows_changes(ops in proptest::collection::vec((0u8..3, 0u64..64, 1u64..1000), 0..400)) {
+            let mut live = LiveSet::default();
+            for (op, slot, size) in ops {
+                let addr = 0x1000 + slot * 16;
+                match op {
+                    0 => { live.apply(&ev(EventKind::Malloc, addr, size, 0)); }
+                    1 => { live.apply(&ev(EventKind::Free, addr, 0, 0)); }
+                    _ => {
+                        let expected: Vec<(u64, u64)> = {
+                            let mut all: Vec<(u64, u64)> = live.blocks().map(|(a, b)| (a, b.size)).collect();
+                            all.sort_unstable();
+                            all
+                        };
+                        let ordered: Vec<(u64, u64)> = live.in_address_order().iter().map(|(a, b)| (*a, b.size)).collect();
+                        prop_assert_eq!(ordered, expected);
+                    }
+                }
             }
         }
     }

@@ -116,11 +116,27 @@ struct Merger<'v, V: Visitor> {
     frames: Vec<u64>,
 }
 
+/// Told how far a replay has read: (bytes of the trace read, its length).
+pub type Progress = dyn Fn(u64, u64) + Send + Sync;
+
+static PROGRESS: std::sync::OnceLock<Box<Progress>> = std::sync::OnceLock::new();
+
+/// Sets, once per process, what every replay tells of its progress (the
+/// `memgap` command draws a progress bar on a terminal).
+pub fn on_progress(progress: Box<Progress>) {
+    let _ = PROGRESS.set(progress);
+}
+
 /// Reads the trace at `path` and feeds `visitor` in time order.
 pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, TraceError> {
     let trace = TraceFile::open(path)?;
+    let progress = PROGRESS.get();
+    let total = trace.len();
     let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), stack_ids: FxHashMap::default(), frames: Vec::new() };
-    let tail = trace.for_each_chunk(|_, chunk| {
+    let tail = trace.for_each_chunk(|offset, chunk| {
+        if let Some(progress) = progress {
+            progress(offset, total);
+        }
         for record in Records::new(chunk) {
             match record {
                 Ok(record) => merger.record(record),
@@ -134,6 +150,9 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
         merger.visitor.exit(&exit);
     }
     merger.outcome.cut_short = matches!(tail, Tail::CutShort { .. });
+    if let Some(progress) = progress {
+        progress(total, total);
+    }
     Ok(merger.outcome)
 }
 

@@ -6,7 +6,20 @@ use memgap_model::Blame;
 
 use crate::format::{bytes, count};
 
-pub fn blame(b: &Blame, title: &str) -> String {
+/// Given a `width`, the site column (and the stack) is cut to fit it.
+pub fn blame(b: &Blame, title: &str, width: Option<usize>) -> String {
+    // The numeric columns and their gaps before the site.
+    const SITE_FROM: usize = 56;
+    let cut = |text: String, room: usize| -> String {
+        if text.chars().count() <= room {
+            return text;
+        }
+        let mut kept: String = text.chars().take(room.saturating_sub(1)).collect();
+        kept.push('…');
+        kept
+    };
+    let site_room = width.map_or(usize::MAX, |w| w.saturating_sub(SITE_FROM).max(8));
+    let frame_room = width.map_or(usize::MAX, |w| w.saturating_sub(4).max(16));
     let mut out = String::new();
     let _ = writeln!(out, "memgap blame — {title} — at {:.2} s ({} snapshot)", b.at_seconds, b.snapshot_reason);
     let _ = writeln!(
@@ -28,19 +41,19 @@ pub fn blame(b: &Blame, title: &str) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:>11} {:>10} {:>10} {:>10} {:>7.1}  {}{location}",
+            "  {:>11} {:>10} {:>10} {:>10} {:>7.1}  {}",
             bytes(e.fragmentation_bytes),
             bytes(e.live_bytes),
             count(e.objects),
             bytes(e.leaked_bytes),
             e.scatter,
-            e.function.as_deref().unwrap_or("?"),
+            cut(format!("{}{location}", e.function.as_deref().unwrap_or("?")), site_room),
         );
     }
     if let Some(top) = b.entries.first() {
         let _ = writeln!(out, "\n  stack of the first entry:");
         for frame in top.stack.iter().take(16) {
-            let _ = writeln!(out, "    {frame}");
+            let _ = writeln!(out, "    {}", cut(frame.to_string(), frame_room));
         }
     }
     for warning in &b.warnings {

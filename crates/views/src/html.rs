@@ -130,6 +130,7 @@ fn snapshot(index: usize, l: &Ledger, blobs: &mut Vec<String>) -> Value {
         "heaps": l.heaps,
         "verdict": l.verdict,
         "pagemap": maps,
+        "ruby": l.ruby,
     })
 }
 

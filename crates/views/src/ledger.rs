@@ -102,8 +102,32 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
             let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", format!("{}–{} B", b.min_size, b.max_size), count(b.blocks), bytes(b.live_bytes), bytes(b.fragmented_bytes));
         }
     }
+    if let Some(ruby) = &l.ruby {
+        out.push_str(&ruby_layer(ruby));
+    }
     let _ = writeln!(out);
     out.push_str(&wrap(&l.verdict, 78, "  "));
+    out
+}
+
+/// Ruby's own view, the layer above malloc.
+fn ruby_layer(r: &memgap_model::ruby::RubyLayer) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  Ruby {} layer (GC.stat at {:.2} s, {}): Ruby knows of {}", r.version, r.sampled_at_seconds, r.sample_kind.replace('_', " "), bytes(r.known_bytes));
+    let _ = writeln!(out, "    {:<34} {:>11}  {} pages of {}", "object pages (mmap)", bytes(r.object_pages_bytes), count(r.object_pages), bytes(r.page_size));
+    let _ = writeln!(out, "    {:<34} {:>11}  {} slots of {} B", "  live slots", bytes(r.live_slots_bytes), count(r.live_slots), r.slot_size);
+    let _ = writeln!(out, "    {:<34} {:>11}  {} slots, {:.0}% of slots: Ruby-page fragmentation", "  free slots", bytes(r.free_slots_bytes), count(r.free_slots), 100.0 * r.free_slot_fraction);
+    let _ = writeln!(out, "    {:<34} {:>11}", "  page overhead", bytes(r.page_overhead_bytes));
+    match r.external_bytes {
+        Some(external) => {
+            let _ = writeln!(out, "    {:<34} {:>11}  (memsize_of_all − live slots; in the malloc layer's live row)", "object data in malloc", bytes(external));
+        }
+        None => {
+            let _ = writeln!(out, "    {:<34} {:>11}", "object data in malloc", "unknown");
+        }
+    }
+    let _ = writeln!(out, "    GC: {} runs, {} major, {} compactions", count(r.gc_count), count(r.major_gc_count), count(r.compact_count));
     out
 }
 
@@ -214,29 +238,50 @@ fn cell_text(pages: &[PageClass], color: bool) -> String {
     if color { colored } else { plain }
 }
 
-pub fn timeline(ledgers: &[Ledger]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
-        "seconds", "RSS", "live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other", "residual"
-    );
+/// The rows at every snapshot, one line each. Given a `width`, columns that
+/// are zero throughout go first, then the residual, until the lines fit.
+pub fn timeline(ledgers: &[Ledger], width: Option<usize>) -> String {
+    type Column = (&'static str, fn(&Ledger) -> u64);
+    let mut columns: Vec<Column> = vec![
+        ("RSS", |l| l.rss_bytes),
+        ("live", |l| l.rows.live),
+        ("slack", |l| l.rows.slack),
+        ("fragmented", |l| l.rows.fragmented),
+        ("retained", |l| l.rows.retained),
+        ("lazy_free", |l| l.rows.lazy_free),
+        ("runtime", |l| l.rows.runtime),
+        ("other", |l| l.rows.other),
+    ];
+    // Each column as wide as its header or widest value.
+    let column_width = |c: &Column| ledgers.iter().map(|l| bytes(c.1(l)).len()).chain([c.0.len()]).max().unwrap_or(0);
+    let line_width = |columns: &[Column], residual: bool| 8 + columns.iter().map(|c| column_width(c) + 1).sum::<usize>() + if residual { 10 } else { 0 };
+    let mut residual = true;
+    if let Some(width) = width {
+        for name in ["lazy_free", "slack", "runtime"] {
+            if line_width(&columns, residual) <= width {
+                break;
+            }
+            if let Some(i) = columns.iter().position(|c| c.0 == name).filter(|&i| ledgers.iter().all(|l| columns[i].1(l) == 0)) {
+                columns.remove(i);
+            }
+        }
+        residual = line_width(&columns, residual) <= width;
+    }
+    let widths: Vec<usize> = columns.iter().map(column_width).collect();
+    let mut out = format!("{:>8}", "seconds");
+    for ((name, _), w) in columns.iter().zip(&widths) {
+        let _ = write!(out, " {name:>w$}");
+    }
+    out.push_str(if residual { "  residual\n" } else { "\n" });
     for l in ledgers {
-        let r = &l.rows;
-        let _ = writeln!(
-            out,
-            "{:>8.2} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8.2}%",
-            l.at_seconds,
-            bytes(l.rss_bytes),
-            bytes(r.live),
-            bytes(r.slack),
-            bytes(r.fragmented),
-            bytes(r.retained),
-            bytes(r.lazy_free),
-            bytes(r.runtime),
-            bytes(r.other),
-            percent(l.residual_bytes.unsigned_abs(), l.rss_bytes)
-        );
+        let _ = write!(out, "{:>8.2}", l.at_seconds);
+        for ((_, value), w) in columns.iter().zip(&widths) {
+            let _ = write!(out, " {:>w$}", bytes(value(l)));
+        }
+        if residual {
+            let _ = write!(out, " {:>8.2}%", percent(l.residual_bytes.unsigned_abs(), l.rss_bytes));
+        }
+        out.push('\n');
     }
     out
 }

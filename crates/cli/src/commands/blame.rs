@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         output::print(&(memgap_views::json::to_string(&blame.entries) + "\n"))?;
     } else {
-        output::print(&memgap_views::blame::blame(&blame, &name))?;
+        output::print(&memgap_views::blame::blame(&blame, &name, output::width()))?;
     }
     Ok(ExitCode::SUCCESS)
 }

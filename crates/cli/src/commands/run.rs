@@ -106,6 +106,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
     }
 
+    let ruby = if args.trim_only { None } else { crate::ruby::RubySampler::prepare(&mut command, run_id, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
+
     let sampling = match args.numa && !args.trim_only {
         true => Some(crate::numa_sampling::prepare(&mut command).context("cannot prepare NUMA sampling")?),
         false => None,
@@ -139,11 +141,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.trim_only {
         return Ok(ExitCode::from(exit_code.clamp(0, 255) as u8));
     }
-    let trace = trace_path(&pattern, child.id());
+    let top_pid = child.id();
+    let trace = trace_path(&pattern, top_pid, true);
+    if let Some(ruby) = ruby {
+        ruby.finish(|pid| trace_path(&pattern, pid, pid == top_pid));
+    }
     let recorded = trace.is_file();
     let samples = sampling.map(crate::numa_sampling::Sampling::finish);
     if recorded {
-        crate::numa_sampling::write(samples, &trace, child.id(), |pid| trace_path(&pattern, pid), args.quiet);
+        crate::numa_sampling::write(samples, &trace, top_pid, |pid| trace_path(&pattern, pid, pid == top_pid), args.quiet);
         framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal })))
             .with_context(|| format!("cannot add the exit status to {}", trace.display()))?;
     }
@@ -180,8 +186,20 @@ fn sanitize(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
-fn trace_path(pattern: &Path, pid: u32) -> PathBuf {
-    PathBuf::from(pattern.to_string_lossy().replace("%p", &pid.to_string()))
+/// The trace of process `pid`, named as the agent names it: `%p` becomes the
+/// pid; without `%p` the pattern names the top process and others insert
+/// their pid before the extension (`t.mgt` → `t.4242.mgt`).
+fn trace_path(pattern: &Path, pid: u32, top: bool) -> PathBuf {
+    let text = pattern.to_string_lossy();
+    if text.contains("%p") || top {
+        return PathBuf::from(text.replace("%p", &pid.to_string()));
+    }
+    let stem = pattern.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match pattern.extension() {
+        Some(ext) if !stem.is_empty() => format!("{stem}.{pid}.{}", ext.to_string_lossy()),
+        _ => format!("{}.{pid}", pattern.file_name().unwrap_or_default().to_string_lossy()),
+    };
+    pattern.with_file_name(name)
 }
 
 fn random_run_id() -> u64 {

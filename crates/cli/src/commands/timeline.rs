@@ -20,7 +20,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         output::print(&(memgap_views::json::to_string(&ledgers) + "\n"))?;
     } else {
-        output::print(&memgap_views::ledger::timeline(&ledgers))?;
+        output::print(&memgap_views::ledger::timeline(&ledgers, output::width()))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -477,6 +477,32 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     }
     $('ledger').setAttribute('data-ready', 'true');
     $('ledger').setAttribute('data-snapshot', String(index));
+    showRuby(s);
+  }
+
+  // ---- Ruby layer (present when memgap's Ruby sampler ran) --------------------
+  function showRuby(s) {
+    const r = s.ruby;
+    $('ruby').hidden = !r;
+    if (!r) return;
+    $('ruby-at').textContent = 'Ruby ' + r.version + ', GC.stat at ' + fmtSeconds(r.sampled_at_seconds) + ' (' + r.sample_kind.replace('_', ' ') + ')';
+    const body = $('ruby-table').tBodies[0];
+    body.replaceChildren();
+    const rows = [
+      ['Ruby knows of (memsize_of_all)', r.known_bytes, null],
+      ['object pages (mmap)', r.object_pages_bytes, r.object_pages],
+      ['\u2003live slots', r.live_slots_bytes, r.live_slots],
+      ['\u2003free slots: Ruby-page fragmentation (' + (r.free_slot_fraction * 100).toFixed(0) + ' % of slots)', r.free_slots_bytes, r.free_slots],
+      ['\u2003page overhead', r.page_overhead_bytes, null],
+      ['object data in malloc (in the ledger\'s live row)', r.external_bytes, null],
+      ['kernel RSS', s.rss, null],
+    ];
+    for (const [name, bytes, n] of rows) {
+      const tr = el('tr');
+      tr.append(el('td', name), el('td', bytes == null ? 'unknown' : fmtBytes(bytes), 'num'), el('td', n == null ? '' : fmtCount(n), 'num'));
+      body.append(tr);
+    }
+    $('ruby').setAttribute('data-ready', 'true');
   }
 
   // ---- snapshot selection ----------------------------------------------------

@@ -1,0 +1,179 @@
+//! The Ruby layer: what Ruby knows of its memory (its object pages, slots,
+//! and the malloc'd data its objects own), laid over the malloc layer the
+//! agent measures, so the verdict can say at which layer the bytes are lost.
+
+use memgap_trace::records::Metrics;
+use serde::Serialize;
+
+use crate::ledger::Ledger;
+
+pub const SOURCE: &str = "ruby";
+
+/// Ruby's figures at one snapshot (its last sample before it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RubyLayer {
+    pub version: String,
+    /// When Ruby's figures were taken, seconds since the process started.
+    pub sampled_at_seconds: f64,
+    /// Why: `start`, `major_gc`, `sample` (after a minor GC), `exit`.
+    pub sample_kind: String,
+    pub slot_size: u64,
+    pub page_size: u64,
+    /// Object pages (each its own mmap in Ruby 3.1, counted by the malloc
+    /// layer's ledger under other: program mmaps).
+    pub object_pages: u64,
+    pub object_pages_bytes: u64,
+    pub live_slots: u64,
+    pub live_slots_bytes: u64,
+    /// Free and to-be-finalized slots on object pages: Ruby-page fragmentation.
+    pub free_slots: u64,
+    pub free_slots_bytes: u64,
+    /// Page bytes that hold no slot (headers, alignment).
+    pub page_overhead_bytes: u64,
+    /// ObjectSpace.memsize_of_all: slots plus the malloc'd data live objects own.
+    pub memsize_of_all_bytes: Option<u64>,
+    /// memsize_of_all minus the live slots: object bodies in malloc.
+    pub external_bytes: Option<u64>,
+    /// What Ruby knows it holds: memsize_of_all, or the live slots without it.
+    pub known_bytes: u64,
+    pub gc_count: u64,
+    pub major_gc_count: u64,
+    pub compact_count: u64,
+    /// Free slots as a share of the object pages' slots.
+    pub free_slot_fraction: f64,
+}
+
+/// The layer from the last sample at or before `monotonic_ns` (all
+/// `metrics` are Ruby's, in file order), with page and slot sizes from the
+/// sampler's meta line (Ruby's own GC::INTERNAL_CONSTANTS).
+pub fn layer_at(metrics: &[&Metrics], version: &str, start_monotonic_ns: u64, monotonic_ns: u64) -> Option<RubyLayer> {
+    let meta = metrics.iter().rev().find(|m| m.kind == "meta" && m.monotonic_ns <= monotonic_ns).or_else(|| metrics.iter().find(|m| m.kind == "meta"))?;
+    let slot_size = meta.get("rvalue_size")? as u64;
+    let page_size = meta.get("heap_page_size")? as u64;
+    let sample = metrics.iter().filter(|m| m.kind != "meta" && m.monotonic_ns <= monotonic_ns).max_by_key(|m| m.monotonic_ns)?;
+    // The last deep sample (with memsize_of_all) since the last major GC or start.
+    let deep = metrics.iter().filter(|m| m.monotonic_ns <= monotonic_ns && m.get("memsize_of_all").is_some()).max_by_key(|m| m.monotonic_ns);
+    let get = |name: &str| sample.get(name).unwrap_or(0.0).max(0.0) as u64;
+    let object_pages = get("heap_allocated_pages");
+    let live_slots = get("heap_live_slots");
+    let free_slots = get("heap_free_slots") + get("heap_final_slots");
+    let available = get("heap_available_slots");
+    let live_slots_bytes = live_slots * slot_size;
+    let memsize = deep.and_then(|m| m.get("memsize_of_all")).map(|v| v.max(0.0) as u64);
+    let object_pages_bytes = object_pages * page_size;
+    Some(RubyLayer {
+        version: version.to_string(),
+        sampled_at_seconds: sample.monotonic_ns.saturating_sub(start_monotonic_ns) as f64 / 1e9,
+        sample_kind: sample.kind.clone(),
+        slot_size,
+        page_size,
+        object_pages,
+        object_pages_bytes,
+        live_slots,
+        live_slots_bytes,
+        free_slots,
+        free_slots_bytes: free_slots * slot_size,
+        page_overhead_bytes: object_pages_bytes.saturating_sub(available * slot_size),
+        memsize_of_all_bytes: memsize,
+        external_bytes: memsize.map(|m| m.saturating_sub(live_slots_bytes)),
+        known_bytes: memsize.unwrap_or(live_slots_bytes).max(live_slots_bytes),
+        gc_count: get("count"),
+        major_gc_count: get("major_gc_count"),
+        compact_count: get("compact_count"),
+        free_slot_fraction: if available > 0 { free_slots as f64 / available as f64 } else { 0.0 },
+    })
+}
+
+/// Adds the layer to the ledger and puts Ruby's headline in front of the
+/// verdict: what Ruby knows against what the kernel charges, and which layer
+/// holds the difference.
+pub fn attach(ledger: &mut Ledger, layer: RubyLayer) {
+    ledger.verdict = format!("{} {}", headline(ledger, &layer), ledger.verdict);
+    ledger.ruby = Some(layer);
+}
+
+fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
+    let b = crate::human_bytes;
+    let rss = l.rss_bytes.max(1);
+    let gap = l.rss_bytes.saturating_sub(ruby.known_bytes);
+    let malloc_lost = l.rows.retained + l.rows.fragmented + l.rows.lazy_free;
+    let ruby_lost = ruby.free_slots_bytes + ruby.page_overhead_bytes;
+    let opening = format!(
+        "Ruby {} knows of {} (its live objects and the data they own); the kernel charges {} ({:.1}x), {} more.",
+        ruby.version,
+        b(ruby.known_bytes),
+        b(l.rss_bytes),
+        l.rss_bytes as f64 / ruby.known_bytes.max(1) as f64,
+        b(gap)
+    );
+    let layer = if malloc_lost >= ruby_lost {
+        format!(
+            "The difference sits in the malloc layer, below Ruby: {} ({:.0}% of RSS) is free memory glibc keeps (retained {}, fragmented {}), while Ruby's object pages waste only {}.",
+            b(malloc_lost),
+            100.0 * malloc_lost as f64 / rss as f64,
+            b(l.rows.retained),
+            b(l.rows.fragmented),
+            b(ruby_lost)
+        )
+    } else {
+        format!(
+            "The difference sits in Ruby's own heap: {} of its {} object pages ({:.0}% of their slots) are free slots. Ruby returns a page only when \
+             every slot on it is free, so survivors scattered over many pages keep them all. GC.compact (or GC.auto_compact = true) moves the survivors \
+             together so whole pages free up.",
+            b(ruby.free_slots_bytes),
+            ruby.object_pages,
+            100.0 * ruby.free_slot_fraction
+        )
+    };
+    format!("{opening} {layer}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Rows;
+
+    fn m(ns: u64, kind: &str, values: &[(&str, f64)]) -> Metrics {
+        Metrics { monotonic_ns: ns, source: SOURCE.into(), kind: kind.into(), values: values.iter().map(|&(n, v)| (n.to_string(), v)).collect() }
+    }
+
+    fn samples() -> Vec<Metrics> {
+        vec![
+            m(10, "meta", &[("rvalue_size", 40.0), ("heap_page_size", 16384.0)]),
+            m(20, "major_gc", &[("heap_allocated_pages", 100.0), ("heap_available_slots", 40900.0), ("heap_live_slots", 400.0), ("heap_free_slots", 40400.0), ("heap_final_slots", 100.0), ("memsize_of_all", 1_000_000.0)]),
+            m(30, "sample", &[("heap_allocated_pages", 10.0), ("heap_available_slots", 4090.0), ("heap_live_slots", 4000.0), ("heap_free_slots", 90.0)]),
+        ]
+    }
+
+    #[test]
+    fn takes_the_last_sample_before_the_snapshot() {
+        let all = samples();
+        let refs: Vec<&Metrics> = all.iter().collect();
+        let layer = layer_at(&refs, "3.1.2", 0, 25).unwrap();
+        assert_eq!(layer.object_pages_bytes, 100 * 16384);
+        assert_eq!(layer.live_slots_bytes, 400 * 40);
+        assert_eq!(layer.free_slots_bytes, 40500 * 40);
+        assert_eq!(layer.page_overhead_bytes, 100 * 16384 - 40900 * 40);
+        assert_eq!(layer.memsize_of_all_bytes, Some(1_000_000));
+        assert_eq!(layer.external_bytes, Some(1_000_000 - 16_000));
+        assert_eq!(layer.known_bytes, 1_000_000);
+        let later = layer_at(&refs, "3.1.2", 0, 35).unwrap();
+        assert_eq!((later.object_pages, later.sample_kind.as_str()), (10, "sample"));
+        // The deep figure carries over until the next deep sample.
+        assert_eq!(later.memsize_of_all_bytes, Some(1_000_000));
+        assert!(layer_at(&refs, "3.1.2", 0, 15).is_none());
+    }
+
+    #[test]
+    fn headline_names_the_layer_that_holds_the_gap() {
+        let all = samples();
+        let refs: Vec<&Metrics> = all.iter().collect();
+        let mut malloc_heavy = Ledger { rss_bytes: 200 << 20, rows: Rows { retained: 150 << 20, ..Rows::default() }, verdict: "v".into(), ..Ledger::default() };
+        attach(&mut malloc_heavy, layer_at(&refs, "3.1.2", 0, 25).unwrap());
+        assert!(malloc_heavy.verdict.contains("malloc layer"), "{}", malloc_heavy.verdict);
+        assert!(malloc_heavy.verdict.ends_with(" v"));
+        let mut ruby_heavy = Ledger { rss_bytes: 4 << 20, rows: Rows { retained: 4096, ..Rows::default() }, ..Ledger::default() };
+        attach(&mut ruby_heavy, layer_at(&refs, "3.1.2", 0, 25).unwrap());
+        assert!(ruby_heavy.verdict.contains("GC.compact"), "{}", ruby_heavy.verdict);
+    }
+}
