@@ -330,6 +330,13 @@ pub struct NumaOptions {
     pub top: usize,
 }
 
+/// Live blocks at a snapshot: (address, block).
+type LiveBlocks = Vec<(u64, Block)>;
+/// The agent's own memory: (start, length).
+type AgentRanges = Vec<(u64, u64)>;
+/// An allocation site: function, file, line, module.
+type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
+
 /// Gathers what the NUMA report needs during a replay. On its own it keeps
 /// its own heap state; inside the HTML report's single replay the host
 /// hands it the live set at each snapshot ([`NumaVisitor::at_snapshot`]).
@@ -347,8 +354,8 @@ pub(crate) struct NumaVisitor {
     /// replays tens of millions of events.
     last_thread_cpu: Option<(u32, u32)>,
     /// The live blocks and agent ranges at the wanted snapshot, until its placement.
-    at_snapshot: Option<(u64, Vec<(u64, Block)>, Vec<(u64, u64)>)>,
-    chosen: Option<(Vec<(u64, Block)>, Vec<(u64, u64)>, Placement)>,
+    at_snapshot: Option<(u64, LiveBlocks, AgentRanges)>,
+    chosen: Option<(LiveBlocks, AgentRanges, Placement)>,
     last_placement: Option<Placement>,
     samples: SampleBatch,
     stacks: FxHashMap<u32, Vec<u64>>,
@@ -563,7 +570,7 @@ fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> V
     addresses.sort_unstable();
     addresses.dedup();
     let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
-    let mut sites: BTreeMap<(Option<String>, Option<String>, Option<u32>, String), (u64, u64)> = BTreeMap::new();
+    let mut sites: BTreeMap<SiteKey, (u64, u64)> = BTreeMap::new();
     for (id, (remote, placed)) in remote {
         let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect()).unwrap_or_default();
         let site = frames.iter().find(|f| !is_allocator_frame(f, ALLOCATOR_FUNCTIONS)).or(frames.first());

@@ -23,7 +23,8 @@ const WINDOW: usize = 65536;
 const MAX_QUERIED_PAGES: u64 = 262_144;
 
 pub struct Placer {
-    addresses: Vec<usize>, // page addresses, as move_pages wants them (void *)
+    /// Page addresses, laid out as the `void *` array move_pages reads.
+    addresses: Vec<usize>,
     status: Vec<i32>,
     /// The errno that made move_pages unusable, once seen (ENOSYS, EPERM…).
     unusable: i32,
@@ -76,7 +77,7 @@ impl Placer {
             let mut counter = seen;
             for i in window_start..window_start + window {
                 if residency.is_resident(i as usize) {
-                    if counter % stride == 0 {
+                    if counter.is_multiple_of(stride) {
                         self.addresses.push((start + i * page_size) as usize);
                     }
                     counter += 1;
@@ -93,7 +94,7 @@ impl Placer {
                     push(NOT_PRESENT, 1);
                     continue;
                 }
-                if seen % stride == 0 {
+                if seen.is_multiple_of(stride) {
                     standing = self.status[answer];
                     answer += 1;
                 }

@@ -176,6 +176,44 @@ mod tests {
     }
 
     #[test]
+    fn two_nodes_with_first_touches() {
+        use memgap_model::numa::{AccessLocality, DistanceCount, Node, NumaReport};
+        let nodes = vec![Node { id: 0, cpus: vec![0, 1], memory_bytes: 1 << 30 }, Node { id: 1, cpus: vec![2, 3], memory_bytes: 1 << 30 }];
+        let report = NumaReport {
+            topology_source: "trace",
+            nodes,
+            distances: vec![vec![10, 21], vec![21, 10]],
+            allocation_rows: vec!["node 0".into(), "node 1".into(), "multi-node threads".into()],
+            allocation_matrix_bytes: vec![vec![1 << 20, 0], vec![0, 0], vec![0, 64 << 20]],
+            local_fraction: Some(0.5),
+            resident_bytes_by_node: vec![1 << 20, 64 << 20],
+            access_unavailable_reason: Some("no PMU here".into()),
+            sampled: Some(AccessLocality {
+                kind: "first-touch",
+                source: "page-faults".into(),
+                matrix: vec![vec![10, 90], vec![0, 0]],
+                by_distance: vec![DistanceCount { distance: 10, events: 10 }, DistanceCount { distance: 21, events: 90 }],
+                local_fraction: Some(0.1),
+                samples: 100,
+                ..AccessLocality::default()
+            }),
+            hot_node: Some(1),
+            hot_node_share: Some(0.9),
+            hot_node_basis: Some("first touches"),
+            ..NumaReport::default()
+        };
+        let text = numa(&report, "t.mgt");
+        assert!(text.contains("CPUs 2-3"), "{text}");
+        assert!(text.lines().any(|l| l.trim_start().starts_with("multi-node threads") && l.trim_end().ends_with("█ 64.0 MiB")), "{text}");
+        assert!(text.contains("░ 1.00 MiB"), "{text}");
+        assert!(text.contains("access locality: unavailable: no PMU here"), "{text}");
+        assert!(text.contains("first-touch locality (page faults, not accesses)"), "{text}");
+        assert!(text.contains("first touches by distance: 10×10, 21×90"), "{text}");
+        assert!(text.contains("hot node: 1 (90.0 % of first touches)"), "{text}");
+        assert!(!text.contains("NUMA access rate"), "{text}");
+    }
+
+    #[test]
     fn cpu_lists() {
         assert_eq!(cpu_ranges(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_ranges(&[]), "none");

@@ -25,10 +25,10 @@ pub fn parse(text: &str) -> Vec<MappingNodes> {
             for field in fields {
                 if field == "heap" || field == "stack" || field == "huge" || field.starts_with("file=") {
                     m.kind = field.to_string();
-                } else if let Some((node, pages)) = field.strip_prefix('N').and_then(|f| f.split_once('=')) {
-                    if let (Ok(node), Ok(pages)) = (node.parse::<u32>(), pages.parse::<u64>()) {
-                        *m.bytes_by_node.entry(node).or_default() += pages * page_bytes;
-                    }
+                } else if let Some((node, pages)) = field.strip_prefix('N').and_then(|f| f.split_once('='))
+                    && let (Ok(node), Ok(pages)) = (node.parse::<u32>(), pages.parse::<u64>())
+                {
+                    *m.bytes_by_node.entry(node).or_default() += pages * page_bytes;
                 }
             }
             Some(m)

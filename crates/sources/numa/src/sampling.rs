@@ -89,10 +89,10 @@ pub fn probe_precise(devices: &Path) -> Result<PreciseEvent, String> {
         // IBS counts ops; its period's low 4 bits are ignored.
         return Ok(PreciseEvent { source: SOURCE_IBS_OP, pmu_type, config: 0, config1: 0, period: 0x10000 });
     }
-    if let (Some(pmu_type), Ok(spec)) = (read_u32(&devices.join("cpu/type")), std::fs::read_to_string(devices.join("cpu/events/mem-loads"))) {
-        if let Some((config, config1)) = parse_mem_loads(&spec) {
-            return Ok(PreciseEvent { source: SOURCE_PEBS_LOADS, pmu_type, config, config1, period: 10007 });
-        }
+    if let (Some(pmu_type), Ok(spec)) = (read_u32(&devices.join("cpu/type")), std::fs::read_to_string(devices.join("cpu/events/mem-loads")))
+        && let Some((config, config1)) = parse_mem_loads(&spec)
+    {
+        return Ok(PreciseEvent { source: SOURCE_PEBS_LOADS, pmu_type, config, config1, period: 10007 });
     }
     let mut pmus: Vec<String> = std::fs::read_dir(devices).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
     pmus.sort();
