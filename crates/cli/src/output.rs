@@ -120,6 +120,7 @@ pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()>
         .create(true)
         .truncate(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&partial)
         .and_then(|mut file| {
             // A file left by an earlier run keeps its mode on open: set it.

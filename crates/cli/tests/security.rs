@@ -39,6 +39,22 @@ fn traces_reports_and_exports_are_private() {
     assert_eq!(mode(&dir.join("t.svg")), 0o600);
 }
 
+#[test]
+fn a_symlink_planted_at_the_trace_name_is_not_followed() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "outputs.c");
+    let victim = dir.join("victim.txt");
+    fs::write(&victim, b"precious").unwrap();
+    let trace = dir.join("t.mgt");
+    std::os::unix::fs::symlink(&victim, &trace).unwrap();
+    let plain = run_plain(&dir, arg(&prog), &["x"]);
+    let traced = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "x"]);
+    assert_eq!(traced.stdout, plain.stdout);
+    assert_eq!(traced.status.code(), plain.status.code());
+    assert_eq!(fs::read(&victim).unwrap(), b"precious", "the symlink's target was written");
+    assert!(text(&traced.stderr).contains("not recording: cannot create"), "{}", text(&traced.stderr));
+}
+
 /// tests/programs/retainer.c, running as root (the test's user).
 fn retainer(dir: &Path) -> Background {
     let exe = compile(dir, "retainer.c");

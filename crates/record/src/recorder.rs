@@ -127,13 +127,23 @@ fn open_trace(config: &Config, top: bool) -> bool {
     OWNER_PID.store(pid, Relaxed);
     let mut path = process::trace_path(&config.output, pid, top);
     path.push(0);
-    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+    // No symlink as the trace itself: in a shared directory such as /tmp,
+    // someone else could plant one at the predictable name and have us
+    // truncate whatever it points to.
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW;
     // Owner only: a trace holds addresses, command lines and symbol names.
     let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, flags, 0o600) };
     path.pop();
     if fd < 0 {
         let errno = unsafe { *libc::__errno_location() };
         sys::log(&[b"not recording: cannot create ", &path, b": ", sys::errno_text(errno)]);
+        return false;
+    }
+    // Nor a file someone else made there for us to write into.
+    let mut stat: libc::stat = unsafe { core::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut stat) } != 0 || stat.st_uid != unsafe { libc::geteuid() } {
+        sys::log(&[b"not recording: ", &path, b" exists and belongs to another user"]);
+        unsafe { libc::close(fd) };
         return false;
     }
     // The same run's trace already exists for this pid when an exec replaced
