@@ -22,6 +22,7 @@
 
 pub mod blame;
 pub mod compare;
+pub mod ghc;
 mod heap_state;
 pub mod ledger;
 pub mod report;
