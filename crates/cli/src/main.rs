@@ -32,6 +32,7 @@ enum Command {
     Export(commands::export::ExportArgs),
     Flamegraph(commands::export::FlamegraphArgs),
     Report(commands::report::Args),
+    Ghc(commands::ghc::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::export(args),
         Command::Flamegraph(args) => commands::export::flamegraph(args),
         Command::Report(args) => commands::report::run(args),
+        Command::Ghc(args) => commands::ghc::run(args),
     };
     match result {
         Ok(code) => code,

@@ -35,6 +35,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 const BLOCKS_PER_MBLOCK: u64 = 252;
 const BLOCK_BYTES: u64 = 4096;
 const MBLOCK_BYTES: u64 = 1 << 20;
+const CLOCK_SLACK_NS: u64 = 5_000_000;
 
 /// What the model needs, on one clock (nanoseconds).
 #[derive(Debug, Clone, Default)]
@@ -93,6 +94,8 @@ pub struct GhcPoint {
     /// Major GCs: live bytes the GC did not copy, i.e. in pinned blocks and
     /// large objects, which never move (live − copied).
     pub unmoved_bytes: Option<u64>,
+    /// smaps LazyFree of the snapshot used for this GC (see [`place_lazy_free`]).
+    pub lazy_free_smaps_bytes: Option<u64>,
     /// Megablocks returned at this GC × 1 MiB (MEM_RETURN, GHC ≥ 9.2); not a
     /// row: once returned they leave RSS, or move to lazy_free.
     pub returned_bytes: Option<u64>,
@@ -150,6 +153,65 @@ pub struct GhcReport {
     pub verdict: GhcVerdict,
 }
 
+/// LazyFree for each point: from the snapshot nearest to it taken while
+/// the heap had the same size (between the GC that set that size and the
+/// next GC that changed it). LazyFree changes when the RTS returns
+/// megablocks, at GCs that shrink the heap, or when the program touches
+/// them again as the heap grows; a snapshot across such a change
+/// describes another state. None where no snapshot fits.
+///
+/// `points` are (GC start, GC end, heap size). Snapshots closer than
+/// [`CLOCK_SLACK_NS`] to the next change are left out: the eventlog's clock
+/// is tied to the trace's through the wall clock, to a millisecond or so.
+fn lazy_free_per_point(points: &[(u64, u64, u64)], snapshots: &[(u64, u64)]) -> Vec<Option<u64>> {
+    let mut out = vec![None; points.len()];
+    let mut start = 0;
+    while start < points.len() {
+        let heap = points[start].2;
+        let end = (start..points.len()).find(|&i| points[i].2 != heap).unwrap_or(points.len());
+        let from = points[start].1;
+        let until = points.get(end).map_or(u64::MAX, |p| p.0.saturating_sub(CLOCK_SLACK_NS));
+        let inside: Vec<(u64, u64)> = snapshots.iter().copied().filter(|&(t, _)| t >= from && t < until).collect();
+        for i in start..end {
+            out[i] = nearest(&inside, points[i].1);
+        }
+        start = end;
+    }
+    out
+}
+
+fn nearest(series: &[(u64, u64)], time: u64) -> Option<u64> {
+    let i = series.partition_point(|&(t, _)| t < time);
+    let after = series.get(i);
+    let before = i.checked_sub(1).and_then(|j| series.get(j));
+    match (before, after) {
+        (Some(b), Some(a)) => Some(if time - b.0 <= a.0 - time { b.1 } else { a.1 }),
+        (Some(x), None) | (None, Some(x)) => Some(x.1),
+        (None, None) => None,
+    }
+}
+
+/// Where LazyFree sits: first in RSS beyond the heap's megablocks (returned
+/// megablocks), the rest in the free blocks of megablocks the RTS took back
+/// from the OS and has not written since (those pages stay lazily free), so
+/// it moves out of `megablock_free`. The rows then add up to RSS exactly;
+/// LazyFree beyond both is not placed (`lazy_free_smaps_bytes` keeps it).
+fn place_lazy_free(point: &mut GhcPoint) {
+    let rows = &mut point.rows;
+    let Some(rss) = point.rss_bytes else {
+        rows.lazy_free = point.lazy_free_smaps_bytes;
+        return;
+    };
+    let outside = (rss as i64 - point.heap_size_bytes as i64).max(0) as u64;
+    let lazy = point.lazy_free_smaps_bytes.unwrap_or(0);
+    let lazy_outside = lazy.min(outside);
+    let lazy_in_heap = (lazy - lazy_outside).min(rows.megablock_free.max(0) as u64);
+    rows.megablock_free -= lazy_in_heap as i64;
+    rows.lazy_free = point.lazy_free_smaps_bytes.map(|_| lazy_outside + lazy_in_heap);
+    rows.non_heap = Some(rss as i64 - point.heap_size_bytes as i64 - lazy_outside as i64);
+}
+
+/// The first RSS sample after `time` (the one that shows what a GC freed).
 fn at_or_after(series: &[(u64, u64)], time: u64) -> Option<u64> {
     let i = series.partition_point(|&(t, _)| t < time);
     series.get(i).or_else(|| series.last()).map(|&(_, v)| v)
@@ -166,6 +228,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
         }
     }
     let mut live = 0u64;
+    let mut times = Vec::new();
     let mut by_cap: BTreeMap<Option<u32>, Vec<u64>> = BTreeMap::new();
     let max_generation = ghc.iter().filter(|m| m.kind == "gc").filter_map(|m| m.get("generation")).fold(0.0, f64::max) as u32;
     for gc in ghc.iter().filter(|m| m.kind == "gc") {
@@ -199,8 +262,6 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             (None, None) => (heap_size - descriptors, false),
         };
         let rss = at_or_after(&input.rss, gc.monotonic_ns);
-        let lazy_free = (!input.lazy_free.is_empty()).then(|| at_or_after(&input.lazy_free, gc.monotonic_ns)).flatten();
-        let non_heap = rss.map(|rss| rss as i64 - heap_size as i64 - lazy_free.unwrap_or(0) as i64);
         let point = GhcPoint {
             seconds: seconds(gc.monotonic_ns),
             generation,
@@ -213,17 +274,23 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             live_bytes: live,
             copied_bytes: copied,
             unmoved_bytes: measured_live.map(|l| l.saturating_sub(copied)),
+            lazy_free_smaps_bytes: None,
             returned_bytes: gc.get("mem_returned_mblocks").map(|m| m as u64 * MBLOCK_BYTES),
             rows: GhcRows {
                 live,
                 heap_blocks_not_live: blocks as i64 - live as i64,
                 megablock_free: heap_size as i64 - blocks as i64 - descriptors as i64,
                 block_descriptors: descriptors,
-                lazy_free,
-                non_heap,
+                lazy_free: None,
+                non_heap: None,
             },
         };
         out.timeline.push(point);
+        times.push((gc.monotonic_ns.saturating_sub(gc.get("duration_ns").unwrap_or(0.0) as u64), gc.monotonic_ns, heap_size));
+    }
+    for (point, lazy_free) in out.timeline.iter_mut().zip(lazy_free_per_point(&times, &input.lazy_free)) {
+        point.lazy_free_smaps_bytes = lazy_free;
+        place_lazy_free(point);
     }
     if out.timeline.is_empty() {
         return None;
@@ -248,7 +315,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             target.extend(m.values.iter().cloned());
         }
     }
-    out.verdict = verdict(&out, input);
+    out.verdict = verdict(&out);
     Some(out)
 }
 
@@ -257,7 +324,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
 /// the live bytes were not copied (they sit in pinned blocks or are large
 /// objects), and the heap and RSS stay at least twice the live data. With
 /// -hT, the ARR_WORDS share at the nearest census is quoted too.
-fn verdict(report: &GhcReport, input: &GhcInput) -> GhcVerdict {
+fn verdict(report: &GhcReport) -> GhcVerdict {
     let mut verdict = GhcVerdict::default();
     let mut parts = Vec::new();
     let candidate = report
@@ -287,22 +354,19 @@ fn verdict(report: &GhcReport, input: &GhcInput) -> GhcVerdict {
             unmoved as f64 * 100.0 / p.live_bytes.max(1) as f64,
         ));
     }
-    // LazyFree at the end of the run (or where the RSS was highest).
-    let last_rss = input.rss.last().map(|&(_, v)| v);
-    let last_lazy = input.lazy_free.last().map(|&(_, v)| v);
-    if let (Some(rss), Some(lazy)) = (last_rss, last_lazy.or_else(|| input.lazy_free.iter().map(|&(_, v)| v).max())) {
-        let peak_lazy = input.lazy_free.iter().map(|&(_, v)| v).max().unwrap_or(lazy);
-        let rss_at_peak_lazy = input.lazy_free.iter().find(|&&(_, v)| v == peak_lazy).and_then(|&(t, _)| at_or_after(&input.rss, t)).unwrap_or(rss);
-        if peak_lazy >= 16 << 20 && peak_lazy * 4 >= rss_at_peak_lazy {
-            verdict.lazy_free = true;
-            parts.push(format!(
-                "The RTS is slow to give memory back, not holding it: up to {:.1} MiB of RSS ({:.0}% of {:.1} MiB) is megablocks returned with MADV_FREE (smaps LazyFree), which the kernel counts until it needs the memory; RSS − LazyFree = {:.1} MiB. Nothing to fix; run with +RTS --disable-delayed-os-memory-return to see RSS fall at once.",
-                peak_lazy as f64 / MIB,
-                peak_lazy as f64 * 100.0 / rss_at_peak_lazy.max(1) as f64,
-                rss_at_peak_lazy as f64 / MIB,
-                rss_at_peak_lazy.saturating_sub(peak_lazy) as f64 / MIB,
-            ));
-        }
+    // LazyFree while the program ran (up to the settled major GC: the RTS's
+    // final GC at exit frees everything, and says nothing about the run).
+    let until = report.settled.as_ref().map_or(f64::INFINITY, |p| p.seconds);
+    let lazy = report.timeline.iter().filter(|p| p.seconds <= until).filter_map(|p| Some((p.rows.lazy_free?, p.rss_bytes?))).max_by_key(|&(lazy, _)| lazy);
+    if let Some((lazy, rss)) = lazy.filter(|&(lazy, rss)| lazy >= 16 << 20 && lazy * 4 >= rss) {
+        verdict.lazy_free = true;
+        parts.push(format!(
+            "The RTS is slow to give memory back, not holding it: up to {:.1} MiB of RSS ({:.0}% of {:.1} MiB) is megablocks returned with MADV_FREE (smaps LazyFree), which the kernel counts until it needs the memory; RSS − LazyFree = {:.1} MiB. Nothing to fix; run with +RTS --disable-delayed-os-memory-return to see RSS fall at once.",
+            lazy as f64 / MIB,
+            lazy as f64 * 100.0 / rss.max(1) as f64,
+            rss as f64 / MIB,
+            rss.saturating_sub(lazy) as f64 / MIB,
+        ));
     }
     if parts.is_empty() {
         let s = report.settled.as_ref();
@@ -428,6 +492,15 @@ mod tests {
     }
 
     #[test]
+    fn lazy_free_inside_the_heap_comes_out_of_megablock_free() {
+        let mut point = GhcPoint { rss_bytes: Some(100 * MB), heap_size_bytes: 80 * MB, lazy_free_smaps_bytes: Some(50 * MB), rows: GhcRows { live: 20 * MB, heap_blocks_not_live: 0, megablock_free: 59 * MB as i64, block_descriptors: MB, ..GhcRows::default() }, ..GhcPoint::default() };
+        place_lazy_free(&mut point);
+        assert_eq!((point.rows.lazy_free, point.rows.megablock_free, point.rows.non_heap), (Some(50 * MB), 29 * MB as i64, Some(0)));
+        let sum: i64 = point.rows.named().iter().map(|(_, v)| v.unwrap()).sum();
+        assert_eq!(sum, 100 * MB as i64);
+    }
+
+    #[test]
     fn blocks_size_events_of_ghc_9_2_are_used_as_reported() {
         let mut input = strip();
         input.metrics[2].values.push(("blocks_size_bytes".into(), 50.0 * MB as f64));
@@ -438,6 +511,19 @@ mod tests {
         assert_eq!(p.blocks_size_bytes, 50 * MB);
         assert_eq!(p.returned_bytes, Some(3 * MB));
         assert_eq!(p.rows.megablock_free, (155 * MB - 50 * MB - 155 * 16384) as i64);
+    }
+
+    #[test]
+    fn lazy_free_comes_from_a_snapshot_at_the_same_heap_size() {
+        let series = [(10, 1), (20, 2), (40, 4)];
+        assert_eq!([nearest(&series, 0), nearest(&series, 14), nearest(&series, 16), nearest(&series, 31), nearest(&series, 99)], [Some(1), Some(1), Some(2), Some(4), Some(4)]);
+        assert_eq!(nearest(&[], 5), None);
+        // GCs at 0, 10 (heap 5), 20, 30 (heap 3), 50 (heap 1); snapshots at 12 and 60.
+        let ms = 1_000_000;
+        let points = [(0, 0, 5), (10 * ms, 10 * ms, 5), (20 * ms, 20 * ms, 3), (30 * ms, 30 * ms, 3), (50 * ms, 50 * ms, 1)];
+        assert_eq!(lazy_free_per_point(&points, &[(12 * ms, 7), (60 * ms, 9)]), vec![Some(7), Some(7), None, None, Some(9)]);
+        // A snapshot just before the next GC may be after it: left out.
+        assert_eq!(lazy_free_per_point(&points, &[(17 * ms, 7)]), vec![None, None, None, None, None]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod blame;
 pub mod compare;
 pub mod export;
 pub mod format;
+pub mod ghc;
 pub mod html;
 pub mod json;
 pub mod ledger;

@@ -21,13 +21,13 @@ main = do
   let n = read count :: Int
   let !superset = force $ take n [BS.singleton x | x <- cycle [minBound .. maxBound]]
   putStrLn "1st plateau" >> hFlush stdout
-  spin 5
+  spin 4
   let !subset = force $ case variant of
         "strip" -> [x | (x, 1) <- zip superset (cycle [1 .. 10 :: Int])]
         "take" -> take (n `div` 10) superset
         _ -> error "variant: strip or take"
   putStrLn "2nd plateau" >> hFlush stdout
-  spin 10
+  spin 40
   print (length subset)
 
 -- A major GC every 20 ms.

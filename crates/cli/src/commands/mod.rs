@@ -1,6 +1,7 @@
 pub mod blame;
 pub mod compare;
 pub mod export;
+pub mod ghc;
 pub mod ledger;
 pub mod map;
 pub mod report;

@@ -101,6 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
     }
 
+    let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
@@ -115,6 +116,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     CHILD_PID.store(child.id() as i32, Ordering::Relaxed);
+    if let Some(ghc) = ghc.as_mut() {
+        ghc.started(&mut child);
+    }
     forward_signals();
     let status = child.wait().context("waiting for the program")?;
     let (exit_code, signal) = match (status.code(), status.signal()) {
@@ -131,6 +135,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if recorded {
         framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal })))
             .with_context(|| format!("cannot add the exit status to {}", trace.display()))?;
+    }
+    if let Some(ghc) = ghc {
+        ghc.finish(&trace, args.quiet);
     }
     if !args.quiet {
         report(&trace, recorded, &pattern, run_id, &args.command[0]);
