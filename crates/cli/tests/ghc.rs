@@ -99,6 +99,11 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
     assert!(resident(&s) >= 0.6 * peak(&strip), "strip: {s}");
     assert!(strip.ghc["verdict"]["pinned_fragmentation"].as_bool().unwrap(), "{}", strip.ghc["verdict"]);
     assert!(strip.stderr.contains("Pinned fragmentation"), "{}", strip.stderr);
+    // The HTML report carries the GHC panel and its data.
+    let out = memgap(&dir, &["report", "strip.mgt", "-o", "strip.html"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let html = std::fs::read_to_string(dir.join("strip.html")).unwrap();
+    assert!(html.contains("<section id=\"ghc\"") && html.contains("\"ghc\":{") && html.contains("Pinned fragmentation"), "no GHC panel data in the report");
 
     // Take: the heap drops, and what RSS still shows is MADV_FREE'd (the
     // lazy_free row), not held.

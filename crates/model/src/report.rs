@@ -40,6 +40,8 @@ pub struct Report {
     pub rss: Vec<RssSample>,
     /// Blame at the peak, every site (unsorted beyond fragmentation order).
     pub blame: Option<Blame>,
+    /// The GHC ledger when the trace holds a GHC program's eventlog.
+    pub ghc: Option<crate::ghc::GhcReport>,
 }
 
 struct ReportVisitor {
@@ -191,7 +193,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     let summary = v.summary.finish(&outcome, path);
-    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame }))
+    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, ghc: crate::ghc::report_of_trace(path)? }))
 }
 
 #[cfg(test)]
