@@ -142,7 +142,8 @@ pub struct GhcReport {
     pub gcs_per_capability: Vec<CapabilityGcs>,
     /// One point per GC.
     pub timeline: Vec<GhcPoint>,
-    /// The last major GC before the program's final one (its exit GC), if any.
+    /// The major GC the pinned-fragmentation finding rests on, else the last
+    /// major GC before the program's final one (its exit GC), if any.
     pub settled: Option<GhcPoint>,
     /// -hT censuses; empty without -hT.
     pub pinned_share: Vec<PinnedShare>,
@@ -217,7 +218,16 @@ fn at_or_after(series: &[(u64, u64)], time: u64) -> Option<u64> {
     series.get(i).or_else(|| series.last()).map(|&(_, v)| v)
 }
 
-/// Builds the report; None when there are no GHC GC records at all.
+impl GhcReport {
+    /// The last -hT census taken at or before `seconds` (a census runs
+    /// inside a major GC, before the GC's end is logged), else the first.
+    pub fn census_at(&self, seconds: f64) -> Option<&PinnedShare> {
+        self.pinned_share.iter().rev().find(|c| c.seconds <= seconds).or(self.pinned_share.first())
+    }
+}
+
+/// Builds the report; None without GHC GC records, `-s` summary or `-Dg`
+/// inventory.
 pub fn report(input: &GhcInput) -> Option<GhcReport> {
     let ghc: Vec<&Metrics> = input.metrics.iter().filter(|m| m.source == "ghc").collect();
     let seconds = |ns: u64| ns.saturating_sub(input.origin_ns) as f64 / 1e9;
@@ -292,9 +302,6 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
         point.lazy_free_smaps_bytes = lazy_free;
         place_lazy_free(point);
     }
-    if out.timeline.is_empty() {
-        return None;
-    }
     out.peak_rss_bytes = input.rss.iter().map(|&(_, v)| v).max();
     out.gcs_per_capability = by_cap.into_iter().map(|(capability, by_generation)| CapabilityGcs { capability, by_generation }).collect();
     let majors: Vec<&GhcPoint> = out.timeline.iter().filter(|p| p.unmoved_bytes.is_some()).collect();
@@ -315,7 +322,14 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             target.extend(m.values.iter().cloned());
         }
     }
+    if out.timeline.is_empty() && out.rts_summary.is_empty() && out.inventory.is_empty() {
+        return None;
+    }
     out.verdict = verdict(&out);
+    // The point a pinned-fragmentation finding rests on is the one to show.
+    if let Some(at) = out.verdict.at_seconds {
+        out.settled = out.timeline.iter().find(|p| p.seconds == at && p.unmoved_bytes.is_some()).cloned().or(out.settled);
+    }
     Some(out)
 }
 
@@ -343,7 +357,7 @@ fn verdict(report: &GhcReport) -> GhcVerdict {
         let unmoved = p.unmoved_bytes.unwrap_or(0);
         let mib = |b: u64| b as f64 / MIB;
         let rss = p.rss_bytes.map(|r| format!(", RSS {:.1} MiB", mib(r))).unwrap_or_default();
-        let census = report.pinned_share.iter().min_by(|a, b| (a.seconds - p.seconds).abs().total_cmp(&(b.seconds - p.seconds).abs()));
+        let census = report.census_at(p.seconds);
         let census = census.map(|c| format!(" The -hT census at {:.2} s counts {:.0}% of the heap as ARR_WORDS ({:.1} MiB): pinned blocks are counted whole.", c.seconds, c.share * 100.0, mib(c.arr_words_bytes))).unwrap_or_default();
         parts.push(format!(
             "Pinned fragmentation: after the major GC at {:.2} s the heap is {:.1} MiB{rss} for {:.1} MiB of live data, and {:.1} MiB ({:.0}%) of that live data was not copied by the GC: it sits in pinned blocks (ByteString, pinned byte arrays) or large objects, which never move. A pinned block stays whole while any object in it lives, so dead neighbours of a few survivors count as live, and the RTS keeps free blocks in proportion to live data (-F, default 2).{census} Remedies: keep the survivors in unpinned storage (ShortByteString, Data.Text ≥ 2, unpinned byte arrays); copy the retained slices (Data.ByteString.copy) so they pack into fresh blocks; retain contiguous runs (take) rather than strided survivors (every 10th).",
@@ -378,6 +392,7 @@ fn verdict(report: &GhcReport) -> GhcVerdict {
                 p.unmoved_bytes.unwrap_or(0) as f64 / MIB,
                 p.heap_size_bytes as f64 / MIB
             ),
+            None if report.timeline.is_empty() => "No GC was logged in an eventlog: only the RTS's own figures (+RTS -s, -Dg) are known.".into(),
             None => "No major GC was logged: live data is unknown.".into(),
         });
     }
@@ -477,6 +492,17 @@ mod tests {
         assert_eq!(report.verdict.at_seconds, Some(1.9));
         assert!(report.verdict.text.contains("ShortByteString"));
         assert!(!report.verdict.lazy_free);
+    }
+
+    #[test]
+    fn a_closure_type_census_is_quoted_from_before_the_gc() {
+        let mut input = strip();
+        let census = |ns: u64, arr: f64, other: f64| Metrics { monotonic_ns: ns, source: "ghc".into(), kind: "heap_profile".into(), values: vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), arr), (":".into(), other)] };
+        input.metrics.extend([census(1_800_000_000, 32.0 * MB as f64, 8.0 * MB as f64), census(1_950_000_000, 1.0, 0.0)]);
+        let report = report(&input).unwrap();
+        assert_eq!(report.pinned_share.len(), 2);
+        assert_eq!(report.census_at(1.9).map(|c| c.share), Some(0.8));
+        assert!(report.verdict.text.contains("counts 80% of the heap as ARR_WORDS (32.0 MiB)"), "{}", report.verdict.text);
     }
 
     #[test]

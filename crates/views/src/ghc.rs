@@ -64,9 +64,9 @@ pub fn report(r: &GhcReport, title: &str) -> String {
             );
         }
     }
-    if let Some(last) = r.pinned_share.last() {
+    if let Some(census) = r.census_at(r.settled.as_ref().map_or(f64::INFINITY, |p| p.seconds)) {
         let peak = r.pinned_share.iter().map(|s| s.share).fold(0.0, f64::max);
-        let _ = writeln!(out, "\n  -hT: ARR_WORDS is {:.0}% of the heap at the last census ({:.2} s, {}), {:.0}% at most over {} censuses.", last.share * 100.0, last.seconds, bytes(last.arr_words_bytes), peak * 100.0, r.pinned_share.len());
+        let _ = writeln!(out, "\n  -hT: ARR_WORDS is {:.0}% of the heap at the census of {:.2} s ({} of {}), {:.0}% at most over {} censuses.", census.share * 100.0, census.seconds, bytes(census.arr_words_bytes), bytes(census.total_bytes), peak * 100.0, r.pinned_share.len());
     }
     let caps: Vec<String> = r
         .gcs_per_capability

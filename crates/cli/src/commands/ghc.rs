@@ -89,6 +89,8 @@ pub struct Recording {
     /// The user asked the RTS for `-s`/`-S`/`-Dg` on stderr: memgap copies
     /// the program's stderr through unchanged and reads the figures.
     capture_stderr: bool,
+    /// `-D…` in the RTS options: a debug RTS then traces to stderr, not to the eventlog.
+    debug_tracing: bool,
     stderr_copy: Option<JoinHandle<Vec<u8>>>,
 }
 
@@ -123,7 +125,8 @@ impl Recording {
         if capture_stderr {
             command.stderr(Stdio::piped());
         }
-        Some(Recording { eventlog, capture_stderr, stderr_copy: None })
+        let debug_tracing = options.iter().any(|o| o.starts_with("-D"));
+        Some(Recording { eventlog, capture_stderr, debug_tracing, stderr_copy: None })
     }
 
     /// After spawning: copies the program's stderr to ours byte for byte,
@@ -168,37 +171,42 @@ impl Recording {
             let _ = std::fs::remove_file(&self.eventlog);
             return;
         }
-        let bytes = match std::fs::read(&self.eventlog) {
-            Ok(bytes) => bytes,
-            Err(error) => return say(format!("no GHC eventlog at {} ({error}): did GHCRTS set -ol elsewhere?", self.eventlog.display())),
+        let Some((start_monotonic, start_realtime)) = process_start(trace) else {
+            return say(format!("{}: no PROCESS record to align the eventlog with", trace.display()));
         };
-        let log = match eventlog::parse(&bytes) {
-            Ok(log) => log,
-            Err(error) => return say(format!("{}: {error}", self.eventlog.display())),
-        };
-        if log.truncated {
-            say(format!("the GHC eventlog is cut short after {} bytes (the program was killed?); using the events before the cut", log.complete_bytes));
+        let mut records = Vec::new();
+        let mut end_ns = start_monotonic;
+        match std::fs::read(&self.eventlog).map_err(|e| e.to_string()).and_then(|bytes| eventlog::parse(&bytes).map_err(|e| e.to_string())) {
+            Ok(log) => {
+                if log.truncated {
+                    say(format!("the GHC eventlog is cut short after {} bytes (the program was killed?); using the events before the cut", log.complete_bytes));
+                }
+                let zero = metrics::rts_start_monotonic(&log, start_monotonic, start_realtime);
+                records = metrics::to_metrics(&log, |ns| zero.saturating_add(ns));
+                end_ns = records.iter().map(|m| m.monotonic_ns).max().unwrap_or(zero);
+            }
+            // A debug RTS given -D flags traces to stderr instead of the eventlog.
+            Err(error) if self.debug_tracing => say(format!("no GHC eventlog ({error}): the RTS's -D flags send its trace to stderr instead; reading only what it printed")),
+            Err(error) => say(format!("no GHC eventlog at {} ({error}): did GHCRTS or +RTS set -ol elsewhere?", self.eventlog.display())),
         }
-        let (start_monotonic, start_realtime) = match process_start(trace) {
-            Some(start) => start,
-            None => return say(format!("{}: no PROCESS record to align the eventlog with", trace.display())),
-        };
-        let zero = metrics::rts_start_monotonic(&log, start_monotonic, start_realtime);
-        let mut records = metrics::to_metrics(&log, |ns| zero.saturating_add(ns));
-        let end_ns = records.iter().map(|m| m.monotonic_ns).max().unwrap_or(zero);
         let text = String::from_utf8_lossy(&stderr_tail);
         for (kind, values) in [("rts_summary", rts_text::parse_summary(&text)), ("inventory", rts_text::parse_inventory(&text))] {
             if let Some(values) = values {
                 records.push(Metrics { monotonic_ns: end_ns, source: metrics::SOURCE.into(), kind: kind.into(), values });
             }
         }
+        if records.is_empty() {
+            return;
+        }
         if let Err(error) = append(trace, &records) {
             return say(format!("cannot add the GHC eventlog to {}: {error}", trace.display()));
         }
         let kept = trace.with_extension("eventlog");
-        match std::fs::rename(&self.eventlog, &kept) {
-            Ok(()) => say(format!("GHC eventlog: {} ({} GCs added to the trace)", kept.display(), records.iter().filter(|m| m.kind == "gc").count())),
-            Err(_) => say(format!("GHC eventlog: {}", self.eventlog.display())),
+        if self.eventlog.is_file() {
+            match std::fs::rename(&self.eventlog, &kept) {
+                Ok(()) => say(format!("GHC eventlog: {} ({} GCs added to the trace)", kept.display(), records.iter().filter(|m| m.kind == "gc").count())),
+                Err(_) => say(format!("GHC eventlog: {}", self.eventlog.display())),
+            }
         }
         if let Some(report) = of_trace(trace).filter(|_| !quiet) {
             eprint!("{}", memgap_views::ghc::brief(&report));
