@@ -18,18 +18,15 @@ const MARKERS: &[(&[u8], &[u8])] = &[(b"hs_init_ghc", b"GHC RTS"), (b"libHSrts",
 
 /// Whether the file at `path` looks like a GHC-compiled program.
 pub fn is_ghc_binary(path: &Path) -> bool {
-    let Ok(file) = std::fs::File::open(path) else { return false };
-    let mut head = [0u8; 4];
-    if file.take(4).read_exact(&mut head).is_err() || &head != b"\x7fELF" {
-        return false;
-    }
-    // Programs are a few MiB; read at most 512 MiB.
     let Ok(mut file) = std::fs::File::open(path) else { return false };
-    let mut bytes = Vec::new();
-    if (&mut file).take(512 << 20).read_to_end(&mut bytes).is_err() {
+    let mut head = [0u8; 4];
+    if file.read_exact(&mut head).is_err() || &head != b"\x7fELF" {
         return false;
     }
-    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    // SAFETY: read-only map of a program file; a concurrent rewrite could
+    // only change what is found, and the map is dropped before returning.
+    let Ok(bytes) = (unsafe { memmap2::Mmap::map(&file) }) else { return false };
+    let has = |needle: &[u8]| memchr::memmem::find(&bytes, needle).is_some();
     MARKERS.iter().any(|&(a, b)| has(a) && has(b))
 }
 
