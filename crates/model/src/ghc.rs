@@ -232,10 +232,10 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
     let ghc: Vec<&Metrics> = input.metrics.iter().filter(|m| m.source == "ghc").collect();
     let seconds = |ns: u64| ns.saturating_sub(input.origin_ns) as f64 / 1e9;
     let mut out = GhcReport::default();
-    if let Some(info) = ghc.iter().find(|m| m.kind == "info") {
-        if let (Some(major), Some(minor)) = (info.get("version_major"), info.get("version_minor")) {
-            out.ghc_version = Some(format!("{major}.{minor}.{}", info.get("version_patch").unwrap_or(0.0)));
-        }
+    if let Some(info) = ghc.iter().find(|m| m.kind == "info")
+        && let (Some(major), Some(minor)) = (info.get("version_major"), info.get("version_minor"))
+    {
+        out.ghc_version = Some(format!("{major}.{minor}.{}", info.get("version_patch").unwrap_or(0.0)));
     }
     let mut live = 0u64;
     let mut times = Vec::new();

@@ -55,8 +55,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// (nanoseconds, bytes) in time order.
+type Series = Vec<(u64, u64)>;
+
 /// `SECONDS BYTES [LAZYFREE_BYTES]` lines → (ns, VmRSS) and (ns, LazyFree).
-fn read_rss_samples(path: &Path) -> anyhow::Result<(Vec<(u64, u64)>, Vec<(u64, u64)>)> {
+fn read_rss_samples(path: &Path) -> anyhow::Result<(Series, Series)> {
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
     let mut rss = Vec::new();
     let mut lazy = Vec::new();

@@ -51,10 +51,10 @@ pub fn parse_summary(text: &str) -> Option<Vec<(String, f64)>> {
             }
         } else if first == "Gen" {
             // "Gen  0   12 colls,   0 par   0.001s ..."
-            if let (Some(generation), Some(colls)) = (rest.first().and_then(|g| g.parse::<u32>().ok()), rest.get(1).and_then(|c| number(c))) {
-                if rest.get(2).is_some_and(|w| w.starts_with("colls")) {
-                    set(&format!("gen{generation}_collections"), colls);
-                }
+            if let (Some(generation), Some(colls)) = (rest.first().and_then(|g| g.parse::<u32>().ok()), rest.get(1).and_then(|c| number(c)))
+                && rest.get(2).is_some_and(|w| w.starts_with("colls"))
+            {
+                set(&format!("gen{generation}_collections"), colls);
             }
         }
     }
@@ -78,7 +78,7 @@ pub fn parse_inventory(text: &str) -> Option<Vec<(String, f64)>> {
             if !figure.contains("blocks") {
                 break;
             }
-            let name = name.trim().split_whitespace().collect::<Vec<_>>().join("_");
+            let name = name.split_whitespace().collect::<Vec<_>>().join("_");
             values.push((format!("{name}_bytes"), blocks * 4096.0));
             lines.next();
         }
