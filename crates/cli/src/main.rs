@@ -37,6 +37,7 @@ enum Command {
     Flamegraph(commands::export::FlamegraphArgs),
     Report(commands::report::Args),
     Numa(commands::numa::Args),
+    Ghc(commands::ghc::Args),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
         Command::Flamegraph(args) => commands::export::flamegraph(args),
         Command::Report(args) => commands::report::run(args),
         Command::Numa(args) => commands::numa::run(args),
+        Command::Ghc(args) => commands::ghc::run(args),
     };
     match result {
         Ok(code) => code,

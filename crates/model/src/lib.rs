@@ -23,6 +23,7 @@
 pub mod blame;
 pub mod compare;
 pub mod go;
+pub mod ghc;
 mod heap_state;
 pub mod ledger;
 pub mod numa;

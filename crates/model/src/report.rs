@@ -44,6 +44,8 @@ pub struct Report {
     pub blame: Option<Blame>,
     /// NUMA at the peak, when the trace holds a topology, placements or samples.
     pub numa: Option<NumaReport>,
+    /// The GHC ledger when the trace holds a GHC program's eventlog.
+    pub ghc: Option<crate::ghc::GhcReport>,
 }
 
 struct ReportVisitor {
@@ -229,7 +231,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         let options = NumaOptions { at: At::Peak, machine_topology: None, top: 20 };
         numa::assemble(v.numa, snapshots.get(peak).map(|l| l.at_seconds), &options)
     });
-    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa }))
+    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)? }))
 }
 
 #[cfg(test)]

@@ -59,6 +59,7 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         })),
         "flame": report.blame.as_ref().map(|b| flame(&b.by_stack)),
         "numa": report.numa,
+        "ghc": report.ghc.as_ref().map(ghc_panel),
     });
     let mut pages = String::new();
     for (index, blob) in blobs.iter().enumerate() {
@@ -72,6 +73,32 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         .replace("/*STYLE*/", STYLE)
         .replace("/*SCRIPT*/", SCRIPT)
         .replacen("<!--DATA-->", &format!("<script type=\"application/json\" id=\"data\">{}</script>\n{pages}", script_safe_json(&data)), 1)
+}
+
+/// The GHC panel's data: the major GCs (at most 2000, evenly spaced, the
+/// last ones kept), the settled ledger, GCs per capability and the verdict.
+fn ghc_panel(ghc: &memgap_model::ghc::GhcReport) -> Value {
+    let majors: Vec<&memgap_model::ghc::GhcPoint> = ghc.timeline.iter().filter(|p| p.unmoved_bytes.is_some()).collect();
+    let step = majors.len().div_ceil(2000).max(1);
+    let points: Vec<Value> = majors
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % step == 0 || i + 2 >= majors.len())
+        .map(|(_, p)| json!({"seconds": p.seconds, "rss": p.rss_bytes, "heap": p.heap_size_bytes, "rows": p.rows}))
+        .collect();
+    json!({
+        "version": ghc.ghc_version,
+        "collections": ghc.collections,
+        "major_collections": ghc.major_collections,
+        "max_live": ghc.max_live_bytes,
+        "max_heap": ghc.max_heap_size_bytes,
+        "points": points,
+        "settled": ghc.settled,
+        "caps": ghc.gcs_per_capability,
+        "pinned_share": ghc.pinned_share,
+        "rts_summary": ghc.rts_summary,
+        "verdict": ghc.verdict.text,
+    })
 }
 
 /// JSON that cannot end a `<script>` element or open a comment in it: `<`,

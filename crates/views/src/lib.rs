@@ -15,6 +15,7 @@ pub mod compare;
 pub mod export;
 pub mod format;
 pub mod go;
+pub mod ghc;
 pub mod html;
 pub mod json;
 pub mod ledger;

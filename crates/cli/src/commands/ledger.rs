@@ -28,10 +28,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at, false).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot (was it recorded with --snapshot-interval 0 and killed before exit?)");
     };
+    let ghc = super::ghc::of_trace(&args.trace);
     if args.json {
-        output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
+        output::print(&(memgap_views::ghc::json_with_ghc(&ledger, ghc.as_ref()) + "\n"))?;
     } else {
         output::print(&memgap_views::ledger::ledger(&ledger, &name))?;
+        if let Some(ghc) = &ghc {
+            output::print(&format!("\n{}", memgap_views::ghc::report(ghc, &name)))?;
+        }
         if args.mappings {
             output::print(&format!("\n{}", memgap_views::ledger::mappings(&ledger.mappings)))?;
         }

@@ -112,6 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
     }
 
+    let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
     let ruby = if args.trim_only { None } else { crate::ruby::RubySampler::prepare(&mut command, run_id, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
 
     let sampling = match args.numa && !args.trim_only {
@@ -136,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     CHILD_PID.store(child.id() as i32, Ordering::Relaxed);
+    if let Some(ghc) = ghc.as_mut() {
+        ghc.started(&mut child);
+    }
     forward_signals();
     let status = child.wait().context("waiting for the program")?;
     let (exit_code, signal) = match (status.code(), status.signal()) {
@@ -160,6 +164,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if let Err(error) = framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal }))) {
             eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display());
         }
+    }
+    if let Some(ghc) = ghc {
+        ghc.finish(&trace, args.quiet);
     }
     if !args.quiet {
         report(&trace, recorded, &pattern, run_id, &args.command[0]);

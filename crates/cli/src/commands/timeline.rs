@@ -21,6 +21,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         output::print(&(memgap_views::json::to_string(&ledgers) + "\n"))?;
     } else {
         output::print(&memgap_views::ledger::timeline(&ledgers, output::width()))?;
+        if let Some(ghc) = super::ghc::of_trace(&args.trace) {
+            output::print(&format!("\n{}", memgap_views::ghc::report(&ghc, &args.trace.display().to_string())))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -731,12 +731,88 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     $('numa-sites').hidden = n.remote_by_site.length === 0;
     $('numa').setAttribute('data-ready', 'true');
   }
+  // ---- GHC heap: the RTS's layers at each major GC, stacked under VmRSS ----------
+  const ghc = (function () {
+    const g = data.ghc;
+    if (!g) return { draw: () => {} };
+    $('ghc').hidden = false;
+    $('ghc-link').hidden = false;
+    const GHC_ROWS = ['live', 'heap_blocks_not_live', 'megablock_free', 'block_descriptors', 'lazy_free', 'non_heap'];
+    const GHC_COLOURS = { live: '#4a78c2', heap_blocks_not_live: '#e3a13b', megablock_free: '#d0473f', block_descriptors: '#6bb38a', lazy_free: '#b58ad6', non_heap: '#a9adb6' };
+    $('ghc-facts').textContent = (g.version ? 'GHC ' + g.version + ', ' : '') + fmtCount(g.collections) + ' GCs (' + fmtCount(g.major_collections) + ' major), max live ' + fmtBytes(g.max_live) + ', max heap ' + fmtBytes(g.max_heap);
+    $('ghc-verdict').textContent = g.verdict;
+    const legend = $('ghc-legend');
+    for (const row of GHC_ROWS) {
+      const key = el('span', row);
+      key.style.borderLeft = '12px solid ' + GHC_COLOURS[row];
+      key.style.paddingLeft = '4px';
+      key.style.marginRight = '12px';
+      legend.append(key);
+    }
+    const body = $('ghc-table').tBodies[0];
+    if (g.settled) {
+      const rss = g.settled.rss_bytes || 0;
+      for (const row of GHC_ROWS) {
+        const v = g.settled.rows[row];
+        const tr = el('tr');
+        tr.append(el('td', row), el('td', v === null ? 'unknown' : fmtBytes(v), 'num'), el('td', v === null ? '' : percent(v, rss), 'num'));
+        body.append(tr);
+      }
+      const last = el('tr');
+      last.append(el('th', 'VmRSS after the major GC at ' + fmtSeconds(g.settled.seconds)), el('th', fmtBytes(rss), 'num'), el('th'));
+      body.append(last);
+    }
+    const caps = g.caps.map((c) => (c.capability === null ? 'no capability' : 'cap ' + c.capability) + ': ' + c.by_generation.map((n, i) => 'gen ' + i + ' ' + n).join(', '));
+    const share = g.pinned_share.length ? ' -hT: ARR_WORDS ' + (g.pinned_share[g.pinned_share.length - 1].share * 100).toFixed(0) + ' % of the heap at the last census.' : '';
+    const s = g.rts_summary;
+    const rtsS = s.max_residency_bytes !== undefined ? ' +RTS -s: maximum residency ' + fmtBytes(s.max_residency_bytes) + ', total memory in use ' + fmtBytes(s.total_memory_in_use_bytes) + '.' : '';
+    $('ghc-extra').textContent = 'GCs per capability: ' + caps.join('; ') + '.' + share + rtsS;
+    const canvas = $('ghc-canvas');
+    function draw() {
+      const height = 280;
+      const { ctx, width } = prepare(canvas, height);
+      const pts = g.points;
+      if (!pts.length) return;
+      const t0 = 0, t1 = Math.max(pts[pts.length - 1].seconds, 1e-9);
+      const top = Math.max(1, ...pts.map((p) => Math.max(p.rss || 0, p.heap)));
+      const x = (t) => 50 + (t - t0) / (t1 - t0) * (width - 60);
+      const y = (v) => height - 20 - v / top * (height - 30);
+      for (let i = 0; i < pts.length; i++) {
+        const p = pts[i];
+        const x0 = x(p.seconds), x1 = i + 1 < pts.length ? x(pts[i + 1].seconds) : x0 + 3;
+        let base = 0;
+        for (const row of GHC_ROWS) {
+          const v = Math.max(0, p.rows[row] || 0);
+          ctx.fillStyle = GHC_COLOURS[row];
+          ctx.fillRect(x0, y(base + v), Math.max(1, x1 - x0), y(base) - y(base + v));
+          base += v;
+        }
+      }
+      ctx.strokeStyle = '#111';
+      ctx.beginPath();
+      pts.forEach((p, i) => { if (p.rss !== null) { if (i) ctx.lineTo(x(p.seconds), y(p.rss)); else ctx.moveTo(x(p.seconds), y(p.rss)); } });
+      ctx.stroke();
+      ctx.fillStyle = '#333';
+      ctx.fillText(fmtBytes(top), 2, 12);
+      ctx.fillText(fmtSeconds(t1), width - 60, height - 4);
+      canvas.onmousemove = (event) => {
+        const rect = canvas.getBoundingClientRect();
+        const t = t0 + (event.clientX - rect.left - 50) / (width - 60) * (t1 - t0);
+        let best = pts[0];
+        for (const p of pts) if (Math.abs(p.seconds - t) < Math.abs(best.seconds - t)) best = p;
+        showTip(event, fmtSeconds(best.seconds) + ': ' + GHC_ROWS.map((r) => r + ' ' + (best.rows[r] === null ? '?' : fmtBytes(best.rows[r]))).join(', ') + (best.rss !== null ? '; VmRSS ' + fmtBytes(best.rss) : ''));
+      };
+    }
+    draw();
+    $('ghc').setAttribute('data-ready', 'true');
+    return { draw };
+  })();
 
   showBlame();
   showNuma();
   flame.draw();
   if (data.flame) $('flame').setAttribute('data-ready', 'true');
-  window.addEventListener('resize', () => { timeline.draw(); pagemap.draw(); flame.draw(); });
+  window.addEventListener('resize', () => { timeline.draw(); pagemap.draw(); flame.draw(); ghc.draw(); });
   const ready = snapshots.length ? select(selected) : Promise.resolve();
   ready.then(() => {
     $('timeline').setAttribute('data-ready', 'true');

@@ -1,0 +1,271 @@
+//! GHC Haskell programs: `memgap ghc EVENTLOG [--rss FILE] [--json]`, and
+//! what `memgap run` does for a GHC binary ([`Recording`]): turn the
+//! eventlog on through GHCRTS when the RTS takes it, and afterwards append
+//! the decoded eventlog to the trace as METRICS records (source `ghc`).
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use memgap_model::ghc::{GhcInput, report};
+use memgap_source_ghc::{detect, eventlog, metrics, rts_text};
+use memgap_trace::framing;
+use memgap_trace::records::{Metrics, Record, Records};
+
+use crate::output;
+
+/// The GHC ledger of an existing eventlog (`+RTS -l`): live data, blocks
+/// not live, free blocks in megablocks, non-heap memory, GCs per
+/// capability, and whether pinned blocks fragment the heap.
+#[derive(clap::Args)]
+pub struct Args {
+    eventlog: PathBuf,
+    /// RSS samples of the same run: one line per sample, `SECONDS BYTES
+    /// [LAZYFREE_BYTES]`, seconds since the program started (`#` starts a
+    /// comment), e.g. from a loop reading VmRSS in /proc/PID/status.
+    #[arg(long, value_name = "RSS-SAMPLES")]
+    rss: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let name = args.eventlog.display().to_string();
+    let bytes = std::fs::read(&args.eventlog).with_context(|| name.clone())?;
+    let log = eventlog::parse(&bytes).with_context(|| name.clone())?;
+    if log.truncated {
+        eprintln!("memgap: {name} is cut short after {} bytes (the program is running or was killed); reading the events before the cut", log.complete_bytes);
+    }
+    let mut input = GhcInput { metrics: metrics::to_metrics(&log, |ns| ns), ..GhcInput::default() };
+    if let Some(path) = &args.rss {
+        (input.rss, input.lazy_free) = read_rss_samples(path)?;
+    }
+    let Some(report) = report(&input) else {
+        bail!("{name}: the eventlog has no garbage collection with a heap size (run the program with +RTS -l, whose default event classes include the heap ones)");
+    };
+    if args.json {
+        output::print(&(memgap_views::json::to_string(&report) + "\n"))?;
+    } else {
+        output::print(&memgap_views::ghc::report(&report, &name))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// (nanoseconds, bytes) in time order.
+type Series = Vec<(u64, u64)>;
+
+/// `SECONDS BYTES [LAZYFREE_BYTES]` lines → (ns, VmRSS) and (ns, LazyFree).
+fn read_rss_samples(path: &Path) -> anyhow::Result<(Series, Series)> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut rss = Vec::new();
+    let mut lazy = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let seconds = fields.first().and_then(|s| s.parse::<f64>().ok()).filter(|s| s.is_finite() && *s >= 0.0);
+        let bytes = fields.get(1).and_then(|b| b.parse::<u64>().ok());
+        let lazy_free = fields.get(2).map(|b| b.parse::<u64>().ok());
+        match (seconds, bytes, lazy_free, fields.len()) {
+            (Some(s), Some(b), None, 2) => rss.push(((s * 1e9) as u64, b)),
+            (Some(s), Some(b), Some(Some(l)), 3) => {
+                rss.push(((s * 1e9) as u64, b));
+                lazy.push(((s * 1e9) as u64, l));
+            }
+            _ => bail!("{}:{}: expected `SECONDS BYTES [LAZYFREE_BYTES]`, found `{line}`", path.display(), number + 1),
+        }
+    }
+    rss.sort_by_key(|&(t, _)| t);
+    lazy.sort_by_key(|&(t, _)| t);
+    Ok((rss, lazy))
+}
+
+/// The GHC side of one `memgap run`.
+pub struct Recording {
+    eventlog: PathBuf,
+    /// The user asked the RTS for `-s`/`-S`/`-Dg` on stderr: memgap copies
+    /// the program's stderr through unchanged and reads the figures.
+    capture_stderr: bool,
+    /// `-D…` in the RTS options: a debug RTS then traces to stderr, not to the eventlog.
+    debug_tracing: bool,
+    stderr_copy: Option<JoinHandle<Vec<u8>>>,
+}
+
+/// At most this much of the program's stderr is kept for reading the RTS
+/// figures: its end, where the `-s` summary is.
+const STDERR_TAIL: usize = 1 << 20;
+
+impl Recording {
+    /// For a GHC program whose RTS accepts `-l`: adds `-l -ol<path>` before
+    /// the user's own GHCRTS (the user's options come later and win).
+    /// Otherwise says, once, how to build it. None for other programs.
+    pub fn prepare(command: &mut Command, argv: &[OsString], pattern: &Path, quiet: bool) -> Option<Recording> {
+        let program = detect::resolve_command(Path::new(&argv[0]))?;
+        if !detect::is_ghc_binary(&program) {
+            return None;
+        }
+        if let detect::RtsSupport::Refused { reason } = detect::probe(&program, Duration::from_secs(10)) {
+            if !quiet {
+                eprintln!("memgap: {} is a GHC program whose RTS does not take -l ({reason}); for the GHC ledger rebuild it with `ghc -rtsopts -eventlog`", argv[0].to_string_lossy());
+            }
+            return None;
+        }
+        let stem = pattern.file_stem().map(|s| s.to_string_lossy().replace("%p", "")).unwrap_or_default();
+        let dir = pattern.parent().unwrap_or(Path::new("."));
+        let eventlog = dir.join(format!("{stem}.{}.ghc.eventlog", std::process::id()));
+        let user = std::env::var("GHCRTS").unwrap_or_default();
+        command.env("GHCRTS", format!("-l -ol{} {user}", eventlog.display()).trim_end());
+        let args: Vec<String> = argv[1..].iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let mut options = rts_text::rts_options_in_args(&args);
+        options.extend(user.split_whitespace().map(str::to_string));
+        let capture_stderr = rts_text::asks_for_stderr_stats(&options);
+        if capture_stderr {
+            command.stderr(Stdio::piped());
+        }
+        let debug_tracing = options.iter().any(|o| o.starts_with("-D"));
+        Some(Recording { eventlog, capture_stderr, debug_tracing, stderr_copy: None })
+    }
+
+    /// After spawning: copies the program's stderr to ours byte for byte,
+    /// keeping its tail.
+    pub fn started(&mut self, child: &mut Child) {
+        if !self.capture_stderr {
+            return;
+        }
+        let Some(mut from) = child.stderr.take() else { return };
+        self.stderr_copy = Some(std::thread::spawn(move || {
+            let mut tail = Vec::new();
+            let mut buffer = [0u8; 8192];
+            let mut to = std::io::stderr();
+            loop {
+                match from.read(&mut buffer) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let _ = to.write_all(&buffer[..n]);
+                        tail.extend_from_slice(&buffer[..n]);
+                        if tail.len() > 2 * STDERR_TAIL {
+                            tail.drain(..tail.len() - STDERR_TAIL);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            tail
+        }));
+    }
+
+    /// After the program ended: appends the eventlog's figures to the trace
+    /// and keeps the eventlog beside it as `<trace stem>.eventlog`.
+    pub fn finish(mut self, trace: &Path, quiet: bool) {
+        let stderr_tail = self.stderr_copy.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        let say = |text: String| {
+            if !quiet {
+                eprintln!("memgap: {text}");
+            }
+        };
+        if !trace.is_file() {
+            let _ = std::fs::remove_file(&self.eventlog);
+            return;
+        }
+        let Some((start_monotonic, start_realtime)) = process_start(trace) else {
+            return say(format!("{}: no PROCESS record to align the eventlog with", trace.display()));
+        };
+        let mut records = Vec::new();
+        let mut end_ns = start_monotonic;
+        match std::fs::read(&self.eventlog).map_err(|e| e.to_string()).and_then(|bytes| eventlog::parse(&bytes).map_err(|e| e.to_string())) {
+            Ok(log) => {
+                if log.truncated {
+                    say(format!("the GHC eventlog is cut short after {} bytes (the program was killed?); using the events before the cut", log.complete_bytes));
+                }
+                let zero = metrics::rts_start_monotonic(&log, start_monotonic, start_realtime);
+                records = metrics::to_metrics(&log, |ns| zero.saturating_add(ns));
+                end_ns = records.iter().map(|m| m.monotonic_ns).max().unwrap_or(zero);
+            }
+            // A debug RTS given -D flags traces to stderr instead of the eventlog.
+            Err(error) if self.debug_tracing => say(format!("no GHC eventlog ({error}): the RTS's -D flags send its trace to stderr instead; reading only what it printed")),
+            Err(error) => say(format!("no GHC eventlog at {} ({error}): did GHCRTS or +RTS set -ol elsewhere?", self.eventlog.display())),
+        }
+        let text = String::from_utf8_lossy(&stderr_tail);
+        for (kind, values) in [("rts_summary", rts_text::parse_summary(&text)), ("inventory", rts_text::parse_inventory(&text))] {
+            if let Some(values) = values {
+                records.push(Metrics { monotonic_ns: end_ns, source: metrics::SOURCE.into(), kind: kind.into(), values });
+            }
+        }
+        if records.is_empty() {
+            return;
+        }
+        if let Err(error) = append(trace, &records) {
+            return say(format!("cannot add the GHC eventlog to {}: {error}", trace.display()));
+        }
+        let kept = trace.with_extension("eventlog");
+        if self.eventlog.is_file() {
+            match std::fs::rename(&self.eventlog, &kept) {
+                Ok(()) => say(format!("GHC eventlog: {} ({} GCs added to the trace)", kept.display(), records.iter().filter(|m| m.kind == "gc").count())),
+                Err(_) => say(format!("GHC eventlog: {}", self.eventlog.display())),
+            }
+        }
+        if let Some(report) = of_trace(trace).filter(|_| !quiet) {
+            eprint!("{}", memgap_views::ghc::brief(&report));
+        }
+    }
+}
+
+/// (start_monotonic_ns, start_realtime_ns) of the trace's first image.
+fn process_start(trace: &Path) -> Option<(u64, u64)> {
+    let file = memgap_trace::TraceFile::open(trace).ok()?;
+    let mut found = None;
+    let _ = file.for_each_chunk(|_, chunk| {
+        if found.is_none() {
+            found = Records::new(chunk).flatten().find_map(|r| match r {
+                Record::Process(p) => Some((p.start_monotonic_ns, p.start_realtime_ns)),
+                _ => None,
+            });
+        }
+        Ok(())
+    });
+    found
+}
+
+/// Appends records in chunks of about 1 MiB (a chunk holds at most 16 MiB).
+fn append(trace: &Path, records: &[Metrics]) -> Result<(), memgap_trace::TraceError> {
+    let mut raw = Vec::new();
+    for (i, metrics) in records.iter().enumerate() {
+        Record::Metrics(metrics.clone()).encode(&mut raw);
+        if raw.len() >= 1 << 20 || i + 1 == records.len() {
+            framing::append_chunk(trace, &raw)?;
+            raw.clear();
+        }
+    }
+    Ok(())
+}
+
+/// The GHC report of a trace, for the ledger and report views; None when
+/// the trace has no GHC records or cannot be read.
+pub fn of_trace(trace: &Path) -> Option<memgap_model::ghc::GhcReport> {
+    memgap_model::ghc::report_of_trace(trace).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_samples_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rss.txt");
+        std::fs::write(&path, "# seconds bytes\n0.5 1000\n\n0.25 2000 500 # with LazyFree\n").unwrap();
+        let (rss, lazy) = read_rss_samples(&path).unwrap();
+        assert_eq!(rss, vec![(250_000_000, 2000), (500_000_000, 1000)]);
+        assert_eq!(lazy, vec![(250_000_000, 500)]);
+        std::fs::write(&path, "0.5 lots\n").unwrap();
+        let error = read_rss_samples(&path).unwrap_err().to_string();
+        assert!(error.ends_with("rss.txt:1: expected `SECONDS BYTES [LAZYFREE_BYTES]`, found `0.5 lots`"), "{error}");
+    }
+}

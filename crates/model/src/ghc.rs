@@ -1,0 +1,559 @@
+//! The GHC ledger: a Haskell program's RSS split by the RTS's own layers
+//! (OS → megablocks → blocks → objects), at every garbage collection, from
+//! the METRICS records (source `ghc`) a GHC adapter wrote, the RSS samples
+//! and the snapshots' smaps LazyFree. And the verdict: pinned fragmentation
+//! (dead objects kept in pinned blocks by one live neighbour, and the RTS
+//! then keeping (F+2)× that "live" data as free blocks) versus an RTS that
+//! is only slow to give memory back (MADV_FREE).
+//!
+//! Rows at a GC, summing to the RSS sampled after it:
+//!
+//! | row | from |
+//! |---|---|
+//! | `live` | HEAP_LIVE (last major GC) |
+//! | `heap_blocks_not_live` | blocks allocated − live: nursery, slop, dead objects in pinned blocks |
+//! | `megablock_free` | free blocks inside the megablocks the RTS holds |
+//! | `block_descriptors` | the first 16 KiB of every megablock (bdescr area) |
+//! | `lazy_free` | smaps LazyFree: megablocks returned with MADV_FREE, counted until memory pressure |
+//! | `non_heap` | RSS − heap size − lazy_free: code, C heap, stacks, RTS tables |
+//!
+//! Blocks allocated come from BLOCKS_SIZE (GHC ≥ 9.2) or, for older RTSs,
+//! from GC_STATS_GHC's fragmentation figure, which ghc/ghc `rts/Stats.c`
+//! computes as (megablocks × 252 − allocated blocks) × 4 KiB: the same
+//! number, exactly.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use memgap_replay::Timeline;
+use memgap_trace::records::{Metrics, Record, Records};
+use memgap_trace::{TraceError, TraceFile};
+use serde::Serialize;
+
+const MIB: f64 = 1024.0 * 1024.0;
+/// Usable blocks per 1 MiB megablock (the first 16 KiB hold descriptors).
+const BLOCKS_PER_MBLOCK: u64 = 252;
+const BLOCK_BYTES: u64 = 4096;
+const MBLOCK_BYTES: u64 = 1 << 20;
+const CLOCK_SLACK_NS: u64 = 5_000_000;
+
+/// What the model needs, on one clock (nanoseconds).
+#[derive(Debug, Clone, Default)]
+pub struct GhcInput {
+    /// METRICS records with source `ghc`.
+    pub metrics: Vec<Metrics>,
+    /// (time, VmRSS) in time order.
+    pub rss: Vec<(u64, u64)>,
+    /// (time, smaps LazyFree summed over mappings) in time order.
+    pub lazy_free: Vec<(u64, u64)>,
+    /// Time zero of the report (process start).
+    pub origin_ns: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcRows {
+    pub live: u64,
+    pub heap_blocks_not_live: i64,
+    pub megablock_free: i64,
+    pub block_descriptors: u64,
+    /// None without smaps (an eventlog read on its own without LazyFree).
+    pub lazy_free: Option<u64>,
+    /// RSS − heap size − lazy_free; None without RSS.
+    pub non_heap: Option<i64>,
+}
+
+impl GhcRows {
+    pub fn named(&self) -> Vec<(&'static str, Option<i64>)> {
+        vec![
+            ("live", Some(self.live as i64)),
+            ("heap_blocks_not_live", Some(self.heap_blocks_not_live)),
+            ("megablock_free", Some(self.megablock_free)),
+            ("block_descriptors", Some(self.block_descriptors as i64)),
+            ("lazy_free", self.lazy_free.map(|v| v as i64)),
+            ("non_heap", self.non_heap),
+        ]
+    }
+}
+
+/// The ledger after one garbage collection.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcPoint {
+    pub seconds: f64,
+    pub generation: Option<u32>,
+    /// A collection of the oldest generation (live data measured now).
+    pub major: bool,
+    pub capability: Option<u32>,
+    pub rss_bytes: Option<u64>,
+    pub heap_size_bytes: u64,
+    pub blocks_size_bytes: u64,
+    /// BLOCKS_SIZE was in the log (GHC ≥ 9.2); else derived from GC_STATS_GHC.
+    pub blocks_size_reported: bool,
+    /// Live bytes as of the last major GC.
+    pub live_bytes: u64,
+    pub copied_bytes: u64,
+    /// Major GCs: live bytes the GC did not copy, i.e. in pinned blocks and
+    /// large objects, which never move (live − copied).
+    pub unmoved_bytes: Option<u64>,
+    /// smaps LazyFree of the snapshot used for this GC (see [`place_lazy_free`]).
+    pub lazy_free_smaps_bytes: Option<u64>,
+    /// Megablocks returned at this GC × 1 MiB (MEM_RETURN, GHC ≥ 9.2); not a
+    /// row: once returned they leave RSS, or move to lazy_free.
+    pub returned_bytes: Option<u64>,
+    pub rows: GhcRows,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapabilityGcs {
+    /// None for collections logged outside any capability's buffer.
+    pub capability: Option<u32>,
+    /// Collections by generation collected: index = generation.
+    pub by_generation: Vec<u64>,
+}
+
+/// One -hT census: how much of the profiled heap is ARR_WORDS (byte arrays,
+/// where pinned ones count whole pinned blocks).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PinnedShare {
+    pub seconds: f64,
+    pub arr_words_bytes: u64,
+    pub total_bytes: u64,
+    pub share: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcVerdict {
+    pub pinned_fragmentation: bool,
+    pub lazy_free: bool,
+    pub text: String,
+    /// The GC the pinned-fragmentation finding rests on.
+    pub at_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcReport {
+    pub ghc_version: Option<String>,
+    pub collections: u64,
+    pub major_collections: u64,
+    /// Highest HEAP_LIVE (what `+RTS -s` calls maximum residency).
+    pub max_live_bytes: u64,
+    /// Highest HEAP_SIZE (what `+RTS -s` calls total memory in use).
+    pub max_heap_size_bytes: u64,
+    pub peak_rss_bytes: Option<u64>,
+    pub gcs_per_capability: Vec<CapabilityGcs>,
+    /// One point per GC.
+    pub timeline: Vec<GhcPoint>,
+    /// The major GC the pinned-fragmentation finding rests on, else the last
+    /// major GC before the program's final one (its exit GC), if any.
+    pub settled: Option<GhcPoint>,
+    /// -hT censuses; empty without -hT.
+    pub pinned_share: Vec<PinnedShare>,
+    /// `+RTS -s` figures when the program printed them.
+    pub rts_summary: BTreeMap<String, f64>,
+    /// The last `-Dg` memory inventory when the program printed one.
+    pub inventory: BTreeMap<String, f64>,
+    pub verdict: GhcVerdict,
+}
+
+/// LazyFree for each point: from the snapshot nearest to it taken while
+/// the heap had the same size (between the GC that set that size and the
+/// next GC that changed it). LazyFree changes when the RTS returns
+/// megablocks, at GCs that shrink the heap, or when the program touches
+/// them again as the heap grows; a snapshot across such a change
+/// describes another state. None where no snapshot fits.
+///
+/// `points` are (GC start, GC end, heap size). Snapshots closer than
+/// [`CLOCK_SLACK_NS`] to the next change are left out: the eventlog's clock
+/// is tied to the trace's through the wall clock, to a millisecond or so.
+fn lazy_free_per_point(points: &[(u64, u64, u64)], snapshots: &[(u64, u64)]) -> Vec<Option<u64>> {
+    let mut out = vec![None; points.len()];
+    let mut start = 0;
+    while start < points.len() {
+        let heap = points[start].2;
+        let end = (start..points.len()).find(|&i| points[i].2 != heap).unwrap_or(points.len());
+        let from = points[start].1;
+        let until = points.get(end).map_or(u64::MAX, |p| p.0.saturating_sub(CLOCK_SLACK_NS));
+        let inside: Vec<(u64, u64)> = snapshots.iter().copied().filter(|&(t, _)| t >= from && t < until).collect();
+        for i in start..end {
+            out[i] = nearest(&inside, points[i].1);
+        }
+        start = end;
+    }
+    out
+}
+
+fn nearest(series: &[(u64, u64)], time: u64) -> Option<u64> {
+    let i = series.partition_point(|&(t, _)| t < time);
+    let after = series.get(i);
+    let before = i.checked_sub(1).and_then(|j| series.get(j));
+    match (before, after) {
+        (Some(b), Some(a)) => Some(if time - b.0 <= a.0 - time { b.1 } else { a.1 }),
+        (Some(x), None) | (None, Some(x)) => Some(x.1),
+        (None, None) => None,
+    }
+}
+
+/// Where LazyFree sits: first in RSS beyond the heap's megablocks (returned
+/// megablocks), the rest in the free blocks of megablocks the RTS took back
+/// from the OS and has not written since (those pages stay lazily free), so
+/// it moves out of `megablock_free`. The rows then add up to RSS exactly;
+/// LazyFree beyond both is not placed (`lazy_free_smaps_bytes` keeps it).
+fn place_lazy_free(point: &mut GhcPoint) {
+    let rows = &mut point.rows;
+    let Some(rss) = point.rss_bytes else {
+        rows.lazy_free = point.lazy_free_smaps_bytes;
+        return;
+    };
+    let outside = (rss as i64 - point.heap_size_bytes as i64).max(0) as u64;
+    let lazy = point.lazy_free_smaps_bytes.unwrap_or(0);
+    let lazy_outside = lazy.min(outside);
+    let lazy_in_heap = (lazy - lazy_outside).min(rows.megablock_free.max(0) as u64);
+    rows.megablock_free -= lazy_in_heap as i64;
+    rows.lazy_free = point.lazy_free_smaps_bytes.map(|_| lazy_outside + lazy_in_heap);
+    rows.non_heap = Some(rss as i64 - point.heap_size_bytes as i64 - lazy_outside as i64);
+}
+
+/// The first RSS sample after `time` (the one that shows what a GC freed).
+fn at_or_after(series: &[(u64, u64)], time: u64) -> Option<u64> {
+    let i = series.partition_point(|&(t, _)| t < time);
+    series.get(i).or_else(|| series.last()).map(|&(_, v)| v)
+}
+
+impl GhcReport {
+    /// The last -hT census taken at or before `seconds` (a census runs
+    /// inside a major GC, before the GC's end is logged), else the first.
+    pub fn census_at(&self, seconds: f64) -> Option<&PinnedShare> {
+        self.pinned_share.iter().rev().find(|c| c.seconds <= seconds).or(self.pinned_share.first())
+    }
+}
+
+/// Builds the report; None without GHC GC records, `-s` summary or `-Dg`
+/// inventory.
+pub fn report(input: &GhcInput) -> Option<GhcReport> {
+    let ghc: Vec<&Metrics> = input.metrics.iter().filter(|m| m.source == "ghc").collect();
+    let seconds = |ns: u64| ns.saturating_sub(input.origin_ns) as f64 / 1e9;
+    let mut out = GhcReport::default();
+    if let Some(info) = ghc.iter().find(|m| m.kind == "info")
+        && let (Some(major), Some(minor)) = (info.get("version_major"), info.get("version_minor"))
+    {
+        out.ghc_version = Some(format!("{major}.{minor}.{}", info.get("version_patch").unwrap_or(0.0)));
+    }
+    let mut live = 0u64;
+    let mut times = Vec::new();
+    let mut by_cap: BTreeMap<Option<u32>, Vec<u64>> = BTreeMap::new();
+    let max_generation = ghc.iter().filter(|m| m.kind == "gc").filter_map(|m| m.get("generation")).fold(0.0, f64::max) as u32;
+    for gc in ghc.iter().filter(|m| m.kind == "gc") {
+        let Some(heap_size) = gc.get("heap_size_bytes").map(|v| v as u64) else { continue };
+        let generation = gc.get("generation").map(|g| g as u32);
+        let capability = gc.get("capability").map(|c| c as u32);
+        out.collections += 1;
+        let counts = by_cap.entry(capability).or_default();
+        if let Some(generation) = generation {
+            if counts.len() <= generation as usize {
+                counts.resize(generation as usize + 1, 0);
+            }
+            counts[generation as usize] += 1;
+        }
+        let measured_live = gc.get("live_bytes").map(|v| v as u64);
+        let major = measured_live.is_some() || (generation == Some(max_generation) && max_generation > 0);
+        if let Some(l) = measured_live {
+            live = l;
+            out.max_live_bytes = out.max_live_bytes.max(l);
+        }
+        if major {
+            out.major_collections += 1;
+        }
+        out.max_heap_size_bytes = out.max_heap_size_bytes.max(heap_size);
+        let copied = gc.get("copied_bytes").unwrap_or(0.0) as u64;
+        let mblocks = heap_size / MBLOCK_BYTES;
+        let descriptors = mblocks * (MBLOCK_BYTES - BLOCKS_PER_MBLOCK * BLOCK_BYTES);
+        let (blocks, reported) = match (gc.get("blocks_size_bytes"), gc.get("fragmentation_bytes")) {
+            (Some(blocks), _) => (blocks as u64, true),
+            (None, Some(frag)) => ((mblocks * BLOCKS_PER_MBLOCK * BLOCK_BYTES).saturating_sub(frag as u64), false),
+            (None, None) => (heap_size - descriptors, false),
+        };
+        let rss = at_or_after(&input.rss, gc.monotonic_ns);
+        let point = GhcPoint {
+            seconds: seconds(gc.monotonic_ns),
+            generation,
+            major,
+            capability,
+            rss_bytes: rss,
+            heap_size_bytes: heap_size,
+            blocks_size_bytes: blocks,
+            blocks_size_reported: reported,
+            live_bytes: live,
+            copied_bytes: copied,
+            unmoved_bytes: measured_live.map(|l| l.saturating_sub(copied)),
+            lazy_free_smaps_bytes: None,
+            returned_bytes: gc.get("mem_returned_mblocks").map(|m| m as u64 * MBLOCK_BYTES),
+            rows: GhcRows {
+                live,
+                heap_blocks_not_live: blocks as i64 - live as i64,
+                megablock_free: heap_size as i64 - blocks as i64 - descriptors as i64,
+                block_descriptors: descriptors,
+                lazy_free: None,
+                non_heap: None,
+            },
+        };
+        out.timeline.push(point);
+        times.push((gc.monotonic_ns.saturating_sub(gc.get("duration_ns").unwrap_or(0.0) as u64), gc.monotonic_ns, heap_size));
+    }
+    for (point, lazy_free) in out.timeline.iter_mut().zip(lazy_free_per_point(&times, &input.lazy_free)) {
+        point.lazy_free_smaps_bytes = lazy_free;
+        place_lazy_free(point);
+    }
+    out.peak_rss_bytes = input.rss.iter().map(|&(_, v)| v).max();
+    out.gcs_per_capability = by_cap.into_iter().map(|(capability, by_generation)| CapabilityGcs { capability, by_generation }).collect();
+    let majors: Vec<&GhcPoint> = out.timeline.iter().filter(|p| p.unmoved_bytes.is_some()).collect();
+    // The RTS collects once more at exit, when nothing is live any more.
+    out.settled = match majors.len() {
+        0 => None,
+        1 => Some(majors[0].clone()),
+        n => Some(majors[n - 2].clone()),
+    };
+    for census in ghc.iter().filter(|m| m.kind == "heap_profile" && m.get("breakdown") == Some(7.0)) {
+        let labels = census.values.iter().filter(|(n, _)| n != "breakdown" && n != "era");
+        let total: f64 = labels.clone().map(|&(_, v)| v).sum();
+        let arr_words = census.get("ARR_WORDS").unwrap_or(0.0);
+        out.pinned_share.push(PinnedShare { seconds: seconds(census.monotonic_ns), arr_words_bytes: arr_words as u64, total_bytes: total as u64, share: if total > 0.0 { arr_words / total } else { 0.0 } });
+    }
+    for (kind, target) in [("rts_summary", &mut out.rts_summary), ("inventory", &mut out.inventory)] {
+        if let Some(m) = ghc.iter().rev().find(|m| m.kind == kind) {
+            target.extend(m.values.iter().cloned());
+        }
+    }
+    if out.timeline.is_empty() && out.rts_summary.is_empty() && out.inventory.is_empty() {
+        return None;
+    }
+    out.verdict = verdict(&out);
+    // The point a pinned-fragmentation finding rests on is the one to show.
+    if let Some(at) = out.verdict.at_seconds {
+        out.settled = out.timeline.iter().find(|p| p.seconds == at && p.unmoved_bytes.is_some()).cloned().or(out.settled);
+    }
+    Some(out)
+}
+
+/// Pinned fragmentation is judged at major GCs (live data measured, and
+/// after a major copying GC every movable object is compacted): most of
+/// the live bytes were not copied (they sit in pinned blocks or are large
+/// objects), and the heap and RSS stay at least twice the live data. With
+/// -hT, the ARR_WORDS share at the nearest census is quoted too.
+fn verdict(report: &GhcReport) -> GhcVerdict {
+    let mut verdict = GhcVerdict::default();
+    let mut parts = Vec::new();
+    let candidate = report
+        .timeline
+        .iter()
+        .filter(|p| {
+            let Some(unmoved) = p.unmoved_bytes else { return false };
+            let live = p.live_bytes.max(1);
+            let resident = p.rss_bytes.map(|rss| rss.saturating_sub(p.rows.lazy_free.unwrap_or(0)));
+            unmoved >= 4 << 20 && unmoved * 2 >= live && p.heap_size_bytes >= 2 * live && resident.is_none_or(|r| r >= 2 * live)
+        })
+        .max_by_key(|p| p.heap_size_bytes.saturating_sub(p.copied_bytes));
+    if let Some(p) = candidate {
+        verdict.pinned_fragmentation = true;
+        verdict.at_seconds = Some(p.seconds);
+        let unmoved = p.unmoved_bytes.unwrap_or(0);
+        let mib = |b: u64| b as f64 / MIB;
+        let rss = p.rss_bytes.map(|r| format!(", RSS {:.1} MiB", mib(r))).unwrap_or_default();
+        let census = report.census_at(p.seconds);
+        let census = census.map(|c| format!(" The -hT census at {:.2} s counts {:.0}% of the heap as ARR_WORDS ({:.1} MiB): pinned blocks are counted whole.", c.seconds, c.share * 100.0, mib(c.arr_words_bytes))).unwrap_or_default();
+        parts.push(format!(
+            "Pinned fragmentation: after the major GC at {:.2} s the heap is {:.1} MiB{rss} for {:.1} MiB of live data, and {:.1} MiB ({:.0}%) of that live data was not copied by the GC: it sits in pinned blocks (ByteString, pinned byte arrays) or large objects, which never move. A pinned block stays whole while any object in it lives, so dead neighbours of a few survivors count as live, and the RTS keeps free blocks in proportion to live data (-F, default 2).{census} Remedies: keep the survivors in unpinned storage (ShortByteString, Data.Text ≥ 2, unpinned byte arrays); copy the retained slices (Data.ByteString.copy) so they pack into fresh blocks; retain contiguous runs (take) rather than strided survivors (every 10th).",
+            p.seconds,
+            mib(p.heap_size_bytes),
+            mib(p.live_bytes),
+            mib(unmoved),
+            unmoved as f64 * 100.0 / p.live_bytes.max(1) as f64,
+        ));
+    }
+    // LazyFree while the program ran (up to the settled major GC: the RTS's
+    // final GC at exit frees everything, and says nothing about the run).
+    let until = report.settled.as_ref().map_or(f64::INFINITY, |p| p.seconds);
+    let lazy = report.timeline.iter().filter(|p| p.seconds <= until).filter_map(|p| Some((p.rows.lazy_free?, p.rss_bytes?))).max_by_key(|&(lazy, _)| lazy);
+    if let Some((lazy, rss)) = lazy.filter(|&(lazy, rss)| lazy >= 16 << 20 && lazy * 4 >= rss) {
+        verdict.lazy_free = true;
+        parts.push(format!(
+            "The RTS is slow to give memory back, not holding it: up to {:.1} MiB of RSS ({:.0}% of {:.1} MiB) is megablocks returned with MADV_FREE (smaps LazyFree), which the kernel counts until it needs the memory; RSS − LazyFree = {:.1} MiB. Nothing to fix; run with +RTS --disable-delayed-os-memory-return to see RSS fall at once.",
+            lazy as f64 / MIB,
+            lazy as f64 * 100.0 / rss.max(1) as f64,
+            rss as f64 / MIB,
+            rss.saturating_sub(lazy) as f64 / MIB,
+        ));
+    }
+    if parts.is_empty() {
+        let s = report.settled.as_ref();
+        parts.push(match s {
+            Some(p) => format!(
+                "No pinned fragmentation: at the last major GC ({:.2} s) {:.1} MiB live, {:.1} MiB of it unmoved (pinned or large), heap {:.1} MiB.",
+                p.seconds,
+                p.live_bytes as f64 / MIB,
+                p.unmoved_bytes.unwrap_or(0) as f64 / MIB,
+                p.heap_size_bytes as f64 / MIB
+            ),
+            None if report.timeline.is_empty() => "No GC was logged in an eventlog: only the RTS's own figures (+RTS -s, -Dg) are known.".into(),
+            None => "No major GC was logged: live data is unknown.".into(),
+        });
+    }
+    verdict.text = parts.join(" ");
+    verdict
+}
+
+/// Reads the GHC records, RSS samples and snapshot LazyFree of a trace.
+/// None when the trace holds no GHC records.
+pub fn report_of_trace(path: &Path) -> Result<Option<GhcReport>, TraceError> {
+    let trace = TraceFile::open(path)?;
+    let mut timeline = Timeline::default();
+    let mut started = false;
+    let mut origin_ns = 0;
+    let mut metrics = Vec::new();
+    let mut rss_times = Vec::new();
+    let mut lazy_times = Vec::new();
+    trace.for_each_chunk(|_, chunk| {
+        for record in Records::new(chunk).flatten() {
+            match record {
+                Record::Process(p) if !started => {
+                    timeline.start(&p);
+                    origin_ns = p.start_monotonic_ns;
+                    started = true;
+                }
+                Record::Clock(c) => timeline.add(&c),
+                Record::Rss(r) => rss_times.push((r.time, r.vm_rss)),
+                Record::Snapshot(s) => lazy_times.push((s.time, s.mappings.iter().map(|m| m.lazy_free).sum::<u64>())),
+                Record::Metrics(m) if m.source == "ghc" => metrics.push(m),
+                _ => {}
+            }
+        }
+        Ok(())
+    })?;
+    if metrics.is_empty() {
+        return Ok(None);
+    }
+    let convert = |series: Vec<(u64, u64)>| {
+        let mut out: Vec<(u64, u64)> = series.into_iter().map(|(t, v)| (timeline.monotonic_ns(t), v)).collect();
+        out.sort_by_key(|&(t, _)| t);
+        out
+    };
+    let input = GhcInput { metrics, rss: convert(rss_times), lazy_free: convert(lazy_times), origin_ns };
+    Ok(report(&input))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    fn gc(ns: u64, generation: u32, heap: u64, live: Option<u64>, copied: u64, frag: u64) -> Metrics {
+        let mut values = vec![("capability".to_string(), 0.0), ("generation".into(), generation as f64), ("copied_bytes".into(), copied as f64), ("fragmentation_bytes".into(), frag as f64), ("heap_size_bytes".into(), heap as f64)];
+        if let Some(live) = live {
+            values.push(("live_bytes".into(), live as f64));
+        }
+        Metrics { monotonic_ns: ns, source: "ghc".into(), kind: "gc".into(), values }
+    }
+
+    /// Figures from a real 9.0.2 run of tests/programs/ghc/pinned.hs (n = 1 M).
+    fn strip() -> GhcInput {
+        GhcInput {
+            metrics: vec![
+                gc(1_000, 0, 4 * MB, None, 1_000_000, 900_000),
+                gc(787_000_000, 1, 189 * MB, Some(111_963_920), 80_004_400, 81_084_416),
+                gc(1_900_000_000, 1, 155 * MB, Some(39_963_800), 8_003_768, 118_788_096),
+                gc(2_047_000_000, 1, 32 * MB, Some(44_376), 3_328, 31_862_784),
+            ],
+            rss: vec![(0, 10 * MB), (800_000_000, 196 * MB), (1_950_000_000, 170 * MB), (2_100_000_000, 171 * MB)],
+            lazy_free: vec![(0, 0), (1_950_000_000, 10 * MB)],
+            origin_ns: 0,
+        }
+    }
+
+    #[test]
+    fn rows_add_up_to_rss_and_blocks_come_from_the_fragmentation_figure() {
+        let report = report(&strip()).unwrap();
+        let p = &report.timeline[2];
+        assert!(p.major && !p.blocks_size_reported);
+        // (155 × 252 blocks − frag) × … : the RTS's own formula, inverted.
+        assert_eq!(p.blocks_size_bytes, 155 * 252 * 4096 - 118_788_096);
+        assert_eq!(p.rows.block_descriptors, 155 * 16384);
+        assert_eq!(p.rows.megablock_free, 118_788_096);
+        let sum: i64 = p.rows.named().iter().map(|(_, v)| v.unwrap()).sum();
+        assert_eq!(sum, p.rss_bytes.unwrap() as i64);
+        assert_eq!(p.unmoved_bytes, Some(39_963_800 - 8_003_768));
+        assert_eq!((report.max_live_bytes, report.max_heap_size_bytes), (111_963_920, 189 * MB));
+        assert_eq!(report.gcs_per_capability, vec![CapabilityGcs { capability: Some(0), by_generation: vec![1, 3] }]);
+        assert_eq!(report.settled.as_ref().map(|p| p.live_bytes), Some(39_963_800));
+    }
+
+    #[test]
+    fn strided_survivors_in_pinned_blocks_are_pinned_fragmentation() {
+        let report = report(&strip()).unwrap();
+        assert!(report.verdict.pinned_fragmentation, "{}", report.verdict.text);
+        assert_eq!(report.verdict.at_seconds, Some(1.9));
+        assert!(report.verdict.text.contains("ShortByteString"));
+        assert!(!report.verdict.lazy_free);
+    }
+
+    #[test]
+    fn a_closure_type_census_is_quoted_from_before_the_gc() {
+        let mut input = strip();
+        let census = |ns: u64, arr: f64, other: f64| Metrics { monotonic_ns: ns, source: "ghc".into(), kind: "heap_profile".into(), values: vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), arr), (":".into(), other)] };
+        input.metrics.extend([census(1_800_000_000, 32.0 * MB as f64, 8.0 * MB as f64), census(1_950_000_000, 1.0, 0.0)]);
+        let report = report(&input).unwrap();
+        assert_eq!(report.pinned_share.len(), 2);
+        assert_eq!(report.census_at(1.9).map(|c| c.share), Some(0.8));
+        assert!(report.verdict.text.contains("counts 80% of the heap as ARR_WORDS (32.0 MiB)"), "{}", report.verdict.text);
+    }
+
+    #[test]
+    fn contiguous_survivors_are_not() {
+        let mut input = strip();
+        input.metrics[2] = gc(1_900_000_000, 1, 45 * MB, Some(11_225_176), 8_003_720, 34_029_568);
+        input.lazy_free = vec![(0, 0), (1_950_000_000, 120 * MB)];
+        let report = report(&input).unwrap();
+        assert!(!report.verdict.pinned_fragmentation, "{}", report.verdict.text);
+        assert!(report.verdict.lazy_free, "{}", report.verdict.text);
+        assert!(report.verdict.text.contains("--disable-delayed-os-memory-return"));
+        assert_eq!(report.timeline[2].rows.lazy_free, Some(120 * MB));
+    }
+
+    #[test]
+    fn lazy_free_inside_the_heap_comes_out_of_megablock_free() {
+        let mut point = GhcPoint { rss_bytes: Some(100 * MB), heap_size_bytes: 80 * MB, lazy_free_smaps_bytes: Some(50 * MB), rows: GhcRows { live: 20 * MB, heap_blocks_not_live: 0, megablock_free: 59 * MB as i64, block_descriptors: MB, ..GhcRows::default() }, ..GhcPoint::default() };
+        place_lazy_free(&mut point);
+        assert_eq!((point.rows.lazy_free, point.rows.megablock_free, point.rows.non_heap), (Some(50 * MB), 29 * MB as i64, Some(0)));
+        let sum: i64 = point.rows.named().iter().map(|(_, v)| v.unwrap()).sum();
+        assert_eq!(sum, 100 * MB as i64);
+    }
+
+    #[test]
+    fn blocks_size_events_of_ghc_9_2_are_used_as_reported() {
+        let mut input = strip();
+        input.metrics[2].values.push(("blocks_size_bytes".into(), 50.0 * MB as f64));
+        input.metrics[2].values.push(("mem_returned_mblocks".into(), 3.0));
+        let report = report(&input).unwrap();
+        let p = &report.timeline[2];
+        assert!(p.blocks_size_reported);
+        assert_eq!(p.blocks_size_bytes, 50 * MB);
+        assert_eq!(p.returned_bytes, Some(3 * MB));
+        assert_eq!(p.rows.megablock_free, (155 * MB - 50 * MB - 155 * 16384) as i64);
+    }
+
+    #[test]
+    fn lazy_free_comes_from_a_snapshot_at_the_same_heap_size() {
+        let series = [(10, 1), (20, 2), (40, 4)];
+        assert_eq!([nearest(&series, 0), nearest(&series, 14), nearest(&series, 16), nearest(&series, 31), nearest(&series, 99)], [Some(1), Some(1), Some(2), Some(4), Some(4)]);
+        assert_eq!(nearest(&[], 5), None);
+        // GCs at 0, 10 (heap 5), 20, 30 (heap 3), 50 (heap 1); snapshots at 12 and 60.
+        let ms = 1_000_000;
+        let points = [(0, 0, 5), (10 * ms, 10 * ms, 5), (20 * ms, 20 * ms, 3), (30 * ms, 30 * ms, 3), (50 * ms, 50 * ms, 1)];
+        assert_eq!(lazy_free_per_point(&points, &[(12 * ms, 7), (60 * ms, 9)]), vec![Some(7), Some(7), None, None, Some(9)]);
+        // A snapshot just before the next GC may be after it: left out.
+        assert_eq!(lazy_free_per_point(&points, &[(17 * ms, 7)]), vec![None, None, None, None, None]);
+    }
+
+    #[test]
+    fn no_gc_records_no_report() {
+        assert_eq!(report(&GhcInput::default()), None);
+    }
+}
