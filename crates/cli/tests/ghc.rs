@@ -105,6 +105,16 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
     let html = std::fs::read_to_string(dir.join("strip.html")).unwrap();
     assert!(html.contains("<section id=\"ghc\"") && html.contains("\"ghc\":{") && html.contains("Pinned fragmentation"), "no GHC panel data in the report");
 
+    // memgap numa lists the collections per capability; without +RTS --numa
+    // they are tied to no node, and it says why.
+    let out = memgap(&dir, &["numa", "strip.mgt", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let numa: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let caps = numa["ghc_capabilities"].as_array().unwrap_or_else(|| panic!("{numa:#}"));
+    assert_eq!(caps.len(), 1, "{numa:#}");
+    assert!(caps[0]["node"].is_null() && caps[0]["gcs_by_generation"][1].as_u64().unwrap() >= 40, "{numa:#}");
+    assert!(numa["notes"].to_string().contains("--numa"), "{numa:#}");
+
     // Take: the heap drops, and what RSS still shows is MADV_FREE'd (the
     // lazy_free row), not held.
     assert!(bytes(&t["heap_size_bytes"]) <= 0.4 * peak(&take), "take: {t}");

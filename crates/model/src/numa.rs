@@ -320,7 +320,49 @@ pub struct NumaReport {
     pub sampled: Option<AccessLocality>,
     /// Threads whose events ran on more than one node.
     pub multi_node_threads: u64,
+    /// A GHC program's collections per capability and generation, with the
+    /// node the RTS puts each capability on when it ran with `--numa`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ghc_capabilities: Vec<GhcCapabilityGcs>,
     pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GhcCapabilityGcs {
+    pub capability: Option<u32>,
+    /// The node of the capability: with `+RTS --numa` the RTS puts
+    /// capability n on the n mod N-th node (its capNoToNumaNode); None
+    /// without `--numa` (capabilities are not tied to nodes then).
+    pub node: Option<u32>,
+    /// Collections by generation collected: index = generation.
+    pub gcs_by_generation: Vec<u64>,
+}
+
+/// Ties a GHC program's per-capability collections to nodes, as the RTS
+/// does with `--numa` (`numa`: whether the program ran with it).
+pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], nodes: &[Node], numa: bool) -> Vec<GhcCapabilityGcs> {
+    gcs.iter()
+        .map(|c| GhcCapabilityGcs {
+            capability: c.capability,
+            node: c.capability.filter(|_| numa && !nodes.is_empty()).map(|cap| nodes[cap as usize % nodes.len()].id),
+            gcs_by_generation: c.by_generation.clone(),
+        })
+        .collect()
+}
+
+/// Whether RTS options in `argv` (`+RTS … -RTS`) ask for `--numa`.
+fn ghc_numa_in_args(argv: &[String]) -> bool {
+    let mut inside = false;
+    for arg in argv {
+        match arg.as_str() {
+            "--RTS" => return false,
+            "+RTS" => inside = true,
+            "-RTS" => inside = false,
+            a if inside && (a == "--numa" || a.starts_with("--numa=")) => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 pub struct NumaOptions {
@@ -345,6 +387,8 @@ pub(crate) struct NumaVisitor {
     /// None when embedded: the host owns the heap state.
     state: Option<HeapState>,
     pid: Option<u32>,
+    /// The last image's command line (a GHC program's RTS options).
+    argv: Vec<String>,
     wanted: Option<usize>,
     seen: usize,
     topology: Option<Topology>,
@@ -388,6 +432,7 @@ impl Visitor for NumaVisitor {
             state.start_image();
         }
         self.pid.get_or_insert(process.pid);
+        self.argv = process.argv.clone();
     }
 
     fn modules(&mut self, modules: &[Module]) {
@@ -454,7 +499,16 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, TraceError
     let wanted = choose(&snapshots, options.at);
     let mut v = NumaVisitor { wanted, state: Some(HeapState::default()), ..NumaVisitor::default() };
     replay(path, &mut v)?;
-    Ok(assemble(v, wanted.map(|i| snapshots[i].seconds), options))
+    let argv = v.argv.clone();
+    let mut report = assemble(v, wanted.map(|i| snapshots[i].seconds), options);
+    if let Some(ghc) = crate::ghc::report_of_trace(path)? {
+        let numa = ghc_numa_in_args(&argv);
+        report.ghc_capabilities = ghc_capability_nodes(&ghc.gcs_per_capability, &report.nodes, numa);
+        if !numa && !report.ghc_capabilities.is_empty() {
+            report.notes.push("GHC collections per capability are not tied to nodes: the program ran without +RTS --numa on its command line".into());
+        }
+    }
+    Ok(report)
 }
 
 /// The report from what the visitor gathered, once the replay is over.

@@ -119,6 +119,15 @@ pub fn numa(r: &NumaReport, title: &str) -> String {
     if let (Some(node), Some(share), Some(basis)) = (r.hot_node, r.hot_node_share, r.hot_node_basis) {
         let _ = writeln!(out, "\n  hot node: {node} ({} of {basis})", percent(share));
     }
+    if !r.ghc_capabilities.is_empty() {
+        let _ = writeln!(out, "\n  GHC collections per capability (by generation):");
+        for c in &r.ghc_capabilities {
+            let capability = c.capability.map_or("(none)".to_string(), |n| n.to_string());
+            let node = c.node.map_or("-".to_string(), |n| format!("node {n}"));
+            let gens: Vec<String> = c.gcs_by_generation.iter().enumerate().map(|(g, n)| format!("gen {g}: {n}")).collect();
+            let _ = writeln!(out, "    capability {capability:<6} {node:<8} {}", gens.join(", "));
+        }
+    }
     for note in &r.notes {
         let _ = writeln!(out, "  note: {note}");
     }

@@ -237,3 +237,18 @@ fn a_process_from_numa_maps() {
     assert_eq!(p.heap_bytes_by_node, vec![4096, 12288]);
     assert_eq!(p.mappings.len(), 3);
 }
+
+#[test]
+fn ghc_capabilities_land_on_nodes_round_robin_only_with_numa() {
+    let nodes: Vec<Node> = (0..3).map(|id| Node { id: id * 2, cpus: vec![id], memory_bytes: 1 << 30 }).collect();
+    let gcs: Vec<crate::ghc::CapabilityGcs> = (0..5).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![10 + cap as u64, 1] }).collect();
+    let tied = ghc_capability_nodes(&gcs, &nodes, true);
+    assert_eq!(tied.iter().map(|c| c.node).collect::<Vec<_>>(), vec![Some(0), Some(2), Some(4), Some(0), Some(2)]);
+    assert_eq!(tied[4].gcs_by_generation, vec![14, 1]);
+    assert!(ghc_capability_nodes(&gcs, &nodes, false).iter().all(|c| c.node.is_none()));
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(ghc_numa_in_args(&argv(&["prog", "+RTS", "-N4", "--numa", "-RTS", "x"])));
+    assert!(ghc_numa_in_args(&argv(&["prog", "+RTS", "--numa=3"])));
+    assert!(!ghc_numa_in_args(&argv(&["prog", "--numa"])));
+    assert!(!ghc_numa_in_args(&argv(&["prog", "--RTS", "+RTS", "--numa"])));
+}
