@@ -200,4 +200,7 @@ fn a_ruby_trace_shows_the_ruby_layer_and_others_do_not() {
     let dom = dump_dom(browser, &format!("file://{}", dir.join("burst.html").display()));
     assert!(dom.contains("id=\"ruby\" class=\"panel\" data-ready=\"true\""), "the Ruby panel is not ready");
     assert!(dom.contains("Ruby-page fragmentation") && dom.contains("Ruby 3"), "the Ruby panel lists the layer");
+    // Ruby's major GCs are marked on the timeline.
+    let marks = dom.split("data-gc-marks=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
+    assert!(marks.is_some_and(|n| n >= 2), "GC marks on the timeline: {marks:?}");
 }

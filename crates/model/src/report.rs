@@ -42,6 +42,8 @@ pub struct Report {
     pub rss: Vec<RssSample>,
     /// Blame at the peak, every site (unsorted beyond fragmentation order).
     pub blame: Option<Blame>,
+    /// The runtime's garbage collections (Go, GHC, Ruby), at most 2000.
+    pub gc_marks: Vec<crate::runtimes::GcMark>,
     /// NUMA at the peak, when the trace holds a topology, placements or samples.
     pub numa: Option<NumaReport>,
     /// The GHC ledger when the trace holds a GHC program's eventlog.
@@ -226,12 +228,13 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     v.summary.live = std::mem::take(&mut v.blame.state.live);
+    let gc_marks = v.runtimes.gc_marks(2000);
     let summary = v.summary.finish(&outcome, path);
     let numa = v.numa.saw_anything().then(|| {
         let options = NumaOptions { at: At::Peak, machine_topology: None, top: 20 };
         numa::assemble(v.numa, snapshots.get(peak).map(|l| l.at_seconds), &options)
     });
-    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)? }))
+    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks }))
 }
 
 #[cfg(test)]

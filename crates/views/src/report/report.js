@@ -117,7 +117,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   // ---- timeline ------------------------------------------------------------
   const timeline = (function () {
     const canvas = $('timeline-canvas');
-    legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r]]).concat([['#111', 'VmRSS', 'the kernel\u2019s resident set size']]));
+    legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r]]).concat([['#111', 'VmRSS', 'the kernel\u2019s resident set size']])
+      .concat((data.gc || []).length ? [['#8a3ffc', 'GC', 'a collection of the program\u2019s runtime (tall: major)']] : []));
     const rss = data.rss;
     let maxT = Math.max(summary.duration_seconds || 0, rss.length ? rss[rss.length - 1][0] : 0, snapshots.length ? snapshots[snapshots.length - 1].seconds : 0) || 1;
     let maxY = 1;
@@ -175,6 +176,17 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       for (const [t, v] of rss) ctx.lineTo(x(t), y(v));
       ctx.stroke();
       ctx.restore();
+      // The runtime's collections: a tall tick for a major one, a short one for a minor one.
+      let gcDrawn = 0;
+      for (const g of data.gc || []) {
+        const gx = x(g.seconds);
+        if (gx < M.left || gx > width - M.right) continue;
+        ctx.strokeStyle = g.major ? '#8a3ffc' : '#8a3ffc88';
+        ctx.lineWidth = 1;
+        ctx.beginPath(); ctx.moveTo(gx, M.top); ctx.lineTo(gx, M.top + (g.major ? 14 : 6)); ctx.stroke();
+        gcDrawn++;
+      }
+      canvas.setAttribute('data-gc-marks', String(gcDrawn));
       // Snapshot markers: filled when the snapshot has a page map.
       snapshots.forEach((s, i) => {
         const sx = x(s.seconds);
