@@ -204,3 +204,20 @@ fn a_ruby_trace_shows_the_ruby_layer_and_others_do_not() {
     let marks = dom.split("data-gc-marks=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
     assert!(marks.is_some_and(|n| n >= 2), "GC marks on the timeline: {marks:?}");
 }
+
+#[test]
+fn the_page_map_colours_pages_by_numa_node() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, _) = culprit_report();
+    let dir = html.parent().unwrap();
+    let url = format!("file://{}", html.display());
+    let dom = dump_dom(browser, &format!("{url}#colour=node"));
+    assert!(dom.contains("data-colour=\"node\""), "the page map is coloured by node");
+    assert!(!dom.contains("id=\"pagemap-colour-label\" hidden"), "the colour choice is offered when pages have nodes");
+    // This machine has one node: every resident heap page is node 0's colour.
+    let by_node = screenshot(browser, &format!("{url}#colour=node"), dir, "nodes.png");
+    let node0 = by_node.count(|p| p == [66, 133, 244]);
+    assert!(node0 > 1000, "{node0} pixels of node 0's colour");
+    let by_class = screenshot(browser, &url, dir, "classes.png");
+    assert!(by_class.count(|p| p == [66, 133, 244]) < node0 / 10, "the default colours pages by what they hold");
+}

@@ -132,6 +132,27 @@ pub struct PageMap {
     pub start: u64,
     pub page_size: u64,
     pub pages: Vec<PageClass>,
+    /// The NUMA node of each page ([`NO_NODE`]: not resident or unknown);
+    /// empty when the agent recorded no placement for this mapping.
+    pub nodes: Vec<u8>,
+}
+
+/// In [`PageMap::nodes`]: no node known for the page.
+pub const NO_NODE: u8 = u8::MAX;
+
+impl PageMap {
+    /// Fills `nodes` from the placement the agent took with the snapshot.
+    pub fn place(&mut self, placement: &memgap_trace::numa::Placement) {
+        let Some(m) = placement.mappings.iter().find(|m| m.start == self.start) else { return };
+        let mut nodes = Vec::with_capacity(self.pages.len());
+        for &(status, count) in &m.runs {
+            let node = u8::try_from(status).ok().filter(|&n| n != NO_NODE).unwrap_or(NO_NODE);
+            let room = self.pages.len() - nodes.len();
+            nodes.extend(std::iter::repeat_n(node, (count as usize).min(room)));
+        }
+        nodes.resize(self.pages.len(), NO_NODE);
+        self.nodes = nodes;
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -375,7 +396,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         ledger.mappings.push(entry);
         if allocator_owned {
             if want_pages {
-                ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages });
+                ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages, nodes: Vec::new() });
             }
             if heap.kind == "mapping" {
                 merged.mappings += 1;

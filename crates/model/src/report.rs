@@ -95,6 +95,15 @@ impl Visitor for ReportVisitor {
     }
 
     fn placement(&mut self, placement: &memgap_trace::numa::Placement) {
+        // Taken right after the snapshot of the same time: its page map
+        // gets each page's node.
+        if let Some((time, ledger)) = self.ledgers.last_mut()
+            && *time == placement.time
+        {
+            for map in &mut ledger.page_maps {
+                map.place(placement);
+            }
+        }
         self.numa.placement(placement);
     }
 

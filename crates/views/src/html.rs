@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use memgap_model::report::Report;
+use memgap_model::ledger::NO_NODE;
 use memgap_model::{BlameEntry, Ledger, PageClass};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -141,7 +142,16 @@ fn snapshot(index: usize, l: &Ledger, blobs: &mut Vec<String>) -> Value {
             bytes.extend(map.pages.iter().map(|&class| page_byte(class)));
         }
         blobs.push(base64(&gzip(&bytes)));
-        json!({"blob": blobs.len() - 1, "bytes": bytes.len(), "maps": maps})
+        let blob = blobs.len() - 1;
+        // Each page's NUMA node, in the same order, when the agent placed them.
+        let nodes_blob = if l.page_maps.iter().any(|m| !m.nodes.is_empty()) {
+            let nodes: Vec<u8> = l.page_maps.iter().flat_map(|m| if m.nodes.is_empty() { vec![NO_NODE; m.pages.len()] } else { m.nodes.clone() }).collect();
+            blobs.push(base64(&gzip(&nodes)));
+            Some(blobs.len() - 1)
+        } else {
+            None
+        };
+        json!({"blob": blob, "nodes_blob": nodes_blob, "bytes": bytes.len(), "maps": maps})
     };
     json!({
         "index": index,

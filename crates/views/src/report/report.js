@@ -270,8 +270,12 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     if (byte >= 5) return 'used: blocks take about ' + Math.round((byte - 5) / 31 * 100) + ' % of the page';
     return ['not resident (released or never touched)', 'free, resident: malloc_trim would return it', 'free, resident: kept (trim cannot reach it)', 'memgap\u2019s own buffers', 'the program\u2019s own mmap'][byte];
   }
+  // Nodes 0..7 in distinct hues; more nodes cycle.
+  const NODE_COLOURS = [[66, 133, 244], [219, 68, 55], [15, 157, 88], [244, 180, 0], [171, 71, 188], [0, 172, 193], [255, 112, 67], [124, 179, 66]];
+  const NO_NODE = 255;
   const pagemap = (function () {
     const canvas = $('pagemap-canvas');
+    const colourBy = $('pagemap-colour');
     const HEIGHT = 480, MARGIN = 8;
     legend($('pagemap-legend'), [
       ['rgb(200,220,245)', 'used, nearly empty'], ['rgb(30,70,155)', 'used, full'], ['rgb(240,160,48)', 'free, trim would return'],
@@ -304,7 +308,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     // Pages laid out in rows of `cols` (a power of two), each mapping from
     // a new row, one empty row between mappings; level k of the pyramid
     // averages 2^k x 2^k pages per pixel, for drawing a big heap zoomed out.
-    function build(snapshotIndex, bytes) {
+    function build(snapshotIndex, bytes, nodes) {
       const pm = snapshots[snapshotIndex].pagemap;
       const width = canvas.parentElement.clientWidth || 800;
       const aspect = (width - 2 * MARGIN) / (HEIGHT - 2 * MARGIN);
@@ -325,7 +329,9 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       px.fill(255);
       for (const m of maps) {
         for (let i = 0; i < m.pages; i++) {
-          const colour = PAGE_COLOURS[bytes[m.offset + i]] || PAGE_COLOURS[0];
+          const byte = bytes[m.offset + i];
+          const node = nodes ? nodes[m.offset + i] : NO_NODE;
+          const colour = !nodes || byte === 0 ? PAGE_COLOURS[byte] || PAGE_COLOURS[0] : node === NO_NODE ? [190, 190, 200] : NODE_COLOURS[node % NODE_COLOURS.length];
           const at = ((m.row + Math.floor(i / cols)) * cols + (i % cols)) * 4;
           px[at] = colour[0]; px[at + 1] = colour[1]; px[at + 2] = colour[2];
         }
@@ -358,7 +364,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
         levels.push(level);
         previous = next;
       }
-      return { snapshotIndex, bytes, cols, rows, maps, levels };
+      return { snapshotIndex, bytes, nodes, cols, rows, maps, levels };
     }
     function fit() {
       const width = canvas.parentElement.clientWidth || 800;
@@ -399,7 +405,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       for (const m of layout.maps) {
         if (row >= m.row && row < m.row + m.rows) {
           const i = (row - m.row) * layout.cols + col;
-          return i < m.pages ? { map: m, index: i, byte: layout.bytes[m.offset + i] } : null;
+          return i < m.pages ? { map: m, index: i, byte: layout.bytes[m.offset + i], node: layout.nodes ? layout.nodes[m.offset + i] : null } : null;
         }
       }
       return null;
@@ -414,7 +420,11 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       }
       const s = snapshots[withPages];
       const bytes = await decode(s.pagemap.blob);
-      layout = build(withPages, bytes);
+      const hasNodes = s.pagemap.nodes_blob !== null && s.pagemap.nodes_blob !== undefined;
+      $('pagemap-colour-label').hidden = !hasNodes;
+      const byNode = hasNodes && colourBy.value === 'node';
+      layout = build(withPages, bytes, byNode ? await decode(s.pagemap.nodes_blob) : null);
+      canvas.setAttribute('data-colour', byNode ? 'node' : 'class');
       view = fit();
       const zoom = parseFloat(params.get('zoom'));
       if (zoom > 0 && isFinite(zoom)) view.scale *= zoom;
@@ -447,10 +457,13 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       const hit = pageAt(mouse(canvas, e));
       if (!hit) { hideTip(); return; }
       const address = hit.map.start + hit.index * hit.map.pageSize;
-      showTip(e, hit.map.name + '\n0x' + address.toString(16) + '  (page ' + fmtCount(hit.index) + ' of ' + fmtCount(hit.map.pages) + ')\n' + pageClassText(hit.byte));
+      showTip(e, hit.map.name + '\n0x' + address.toString(16) + '  (page ' + fmtCount(hit.index) + ' of ' + fmtCount(hit.map.pages) + ')\n' + pageClassText(hit.byte) +
+        (hit.node === null ? '' : hit.node === NO_NODE ? '\nnode: unknown' : '\nNUMA node ' + hit.node));
     });
     canvas.addEventListener('mouseleave', hideTip);
     canvas.addEventListener('dblclick', () => { if (layout) { view = fit(); redraw(); } });
+    colourBy.addEventListener('change', () => { if (layout) show(layout.snapshotIndex); });
+    if (params.get('colour') === 'node') colourBy.value = 'node';
     return { show, draw: () => { if (layout) { draw(); } } };
   })();
 
