@@ -109,7 +109,8 @@ fn a_signal_handler_that_allocates() {
     assert_same_behaviour(&plain, &traced);
     assert_eq!(text(&traced.stdout), "alarms N, pairs 2000000\n");
     let s = summary_json(&trace);
-    assert!(events(&s, "malloc") >= 2_000_000, "{s:#}");
+    // The handler's own allocations are recorded beside the loop's.
+    assert!(events(&s, "malloc") > 2_000_000, "{s:#}");
     assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
 }
 
