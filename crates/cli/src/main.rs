@@ -4,10 +4,8 @@
 mod agent;
 mod commands;
 mod configs;
-mod numa_sampling;
 mod output;
 mod progress;
-mod ruby;
 
 use std::process::ExitCode;
 

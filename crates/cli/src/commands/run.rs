@@ -17,6 +17,8 @@ use memgap_views::format::bytes;
 use crate::agent;
 
 mod go;
+mod numa;
+mod ruby;
 
 /// Record every heap event of CMD (and of the programs it starts) into a trace.
 #[derive(clap::Args)]
@@ -113,10 +115,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
-    let ruby = if args.trim_only { None } else { crate::ruby::RubySampler::prepare(&mut command, run_id, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
+    let ruby = if args.trim_only { None } else { ruby::RubySampler::prepare(&mut command, run_id, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
 
     let sampling = match args.numa && !args.trim_only {
-        true => Some(crate::numa_sampling::prepare(&mut command).context("cannot prepare NUMA sampling")?),
+        true => Some(numa::prepare(&mut command).context("cannot prepare NUMA sampling")?),
         false => None,
     };
     let spawned = command.spawn();
@@ -157,9 +159,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ruby.finish(|pid| trace_path(&pattern, pid, pid == top_pid));
     }
     let recorded = trace.is_file();
-    let samples = sampling.map(crate::numa_sampling::Sampling::finish);
+    let samples = sampling.map(numa::Sampling::finish);
     if recorded {
-        crate::numa_sampling::write(samples, &trace, top_pid, |pid| trace_path(&pattern, pid, pid == top_pid), args.quiet);
+        numa::write(samples, &trace, top_pid, |pid| trace_path(&pattern, pid, pid == top_pid), args.quiet);
         // A full disk must not change the exit status memgap passes on.
         if let Err(error) = framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal }))) {
             eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display());
