@@ -1,6 +1,8 @@
-//! Runtime layers over the ledger. A runtime's own figures (METRICS records)
-//! are appended to the trace after the process ends, so they are gathered
-//! during the replay and laid over each snapshot's ledger afterwards.
+//! Runtime layers over the ledger, and the runtime's collections for the
+//! timeline. Ruby's figures (METRICS records) are appended to the trace after
+//! the process ends, so they are gathered during the replay and laid over
+//! each snapshot's ledger afterwards. (Go's ledger is built from its figures
+//! as they come: see `go.rs`.)
 
 use memgap_trace::records::{Metrics, Process};
 
@@ -35,10 +37,6 @@ impl RuntimeFigures {
         if let Some(version) = text.strip_prefix("ruby ") {
             self.ruby_version = Some(version.to_string());
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.metrics.is_empty()
     }
 
     /// The runtime's garbage collections, for the timeline: every Go cycle
