@@ -550,9 +550,11 @@ fn trim_only_returns_free_pages_and_records_nothing() {
     assert!(text(&trimmed.stderr).is_empty(), "the trim remedy prints nothing: {}", text(&trimmed.stderr));
     assert!(traces_in(&dir).is_empty(), "no trace is written");
     assert!(rss(&trimmed) * 10 < rss(&plain) * 6, "RSS with trim {} kB, without {} kB", rss(&trimmed), rss(&plain));
-    // A threshold above what glibc holds free: no trim happens.
+    // A threshold above what glibc holds free: no trim happens. (Compared
+    // with the trimmed run: how many arenas the threads spread over, and so
+    // the untrimmed RSS, depends on how the machine schedules them.)
     let untouched = memgap(&dir, &["run", "--trim-only", "--trim-interval-ms", "100", "--trim-threshold", "1000000000", "--", arg(&prog)]);
-    assert!(rss(&untouched) * 10 > rss(&plain) * 6, "RSS with a high threshold {} kB, without {} kB", rss(&untouched), rss(&plain));
+    assert!(rss(&untouched) > 2 * rss(&trimmed), "RSS with a high threshold {} kB, with trims {} kB", rss(&untouched), rss(&trimmed));
 }
 
 #[test]
