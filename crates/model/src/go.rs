@@ -255,15 +255,7 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
     let named = snapshot.mappings.iter().any(|m| m.name == "[anon: Go: heap]");
     let (mut heap_resident, mut heap_lazy, mut heap_mappings, mut runtime_mapped) = (0, 0, 0u32, 0);
     for mapping in &snapshot.mappings {
-        let mut entry = MappingLedger {
-            start: mapping.start,
-            end: mapping.end,
-            perms: mapping.perms.clone(),
-            name: mapping.name.clone(),
-            resident_bytes: mapping.rss,
-            lazy_free_bytes: mapping.lazy_free,
-            ..MappingLedger::default()
-        };
+        let mut entry = MappingLedger::of(mapping);
         let other = &mut ledger.other_breakdown;
         entry.class = if is_go_heap(mapping, named) {
             entry.resident_bytes = resident_bytes(mapping, page);

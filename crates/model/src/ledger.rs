@@ -102,6 +102,21 @@ pub struct MappingLedger {
     pub lazy_free_bytes: u64,
 }
 
+impl MappingLedger {
+    /// The mapping as smaps gave it, its class still to be decided.
+    pub fn of(mapping: &Mapping) -> MappingLedger {
+        MappingLedger {
+            start: mapping.start,
+            end: mapping.end,
+            perms: mapping.perms.clone(),
+            name: mapping.name.clone(),
+            resident_bytes: mapping.rss,
+            lazy_free_bytes: mapping.lazy_free,
+            ..MappingLedger::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct SizeBucket {
     /// Blocks of `min_size ..= max_size` requested bytes.
@@ -282,15 +297,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         // The .bss of an ELF object: anonymous, right after its data segment.
         let bss_of = previous.filter(|p| p.inode != 0 && p.end == mapping.start && p.perms.starts_with("rw")).map(|p| p.name.clone());
         previous = Some(mapping);
-        let mut entry = MappingLedger {
-            start: mapping.start,
-            end: mapping.end,
-            perms: mapping.perms.clone(),
-            name: mapping.name.clone(),
-            resident_bytes: mapping.rss,
-            lazy_free_bytes: mapping.lazy_free,
-            ..MappingLedger::default()
-        };
+        let mut entry = MappingLedger::of(mapping);
         let is_stack = mapping.name == "[stack]" || state.stack_hints.iter().any(|&hint| hint >= mapping.start && hint < mapping.end);
         if is_stack && mapping.perms.starts_with("rw") {
             ledger.stacks_bytes += mapping.rss;

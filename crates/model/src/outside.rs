@@ -261,15 +261,7 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
         if !matches!(class, "heap" | "stack") {
             rows.other += resident;
         }
-        ledger.mappings.push(MappingLedger {
-            start: mapping.start,
-            end: mapping.end,
-            perms: mapping.perms.clone(),
-            name: mapping.name.clone(),
-            class,
-            resident_bytes: mapping.rss,
-            lazy_free_bytes: mapping.lazy_free,
-        });
+        ledger.mappings.push(MappingLedger { class, ..MappingLedger::of(mapping) });
     }
     if merged.mappings > 0 {
         ledger.heaps.push(merged);

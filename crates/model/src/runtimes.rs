@@ -29,8 +29,12 @@ impl RuntimeFigures {
         self.start_monotonic_ns.get_or_insert(process.start_monotonic_ns);
     }
 
+    /// Keeps what the layers and the GC marks use: Ruby's samples and every
+    /// runtime's collections (not, say, Go's per-class histograms).
     pub fn metrics(&mut self, metrics: &Metrics) {
-        self.metrics.push(metrics.clone());
+        if metrics.source == ruby::SOURCE || metrics.kind == "gc" {
+            self.metrics.push(metrics.clone());
+        }
     }
 
     pub fn note(&mut self, text: &str) {

@@ -127,16 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut child = match spawned {
         Ok(child) => child,
-        Err(error) => {
-            let name = args.command[0].to_string_lossy();
-            let (code, what) = match error.kind() {
-                std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
-                std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
-                _ => (126, error.to_string()),
-            };
-            eprintln!("memgap: {name}: {what}");
-            return Ok(ExitCode::from(code));
-        }
+        Err(error) => return Ok(spawn_failed(&args.command[0], &error)),
     };
     CHILD_PID.store(child.id() as i32, Ordering::Relaxed);
     if let Some(ghc) = ghc.as_mut() {
@@ -201,6 +192,18 @@ fn output_pattern(output: Option<&Path>, program_name: &str) -> anyhow::Result<P
 
 fn sanitize(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+/// Says in one line why CMD could not start; the exit code a shell gives
+/// then (127: not found, 126: not executable).
+fn spawn_failed(program: &std::ffi::OsStr, error: &std::io::Error) -> ExitCode {
+    let (code, what) = match error.kind() {
+        std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
+        std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
+        _ => (126, error.to_string()),
+    };
+    eprintln!("memgap: {}: {what}", program.to_string_lossy());
+    ExitCode::from(code)
 }
 
 /// The trace of process `pid`, named as the agent names it: `%p` becomes the

@@ -95,16 +95,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     let start_realtime_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(error) => {
-            let name = args.command[0].to_string_lossy();
-            let (code, what) = match error.kind() {
-                std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
-                std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
-                _ => (126, error.to_string()),
-            };
-            eprintln!("memgap: {name}: {what}");
-            return Ok(ExitCode::from(code));
-        }
+        Err(error) => return Ok(super::spawn_failed(&args.command[0], &error)),
     };
     drop((helper_write, ack_read));
     let pid = child.id();

@@ -38,9 +38,9 @@ impl RubySampler {
     }
 
     /// Appends what each Ruby process recorded to its trace (`trace_of(pid)`)
-    /// and removes the temp directory. Returns the pids that had samples.
-    pub fn finish(self, trace_of: impl Fn(u32) -> PathBuf) -> Vec<u32> {
-        let mut pids = Vec::new();
+    /// and removes the temp directory. A process without a trace (not
+    /// followed) is skipped.
+    pub fn finish(self, trace_of: impl Fn(u32) -> PathBuf) {
         for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             let name = entry.file_name();
             let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("ruby.")).and_then(|p| p.parse::<u32>().ok()) else { continue };
@@ -50,21 +50,17 @@ impl RubySampler {
                 continue;
             }
             let trace = trace_of(pid);
-            if append(&trace, &samples).is_ok() {
-                pids.push(pid);
+            if trace.is_file() {
+                let _ = append(&trace, &samples);
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-        pids
     }
 }
 
-/// Appends the samples to an existing trace, in chunks of at most 1 MiB (a
-/// long run has many). A process without a trace (not followed) is skipped.
+/// Appends the samples to the trace, in chunks of at most 1 MiB (a long
+/// run has many).
 fn append(trace: &Path, samples: &source::Samples) -> Result<(), memgap_trace::TraceError> {
-    if !trace.is_file() {
-        return Err(memgap_trace::TraceError::Empty);
-    }
     let mut raw = Vec::new();
     for record in samples.records() {
         record.encode(&mut raw);
