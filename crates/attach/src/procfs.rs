@@ -165,6 +165,9 @@ RssFile:\t    6000 kB\nRssShmem:\t     124 kB\nThreads:\t5\n";
         assert!(reading.status.vm_rss > 0 && !reading.mappings.is_empty());
         assert_eq!(reading.allocator, "glibc");
         let smaps_rss: u64 = reading.mappings.iter().map(|m| m.rss).sum();
-        assert!(smaps_rss.abs_diff(reading.status.vm_rss) < reading.status.vm_rss / 5, "smaps {smaps_rss} vs VmRSS {}", reading.status.vm_rss);
+        // Other tests in this process allocate meanwhile, and VmRSS lags
+        // (per-CPU counters): only a unit mistake (kB for bytes) is wrong.
+        let vm_rss = reading.status.vm_rss;
+        assert!((vm_rss / 2..vm_rss * 2).contains(&smaps_rss), "smaps {smaps_rss} vs VmRSS {vm_rss}");
     }
 }

@@ -99,6 +99,30 @@ fn fork_from_threads_vfork_and_posix_spawn() {
     assert_eq!(fork_children, 30, "traces: {:?}", traces_in(&dir));
 }
 
+/// Blocks allocated by one thread and freed by another, thousands of times
+/// within each writer round: the replay must order every free after its
+/// allocation and every reuse after the free, or the live set breaks.
+#[test]
+fn blocks_handed_between_threads_replay_in_causal_order() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "handoff.c");
+    let live_at_end = |kept: u32, name: &str| {
+        let trace = dir.join(name);
+        let out = run_traced(&dir, &trace, &prog, &["4", "200000", &kept.to_string()]);
+        assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+        let printed: u64 = text(&out.stdout).trim().strip_prefix("kept ").and_then(|n| n.parse().ok()).expect("kept N");
+        let s = summary_json(&trace);
+        assert_eq!(number(&s, "dropped_events"), 0, "{s:#}");
+        assert_eq!(number(&s, "allocations") - events(&s, "free"), number(&s, "live_blocks_at_end"), "{s:#}");
+        assert_eq!((number(&s, "untracked_frees"), number(&s, "overlapping_allocations")), (0, 0), "{s:#}");
+        (number(&s, "live_bytes_at_end"), printed)
+    };
+    let (base, _) = live_at_end(0, "base.mgt");
+    let (live, kept) = live_at_end(500, "kept.mgt");
+    // Four consumers keep 500 blocks each, in a 500-pointer array each.
+    assert_eq!(live - base, kept + 4 * 500 * 8);
+}
+
 #[test]
 fn a_signal_handler_that_allocates() {
     let (_tmp, dir) = tempdir();

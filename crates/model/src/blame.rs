@@ -127,6 +127,10 @@ impl BlameVisitor {
 }
 
 impl Visitor for BlameVisitor {
+    fn is_live(&self, addr: u64) -> Option<bool> {
+        Some(self.state.live.contains(addr))
+    }
+
     fn process(&mut self, _process: &Process) {
         self.state.start_image();
     }

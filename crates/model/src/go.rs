@@ -238,7 +238,7 @@ fn is_go_heap(mapping: &Mapping, named: bool) -> bool {
 fn resident_bytes(mapping: &Mapping, page: u64) -> u64 {
     match &mapping.residency {
         Residency::Unknown => mapping.rss,
-        residency => (0..((mapping.end - mapping.start) / page) as usize).filter(|&i| residency.is_resident(i)).count() as u64 * page,
+        residency => residency.resident_in(0..(mapping.end - mapping.start) / page) * page,
     }
 }
 

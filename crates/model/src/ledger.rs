@@ -361,7 +361,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
                         Some((start, last)) if start == mapping.start => first_page.max(last + 1),
                         _ => first_page,
                     };
-                    s.pages += (from..=last_page).filter(|&i| mapping.residency.is_resident(i as usize)).count() as u64;
+                    s.pages += mapping.residency.resident_in(from..last_page + 1);
                     *counted_up_to = Some((mapping.start, last_page.max(from.saturating_sub(1))));
                 }
             });
@@ -399,7 +399,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
             lazy_outside_heap += moved;
         }
         entry.class = if allocator_owned { "heap" } else { anonymous_class };
-        entry.resident_bytes = (0..((mapping.end - mapping.start) / page) as usize).filter(|&i| mapping.residency.is_resident(i)).count() as u64 * page;
+        entry.resident_bytes = mapping.residency.resident_in(0..(mapping.end - mapping.start) / page) * page;
         ledger.mappings.push(entry);
         if allocator_owned {
             if want_pages {

@@ -427,6 +427,10 @@ impl NumaVisitor {
 }
 
 impl Visitor for NumaVisitor {
+    fn is_live(&self, addr: u64) -> Option<bool> {
+        self.state.as_ref().map(|state| state.live.contains(addr))
+    }
+
     fn process(&mut self, process: &Process) {
         if let Some(state) = &mut self.state {
             state.start_image();

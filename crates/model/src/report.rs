@@ -66,6 +66,10 @@ struct ReportVisitor {
 }
 
 impl Visitor for ReportVisitor {
+    fn is_live(&self, addr: u64) -> Option<bool> {
+        self.summary.is_live(addr)
+    }
+
     fn metrics(&mut self, metrics: &Metrics) {
         self.runtimes.metrics(metrics);
         self.blame.metrics(metrics);

@@ -93,6 +93,10 @@ struct LedgerVisitor<'a> {
 }
 
 impl Visitor for LedgerVisitor<'_> {
+    fn is_live(&self, addr: u64) -> Option<bool> {
+        Some(self.state.live.contains(addr))
+    }
+
     fn process(&mut self, process: &Process) {
         self.state.start_image();
         self.runtimes.process(process);

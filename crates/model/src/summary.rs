@@ -170,6 +170,10 @@ impl Builder {
 }
 
 impl Visitor for Builder {
+    fn is_live(&self, addr: u64) -> Option<bool> {
+        Some(self.live.contains(addr))
+    }
+
     fn process(&mut self, process: &Process) {
         self.images += 1;
         self.live.clear();

@@ -1,7 +1,8 @@
 //! The exported functions that stand in for libc's: each calls the real
 //! allocator, then appends one event. Frees and unmaps take their timestamp
 //! before the real call and allocations after it, so an address handed from
-//! one thread's free to another thread's malloc is ordered correctly.
+//! one thread's free to another thread's malloc is ordered correctly;
+//! reallocs read it on both sides (see `recorder::record_realloc`).
 
 use core::ffi::c_void;
 
@@ -9,7 +10,7 @@ use memgap_trace::event::EventKind;
 use memgap_trace::records::EndReason;
 
 use crate::real::{self, bootstrap_alloc, bootstrap_size, is_bootstrap};
-use crate::recorder::{self, record_alloc, record_free, record_mapping, recording};
+use crate::recorder::{self, record_alloc, record_free, record_mapping, record_realloc, recording};
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
@@ -61,9 +62,10 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         return new;
     }
     let Some(real) = real::real() else { return core::ptr::null_mut() };
+    let before = recorder::now();
     let new = unsafe { (real.realloc)(ptr, size) };
     if recording() {
-        record_alloc(EventKind::Realloc, new, size, ptr, 0);
+        record_realloc(EventKind::Realloc, before, new, size, ptr);
     }
     new
 }
@@ -80,9 +82,10 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usiz
         return unsafe { realloc(ptr, total) };
     }
     let Some(real) = real::real() else { return core::ptr::null_mut() };
+    let before = recorder::now();
     let new = unsafe { (real.realloc)(ptr, total) };
     if recording() {
-        record_alloc(EventKind::Reallocarray, new, total, ptr, 0);
+        record_realloc(EventKind::Reallocarray, before, new, total, ptr);
     }
     new
 }

@@ -107,7 +107,6 @@ fn start() -> bool {
 
 fn start_recording() -> bool {
     let Some(config) = Config::from_env() else { return false };
-    clock::choose();
     INTERVAL_NS.store(config.interval_ns, Relaxed);
     FOLLOW.store(config.follow, Relaxed);
     crate::stacks::configure(config.stacks, config.stack_depth);
@@ -378,6 +377,25 @@ fn cpu() -> u32 {
 #[inline(always)]
 pub fn now() -> u64 {
     clock::now()
+}
+
+/// A realloc read the round before the call (`before`) and reads it again
+/// here. When a round began during the call, no one timestamp orders both
+/// halves: the old block's free must not be later than a reuse of its
+/// address (so `before`), the new block's allocation not earlier than the
+/// free that made it available (so now). Then it is recorded as a free and
+/// an allocation.
+#[inline(always)]
+pub fn record_realloc(kind: EventKind, before: u64, new: *mut c_void, size: usize, old: *mut c_void) {
+    let frees_old = !old.is_null() && new != old && (!new.is_null() || size == 0);
+    if frees_old && clock::now() != before {
+        record_free(before, old);
+        if !new.is_null() {
+            record_alloc(kind, new, size, core::ptr::null_mut(), 0);
+        }
+    } else {
+        record_alloc(kind, new, size, old, 0);
+    }
 }
 
 #[inline(always)]

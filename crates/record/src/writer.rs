@@ -76,7 +76,7 @@ impl Writer {
 
     /// Copies out everything the threads committed and samples RSS.
     pub fn round(&mut self, last: bool) {
-        let watermark = clock::now();
+        let watermark = clock::advance();
         for slot in &SLOTS[..SLOTS_USED.load(Acquire)] {
             let state = slot.load(Acquire);
             if !state.is_null() && self.drain_thread(state) {

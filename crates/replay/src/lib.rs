@@ -19,6 +19,7 @@
 //! # Ok::<(), memgap_trace::TraceError>(())
 //! ```
 
+mod causal;
 mod live;
 mod merge;
 mod timeline;

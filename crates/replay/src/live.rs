@@ -72,6 +72,10 @@ impl LiveSet {
         self.live_bytes
     }
 
+    pub fn contains(&self, addr: u64) -> bool {
+        self.blocks.contains_key(&addr)
+    }
+
     pub fn len(&self) -> usize {
         self.blocks.len()
     }

@@ -17,6 +17,7 @@ use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
 
 use crate::Timeline;
+use crate::causal::RoundOrder;
 
 /// A heap event and the thread that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,13 @@ pub trait Visitor {
     fn end(&mut self, _end: &End) {}
     /// How the process ended, as seen by `memgap run`; always last.
     fn exit(&mut self, _exit: &Exit) {}
+    /// Whether a heap block starts at `addr` now, for a visitor that keeps
+    /// the live set: it lets the replay order events of one round from
+    /// several threads by causality (see [`crate::causal`]). `None`: the replay
+    /// guesses that a block freed in the round was live before it.
+    fn is_live(&self, _addr: u64) -> Option<bool> {
+        None
+    }
 }
 
 /// What the reader found besides the items.
@@ -114,6 +122,7 @@ struct Merger<'v, V: Visitor> {
     /// Every distinct call stack → its id (ids start at 1; 0 is "none").
     stack_ids: FxHashMap<Vec<u64>, u32>,
     frames: Vec<u64>,
+    round_order: RoundOrder,
 }
 
 /// Told how far a replay has read: (bytes of the trace read, its length).
@@ -132,7 +141,7 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     let trace = TraceFile::open(path)?;
     let progress = PROGRESS.get();
     let total = trace.len();
-    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), stack_ids: FxHashMap::default(), frames: Vec::new() };
+    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), stack_ids: FxHashMap::default(), frames: Vec::new(), round_order: RoundOrder::default() };
     let tail = trace.for_each_chunk(|offset, chunk| {
         if let Some(progress) = progress {
             progress(offset, total);
@@ -246,6 +255,28 @@ impl<V: Visitor> Merger<'_, V> {
         }
     }
 
+    /// Orders one round's events across threads (see [`crate::causal`]).
+    /// `items`: one run of events per thread, then the round's samples.
+    fn order_round(&mut self, items: &mut [Item]) {
+        let thread_of = |item: &Item| match item {
+            Item::Event(e) => Some(e.thread),
+            _ => None,
+        };
+        let events = items.iter().take_while(|item| thread_of(item).is_some()).count();
+        if events < 2 || thread_of(&items[0]) == thread_of(&items[events - 1]) {
+            return;
+        }
+        let mut round: Vec<ThreadEvent> = items[..events].iter().filter_map(|item| match item {
+            Item::Event(e) => Some(*e),
+            _ => None,
+        }).collect();
+        let visitor = &*self.visitor;
+        self.round_order.order(&mut round, |addr| visitor.is_live(addr));
+        for (item, event) in items.iter_mut().zip(round) {
+            *item = Item::Event(event);
+        }
+    }
+
     /// Hands the visitor every queued item older than `limit`, in time order.
     fn release(&mut self, limit: u64) {
         let mut batch = std::mem::take(&mut self.batch);
@@ -261,18 +292,35 @@ impl<V: Visitor> Merger<'_, V> {
         // Stable: each thread's own order is kept for equal times. The batch
         // is a few sorted runs, which the merge sort handles in linear time.
         batch.sort_by_key(Item::time);
-        for item in batch.drain(..) {
-            match item {
-                Item::Event(event) => {
-                    self.outcome.events += 1;
-                    self.visitor.event(&event);
-                }
-                Item::Rss(rss) => self.visitor.rss(&rss),
-                Item::Snapshot(snapshot) => self.visitor.snapshot(&snapshot),
-                Item::Placement(placement) => self.visitor.placement(&placement),
+        // Round by round: ordering a round asks the visitor which blocks are
+        // live, so the rounds before it must have reached the visitor.
+        let mut items = batch.drain(..).peekable();
+        let mut round = Vec::new();
+        while let Some(first) = items.next() {
+            let time = first.time();
+            round.push(first);
+            while let Some(item) = items.next_if(|item| item.time() == time) {
+                round.push(item);
+            }
+            self.order_round(&mut round);
+            for item in round.drain(..) {
+                self.dispatch(item);
             }
         }
+        drop(items);
         self.batch = batch;
+    }
+
+    fn dispatch(&mut self, item: Item) {
+        match item {
+            Item::Event(event) => {
+                self.outcome.events += 1;
+                self.visitor.event(&event);
+            }
+            Item::Rss(rss) => self.visitor.rss(&rss),
+            Item::Snapshot(snapshot) => self.visitor.snapshot(&snapshot),
+            Item::Placement(placement) => self.visitor.placement(&placement),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! Converts event times (TSC ticks or monotonic nanoseconds) to seconds since
-//! the process started, from the CLOCK records in the trace.
+//! Converts event times (writer rounds, TSC ticks of older traces, or
+//! monotonic nanoseconds) to seconds since the process started, from the
+//! CLOCK records in the trace. An event of round R maps to the moment R began.
 
 use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, Process};
 

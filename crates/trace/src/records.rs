@@ -24,6 +24,9 @@ pub const TAG_MEMORY_SAMPLES: u8 = 22;
 pub const CLOCK_MONOTONIC_NS: u8 = 0;
 /// x86 time-stamp counter; converted with the CLOCK records.
 pub const CLOCK_TSC: u8 = 1;
+/// The agent writer's round number (about 10 ms each); converted with the
+/// CLOCK records.
+pub const CLOCK_ROUNDS: u8 = 2;
 
 /// One process image: written when the agent starts and again after each exec.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -139,6 +142,19 @@ impl Residency {
             Residency::All => true,
             Residency::Bitmap(bits) => bits.get(page / 8).is_some_and(|b| b & (1 << (page % 8)) != 0),
             _ => false,
+        }
+    }
+
+    /// How many pages of `pages` are resident, in time bounded by the
+    /// bitmap, not by the range (a corrupt trace may claim any size).
+    pub fn resident_in(&self, pages: core::ops::Range<u64>) -> u64 {
+        match self {
+            Residency::All => pages.end.saturating_sub(pages.start),
+            Residency::Bitmap(bits) => {
+                let end = pages.end.min(bits.len() as u64 * 8);
+                (pages.start..end).filter(|&i| self.is_resident(i as usize)).count() as u64
+            }
+            _ => 0,
         }
     }
 }
@@ -586,6 +602,16 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn resident_pages_of_a_range_past_the_bitmap() {
+        let bitmap = Residency::Bitmap(vec![0b1010_0101, 0b0000_0001]);
+        assert_eq!(bitmap.resident_in(0..u64::MAX), 5);
+        assert_eq!(bitmap.resident_in(1..8), 3);
+        assert_eq!(bitmap.resident_in(9..u64::MAX), 0);
+        assert_eq!(Residency::All.resident_in(2..5), 3);
+        assert_eq!(Residency::Unknown.resident_in(0..9), 0);
+    }
+
     use super::*;
 
     #[test]
