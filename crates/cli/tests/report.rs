@@ -221,3 +221,23 @@ fn the_page_map_colours_pages_by_numa_node() {
     let by_class = screenshot(browser, &url, dir, "classes.png");
     assert!(by_class.count(|p| p == [66, 133, 244]) < node0 / 10, "the default colours pages by what they hold");
 }
+
+#[test]
+fn a_page_lists_its_blocks_and_their_call_sites() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, page) = culprit_report();
+    // The report's own data: where the main arena starts at the peak.
+    let json = page.split("<script type=\"application/json\" id=\"data\">").nth(1).and_then(|rest| rest.split("</script>").next()).expect("the data element");
+    let data: serde_json::Value = serde_json::from_str(json).unwrap();
+    let peak = &data["snapshots"][data["peak"].as_u64().unwrap() as usize]["pagemap"];
+    let heap = peak["maps"].as_array().unwrap().iter().find(|m| m["name"].as_str().unwrap().contains("[heap]")).expect("the main arena's page map");
+    assert!(peak["objects"]["sites"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("site_dense (culprit.c:")), "{}", peak["objects"]);
+    // 4 MiB in: culprit.c's dense 256-byte blocks, about 15 to a page.
+    let address = heap["start"].as_u64().unwrap() + (4 << 20);
+    let dom = dump_dom(browser, &format!("file://{}#address={address:x}", html.display()));
+    let detail = dom.split("<pre id=\"pagemap-page\" class=\"page-detail\">").nth(1).and_then(|rest| rest.split("</pre>").next()).expect("the page detail");
+    assert!(detail.contains(&format!("0x{:x}", address)), "{detail}");
+    assert!(detail.contains("live: ") && detail.contains(" blocks"), "{detail}");
+    assert!(detail.matches("256 B  site_dense (culprit.c:").count() >= 4, "{detail}");
+    assert!(detail.contains("more"), "a full page lists its first blocks: {detail}");
+}

@@ -92,6 +92,9 @@ pub struct Blame {
     /// Per call stack, unsorted and untruncated: for exports.
     #[serde(skip)]
     pub by_stack: Vec<BlameEntry>,
+    /// Call stack id → its allocation site, as one line ("function (file:line)").
+    #[serde(skip)]
+    pub site_of_stack: FxHashMap<u32, String>,
 }
 
 pub struct BlameOptions {
@@ -165,7 +168,7 @@ impl Visitor for BlameVisitor {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if self.seen == self.wanted {
-            self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { pages: false, stacks: true })));
+            self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() })));
         }
         self.seen += 1;
     }
@@ -209,11 +212,15 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     skip.extend(options.skip.iter().map(String::as_str));
 
     // Per stack: its frames and its allocation site.
+    let mut site_of_stack = FxHashMap::default();
     let stacks: Vec<(Vec<Frame>, Option<Frame>, Totals)> = totals
         .into_iter()
         .map(|(id, t)| {
             let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect()).unwrap_or_default();
             let site = frames.iter().find(|frame| !is_allocator_frame(frame, &skip)).or(frames.first()).cloned();
+            if let Some(site) = &site {
+                site_of_stack.insert(id, site_label(site));
+            }
             (frames, site, t)
         })
         .collect();
@@ -237,6 +244,16 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
         entries,
         warnings: symbolizer.warnings().iter().map(|w| w.to_string()).collect(),
         by_stack,
+        site_of_stack,
+    }
+}
+
+/// "function (file:line)", or the frame's own label when it has no source.
+fn site_label(site: &Frame) -> String {
+    match (&site.function, &site.file, site.line) {
+        (Some(function), Some(file), Some(line)) => format!("{function} ({}:{line})", file.rsplit('/').next().unwrap_or(file)),
+        (Some(function), _, _) => format!("{function} ({})", site.module.rsplit('/').next().unwrap_or(&site.module)),
+        _ => site.label(),
     }
 }
 

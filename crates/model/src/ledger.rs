@@ -150,7 +150,35 @@ pub struct PageMap {
     /// The NUMA node of each page ([`NO_NODE`]: not resident or unknown);
     /// empty when the agent recorded no placement for this mapping.
     pub nodes: Vec<u8>,
+    /// The live blocks on each page, when asked for ([`Detail::objects`]).
+    pub objects: Option<PageObjects>,
 }
+
+/// The live blocks on the pages of one page map, for the report's hover.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PageObjects {
+    /// Per page: requested bytes of the live blocks on it.
+    pub live_bytes: Vec<u32>,
+    /// Per page: how many live blocks touch it.
+    pub blocks: Vec<u32>,
+    /// Each page's first blocks in address order, by page; a block that
+    /// spans pages is listed on each.
+    pub listed: Vec<ListedBlock>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedBlock {
+    pub page: u32,
+    pub addr: u64,
+    pub size: u64,
+    pub stack: u32,
+}
+
+/// Blocks listed over all page maps of one ledger: about 8 bytes each in the
+/// report, so a 1 GiB heap lists 4 per page and a 16 GiB heap none.
+const LISTED_BLOCKS: u64 = 1 << 20;
+/// Blocks listed per page at most.
+const LISTED_PER_PAGE: u64 = 8;
 
 /// In [`PageMap::nodes`]: no node known for the page.
 pub const NO_NODE: u8 = u8::MAX;
@@ -233,6 +261,8 @@ pub struct Detail {
     pub pages: bool,
     /// Shares per call stack, for blame.
     pub stacks: bool,
+    /// The blocks on each page of the page maps (with `pages`).
+    pub objects: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -292,6 +322,12 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
     let mut previous: Option<&Mapping> = None;
     let mut lazy_outside_heap = 0;
     let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
+    let listed_per_page = if want_pages && detail.objects {
+        let heap_pages: u64 = snapshot.mappings.iter().filter(|m| m.is_private_writable_anonymous() && countable_by_page(m, page)).map(|m| (m.end - m.start) / page).sum();
+        (LISTED_BLOCKS / heap_pages.max(1)).min(LISTED_PER_PAGE)
+    } else {
+        0
+    };
 
     for mapping in &snapshot.mappings {
         // The .bss of an ELF object: anonymous, right after its data segment.
@@ -403,7 +439,8 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         ledger.mappings.push(entry);
         if allocator_owned {
             if want_pages {
-                ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages, nodes: Vec::new() });
+                let objects = detail.objects.then(|| page_objects(mapping, mapping_blocks, page, listed_per_page));
+                ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages, nodes: Vec::new(), objects });
             }
             if heap.kind == "mapping" {
                 merged.mappings += 1;
@@ -584,6 +621,34 @@ fn account_pages(
     (classes, taken)
 }
 
+/// The live blocks on each page of `mapping` (`blocks` in address order),
+/// listing at most `per_page` of them per page.
+fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, per_page: u64) -> PageObjects {
+    let count = ((mapping.end - mapping.start) / page) as usize;
+    let mut objects = PageObjects { live_bytes: vec![0; count], blocks: vec![0; count], listed: Vec::new() };
+    for b in blocks {
+        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
+            continue;
+        }
+        let first = (b.start.max(mapping.start) - mapping.start) / page;
+        let last = ((b.end.min(mapping.end) - 1 - mapping.start) / page).min(count as u64 - 1);
+        for i in first..=last {
+            let ps = mapping.start + i * page;
+            let at = i as usize;
+            objects.blocks[at] += 1;
+            objects.live_bytes[at] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
+            if u64::from(objects.blocks[at]) <= per_page {
+                objects.listed.push(ListedBlock { page: i as u32, addr: b.addr, size: b.size, stack: b.stack });
+            }
+        }
+    }
+    // Blocks that do not overlap come out in page order; a corrupt trace's may not.
+    if !objects.listed.is_sorted_by_key(|b| b.page) {
+        objects.listed.sort_by_key(|b| b.page);
+    }
+    objects
+}
+
 /// Shares each used page's free bytes among its blocks by the bytes each
 /// takes there; calls `visit` with each block, its share and the indexes of
 /// the first and last page it touches.
@@ -701,10 +766,24 @@ mod tests {
     }
 
     #[test]
+    fn page_objects_list_each_pages_blocks_and_spanning_blocks_on_every_page() {
+        // A block over pages 0-2, then two small blocks on page 2.
+        let blocks = [(HEAP + 16, 2 * PAGE + 100), (HEAP + 2 * PAGE + 200, 40), (HEAP + 2 * PAGE + 300, 50)];
+        let ledger = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, objects: true, ..Detail::default() });
+        let objects = ledger.page_maps[0].objects.as_ref().expect("objects asked for");
+        assert_eq!(objects.blocks, vec![1, 1, 3, 0]);
+        assert_eq!(objects.live_bytes, vec![(PAGE - 16) as u32, PAGE as u32, (16 + 100 + 40 + 50) as u32, 0]);
+        let listed: Vec<(u32, u64)> = objects.listed.iter().map(|b| (b.page, b.addr)).collect();
+        assert_eq!(listed, vec![(0, HEAP + 16), (1, HEAP + 16), (2, HEAP + 16), (2, HEAP + 2 * PAGE + 200), (2, HEAP + 2 * PAGE + 300)]);
+        let plain = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, ..Detail::default() });
+        assert!(plain.page_maps[0].objects.is_none());
+    }
+
+    #[test]
     fn one_block_per_page_is_fragmented_and_rows_add_up() {
         // 16 pages, one 64-byte block at the start of each.
         let blocks: Vec<(u64, u64)> = (0..16).map(|i| (HEAP + 16 + i * PAGE, 64)).collect();
-        let ledger = compute(&mut state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true });
+        let ledger = compute(&mut state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true, objects: true });
         assert_eq!(ledger.rows.live, 16 * 64);
         assert_eq!(ledger.rows.slack, 16 * 8 + 16 * 8, "8 bytes of header + 8 of rounding per block");
         assert_eq!(ledger.rows.fragmented, 16 * (PAGE - 80));

@@ -127,7 +127,7 @@ impl Visitor for ReportVisitor {
         let is_peak = index == self.peak;
         let always = is_peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
-        let detail = Detail { pages: always || spaced, stacks: is_peak };
+        let detail = Detail { pages: always || spaced, stacks: is_peak, objects: is_peak };
         let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();

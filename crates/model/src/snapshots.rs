@@ -125,7 +125,7 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if (self.wanted)(self.seen) {
-            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, stacks: false })));
+            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() })));
         }
         self.seen += 1;
     }

@@ -42,7 +42,8 @@ pub fn page_byte(class: PageClass) -> u8 {
 /// The whole report as one HTML document.
 pub fn report(report: &Report, trace_name: &str) -> String {
     let mut blobs: Vec<String> = Vec::new();
-    let snapshots: Vec<Value> = report.snapshots.iter().enumerate().map(|(index, ledger)| snapshot(index, ledger, &mut blobs)).collect();
+    let site_of = |stack: u32| report.blame.as_ref().and_then(|b| b.site_of_stack.get(&stack)).map(String::as_str);
+    let snapshots: Vec<Value> = report.snapshots.iter().enumerate().map(|(index, ledger)| snapshot(index, ledger, &mut blobs, &site_of)).collect();
     let data = json!({
         "trace": trace_name,
         "summary": summary(report),
@@ -131,7 +132,7 @@ fn summary(report: &Report) -> Value {
     })
 }
 
-fn snapshot(index: usize, l: &Ledger, blobs: &mut Vec<String>) -> Value {
+fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn Fn(u32) -> Option<&'a str>) -> Value {
     let maps = if l.page_maps.is_empty() {
         Value::Null
     } else {
@@ -151,7 +152,8 @@ fn snapshot(index: usize, l: &Ledger, blobs: &mut Vec<String>) -> Value {
         } else {
             None
         };
-        json!({"blob": blob, "nodes_blob": nodes_blob, "bytes": bytes.len(), "maps": maps})
+        let objects = page_objects(l, blobs, site_of);
+        json!({"blob": blob, "nodes_blob": nodes_blob, "bytes": bytes.len(), "maps": maps, "objects": objects})
     };
     json!({
         "index": index,
@@ -173,6 +175,61 @@ fn snapshot(index: usize, l: &Ledger, blobs: &mut Vec<String>) -> Value {
         "pagemap": maps,
         "ruby": l.ruby,
     })
+}
+
+/// The blocks on each page, for the page map's hover, when the ledger has
+/// them (at the peak): two blobs in page order over all maps, as the class
+/// bytes are. `live`: each page's live bytes, u32 little-endian. `blocks`:
+/// per page, varints: blocks touching it, how many are listed, then per
+/// listed block its address less the page's (zigzag), its size and its
+/// site's index in `sites` plus one (0: no stack).
+fn page_objects<'a>(l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn Fn(u32) -> Option<&'a str>) -> Value {
+    if l.page_maps.iter().all(|m| m.objects.is_none()) {
+        return Value::Null;
+    }
+    let mut live = Vec::new();
+    let mut stream = Vec::new();
+    let mut sites: Vec<&str> = Vec::new();
+    let mut site_index: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for map in &l.page_maps {
+        let Some(objects) = &map.objects else {
+            live.extend(std::iter::repeat_n(0u8, 4 * map.pages.len()));
+            stream.extend(std::iter::repeat_n(0u8, 2 * map.pages.len()));
+            continue;
+        };
+        let mut listed = objects.listed.iter().peekable();
+        for page in 0..map.pages.len() {
+            live.extend_from_slice(&objects.live_bytes.get(page).copied().unwrap_or(0).to_le_bytes());
+            put_varint(&mut stream, u64::from(objects.blocks.get(page).copied().unwrap_or(0)));
+            let on_page: Vec<_> = std::iter::from_fn(|| listed.next_if(|b| b.page as usize == page)).collect();
+            put_varint(&mut stream, on_page.len() as u64);
+            let page_addr = map.start + page as u64 * map.page_size;
+            for block in on_page {
+                let delta = block.addr.wrapping_sub(page_addr) as i64;
+                put_varint(&mut stream, ((delta << 1) ^ (delta >> 63)) as u64);
+                put_varint(&mut stream, block.size);
+                let site = site_of(block.stack).map_or(0, |label| {
+                    *site_index.entry(label).or_insert_with(|| {
+                        sites.push(label);
+                        sites.len() as u64
+                    })
+                });
+                put_varint(&mut stream, site);
+            }
+        }
+    }
+    blobs.push(base64(&gzip(&live)));
+    let live_blob = blobs.len() - 1;
+    blobs.push(base64(&gzip(&stream)));
+    json!({"live_blob": live_blob, "blocks_blob": blobs.len() - 1, "sites": sites})
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
 }
 
 /// All entries when few; else the top of each order the table sorts by.

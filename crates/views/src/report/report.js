@@ -405,7 +405,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       for (const m of layout.maps) {
         if (row >= m.row && row < m.row + m.rows) {
           const i = (row - m.row) * layout.cols + col;
-          return i < m.pages ? { map: m, index: i, byte: layout.bytes[m.offset + i], node: layout.nodes ? layout.nodes[m.offset + i] : null } : null;
+          return i < m.pages ? hitOf(m, i) : null;
         }
       }
       return null;
@@ -424,6 +424,11 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       $('pagemap-colour-label').hidden = !hasNodes;
       const byNode = hasNodes && colourBy.value === 'node';
       layout = build(withPages, bytes, byNode ? await decode(s.pagemap.nodes_blob) : null);
+      const o = s.pagemap.objects;
+      if (o) {
+        const [live, blocks] = await Promise.all([decode(o.live_blob), decode(o.blocks_blob)]);
+        layout.objects = { live: new DataView(live.buffer, live.byteOffset, live.byteLength), blocks, sites: o.sites, index: null };
+      }
       canvas.setAttribute('data-colour', byNode ? 'node' : 'class');
       view = fit();
       const zoom = parseFloat(params.get('zoom'));
@@ -434,6 +439,68 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       canvas.setAttribute('data-pages', String(total));
       canvas.setAttribute('data-snapshot', String(withPages));
       draw();
+      const address = parseInt(params.get('address') || '', 16);
+      if (address > 0) {
+        const hit = pageOfAddress(address);
+        $('pagemap-page').textContent = hit ? describe(hit) : 'No heap page at 0x' + address.toString(16) + ' in snapshot ' + withPages + '.';
+      }
+    }
+    function pageOfAddress(address) {
+      for (const m of layout.maps) {
+        const i = Math.floor((address - m.start) / m.pageSize);
+        if (i >= 0 && i < m.pages) return hitOf(m, i);
+      }
+      return null;
+    }
+    function hitOf(m, i) {
+      return { map: m, index: i, byte: layout.bytes[m.offset + i], node: layout.nodes ? layout.nodes[m.offset + i] : null };
+    }
+    // Per page, where its entry starts in the blocks stream (see html.rs).
+    function readVarint(bytes, at) {
+      let value = 0, scale = 1, b;
+      do {
+        b = bytes[at.pos++];
+        value += (b & 0x7f) * scale;
+        scale *= 128;
+      } while (b & 0x80);
+      return value;
+    }
+    function blocksOn(g) {
+      const o = layout.objects;
+      if (!o.index) {
+        const pages = layout.maps.reduce((n, m) => Math.max(n, m.offset + m.pages), 0);
+        o.index = new Uint32Array(pages);
+        const at = { pos: 0 };
+        for (let p = 0; p < pages && at.pos < o.blocks.length; p++) {
+          o.index[p] = at.pos;
+          readVarint(o.blocks, at);
+          const listed = readVarint(o.blocks, at);
+          for (let k = 0; k < 3 * listed; k++) readVarint(o.blocks, at);
+        }
+      }
+      const at = { pos: o.index[g] };
+      const count = readVarint(o.blocks, at);
+      const listed = [];
+      for (let n = readVarint(o.blocks, at); n > 0; n--) {
+        const zigzag = readVarint(o.blocks, at);
+        const delta = zigzag % 2 ? -(zigzag + 1) / 2 : zigzag / 2;
+        listed.push({ delta, size: readVarint(o.blocks, at), site: readVarint(o.blocks, at) });
+      }
+      return { count, listed, live: o.live.getUint32(4 * g, true) };
+    }
+    function describe(hit) {
+      const address = hit.map.start + hit.index * hit.map.pageSize;
+      let text = hit.map.name + '\n0x' + address.toString(16) + '  (page ' + fmtCount(hit.index) + ' of ' + fmtCount(hit.map.pages) + ')\n' + pageClassText(hit.byte) +
+        (hit.node === null ? '' : hit.node === NO_NODE ? '\nnode: unknown' : '\nNUMA node ' + hit.node);
+      if (!layout.objects) return text + '\n(blocks and their call sites are listed at the peak snapshot)';
+      const b = blocksOn(hit.map.offset + hit.index);
+      if (b.count === 0) return text + '\nno live block';
+      text += '\nlive: ' + fmtBytes(b.live) + ' in ' + fmtCount(b.count) + (b.count === 1 ? ' block' : ' blocks');
+      for (const block of b.listed) {
+        text += '\n  0x' + (address + block.delta).toString(16) + '  ' + fmtBytes(block.size) + '  ' + (block.site ? layout.objects.sites[block.site - 1] : '(no stack recorded)');
+      }
+      if (b.count > b.listed.length) text += '\n  \u2026 and ' + fmtCount(b.count - b.listed.length) + ' more';
+      return text;
     }
     canvas.addEventListener('wheel', (e) => {
       if (!layout) return;
@@ -446,7 +513,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       redraw();
     }, { passive: false });
     canvas.addEventListener('mousedown', (e) => { if (layout) { drag = { x: e.clientX, y: e.clientY, ox: view.ox, oy: view.oy }; e.preventDefault(); } });
-    window.addEventListener('mouseup', () => { drag = null; });
+    let dragged = false;
+    window.addEventListener('mouseup', (e) => { dragged = drag !== null && Math.abs(e.clientX - drag.x) + Math.abs(e.clientY - drag.y) > 3; drag = null; });
     canvas.addEventListener('mousemove', (e) => {
       if (drag && layout) {
         view.ox = drag.ox + e.clientX - drag.x;
@@ -456,9 +524,11 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       }
       const hit = pageAt(mouse(canvas, e));
       if (!hit) { hideTip(); return; }
-      const address = hit.map.start + hit.index * hit.map.pageSize;
-      showTip(e, hit.map.name + '\n0x' + address.toString(16) + '  (page ' + fmtCount(hit.index) + ' of ' + fmtCount(hit.map.pages) + ')\n' + pageClassText(hit.byte) +
-        (hit.node === null ? '' : hit.node === NO_NODE ? '\nnode: unknown' : '\nNUMA node ' + hit.node));
+      showTip(e, describe(hit));
+    });
+    canvas.addEventListener('click', (e) => {
+      const hit = dragged ? null : pageAt(mouse(canvas, e));
+      if (hit) $('pagemap-page').textContent = describe(hit);
     });
     canvas.addEventListener('mouseleave', hideTip);
     canvas.addEventListener('dblclick', () => { if (layout) { view = fit(); redraw(); } });
