@@ -39,6 +39,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     progress::install();
     let result = match cli.command {
@@ -65,5 +66,17 @@ fn main() -> ExitCode {
             eprintln!("memgap: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The analysis builds and drops buffers the size of the traced heap at
+/// every snapshot. glibc would hand each back to the kernel (a fresh mmap
+/// above 32 MiB, a trim below) and fault the next one in again: a report
+/// on a 1 GiB heap spent 40 % of its time in page faults. Keeping freed
+/// memory for reuse costs no more than the largest buffer.
+fn keep_freed_memory() {
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
 }
