@@ -5,8 +5,9 @@
 //! buffer decodes on its own once its start is known. Layout of one record:
 //!
 //! ```text
-//! header u8      kind (bits 0-4) | CPU_CHANGED (bit 5) | HAS_STACK (bit 6) | NEW_STACK (bit 7)
-//! time           zigzag varint, ticks since the previous record
+//! header u8      kind (bits 0-3) | SAME_TIME (bit 4) | CPU_CHANGED (bit 5) | HAS_STACK (bit 6) | NEW_STACK (bit 7)
+//! time           zigzag varint, ticks since the previous record; only without
+//!                SAME_TIME (format 1.0 never set it and always wrote the time)
 //! cpu            varint, only when CPU_CHANGED
 //! payload        kind-specific varints, see `EventKind`
 //! stack          varint, only when HAS_STACK: the thread's id for the call stack
@@ -105,7 +106,9 @@ impl EventKind {
     }
 }
 
-const KIND_MASK: u8 = 0x1f;
+const KIND_MASK: u8 = 0x0f;
+/// Events carry the writer's round: nearly every event has its predecessor's time.
+const SAME_TIME: u8 = 0x10;
 const CPU_CHANGED: u8 = 0x20;
 const HAS_STACK: u8 = 0x40;
 const NEW_STACK: u8 = 0x80;
@@ -194,10 +197,14 @@ impl RawEncoder {
             if event.stack != NO_STACK {
                 header |= HAS_STACK;
             }
-            *out = header;
             let mut p = out.add(1);
-            p = varint::write_raw(p, zigzag(event.time.wrapping_sub(state.time) as i64));
-            state.time = event.time;
+            if event.time == state.time {
+                header |= SAME_TIME;
+            } else {
+                p = varint::write_raw(p, zigzag(event.time.wrapping_sub(state.time) as i64));
+                state.time = event.time;
+            }
+            *out = header;
             if header & CPU_CHANGED != 0 {
                 p = varint::write_raw(p, u64::from(event.cpu));
                 state.cpu = event.cpu;
@@ -278,7 +285,9 @@ pub fn decode_with_stack(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames
     let header = cursor.u8()?;
     let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
     let mut event = Event { kind: Some(kind), ..Event::default() };
-    state.time = state.time.wrapping_add(cursor.signed()? as u64);
+    if header & SAME_TIME == 0 {
+        state.time = state.time.wrapping_add(cursor.signed()? as u64);
+    }
     event.time = state.time;
     if header & CPU_CHANGED != 0 {
         state.cpu = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
@@ -388,6 +397,19 @@ mod tests {
                 let kind = EventKind::from_u8(k).unwrap();
                 normalized(kind, Event { time, kind: Some(kind), cpu, addr, size, usable, old_addr, extra, stack })
             })
+    }
+
+    #[test]
+    fn an_event_at_the_same_time_omits_it_and_format_1_0_records_still_decode() {
+        let event = Event { time: 0, kind: Some(EventKind::Malloc), addr: 0x40, size: 24, usable: 24, ..Event::default() };
+        let mut out = [0u8; MAX_RECORD_LEN];
+        let end = unsafe { RawEncoder::encode(&mut DeltaState::default(), out.as_mut_ptr(), &event) };
+        let written = unsafe { end.offset_from(out.as_ptr()) } as usize;
+        assert_eq!(&out[..written], &[EventKind::Malloc as u8 | SAME_TIME, 0x80, 0x01, 24, 0]);
+        // 1.0 wrote the time delta (0 here) every time.
+        let old = [EventKind::Malloc as u8, 0, 0x80, 0x01, 24, 0];
+        let decoded = decode_with_stack(&mut DeltaState::default(), &mut Cursor::new(&old), &mut Vec::new()).unwrap().0;
+        assert_eq!(decoded, event);
     }
 
     proptest! {

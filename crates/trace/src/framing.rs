@@ -17,7 +17,7 @@ use std::path::Path;
 use crate::TraceError;
 
 pub const FILE_MAGIC: [u8; 8] = *b"MEMGAPT\0";
-pub const VERSION_MAJOR: u16 = 1;
+pub const VERSION_MAJOR: u16 = 2;
 pub const VERSION_MINOR: u16 = 0;
 pub const FILE_HEADER_LEN: usize = 32;
 
