@@ -14,7 +14,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsiz
 
 use memgap_trace::event::{DeltaState, Event, MAX_RECORD_LEN, RawEncoder, max_record_len};
 
-use crate::stacks::{MAX_DEPTH, ThreadStacks};
+use crate::stacks::ThreadStacks;
 
 use crate::sys::{self, SpinLock};
 
@@ -230,21 +230,17 @@ pub fn append_allocation(event: &mut Event) {
     unsafe {
         let st = &mut *state;
         let stacks = st.stacks.get_or_insert_with(|| Box::new(ThreadStacks::new()));
-        let mut frames = [0u64; MAX_DEPTH];
         // A thread's first capture looks up its stack and the loaded
         // modules, which may set errno.
         let errno = *libc::__errno_location();
-        let depth = stacks.capture(&mut frames);
+        let depth = stacks.capture();
         *libc::__errno_location() = errno;
-        let mut definition = None;
+        let mut new = false;
         if depth > 0 {
-            let (id, new) = stacks.intern(&frames[..depth]);
-            event.stack = id;
-            if new {
-                definition = Some(&frames[..depth]);
-            }
+            (event.stack, new) = stacks.intern_captured(depth);
         }
         if st.room(max_record_len(depth)) {
+            let definition = new.then(|| st.stacks.as_deref().expect("made above").captured(depth));
             st.cursor = RawEncoder::encode_with_stack(&mut st.delta, st.cursor, event, definition);
             st.publish();
         }

@@ -46,25 +46,49 @@ pub struct ThreadStacks {
     /// On the heap: thread stacks may be small.
     table: alloc::boxed::Box<[Slot]>,
     next_id: u32,
+    /// The last captured stack. Here rather than on the program's stack:
+    /// zeroing 2 KiB per allocation cost more than the unwinding it feeds.
+    frames: alloc::boxed::Box<[u64]>,
 }
 
 impl ThreadStacks {
     pub fn new() -> Self {
-        ThreadStacks { unwinder: ThreadUnwinder::new(), table: alloc::vec![Slot::default(); TABLE_SLOTS].into_boxed_slice(), next_id: 1 }
+        ThreadStacks {
+            unwinder: ThreadUnwinder::new(),
+            table: alloc::vec![Slot::default(); TABLE_SLOTS].into_boxed_slice(),
+            next_id: 1,
+            frames: alloc::vec![0; MAX_DEPTH].into_boxed_slice(),
+        }
     }
 
-    /// Captures the caller's caller's stack into `frames`; returns how many.
+    /// Captures the caller's caller's stack; returns its depth (see [`Self::captured`]).
     #[inline(always)]
-    pub fn capture(&mut self, frames: &mut [u64; MAX_DEPTH]) -> usize {
+    pub fn capture(&mut self) -> usize {
         let depth = DEPTH.load(Relaxed);
         // With skip 0 the first address is the return into
         // append_allocation; the hook's comes next, then the program's.
         let skip = AGENT_FRAMES;
+        let frames = &mut self.frames[..depth];
         match MODE.load(Relaxed) {
-            DWARF => self.unwinder.capture(&mut frames[..depth], skip),
-            FRAME_POINTERS => self.unwinder.capture_frame_pointers(&mut frames[..depth], skip),
+            DWARF => self.unwinder.capture(frames, skip),
+            FRAME_POINTERS => self.unwinder.capture_frame_pointers(frames, skip),
             _ => 0,
         }
+    }
+
+    /// The stack [`Self::capture`] took, `depth` frames deep.
+    #[inline(always)]
+    pub fn captured(&self, depth: usize) -> &[u64] {
+        &self.frames[..depth]
+    }
+
+    /// Interns the stack [`Self::capture`] took.
+    #[inline(always)]
+    pub fn intern_captured(&mut self, depth: usize) -> (u32, bool) {
+        let frames = core::mem::take(&mut self.frames);
+        let interned = self.intern(&frames[..depth]);
+        self.frames = frames;
+        interned
     }
 
     /// The id of this stack, and whether it is new (must be defined).
