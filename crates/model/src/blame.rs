@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{Change, ThreadEvent, Visitor, replay};
+use memgap_replay::{Change, LiveSet, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::TraceError;
 use memgap_trace::records::{Metrics, Module, Process, Snapshot, Thread};
@@ -130,8 +130,8 @@ impl BlameVisitor {
 }
 
 impl Visitor for BlameVisitor {
-    fn is_live(&self, addr: u64) -> Option<bool> {
-        Some(self.state.live.contains(addr))
+    fn live_set(&self) -> Option<&LiveSet> {
+        Some(&self.state.live)
     }
 
     fn process(&mut self, _process: &Process) {

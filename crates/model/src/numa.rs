@@ -427,8 +427,8 @@ impl NumaVisitor {
 }
 
 impl Visitor for NumaVisitor {
-    fn is_live(&self, addr: u64) -> Option<bool> {
-        self.state.as_ref().map(|state| state.live.contains(addr))
+    fn live_set(&self) -> Option<&memgap_replay::LiveSet> {
+        self.state.as_ref().map(|state| &state.live)
     }
 
     fn process(&mut self, process: &Process) {

@@ -66,8 +66,8 @@ struct ReportVisitor {
 }
 
 impl Visitor for ReportVisitor {
-    fn is_live(&self, addr: u64) -> Option<bool> {
-        self.summary.is_live(addr)
+    fn live_set(&self) -> Option<&memgap_replay::LiveSet> {
+        Some(&self.blame.state.live)
     }
 
     fn metrics(&mut self, metrics: &Metrics) {

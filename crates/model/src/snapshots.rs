@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{ThreadEvent, Timeline, Visitor, replay};
+use memgap_replay::{LiveSet, ThreadEvent, Timeline, Visitor, replay};
 use memgap_trace::TraceError;
 use memgap_trace::TraceFile;
 use memgap_trace::records::{Metrics, Process, Record, Records, Snapshot, Thread};
@@ -93,8 +93,8 @@ struct LedgerVisitor<'a> {
 }
 
 impl Visitor for LedgerVisitor<'_> {
-    fn is_live(&self, addr: u64) -> Option<bool> {
-        Some(self.state.live.contains(addr))
+    fn live_set(&self) -> Option<&LiveSet> {
+        Some(&self.state.live)
     }
 
     fn process(&mut self, process: &Process) {

@@ -170,8 +170,8 @@ impl Builder {
 }
 
 impl Visitor for Builder {
-    fn is_live(&self, addr: u64) -> Option<bool> {
-        Some(self.live.contains(addr))
+    fn live_set(&self) -> Option<&LiveSet> {
+        Some(&self.live)
     }
 
     fn process(&mut self, process: &Process) {

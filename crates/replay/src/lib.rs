@@ -19,6 +19,7 @@
 //! # Ok::<(), memgap_trace::TraceError>(())
 //! ```
 
+mod address_table;
 mod causal;
 mod live;
 mod merge;

@@ -1,11 +1,11 @@
 //! The live heap: which blocks exist after each event.
 
 use memgap_trace::EventKind;
-use rustc_hash::FxHashMap;
 
 use crate::ThreadEvent;
+use crate::address_table::AddressTable;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Block {
     /// Bytes the program asked for.
     pub size: u64,
@@ -29,7 +29,7 @@ pub enum Change {
 
 #[derive(Debug, Default)]
 pub struct LiveSet {
-    blocks: FxHashMap<u64, Block>,
+    blocks: AddressTable<Block>,
     live_bytes: u64,
     /// Frees of blocks allocated before recording started (or whose event
     /// was lost): nothing to remove.
@@ -73,7 +73,20 @@ impl LiveSet {
     }
 
     pub fn contains(&self, addr: u64) -> bool {
-        self.blocks.contains_key(&addr)
+        self.blocks.contains(addr)
+    }
+
+    /// Starts fetching into the CPU's cache what applying `event` will
+    /// look up: the slots of the block it frees and of the one it
+    /// allocates. Called some events ahead, this hides the cache misses
+    /// that otherwise dominate a replay.
+    #[inline]
+    pub fn prefetch(&self, event: &ThreadEvent) {
+        let e = &event.event;
+        if matches!(e.kind(), EventKind::Realloc | EventKind::Reallocarray) {
+            self.blocks.prefetch(e.old_addr);
+        }
+        self.blocks.prefetch(e.addr);
     }
 
     pub fn len(&self) -> usize {
@@ -81,11 +94,11 @@ impl LiveSet {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.blocks.len() == 0
     }
 
     pub fn blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
-        self.blocks.iter().map(|(&addr, block)| (addr, block))
+        self.blocks.iter()
     }
 
     /// Forgets everything (a new process image after exec).
@@ -100,9 +113,9 @@ impl LiveSet {
     /// changed rather than a sort of everything.
     pub fn in_address_order(&mut self) -> &[(u64, Block)] {
         let ordered = &mut self.ordered;
-        if ordered.stale || (ordered.blocks.is_empty() && !self.blocks.is_empty()) {
+        if ordered.stale || (ordered.blocks.is_empty() && self.blocks.len() > 0) {
             ordered.blocks.clear();
-            ordered.blocks.extend(self.blocks.iter().map(|(&addr, &block)| (addr, block)));
+            ordered.blocks.extend(self.blocks.iter().map(|(addr, &block)| (addr, block)));
             ordered.blocks.sort_unstable_by_key(|&(addr, _)| addr);
         } else if !ordered.added.is_empty() || !ordered.removed.is_empty() {
             ordered.removed.sort_unstable();
@@ -113,7 +126,7 @@ impl LiveSet {
             }
             ordered.added.sort_unstable();
             ordered.added.dedup();
-            let added: Vec<(u64, Block)> = ordered.added.iter().filter_map(|addr| self.blocks.get(addr).map(|&block| (*addr, block))).collect();
+            let added: Vec<(u64, Block)> = ordered.added.iter().filter_map(|addr| self.blocks.get(*addr).map(|&block| (*addr, block))).collect();
             if !added.is_empty() {
                 let old = std::mem::take(&mut ordered.blocks);
                 ordered.blocks.reserve(old.len() + added.len());
@@ -183,7 +196,7 @@ impl LiveSet {
     }
 
     fn remove(&mut self, addr: u64) -> Option<Block> {
-        match self.blocks.remove(&addr) {
+        match self.blocks.remove(addr) {
             Some(block) => {
                 self.live_bytes = self.live_bytes.wrapping_sub(block.size);
                 self.ordered.note(None, Some(addr), self.blocks.len());
