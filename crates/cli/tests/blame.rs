@@ -173,3 +173,32 @@ fn exports_read_by_pprof_folded_and_flamegraph() {
     let top = text(&go.stdout);
     assert!(top.lines().any(|l| l.contains("site_sparse")), "{top}");
 }
+
+/// Call paths that reach malloc at the same stack depth, in a changing
+/// order: the agent remembers stack walks by stack pointer, and a recalled
+/// walk must be the one its own path takes. Each path allocates its own
+/// size, so a stack that got another path's allocations would hold bytes
+/// that are no multiple of its size.
+#[test]
+fn paths_that_share_a_stack_depth_keep_their_own_stacks() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, flags) in [("stack_paths", &["-O2", "-g"][..]), ("stack_paths_fp", &["-O2", "-g", "-fno-omit-frame-pointer"][..])] {
+        let prog = compile_with(dir.path(), "stack_paths.c", name, flags);
+        let trace = record(dir.path(), &prog, &[]);
+        let entries = blame(&trace, &["--per-stack", "--by", "live", "--top", "100"]);
+        let functions = |entry: &Value| -> Vec<String> { entry["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str().map(String::from)).collect() };
+        let mut paths = std::collections::BTreeSet::new();
+        for entry in entries.iter().filter(|e| functions(e).iter().any(|f| f == "leaf")) {
+            let stack = functions(entry);
+            let path = ["path_a", "path_b", "path_c"].iter().position(|p| stack.iter().any(|f| f == p)).unwrap_or_else(|| panic!("{name}: no path in {stack:?}"));
+            let size = 101 + path as u64;
+            let (live, objects) = (entry["live_bytes"].as_u64().unwrap(), entry["objects"].as_u64().unwrap());
+            assert_eq!(live, objects * size, "{name}: the stack {stack:?} holds blocks of another path");
+            let via = stack.iter().any(|f| f == "middle");
+            assert_eq!(via, stack.iter().any(|f| f == "via_a" || f == "via_b"), "{name}: {stack:?}");
+            assert!(objects > 300, "{name}: {objects} blocks on {stack:?}");
+            paths.insert((path, via));
+        }
+        assert_eq!(paths.len(), 5, "{name}: every path has its own stack: {paths:?}");
+    }
+}

@@ -376,10 +376,12 @@ fn file_size_limit_lowered_before_exit_does_not_kill_the_program() {
     let (_tmp, dir) = tempdir();
     let prog = compile(&dir, "churn_hwm.c");
     let trace = dir.join("t.mgt");
-    let traced = run_traced(&dir, &trace, &prog, &["500000", "limit-at-exit"]);
+    // Enough pairs to span several writer rounds, so chunks reach the file
+    // before the limit drops (a run within one round would lose them all).
+    let traced = run_traced(&dir, &trace, &prog, &["3000000", "limit-at-exit"]);
     assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
     assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
-    assert!(text(&traced.stdout).ends_with("pairs 500000\n"));
+    assert!(text(&traced.stdout).ends_with("pairs 3000000\n"));
     let s = summary_json(&trace);
     assert!(events(&s, "malloc") > 0, "{s:#}");
 }

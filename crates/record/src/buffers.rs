@@ -233,14 +233,11 @@ pub fn append_allocation(event: &mut Event) {
         // A thread's first capture looks up its stack and the loaded
         // modules, which may set errno.
         let errno = *libc::__errno_location();
-        let depth = stacks.capture();
+        let (id, new_depth) = stacks.capture();
         *libc::__errno_location() = errno;
-        let mut new = false;
-        if depth > 0 {
-            (event.stack, new) = stacks.intern_captured(depth);
-        }
-        if st.room(max_record_len(depth)) {
-            let definition = new.then(|| st.stacks.as_deref().expect("made above").captured(depth));
+        event.stack = id;
+        if st.room(max_record_len(new_depth)) {
+            let definition = (new_depth > 0).then(|| st.stacks.as_deref().expect("made above").captured(new_depth));
             st.cursor = RawEncoder::encode_with_stack(&mut st.delta, st.cursor, event, definition);
             st.publish();
         }

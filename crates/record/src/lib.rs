@@ -27,6 +27,7 @@ mod recorder;
 mod sys;
 mod trim;
 mod unwind;
+mod walk_memo;
 mod writer;
 
 #[global_allocator]

@@ -4,7 +4,7 @@
 
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 
-use crate::unwind::ThreadUnwinder;
+use crate::unwind::{Capture, ThreadUnwinder};
 
 pub const MAX_DEPTH: usize = 256;
 /// Agent frames above the program's call: the hook and `append_allocation`.
@@ -61,18 +61,32 @@ impl ThreadStacks {
         }
     }
 
-    /// Captures the caller's caller's stack; returns its depth (see [`Self::captured`]).
+    /// Captures the caller's caller's stack and interns it: its id (0:
+    /// none) and, when the id is new, the depth of its frames (see
+    /// [`Self::captured`]) to define it with; 0 otherwise. Walks are
+    /// remembered under their id, so a repeated stack costs no unwinding.
     #[inline(always)]
-    pub fn capture(&mut self) -> usize {
+    pub fn capture(&mut self) -> (u32, usize) {
         let depth = DEPTH.load(Relaxed);
         // With skip 0 the first address is the return into
         // append_allocation; the hook's comes next, then the program's.
         let skip = AGENT_FRAMES;
+        let frame_pointers = match MODE.load(Relaxed) {
+            DWARF => false,
+            FRAME_POINTERS => true,
+            _ => return (0, 0),
+        };
         let frames = &mut self.frames[..depth];
-        match MODE.load(Relaxed) {
-            DWARF => self.unwinder.capture(frames, skip),
-            FRAME_POINTERS => self.unwinder.capture_frame_pointers(frames, skip),
-            _ => 0,
+        match self.unwinder.capture_remembered(frames, skip, frame_pointers) {
+            Capture::Remembered(id) => (id, 0),
+            Capture::Walked(0) => (0, 0),
+            Capture::Walked(depth) => {
+                let frames = core::mem::take(&mut self.frames);
+                let (id, new) = self.intern(&frames[..depth]);
+                self.frames = frames;
+                self.unwinder.remember(id);
+                (id, if new { depth } else { 0 })
+            }
         }
     }
 
@@ -80,15 +94,6 @@ impl ThreadStacks {
     #[inline(always)]
     pub fn captured(&self, depth: usize) -> &[u64] {
         &self.frames[..depth]
-    }
-
-    /// Interns the stack [`Self::capture`] took.
-    #[inline(always)]
-    pub fn intern_captured(&mut self, depth: usize) -> (u32, bool) {
-        let frames = core::mem::take(&mut self.frames);
-        let interned = self.intern(&frames[..depth]);
-        self.frames = frames;
-        interned
     }
 
     /// The id of this stack, and whether it is new (must be defined).

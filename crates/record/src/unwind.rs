@@ -37,6 +37,8 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 #[cfg(target_arch = "x86_64")]
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder};
 
+use crate::walk_memo::{REFUSED, Read, WalkMemo};
+
 /// Bumped by the dlopen/dlclose hooks; each capture compares it with one load.
 static MODULES_GENERATION: AtomicU64 = AtomicU64::new(0);
 
@@ -68,6 +70,17 @@ pub struct ThreadUnwinder {
     dwarf: UnwinderX86_64<&'static [u8], MustNotAllocateDuringUnwind>,
     #[cfg(target_arch = "x86_64")]
     rules: RuleCaches,
+    /// Counts module list rebuilds, for the walks remembered under it.
+    modules_built: u64,
+    memo: WalkMemo,
+}
+
+/// What [`ThreadUnwinder::capture_remembered`] found.
+pub enum Capture {
+    /// The walk is the one remembered under this token.
+    Remembered(u32),
+    /// A new walk, this many frames deep; [`ThreadUnwinder::remember`] it.
+    Walked(usize),
 }
 
 /// framehop's rule cache: direct-mapped, 509 slots indexed by the lookup
@@ -175,7 +188,7 @@ impl ThreadUnwinder {
     #[inline(never)]
     pub fn capture(&mut self, out: &mut [u64], skip: usize) -> usize {
         let registers = current_registers!();
-        self.walk(registers, out, skip, usize::MAX)
+        self.walk(registers, out, skip, usize::MAX, Reading::Plain)
     }
 
     /// `capture` for programs built with frame pointers: the `skip` frames
@@ -183,11 +196,61 @@ impl ThreadUnwinder {
     #[inline(never)]
     pub fn capture_frame_pointers(&mut self, out: &mut [u64], skip: usize) -> usize {
         let registers = current_registers!();
-        self.walk(registers, out, skip, skip.saturating_add(1))
+        self.walk(registers, out, skip, skip.saturating_add(1), Reading::Plain)
     }
 
-    /// Unwinds `dwarf_frames` frames by DWARF, the rest by frame pointers.
-    fn walk(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize) -> usize {
+    /// `capture` (or, with `frame_pointers`, `capture_frame_pointers`)
+    /// that recalls a walk remembered from the same place whose stack words
+    /// still hold (see [`crate::walk_memo`]) instead of unwinding again.
+    #[inline(never)]
+    pub fn capture_remembered(&mut self, out: &mut [u64], skip: usize, frame_pointers: bool) -> Capture {
+        let registers = current_registers!();
+        let dwarf_frames = if frame_pointers { skip.saturating_add(1) } else { usize::MAX };
+        if !self.memo.active() {
+            return Capture::Walked(self.walk(registers, out, skip, dwarf_frames, Reading::Plain));
+        }
+        if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
+            self.refresh_modules();
+        }
+        let Registers { ip, sp, bp } = registers;
+        if let Some(stack) = self.stack.filter(|stack| stack.contains(sp)) {
+            let bounds = StackBounds { low: sp, high: stack.high };
+            if let Some(token) = self.memo.recall(ip, sp, bp, self.modules_built, |at| bounds.read(at)) {
+                return Capture::Remembered(token);
+            }
+        }
+        let mut log = core::mem::take(&mut self.memo.log);
+        log.clear();
+        let depth = self.walk(registers, out, skip, dwarf_frames, Reading::Logged(&mut log));
+        // Words that are not code (saved frame pointers: ordinary registers
+        // in most code) change from call to call. The walk's twin reads them
+        // poisoned, and the frame pointer too: if it reads the same words and
+        // ends in the same frames, only the code words need checking later.
+        let mut exact = core::mem::take(&mut self.memo.exact);
+        exact.clear();
+        exact.extend(log.iter().map(|&(at, value)| at & REFUSED != 0 || self.code.covers(value)));
+        if let Some(last) = exact.last_mut() {
+            *last = true; // the word that ended the walk, whatever it is
+        }
+        let mut twin_frames = core::mem::take(&mut self.memo.twin_frames);
+        twin_frames.resize(out.len(), 0);
+        let mut twin = Twin { reference: &log, exact: &exact, next: 0, diverged: false };
+        let twin_depth = self.walk(Registers { bp: !bp, ..registers }, &mut twin_frames, skip, dwarf_frames, Reading::Twin(&mut twin));
+        let independent = !twin.diverged && twin.next == log.len() && twin_frames[..twin_depth] == out[..depth];
+        self.memo.walked(ip, sp, bp, self.modules_built, &log, independent.then_some(exact.as_slice()));
+        (self.memo.log, self.memo.exact, self.memo.twin_frames) = (log, exact, twin_frames);
+        Capture::Walked(depth)
+    }
+
+    /// Remembers the walk [`Self::capture_remembered`] just made under
+    /// `token`, which later recalls of it return.
+    pub fn remember(&mut self, token: u32) {
+        self.memo.remember(token);
+    }
+
+    /// Unwinds `dwarf_frames` frames by DWARF, the rest by frame pointers,
+    /// reading stack words as `reading` says.
+    fn walk(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize, reading: Reading) -> usize {
         if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
             self.refresh_modules();
         }
@@ -207,22 +270,22 @@ impl ThreadUnwinder {
             return 0;
         }
         // Frames lie above the walk's start; nothing below it is read.
-        let stack = StackBounds { low: registers.sp, high: thread_stack.high };
+        let mut stack = StackReader { bounds: StackBounds { low: registers.sp, high: thread_stack.high }, reading };
         let mut frames = Frames { out, skip, written: 0 };
         #[cfg(target_arch = "x86_64")]
-        let Some(registers) = self.walk_dwarf(registers, stack, &mut frames, dwarf_frames) else {
+        let Some(registers) = self.walk_dwarf(registers, &mut stack, &mut frames, dwarf_frames) else {
             return frames.written;
         };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = dwarf_frames; // no DWARF walk here yet: frame pointers from the start
-        self.walk_frame_pointers(registers.bp, registers.sp, stack, &mut frames);
+        self.walk_frame_pointers(registers.bp, registers.sp, &mut stack, &mut frames);
         frames.written
     }
 
     /// The registers of the frame where frame pointers take over, or None
     /// once the walk is over.
     #[cfg(target_arch = "x86_64")]
-    fn walk_dwarf(&mut self, registers: Registers, stack: StackBounds, frames: &mut Frames, mut budget: usize) -> Option<Registers> {
+    fn walk_dwarf(&mut self, registers: Registers, stack: &mut StackReader, frames: &mut Frames, mut budget: usize) -> Option<Registers> {
         let mut regs = UnwindRegsX86_64::new(registers.ip, registers.sp, registers.bp);
         let mut address = FrameAddress::from_instruction_pointer(registers.ip);
         let mut read_stack = |at: u64| stack.read(at);
@@ -240,7 +303,7 @@ impl ThreadUnwinder {
 
     /// Follows frame records (saved frame pointer, return address) from `bp`;
     /// each must lie above the last, so a corrupt chain cannot loop.
-    fn walk_frame_pointers(&mut self, mut bp: u64, mut floor: u64, stack: StackBounds, frames: &mut Frames) {
+    fn walk_frame_pointers(&mut self, mut bp: u64, mut floor: u64, stack: &mut StackReader, frames: &mut Frames) {
         while bp >= floor {
             let (Ok(caller_bp), Ok(return_address)) = (stack.read(bp), stack.read(bp + 8)) else { return };
             if !self.code.contains(return_address) || !frames.push(return_address) {
@@ -268,6 +331,7 @@ impl ThreadUnwinder {
     /// after modules changed). Allocates, from the agent's own heap.
     #[cold]
     fn refresh_modules(&mut self) {
+        self.modules_built += 1;
         self.generation = Some(MODULES_GENERATION.load(Acquire));
         let mut found = LoadedModules::default();
         unsafe { libc::dl_iterate_phdr(Some(collect_module), &mut found as *mut LoadedModules as *mut c_void) };
@@ -354,6 +418,55 @@ impl StackBounds {
     }
 }
 
+/// How a walk reads stack words.
+enum Reading<'a, 'b> {
+    Plain,
+    /// Each word read is noted.
+    Logged(&'a mut Vec<Read>),
+    /// A remembered walk's twin: words not marked exact read poisoned.
+    Twin(&'a mut Twin<'b>),
+}
+
+struct Twin<'a> {
+    /// The words the walk read, and which of them the twin reads as they are.
+    reference: &'a [Read],
+    exact: &'a [bool],
+    next: usize,
+    /// The twin read a word the walk did not (at that point).
+    diverged: bool,
+}
+
+struct StackReader<'a, 'b> {
+    bounds: StackBounds,
+    reading: Reading<'a, 'b>,
+}
+
+impl StackReader<'_, '_> {
+    fn read(&mut self, address: u64) -> Result<u64, ()> {
+        let word = self.bounds.read(address);
+        match &mut self.reading {
+            Reading::Plain => word,
+            Reading::Logged(log) => {
+                log.push(match word {
+                    Ok(value) => (address, value),
+                    Err(()) => (address | REFUSED, 0),
+                });
+                word
+            }
+            Reading::Twin(twin) => {
+                let i = twin.next;
+                twin.next += 1;
+                let same_place = twin.reference.get(i).is_some_and(|&(at, _)| at & !REFUSED == address);
+                twin.diverged |= !same_place;
+                match word {
+                    Ok(value) if same_place && !twin.exact[i] => Ok(!value),
+                    _ => word,
+                }
+            }
+        }
+    }
+}
+
 /// The [start, end) of the mapping holding `address`, from /proc/self/maps
 /// read with raw system calls into a stack buffer (no allocation, no lock).
 fn mapping_containing(address: u64) -> Option<(u64, u64)> {
@@ -411,6 +524,12 @@ impl KnownCode {
     #[inline]
     fn contains(&mut self, address: u64) -> bool {
         self.last_hit.contains(&address) || self.search(address)
+    }
+
+    /// `contains`, without its bookkeeping: for words that may not be code.
+    fn covers(&self, address: u64) -> bool {
+        let after = self.ranges.partition_point(|range| range.start <= address);
+        after.checked_sub(1).is_some_and(|i| self.ranges[i].contains(&address))
     }
 
     fn search(&mut self, address: u64) -> bool {
@@ -649,10 +768,10 @@ mod tests {
             (0x10, fake_sp, fake_sp), (code, top - 8, top - 8), (code, here.sp, here.sp - 64), (code, 16, 16), (code, !7, !7)];
         for (ip, sp, bp) in starts {
             for dwarf_frames in [0, 1, usize::MAX] {
-                assert!(unwinder.walk(Registers { ip, sp, bp }, &mut out, 0, dwarf_frames) <= out.len());
+                assert!(unwinder.walk(Registers { ip, sp, bp }, &mut out, 0, dwarf_frames, Reading::Plain) <= out.len());
             }
         }
-        assert_eq!(unwinder.walk(Registers { ip: code, sp: fake_sp, bp: fake_sp + 80 }, &mut out, 0, 0), 1);
+        assert_eq!(unwinder.walk(Registers { ip: code, sp: fake_sp, bp: fake_sp + 80 }, &mut out, 0, 0, Reading::Plain), 1);
 
         // A real call with rbp overwritten and the stack pointer off its unwind
         // rule: both walks return the frames before the damage.

@@ -1,0 +1,204 @@
+//! Whole stack walks, remembered per thread.
+//!
+//! A walk is a function of the registers it starts from, the unwind rules
+//! (fixed while the modules are) and the stack words it reads. A walk that
+//! starts where a remembered one started and finds every word that one
+//! read unchanged must end in the same frames, so checking those words (one
+//! or two a frame, in the cache already) replaces unwinding them again.
+//!
+//! Some words a walk reads are not code but saved frame pointers, an
+//! ordinary register in most code whose value differs from call to call.
+//! So each new walk has a twin that reads those words (and starts from a
+//! frame pointer) poisoned: when the twin reads the same places and ends in
+//! the same frames, the values did not matter, and later recalls check only
+//! the code words, the word that ended the walk, and the refused reads.
+//! Otherwise (frame-pointer code) every word is checked, and the frame
+//! pointer must repeat, as it does there with the stack pointer.
+//!
+//! Programs whose walks rarely repeat (deep recursion of varying depth)
+//! would pay the second walk for nothing: a window in which few walks were
+//! recalled pauses remembering for a while.
+
+use alloc::vec::Vec;
+
+/// A stack word a walk read: its address and value, or with `REFUSED` set
+/// in the address, a read the walk's bounds refused (the address alone
+/// decides that, for a walk that starts at the same stack pointer).
+pub type Read = (u64, u64);
+pub const REFUSED: u64 = 1 << 63;
+
+/// Remembered walks per thread: sets picked by stack pointer, of `WAYS`
+/// walks each (several call paths reach malloc at the same depth).
+const SETS: usize = 128;
+const WAYS: usize = 4;
+/// Captures per window; a window with fewer recalls than a quarter of them
+/// pauses remembering for `PAUSE_WINDOWS` windows.
+const WINDOW: u32 = 4096;
+const PAUSE_WINDOWS: u32 = 16;
+
+#[derive(Clone, Default)]
+struct Remembered {
+    ip: u64,
+    sp: u64,
+    /// The frame pointer the walk depended on, if it did.
+    bp: Option<u64>,
+    /// The unwinder's module generation when walked.
+    modules: u64,
+    reads: Vec<Read>,
+    token: u32,
+}
+
+#[derive(Default)]
+pub struct WalkMemo {
+    slots: Vec<Remembered>,
+    /// Per set, the way the next walk replaces.
+    next_way: Vec<u8>,
+    /// The last walk, until [`WalkMemo::remember`] gives its token.
+    pending: Option<Remembered>,
+    /// Scratch for a walk's reads, which of them are exact, and its twin's frames.
+    pub log: Vec<Read>,
+    pub exact: Vec<bool>,
+    pub twin_frames: Vec<u64>,
+    captures: u32,
+    recalls: u32,
+    paused_windows: u32,
+}
+
+impl WalkMemo {
+    /// Counts a capture; false while remembering is paused.
+    pub fn active(&mut self) -> bool {
+        self.captures += 1;
+        if self.captures == WINDOW {
+            if self.paused_windows > 0 {
+                self.paused_windows -= 1;
+            } else if self.recalls < WINDOW / 4 {
+                self.paused_windows = PAUSE_WINDOWS;
+            }
+            (self.captures, self.recalls) = (0, 0);
+        }
+        self.paused_windows == 0
+    }
+
+    fn set(sp: u64) -> core::ops::Range<usize> {
+        // Stack pointers are 16-byte aligned and nearby: hash the bits above.
+        let set = ((sp >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % SETS;
+        set * WAYS..(set + 1) * WAYS
+    }
+
+    /// The token of a remembered walk from these registers whose reads all
+    /// still hold; `read` reads a word as the walk would.
+    pub fn recall(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: impl Fn(u64) -> Result<u64, ()>) -> Option<u32> {
+        let ways = self.slots.get(Self::set(sp))?;
+        let holds = |entry: &Remembered| {
+            entry.sp == sp
+                && entry.ip == ip
+                && entry.modules == modules
+                && entry.bp.is_none_or(|b| b == bp)
+                && !entry.reads.is_empty()
+                && entry.reads.iter().all(|&(at, value)| match read(at & !REFUSED) {
+                    Ok(word) => at & REFUSED == 0 && word == value,
+                    Err(()) => at & REFUSED != 0,
+                })
+        };
+        let token = ways.iter().find(|entry| holds(entry))?.token;
+        self.recalls += 1;
+        Some(token)
+    }
+
+    /// Keeps the walk just made, which read `log`, until its token is
+    /// known. `exact`: when its poisoned twin agreed, which reads to check.
+    pub fn walked(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, log: &[Read], exact: Option<&[bool]>) {
+        let mut reads = self.pending.take().map(|p| p.reads).unwrap_or_default();
+        reads.clear();
+        match exact {
+            Some(exact) => reads.extend(log.iter().zip(exact).filter(|(_, exact)| **exact).map(|(read, _)| *read)),
+            None => reads.extend_from_slice(log),
+        }
+        self.pending = Some(Remembered { ip, sp, bp: exact.is_none().then_some(bp), modules, reads, token: 0 });
+    }
+
+    /// Remembers the pending walk under `token` (the caller's stack id).
+    pub fn remember(&mut self, token: u32) {
+        let Some(mut walk) = self.pending.take() else { return };
+        // A walk that read nothing (it ended before the first frame) is
+        // not worth a slot: recalling it would check nothing.
+        if walk.reads.is_empty() {
+            self.pending = Some(walk);
+            return;
+        }
+        if self.slots.is_empty() {
+            self.slots = alloc::vec![Remembered::default(); SETS * WAYS];
+            self.next_way = alloc::vec![0; SETS];
+        }
+        walk.token = token;
+        let set = Self::set(walk.sp);
+        let way = &mut self.next_way[set.start / WAYS];
+        let slot = &mut self.slots[set.start + usize::from(*way)];
+        *way = (*way + 1) % WAYS as u8;
+        // The evicted walk's buffer serves the next pending one.
+        let evicted = core::mem::replace(slot, walk);
+        self.pending = Some(Remembered { reads: evicted.reads, ..Remembered::default() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memo_with(reads: &[Read], exact: Option<&[bool]>, token: u32) -> WalkMemo {
+        let mut memo = WalkMemo::default();
+        memo.walked(0x10, 0x7000, 0x55, 1, reads, exact);
+        memo.remember(token);
+        memo
+    }
+
+    #[test]
+    fn recalls_only_when_every_word_read_is_unchanged() {
+        let reads = [(0x7008, 0x401000), (0x7010, 0x1234), (0x7030, 0x402000), (0x6000 | REFUSED, 0)];
+        let mut memo = memo_with(&reads, Some(&[true, false, true, true]), 7);
+        let stack = |changed: Option<u64>| move |at: u64| match at {
+            0x7008 => Ok(0x401000),
+            0x7030 => Ok(changed.unwrap_or(0x402000)),
+            _ => Err(()),
+        };
+        assert_eq!(memo.recall(0x10, 0x7000, 0x99, 1, stack(None)), Some(7), "bp and the saved word at 0x7010 did not matter");
+        assert_eq!(memo.recall(0x10, 0x7000, 0x99, 1, stack(Some(0x403000))), None, "a return address changed");
+        assert_eq!(memo.recall(0x10, 0x7010, 0x99, 1, stack(None)), None, "another stack pointer");
+        assert_eq!(memo.recall(0x10, 0x7000, 0x99, 2, stack(None)), None, "modules changed");
+        assert_eq!(memo.recall(0x10, 0x7000, 0x99, 1, |at| if at == 0x6000 { Ok(0) } else { stack(None)(at) }), None, "a refused read now succeeds");
+    }
+
+    #[test]
+    fn a_walk_whose_twin_disagreed_is_recalled_only_with_every_word_and_the_frame_pointer() {
+        let mut memo = memo_with(&[(0x7008, 0x401000), (0x7010, 0x1234)], None, 3);
+        let stack = |at: u64| Ok(if at == 0x7008 { 0x401000 } else { 0x1234 });
+        assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, stack), Some(3));
+        assert_eq!(memo.recall(0x10, 0x7000, 0x56, 1, stack), None);
+        assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, |at| if at == 0x7010 { Ok(0x1235) } else { stack(at) }), None, "every word is checked");
+    }
+
+    #[test]
+    fn walks_from_one_stack_pointer_share_a_set() {
+        let mut memo = WalkMemo::default();
+        for token in 1..=WAYS as u32 {
+            memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, u64::from(token))], Some(&[true]));
+            memo.remember(token);
+        }
+        for token in 1..=WAYS as u32 {
+            assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(u64::from(token))), Some(token));
+        }
+        memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 99)], Some(&[true]));
+        memo.remember(99);
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(1)), None, "the oldest way was replaced");
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(99)), Some(99));
+    }
+
+    #[test]
+    fn remembering_pauses_after_a_window_of_few_recalls() {
+        let mut memo = WalkMemo::default();
+        assert!((0..WINDOW - 1).all(|_| memo.active()));
+        assert!(!memo.active(), "no recalls in a whole window");
+        assert!((0..WINDOW * PAUSE_WINDOWS - 1).all(|_| !memo.active()));
+        assert!(memo.active(), "remembering resumes");
+    }
+}
