@@ -660,4 +660,9 @@ fn a_program_s_malloc_trim_is_recorded_with_rss_before_and_after() {
     assert!(after_trim["rss_bytes"].as_u64().unwrap() < before - 50 * MIB, "{after_trim}");
     let peak = timeline.iter().map(|l| l["rss_bytes"].as_u64().unwrap()).max().unwrap();
     assert!(peak > before - 10 * MIB, "the full heap was snapshotted before: peak {peak}");
+    // The terminal timeline lists the call just before that snapshot.
+    let table = text(&memgap(&dir, &["timeline", arg(&trace)]).stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    let at = lines.iter().position(|l| l.contains(" malloc_trim: ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(lines[at].contains(" MiB → ") && lines[at + 1].trim_start().starts_with(&format!("{:.2}", after_trim["at_seconds"].as_f64().unwrap())), "{table}");
 }
