@@ -595,3 +595,74 @@ fn output_fits_the_terminal_width() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The program's own malloc_trim
+// ---------------------------------------------------------------------------
+
+/// trim_marks.c's line: VmRSS in bytes before and after its malloc_trim(0),
+/// and what the call returned.
+fn trim_line(out: &std::process::Output) -> (u64, u64, i64) {
+    let line = text(&out.stdout);
+    let fields: Vec<i64> = line.split_whitespace().map(|f| f.parse().unwrap_or_else(|_| panic!("{line}"))).collect();
+    assert_eq!(fields.len(), 3, "{line}");
+    (fields[0] as u64 * 1024, fields[1] as u64 * 1024, fields[2])
+}
+
+/// The METRICS records of source `malloc`, kind `trim` in a trace.
+fn trim_records(trace: &Path) -> Vec<memgap_trace::records::Metrics> {
+    use memgap_trace::records::{Record, Records};
+    let mut found = Vec::new();
+    let file = memgap_trace::TraceFile::open(trace).expect("the trace opens");
+    file.for_each_chunk(|_, chunk| {
+        for record in Records::new(chunk) {
+            if let Ok(Record::Metrics(m)) = record
+                && m.source == "malloc"
+                && m.kind == "trim"
+            {
+                found.push(m);
+            }
+        }
+        Ok(())
+    })
+    .expect("the trace reads");
+    found
+}
+
+#[test]
+fn a_program_s_malloc_trim_is_recorded_with_rss_before_and_after() {
+    const MIB: u64 = 1 << 20;
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "trim_marks.c");
+    let plain = run_plain(&dir, arg(&prog), &[]);
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stderr));
+    let trace = dir.join("t.mgt");
+    let traced = memgap(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+    let (program_before, program_after, program_returned) = trim_line(&traced);
+    assert_eq!(program_returned, trim_line(&plain).2, "malloc_trim returns what it returns without memgap");
+    assert_eq!(program_returned, 1, "glibc released memory");
+
+    let trims = trim_records(&trace);
+    assert_eq!(trims.len(), 1, "{trims:?}");
+    let trim = &trims[0];
+    let before = trim.get("rss_before:bytes").unwrap() as u64;
+    let after = trim.get("rss_after:bytes").unwrap() as u64;
+    eprintln!("malloc_trim: VmRSS {} MiB -> {} MiB (the program read {} -> {} MiB)", before / MIB, after / MIB, program_before / MIB, program_after / MIB);
+    assert!(before > after + 50 * MIB, "a real drop: {before} -> {after}");
+    // The program's own readings, taken around the same call, agree.
+    assert!(before.abs_diff(program_before) < 4 * MIB && after.abs_diff(program_after) < 4 * MIB, "agent {before} -> {after}, program {program_before} -> {program_after}");
+    assert_eq!((trim.get("pad"), trim.get("returned")), (Some(0.0), Some(1.0)));
+
+    // A snapshot follows the trim and shows what it changed.
+    let timeline: Vec<Value> = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    let after_trim = timeline.iter().find(|l| l["snapshot_reason"] == "program").unwrap_or_else(|| panic!("no snapshot after the trim: {timeline:?}"));
+    assert!(after_trim["rss_bytes"].as_u64().unwrap() < before - 50 * MIB, "{after_trim}");
+    let peak = timeline.iter().map(|l| l["rss_bytes"].as_u64().unwrap()).max().unwrap();
+    assert!(peak > before - 10 * MIB, "the full heap was snapshotted before: peak {peak}");
+    // The terminal timeline lists the call just before that snapshot.
+    let table = text(&memgap(&dir, &["timeline", arg(&trace)]).stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    let at = lines.iter().position(|l| l.contains(" malloc_trim: ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(lines[at].contains(" MiB → ") && lines[at + 1].trim_start().starts_with(&format!("{:.2}", after_trim["at_seconds"].as_f64().unwrap())), "{table}");
+}

@@ -241,3 +241,33 @@ fn a_page_lists_its_blocks_and_their_call_sites() {
     assert!(detail.matches("256 B  site_dense (culprit.c:").count() >= 4, "{detail}");
     assert!(detail.contains("more"), "a full page lists its first blocks: {detail}");
 }
+
+#[test]
+fn the_program_s_malloc_trim_is_marked_on_the_timeline() {
+    const MIB: u64 = 1 << 20;
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "trim_marks.c");
+    let out = memgap(&dir, &["run", "-q", "--report", "-o", "trim.mgt", "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(dir.join("trim.html")).unwrap();
+    let json = page.split("<script type=\"application/json\" id=\"data\">").nth(1).and_then(|rest| rest.split("</script>").next()).expect("the data element");
+    let data: serde_json::Value = serde_json::from_str(json).unwrap();
+    let trims = data["trims"].as_array().expect("trims in the report data");
+    assert_eq!((trims.len(), data["trim_calls"].as_u64()), (1, Some(1)), "{}", data["trims"]);
+    let (before, after) = (trims[0]["rss_before_bytes"].as_u64().unwrap(), trims[0]["rss_after_bytes"].as_u64().unwrap());
+    assert!(before > after + 50 * MIB && trims[0]["returned"] == true, "{}", trims[0]);
+    let seconds = trims[0]["seconds"].as_f64().unwrap();
+    let duration = data["summary"]["duration_seconds"].as_f64().unwrap();
+    assert!(seconds > 0.3 && seconds < duration, "the trim at {seconds} s of {duration} s");
+
+    let Some(browser) = chromium() else { return };
+    let dom = dump_dom(browser, &format!("file://{}", dir.join("trim.html").display()));
+    let marks = dom.split("data-trim-marks=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
+    assert_eq!(marks, Some(1), "trim marks drawn on the timeline");
+    assert!(dom.contains("malloc_trim</span>"), "the legend names the marks");
+    let caption = dom.split("<p id=\"timeline-trims\" class=\"caption\">").nth(1).and_then(|rest| rest.split("</p>").next()).expect("the trim caption is shown");
+    assert!(caption.starts_with("The program called malloc_trim: ") && caption.contains(" MiB → "), "{caption}");
+    // A C program has no runtime: no GC marks beside the trim.
+    assert!(dom.contains("data-gc-marks=\"0\""), "no GC marks");
+    assert!(culprit_report().2.contains("\"trims\":[]"), "a program that never trims has no trim marks");
+}

@@ -33,6 +33,7 @@ mod outside;
 pub mod ruby;
 mod snapshots;
 mod summary;
+pub mod trim_marks;
 
 pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use go::{GoLedger, GoSizeClass};
@@ -41,6 +42,7 @@ pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, P
 pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
 pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};
 pub use summary::{SizeCount, Summary};
+pub use trim_marks::TrimMark;
 
 /// Binary units with three significant digits: `1.50 MiB`, `812 B`.
 pub fn human_bytes(value: u64) -> String {

@@ -1,7 +1,8 @@
 //! Everything the HTML report shows, gathered in one replay of the trace:
 //! the summary, the ledger at every snapshot (page maps at a bounded set of
-//! them: the peak, the end and a few evenly spaced), the RSS samples, and
-//! blame at the peak.
+//! them: the peak, the end and a few evenly spaced), the RSS samples, the
+//! runtime's collections and the program's malloc_trim calls, and blame at
+//! the peak.
 
 use std::path::Path;
 
@@ -12,6 +13,7 @@ use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
 use crate::runtimes::RuntimeFigures;
+use crate::trim_marks::{TrimMark, TrimMarks};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::snapshots::{At, choose, list};
 use crate::summary::{Builder, Summary};
@@ -23,6 +25,8 @@ const SPACED_PAGE_MAPS: usize = 12;
 const PAGE_BUDGET: usize = 24 << 20;
 /// RSS samples kept (the lowest and highest of each bucket of time).
 const RSS_POINTS: usize = 4000;
+/// The program's malloc_trim calls kept for the timeline (those that released most).
+const TRIM_MARKS: usize = 2000;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RssSample {
@@ -44,6 +48,10 @@ pub struct Report {
     pub blame: Option<Blame>,
     /// The runtime's garbage collections (Go, GHC, Ruby), at most 2000.
     pub gc_marks: Vec<crate::runtimes::GcMark>,
+    /// The program's own malloc_trim calls, at most 2000, in time order.
+    pub trim_marks: Vec<TrimMark>,
+    /// How many malloc_trim calls the program made, kept in `trim_marks` or not.
+    pub trim_calls: u64,
     /// NUMA at the peak, when the trace holds a topology, placements or samples.
     pub numa: Option<NumaReport>,
     /// The GHC ledger when the trace holds a GHC program's eventlog.
@@ -62,6 +70,7 @@ struct ReportVisitor {
     peak_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
     runtimes: RuntimeFigures,
+    trims: TrimMarks,
     numa: NumaVisitor,
 }
 
@@ -72,11 +81,13 @@ impl Visitor for ReportVisitor {
 
     fn metrics(&mut self, metrics: &Metrics) {
         self.runtimes.metrics(metrics);
+        self.trims.metrics(metrics);
         self.blame.metrics(metrics);
     }
 
     fn process(&mut self, process: &Process) {
         self.runtimes.process(process);
+        self.trims.process(process);
         self.summary.process(process);
         self.blame.process(process);
         self.numa.process(process);
@@ -221,6 +232,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         peak_ledger: None,
         rss: Vec::new(),
         runtimes: RuntimeFigures::default(),
+        trims: TrimMarks::new(TRIM_MARKS),
         numa: NumaVisitor::embedded(Some(peak)),
     };
     let outcome = replay(path, &mut v)?;
@@ -242,12 +254,14 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     v.summary.live = std::mem::take(&mut v.blame.state.live);
     let gc_marks = v.runtimes.gc_marks(2000);
+    let trim_calls = v.trims.calls;
+    let trim_marks = v.trims.finish();
     let summary = v.summary.finish(&outcome, path);
     let numa = v.numa.saw_anything().then(|| {
         let options = NumaOptions { at: At::Peak, machine_topology: None, top: 20 };
         numa::assemble(v.numa, snapshots.get(peak).map(|l| l.at_seconds), &options)
     });
-    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks }))
+    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks, trim_marks, trim_calls }))
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod stacks;
 mod recorder;
 mod sys;
 mod trim;
+mod trim_calls;
 mod unwind;
 mod walk_memo;
 mod writer;

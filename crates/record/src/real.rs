@@ -17,6 +17,7 @@ pub type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
 pub type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
 pub type AlignedFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 pub type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
+pub type TrimFn = unsafe extern "C" fn(usize) -> i32;
 pub type BrkFn = unsafe extern "C" fn(*mut c_void) -> i32;
 pub type SbrkFn = unsafe extern "C" fn(isize) -> *mut c_void;
 pub type ExitFn = unsafe extern "C" fn(i32) -> !;
@@ -36,6 +37,7 @@ pub struct Real {
     pub valloc: MallocFn,
     pub pvalloc: MallocFn,
     pub malloc_usable_size: UsableSizeFn,
+    pub malloc_trim: TrimFn,
     pub brk: BrkFn,
     pub sbrk: SbrkFn,
     pub exit: ExitFn,
@@ -121,6 +123,11 @@ unsafe extern "C" fn unknown_usable_size(_: *mut c_void) -> usize {
     0
 }
 
+/// An allocator without malloc_trim: nothing was released, as glibc says.
+unsafe extern "C" fn nothing_trimmed(_: usize) -> i32 {
+    0
+}
+
 unsafe extern "C" fn no_brk(_: *mut c_void) -> i32 {
     unsafe { *libc::__errno_location() = libc::ENOMEM };
     -1
@@ -163,6 +170,7 @@ unsafe fn resolve_all() -> Real {
         valloc: lookup!(c"valloc", __libc_valloc, MallocFn),
         pvalloc: lookup!(c"pvalloc", __libc_pvalloc, MallocFn),
         malloc_usable_size: lookup!(c"malloc_usable_size", unknown_usable_size, UsableSizeFn),
+        malloc_trim: lookup!(c"malloc_trim", nothing_trimmed, TrimFn),
         brk: lookup!(c"brk", no_brk, BrkFn),
         sbrk: lookup!(c"sbrk", no_sbrk, SbrkFn),
         exit: lookup!(c"exit", exit_group, ExitFn),

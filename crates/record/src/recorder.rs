@@ -343,6 +343,7 @@ extern "C" fn on_fork_child() {
     sys::agent_ranges::reset_lock();
     crate::own_memory::reset_after_fork();
     buffers::reset_after_fork();
+    crate::trim_calls::reset_after_fork();
     WRITER_LOCK.reset();
     unsafe { *WRITER.0.get() = None };
     FINISHED.store(false, Relaxed);

@@ -54,8 +54,10 @@ extern "C" fn trim_loop(_: *mut c_void) -> *mut c_void {
         sys::sleep_ns(INTERVAL_NS.load(Relaxed));
         let threshold = THRESHOLD_BYTES.load(Relaxed);
         // mallinfo2 walks every arena's bins: ask only when a threshold is set.
-        if threshold == 0 || unsafe { libc::mallinfo2() }.fordblks as u64 >= threshold {
-            unsafe { libc::malloc_trim(0) };
+        if (threshold == 0 || unsafe { libc::mallinfo2() }.fordblks as u64 >= threshold)
+            && let Some(real) = crate::real::real()
+        {
+            unsafe { (real.malloc_trim)(0) };
         }
     }
 }

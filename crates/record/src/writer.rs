@@ -11,10 +11,15 @@ use memgap_trace::records::{Clock, End, EndReason, Module, Record, Rss, Snapshot
 use crate::buffers::{self, Chunk, SLOTS, SLOTS_USED, ThreadState};
 use crate::placement::Placer;
 use crate::snapshot::Snapshotter;
+use crate::trim_calls::{self, TrimCall};
 use crate::{clock, sys};
 
 const FLUSH_BYTES: usize = 512 * 1024;
 const FLUSH_INTERVAL_NS: u64 = 100_000_000;
+/// A program's malloc_trim gets a snapshot after it, but no sooner than this
+/// after the previous snapshot, nor than ten times that snapshot's cost: a
+/// program trimming in a loop must not keep the writer snapshotting.
+const TRIM_SNAPSHOT_GAP_NS: u64 = 100_000_000;
 
 pub struct Writer {
     fd: i32,
@@ -29,6 +34,9 @@ pub struct Writer {
     placer: Placer,
     snapshot_interval_ns: u64,
     last_snapshot_ns: u64,
+    last_snapshot_cost_ns: u64,
+    /// The program's malloc_trim calls, taken from their slots each round.
+    trim_calls: Vec<TrimCall>,
     /// RSS at the largest snapshot so far; 5 % above it triggers another.
     snapshot_peak_rss: u64,
     /// `<trace>.snap`: `memgap snap PID` creates it, we remove it when done.
@@ -64,6 +72,8 @@ impl Writer {
             placer: Placer::new(),
             snapshot_interval_ns,
             last_snapshot_ns: now,
+            last_snapshot_cost_ns: 0,
+            trim_calls: Vec::new(),
             snapshot_peak_rss: 0,
             request_path,
             loader_generation: crate::process::loader_generation(),
@@ -88,6 +98,7 @@ impl Writer {
             }
         }
         self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: clock::monotonic_ns() }));
+        self.write_trim_calls();
         let rss = self.sample_rss();
         // A dlopen/dlclose since the last round: record the modules again
         // so stacks through the new code can be named.
@@ -147,6 +158,20 @@ impl Writer {
         *emitted = len;
     }
 
+    fn write_trim_calls(&mut self) {
+        let mut calls = core::mem::take(&mut self.trim_calls);
+        let lost = trim_calls::take(&mut calls);
+        for call in &calls {
+            self.push(&call.record());
+        }
+        calls.clear();
+        self.trim_calls = calls;
+        if lost > 0 {
+            let text = format!("{lost} malloc_trim calls were not recorded: more than the agent holds between two writer rounds");
+            self.push(&Record::Note { time: clock::now(), text });
+        }
+    }
+
     fn snapshot_due(&mut self, rss: &Rss) -> Option<SnapshotReason> {
         let requested = unsafe { libc::access(self.request_path.as_ptr() as *const libc::c_char, libc::F_OK) } == 0;
         if requested {
@@ -155,6 +180,12 @@ impl Writer {
         if rss.vm_rss * 100 > self.snapshot_peak_rss * 105 && rss.vm_rss > 0 {
             return Some(SnapshotReason::RssPeak);
         }
+        // The program asked for it by trimming: the same reason as its
+        // memgap_snapshot() (the trace format has no reason of its own for it).
+        let since_last = clock::monotonic_ns() - self.last_snapshot_ns;
+        if trim_calls::snapshot_wanted() && since_last >= TRIM_SNAPSHOT_GAP_NS.max(self.last_snapshot_cost_ns * 10) {
+            return Some(SnapshotReason::Program);
+        }
         let periodic = self.snapshot_interval_ns > 0 && clock::monotonic_ns() - self.last_snapshot_ns >= self.snapshot_interval_ns;
         periodic.then_some(SnapshotReason::Periodic)
     }
@@ -162,9 +193,12 @@ impl Writer {
     /// Takes a snapshot now and writes it out at once (a request is answered
     /// only when its snapshot is on disk).
     pub fn snapshot(&mut self, reason: SnapshotReason, rss: Rss) {
+        // Any snapshot from here on shows what an earlier trim did.
+        trim_calls::take_snapshot_request();
         let status_fd = self.status_fd;
         let snapshot = self.snapshotter.take(reason, rss, || read_status(status_fd, &mut 0).vm_rss);
         self.last_snapshot_ns = clock::monotonic_ns();
+        self.last_snapshot_cost_ns = snapshot.cost_ns;
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
         let placement = self.placer.place(&snapshot);
         self.push(&Record::Snapshot(snapshot));
@@ -216,7 +250,7 @@ impl Writer {
 
 /// VmRSS, RssAnon, RssFile and RssShmem from /proc/self/status (`fd`), and
 /// VmHWM into `vm_hwm`.
-fn read_status(fd: i32, vm_hwm: &mut u64) -> Rss {
+pub(crate) fn read_status(fd: i32, vm_hwm: &mut u64) -> Rss {
     let mut rss = Rss { time: clock::now(), ..Rss::default() };
     if fd < 0 {
         return rss;

@@ -51,6 +51,8 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         "snapshots": snapshots,
         "rss": report.rss.iter().map(|s| [s.seconds, s.vm_rss as f64]).collect::<Vec<_>>(),
         "gc": report.gc_marks,
+        "trims": report.trim_marks,
+        "trim_calls": report.trim_calls,
         "blame": report.blame.as_ref().map(|b| json!({
             "at_seconds": b.at_seconds,
             "has_stacks": b.has_stacks,

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use memgap_model::{Ledger, PageClass, PageMap};
+use memgap_model::{Ledger, PageClass, PageMap, TrimMark};
 
 use crate::format::{bytes, count};
 
@@ -243,9 +243,11 @@ fn cell_text(pages: &[PageClass], color: bool) -> String {
     if color { colored } else { plain }
 }
 
-/// The rows at every snapshot, one line each. Given a `width`, columns that
-/// are zero throughout go first, then the residual, until the lines fit.
-pub fn timeline(ledgers: &[Ledger], width: Option<usize>) -> String {
+/// The rows at every snapshot, one line each, with the program's malloc_trim
+/// calls (`trims`, of `trim_calls` in all) between them where they happened.
+/// Given a `width`, columns that are zero throughout go first, then the
+/// residual, until the lines fit.
+pub fn timeline(ledgers: &[Ledger], trims: &[TrimMark], trim_calls: u64, width: Option<usize>) -> String {
     type Column = (&'static str, fn(&Ledger) -> u64);
     let mut columns: Vec<Column> = vec![
         ("RSS", |l| l.rss_bytes),
@@ -278,7 +280,17 @@ pub fn timeline(ledgers: &[Ledger], width: Option<usize>) -> String {
         let _ = write!(out, " {name:>w$}");
     }
     out.push_str(if residual { "  residual\n" } else { "\n" });
+    let shown = trims.len() as u64;
+    let mut trims = trims.iter().peekable();
+    let trim_line = |out: &mut String, m: &TrimMark| {
+        let pad = if m.pad_bytes > 0 { format!("({})", bytes(m.pad_bytes)) } else { String::new() };
+        let nothing = if m.returned { "" } else { " (returned 0: nothing released)" };
+        let _ = writeln!(out, "{:>8.2} malloc_trim{pad}: {} → {}{nothing}", m.seconds, bytes(m.rss_before_bytes), bytes(m.rss_after_bytes));
+    };
     for l in ledgers {
+        while let Some(m) = trims.next_if(|m| m.seconds <= l.at_seconds) {
+            trim_line(&mut out, m);
+        }
         let _ = write!(out, "{:>8.2}", l.at_seconds);
         for ((_, value), w) in columns.iter().zip(&widths) {
             let _ = write!(out, " {:>w$}", bytes(value(l)));
@@ -287,6 +299,12 @@ pub fn timeline(ledgers: &[Ledger], width: Option<usize>) -> String {
             let _ = write!(out, " {:>8.2}%", percent(l.residual_bytes.unsigned_abs(), l.rss_bytes));
         }
         out.push('\n');
+    }
+    for m in trims {
+        trim_line(&mut out, m);
+    }
+    if trim_calls > shown {
+        let _ = writeln!(out, "({} malloc_trim calls; the {} that released most are shown)", count(trim_calls), count(shown));
     }
     out
 }
@@ -307,6 +325,22 @@ mod tests {
     fn brief_is_prefixed_lines() {
         let l = Ledger { rss_bytes: 4096, rows: memgap_model::Rows { live: 4096, ..Default::default() }, verdict: "All live.".into(), ..Ledger::default() };
         assert_eq!(brief(&l), "memgap: at exit, RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n");
+    }
+
+    #[test]
+    fn timeline_puts_trims_between_the_snapshots_around_them() {
+        let at = |seconds: f64, rss_bytes: u64| Ledger { at_seconds: seconds, rss_bytes, ..Ledger::default() };
+        let trim = |seconds: f64, returned: bool| TrimMark { seconds, rss_before_bytes: 412 << 20, rss_after_bytes: 38 << 20, pad_bytes: 0, returned };
+        let text = timeline(&[at(1.0, 412 << 20), at(2.0, 38 << 20)], &[trim(1.5, true), trim(2.5, false)], 2, None);
+        let lines: Vec<&str> = text.lines().map(str::trim_start).collect();
+        let words = |line: &str| line.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        assert_eq!(words(lines[1]), "1.00 412 MiB", "{text}");
+        assert_eq!(lines[2], "1.50 malloc_trim: 412 MiB → 38.0 MiB");
+        assert_eq!(words(lines[3]), "2.00 38.0 MiB", "{text}");
+        assert_eq!(lines[4], "2.50 malloc_trim: 412 MiB → 38.0 MiB (returned 0: nothing released)");
+        assert_eq!(lines.len(), 5, "{text}");
+        let thinned = timeline(&[at(1.0, 412 << 20)], &[trim(0.5, true)], 3000, None);
+        assert!(thinned.ends_with("(3,000 malloc_trim calls; the 1 that released most are shown)\n"), "{thinned}");
     }
 
     #[test]

@@ -64,6 +64,13 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     const r = canvas.getBoundingClientRect();
     return { x: event.clientX - r.left, y: event.clientY - r.top };
   }
+  /** One malloc_trim call, as the timeline's hover shows it: "malloc_trim: 412 MiB → 38 MiB at 2.5 s". */
+  function trimTitle(m) {
+    return 'malloc_trim' + (m.pad_bytes ? '(' + fmtBytes(m.pad_bytes) + ')' : '') + ': ' + trimChange(m);
+  }
+  function trimChange(m) {
+    return fmtBytes(m.rss_before_bytes) + ' \u2192 ' + fmtBytes(m.rss_after_bytes) + ' at ' + fmtSeconds(m.seconds) + (m.returned ? '' : ' (returned 0: nothing released)');
+  }
   function legend(container, entries) {
     for (const [colour, name, title] of entries) {
       const item = el('span', name);
@@ -117,13 +124,25 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   // ---- timeline ------------------------------------------------------------
   const timeline = (function () {
     const canvas = $('timeline-canvas');
+    const trims = data.trims || [];
+    const TRIM_COLOUR = '#009e9e';
     legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r]]).concat([['#111', 'VmRSS', 'the kernel\u2019s resident set size']])
-      .concat((data.gc || []).length ? [['#8a3ffc', 'GC', 'a collection of the program\u2019s runtime (tall: major)']] : []));
+      .concat((data.gc || []).length ? [['#8a3ffc', 'GC', 'a collection of the program\u2019s runtime (tall: major)']] : [])
+      .concat(trims.length ? [[TRIM_COLOUR, 'malloc_trim', 'the program called malloc_trim: an arrow from VmRSS before the call to VmRSS after it'
+        + (data.trim_calls > trims.length ? ' (' + fmtCount(trims.length) + ' of ' + fmtCount(data.trim_calls) + ' calls shown: those that released most)' : '')]] : []));
     const rss = data.rss;
+    if (trims.length) {
+      // In words too: the call that released most (the arrows are small on a long run).
+      const largest = trims.reduce((a, b) => (b.rss_before_bytes - b.rss_after_bytes > a.rss_before_bytes - a.rss_after_bytes ? b : a));
+      const calls = data.trim_calls || trims.length;
+      $('timeline-trims').textContent = 'The program called ' + (calls === 1 ? trimTitle(largest) : 'malloc_trim ' + fmtCount(calls) + ' times; the largest release: ' + trimChange(largest)) + '.';
+      $('timeline-trims').hidden = false;
+    }
     let maxT = Math.max(summary.duration_seconds || 0, rss.length ? rss[rss.length - 1][0] : 0, snapshots.length ? snapshots[snapshots.length - 1].seconds : 0) || 1;
     let maxY = 1;
     for (const s of snapshots) maxY = Math.max(maxY, s.rss, ROWS.reduce((sum, r) => sum + s.rows[r], 0));
     for (const [, v] of rss) maxY = Math.max(maxY, v);
+    for (const m of trims) { maxY = Math.max(maxY, m.rss_before_bytes, m.rss_after_bytes); maxT = Math.max(maxT, m.seconds); }
     maxY *= 1.05;
     const view = { t0: 0, t1: maxT };
     let drag = null;
@@ -187,6 +206,20 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
         gcDrawn++;
       }
       canvas.setAttribute('data-gc-marks', String(gcDrawn));
+      // The program's malloc_trim calls: an arrow from VmRSS before the call down (or up) to VmRSS after it.
+      let trimsDrawn = 0;
+      for (const m of trims) {
+        const tx = x(m.seconds);
+        if (tx < M.left || tx > width - M.right) continue;
+        const y0 = y(m.rss_before_bytes), y1 = y(m.rss_after_bytes);
+        const head = y1 >= y0 ? -1 : 1;
+        ctx.strokeStyle = TRIM_COLOUR; ctx.fillStyle = TRIM_COLOUR; ctx.lineWidth = 2;
+        ctx.beginPath(); ctx.moveTo(tx, y0); ctx.lineTo(tx, y1); ctx.stroke();
+        ctx.beginPath(); ctx.moveTo(tx, y1); ctx.lineTo(tx - 5, y1 + head * 7); ctx.lineTo(tx + 5, y1 + head * 7); ctx.closePath(); ctx.fill();
+        ctx.beginPath(); ctx.arc(tx, y0, 3, 0, 2 * Math.PI); ctx.fill();
+        trimsDrawn++;
+      }
+      canvas.setAttribute('data-trim-marks', String(trimsDrawn));
       // Snapshot markers: filled when the snapshot has a page map.
       snapshots.forEach((s, i) => {
         const sx = x(s.seconds);
@@ -216,6 +249,14 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       });
       return best;
     }
+    function nearestTrim(px) {
+      let best = null, bestDistance = 6;
+      for (const m of trims) {
+        const d = Math.abs(geometry.x(m.seconds) - px);
+        if (d < bestDistance) { best = m; bestDistance = d; }
+      }
+      return best;
+    }
     function rssAt(t) {
       let lo = 0, hi = rss.length - 1;
       if (hi < 0) return null;
@@ -230,6 +271,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       const lines = [fmtSeconds(Math.max(0, t))];
       const sample = rssAt(t);
       if (sample) lines.push('VmRSS ' + fmtBytes(sample[1]) + ' at ' + fmtSeconds(sample[0]));
+      const trim = nearestTrim(p.x);
+      if (trim) lines.push('', trimTitle(trim));
       const i = nearestSnapshot(p.x);
       if (i >= 0) {
         const s = snapshots[i];
