@@ -285,6 +285,17 @@ def memgap_trace_stats(bench, workload, tool, analysis_runs):
     stats["program_peak_rss_mib"] = (summary.get("peak_rss_bytes") or 0) / MIB or None
     stats["truncated"] = summary.get("truncated")
     stats["dropped_events"] = summary.get("dropped_events")
+    # The whole analysis: ledger at every snapshot, page maps, blame, the HTML file.
+    html = bench.work_dir / "logs" / "report.html"
+    argv = [str(bench.setup.memgap), "report", str(trace), "-o", str(html)]
+    runs = [bench.run_measured(argv, dict(os.environ), bench.work_dir / "logs" / "report.out", errors)
+            for _ in range(analysis_runs)]
+    if any("error" in run or run["exit_code"] != 0 for run in runs):
+        return {"error": f"memgap report failed: {tail(errors)}"}
+    report = trace_stats(trace.stat().st_size, events, runs, "memgap report")
+    stats.update({"report_s": report["analysis_s"], "report_events_per_s": report["analysis_events_per_s"],
+                  "report_peak_rss_mib": report["analysis_peak_rss_mib"], "report_bytes": html.stat().st_size})
+    html.unlink()
     return stats
 
 
@@ -372,8 +383,8 @@ def bench_workload(bench, workload, tools, repeat, perf_runs, analysis_runs):
             counts = [bench.count_instructions(workload, tool) for _ in range(perf_runs)]
             if None not in counts:
                 result["instructions_runs"] = counts
-        # The trace on disk is the one from the last run above.
-        if tool.kind == "memgap":
+        # The trace on disk is the one from the last run above (--trim-only records none).
+        if tool.kind == "memgap" and "--trim-only" not in tool.flags:
             result["trace"] = memgap_trace_stats(bench, workload, tool, analysis_runs)
         elif tool.kind == "heaptrack":
             result["trace"] = heaptrack_trace_stats(bench, workload, tool, analysis_runs)
@@ -417,6 +428,63 @@ def summarise(results):
         heaptrack_extra_cpu = heaptrack.get("cpu_s", 0) - plain["cpu_s"]
         if heaptrack_extra_cpu > 0 and "cpu_s" in result:
             result["vs_heaptrack"]["extra_cpu_share"] = (result["cpu_s"] - plain["cpu_s"]) / heaptrack_extra_cpu
+
+
+# ---------------------------------------------------------------- targets
+
+# Issue 11's targets, each checked on the figures of this run.
+STACKS_SHARE_OF_HEAPTRACK = 1 / 3
+NO_STACKS_CHURN_RATIO = 1.3
+TRIM_ONLY_RATIO = 1.02
+ANALYSIS_VS_HEAPTRACK_PRINT = 10
+REPLAY_EVENTS_PER_S = 50e6
+
+
+def slowdown_key(result):
+    """Instructions where perf counts them (stable), else CPU time."""
+    return "instructions_ratio" if "instructions_ratio" in result else "cpu_ratio"
+
+
+def check_targets(report):
+    rows = []
+
+    def add(target, workload, measured, goal, met):
+        rows.append({"target": target, "workload": workload, "measured": measured, "goal": goal, "met": met})
+
+    for name, workload in report["workloads"].items():
+        tools = workload.get("tools", {})
+        heaptrack = tools.get("heaptrack", {})
+        stacks, no_stacks = tools.get("memgap", {}), tools.get("memgap --no-stacks", {})
+        trim_only = tools.get("memgap --trim-only", {})
+        key = slowdown_key(stacks)
+        if key in stacks and key in heaptrack:
+            mine, theirs = stacks[key] - 1, heaptrack[key] - 1
+            limit = theirs * STACKS_SHARE_OF_HEAPTRACK
+            add("memgap (stacks) overhead ≤ ⅓ of heaptrack's", name,
+                f"{mine:.2f} vs heaptrack {theirs:.2f} ({key.split('_')[0]}; wall {stacks.get('wall_ratio', 0) - 1:.2f} vs {heaptrack.get('wall_ratio', 0) - 1:.2f})",
+                f"≤ {limit:.2f}", mine <= limit)
+        if name == "churn" and "wall_ratio" in no_stacks:
+            key = slowdown_key(no_stacks)
+            add("memgap --no-stacks < 1.3× plain on churn", name,
+                f"{no_stacks[key]:.2f}× ({key.split('_')[0]}), wall {no_stacks['wall_ratio']:.2f}×", "< 1.30×",
+                no_stacks[key] < NO_STACKS_CHURN_RATIO)
+        if "wall_ratio" in trim_only:
+            key = slowdown_key(trim_only)
+            add("memgap --trim-only < 1.02× plain", name, f"{trim_only[key]:.3f}× ({key.split('_')[0]}), wall {trim_only['wall_ratio']:.3f}×",
+                "< 1.02×", trim_only[key] < TRIM_ONLY_RATIO)
+        mine, theirs = stacks.get("trace", {}), heaptrack.get("trace", {})
+        if mine.get("bytes_per_event") and theirs.get("bytes_per_event"):
+            add("trace bytes/event below heaptrack's", name, f"{mine['bytes_per_event']:.2f}",
+                f"< {theirs['bytes_per_event']:.2f}", mine["bytes_per_event"] < theirs["bytes_per_event"])
+        if mine.get("report_events_per_s") and theirs.get("analysis_events_per_s"):
+            goal = ANALYSIS_VS_HEAPTRACK_PRINT * theirs["analysis_events_per_s"]
+            add("analysis (memgap report) ≥ 10× heaptrack_print's events/s", name,
+                f"{fmt_count(mine['report_events_per_s'])}/s (summary {fmt_count(mine['analysis_events_per_s'])}/s)",
+                f"≥ {fmt_count(goal)}/s", mine["report_events_per_s"] >= goal)
+        if mine.get("analysis_events_per_s") and mine.get("events", 0) >= 1e6:
+            add("replay ≥ 50 M events/s (memgap summary, one thread)", name, f"{fmt_count(mine['analysis_events_per_s'])}/s",
+                "≥ 50.00 M/s", mine["analysis_events_per_s"] >= REPLAY_EVENTS_PER_S)
+    return rows
 
 
 # ---------------------------------------------------------------- report
@@ -505,9 +573,10 @@ def markdown_report(report):
 
     lines += ["", "## Traces and analysis", "",
               "Events: memgap = sum of `events` in `memgap summary --json`; heaptrack = `+`/`-` lines in the "
-              "decompressed trace. Analysis: `memgap summary --json` vs `heaptrack_print -f`.", "",
-              "| workload | tool | events | trace size | B / event | analysis s | analysis events/s | analysis peak RSS MiB |",
-              "|---|---|---|---|---|---|---|---|"]
+              "decompressed trace. Analysis: `memgap summary --json` (replay and summary) and `memgap report` "
+              "(ledger at every snapshot, page maps, blame, the HTML file) vs `heaptrack_print -f`.", "",
+              "| workload | tool | events | trace size | B / event | analysis s | analysis events/s | analysis peak RSS MiB | report s | report events/s | report peak RSS MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, workload in report["workloads"].items():
         for tool, result in workload.get("tools", {}).items():
             trace = result.get("trace")
@@ -521,7 +590,16 @@ def markdown_report(report):
                 truncated += f" ({fmt_count(trace['dropped_events'])} dropped)"
             lines.append(f"| {name} | {tool} | {fmt_count(trace['events'])}{truncated} | {fmt_size(trace['trace_bytes'])} | "
                          f"{fmt(trace['bytes_per_event'], 2)} | {fmt(trace['analysis_s'], 3)} | "
-                         f"{fmt_count(trace['analysis_events_per_s'])} | {fmt(trace['analysis_peak_rss_mib'], 1)} |")
+                         f"{fmt_count(trace['analysis_events_per_s'])} | {fmt(trace['analysis_peak_rss_mib'], 1)} | "
+                         f"{fmt(trace.get('report_s'), 3)} | {fmt_count(trace.get('report_events_per_s'))} | "
+                         f"{fmt(trace.get('report_peak_rss_mib'), 1)} |")
+
+    lines += ["", "## Targets (issue 11)", "",
+              "Each target checked on this run's figures; slowdowns compare instructions where perf counts them, "
+              "else CPU time.", "",
+              "| target | workload | measured | goal | met |", "|---|---|---|---|---|"]
+    for row in report.get("targets", []):
+        lines.append(f"| {row['target']} | {row['workload']} | {row['measured']} | {row['goal']} | {'yes' if row['met'] else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -580,6 +658,7 @@ def main():
             report["workloads"][workload.name] = bench_workload(
                 bench, workload, tools, args.repeat, args.perf_runs, analysis_runs)
         report["meta"]["load_average_at_end"] = os.getloadavg()
+        report["targets"] = check_targets(report)
     finally:
         if args.keep:
             print(f"bench: work directory kept at {work_dir}", file=sys.stderr)
