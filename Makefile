@@ -1,5 +1,5 @@
-# `make install` puts memgap in $(PREFIX)/bin and its agent in
-# $(PREFIX)/lib/memgap, where `memgap run` looks for it.
+# `make install` puts memgap in $(PREFIX)/bin and its agent and trim
+# library in $(PREFIX)/lib/memgap, where `memgap run` looks for them.
 PREFIX ?= /usr/local
 
 .PHONY: build install test demo
@@ -10,6 +10,7 @@ build:
 install: build
 	install -D -m 755 target/release/memgap $(DESTDIR)$(PREFIX)/bin/memgap
 	install -D -m 755 target/release/libmemgap_agent.so $(DESTDIR)$(PREFIX)/lib/memgap/libmemgap_agent.so
+	install -D -m 755 target/release/libmemgap_trim.so $(DESTDIR)$(PREFIX)/lib/memgap/libmemgap_trim.so
 
 test:
 	bash .ci/run

@@ -1,30 +1,43 @@
-//! Finding the agent library that `memgap run` preloads.
+//! Finding the libraries that `memgap run` preloads: the agent, and the
+//! trim remedy's.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
 pub const AGENT_FILE: &str = "libmemgap_agent.so";
+/// The trim remedy's library (`memgap run --trim-only`, `memgap compare`).
+pub const TRIM_FILE: &str = "libmemgap_trim.so";
 
-/// `MEMGAP_AGENT`, else next to the memgap binary (cargo's target dir), else
-/// `../lib/memgap/` or `../lib/` relative to it (an installed layout).
+/// The agent: `MEMGAP_AGENT`, else next to the memgap binary (cargo's
+/// target dir), else `../lib/memgap/` or `../lib/` relative to it (an
+/// installed layout).
 pub fn locate() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("MEMGAP_AGENT") {
+    locate_library(AGENT_FILE, "MEMGAP_AGENT")
+}
+
+/// The trim remedy's library, found as the agent is (`MEMGAP_TRIM_LIBRARY`).
+pub fn locate_trim() -> anyhow::Result<PathBuf> {
+    locate_library(TRIM_FILE, "MEMGAP_TRIM_LIBRARY")
+}
+
+fn locate_library(file: &str, variable: &str) -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(variable) {
         let path = PathBuf::from(path);
         if !path.is_file() {
-            bail!("MEMGAP_AGENT names {}, which is not a file", path.display());
+            bail!("{variable} names {}, which is not a file", path.display());
         }
         return absolute(&path);
     }
     let exe = std::env::current_exe().context("cannot find the memgap binary's own path")?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [dir.join(AGENT_FILE), dir.join("../lib/memgap").join(AGENT_FILE), dir.join("../lib").join(AGENT_FILE)];
+    let candidates = [dir.join(file), dir.join("../lib/memgap").join(file), dir.join("../lib").join(file)];
     for candidate in &candidates {
         if candidate.is_file() {
             return absolute(candidate);
         }
     }
-    bail!("cannot find {AGENT_FILE} next to {} or in ../lib; build it with `cargo build --release` or set MEMGAP_AGENT", exe.display())
+    bail!("cannot find {file} next to {} or in ../lib; build it with `cargo build --release` or set {variable}", exe.display())
 }
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {

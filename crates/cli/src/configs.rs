@@ -11,8 +11,8 @@ use memgap_model::compare::ConfigSpec;
 pub const BASELINE: &str = "glibc";
 
 enum Preload {
-    /// memgap's agent (its trim mode).
-    Agent,
+    /// memgap's trim remedy library.
+    Trim,
     /// A shared library in the system's library directory.
     Library(&'static str),
 }
@@ -28,9 +28,9 @@ struct Builtin {
 const BUILTINS: &[Builtin] = &[
     Builtin { name: BASELINE, preload: None, env: &[], package: None },
     Builtin { name: "arena-max-2", preload: None, env: &[("MALLOC_ARENA_MAX", "2")], package: None },
-    // The agent calls malloc_trim(0) from a thread every MEMGAP_TRIM_INTERVAL_MS
-    // (default 1000) and records nothing.
-    Builtin { name: "trim", preload: Some(Preload::Agent), env: &[("MEMGAP_MODE", "trim")], package: None },
+    // libmemgap_trim.so calls malloc_trim(0) from a thread every
+    // MEMGAP_TRIM_INTERVAL_MS (default 1000); it interposes nothing.
+    Builtin { name: "trim", preload: Some(Preload::Trim), env: &[], package: None },
     Builtin { name: "jemalloc", preload: Some(Preload::Library("libjemalloc.so.2")), env: &[], package: Some("libjemalloc2") },
     Builtin { name: "tcmalloc", preload: Some(Preload::Library("libtcmalloc_minimal.so.4")), env: &[], package: Some("libtcmalloc-minimal4") },
     Builtin { name: "mimalloc", preload: Some(Preload::Library("libmimalloc.so.2")), env: &[], package: Some("libmimalloc2.0") },
@@ -42,8 +42,9 @@ fn library_dir() -> String {
 }
 
 /// The built-in configurations, `available: false` where a library is
-/// missing. `agent` is where the agent is, or why it could not be found.
-pub fn builtins(agent: Result<&Path, String>, user_preload: Option<&str>) -> Vec<ConfigSpec> {
+/// missing. `trim` is where the trim remedy's library is, or why it could
+/// not be found.
+pub fn builtins(trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<ConfigSpec> {
     BUILTINS
         .iter()
         .map(|builtin| {
@@ -52,7 +53,7 @@ pub fn builtins(agent: Result<&Path, String>, user_preload: Option<&str>) -> Vec
             let library = match &builtin.preload {
                 None => return spec,
                 Some(Preload::Library(file)) => Path::new(&library_dir()).join(file),
-                Some(Preload::Agent) => match &agent {
+                Some(Preload::Trim) => match &trim {
                     Ok(path) => path.to_path_buf(),
                     Err(why) => {
                         spec.available = false;
@@ -127,14 +128,13 @@ mod tests {
 
     #[test]
     fn builtins_in_order_with_their_environment() {
-        let agent = std::env::current_exe().unwrap();
-        let specs = builtins(Ok(&agent), None);
+        let trim = std::env::current_exe().unwrap();
+        let specs = builtins(Ok(&trim), None);
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["glibc", "arena-max-2", "trim", "jemalloc", "tcmalloc", "mimalloc"]);
         assert!(specs[0].env.is_empty() && specs[0].available);
         assert_eq!(env(&specs[1], "MALLOC_ARENA_MAX"), Some("2"));
-        assert_eq!(env(&specs[2], "LD_PRELOAD"), agent.to_str());
-        assert_eq!(env(&specs[2], "MEMGAP_MODE"), Some("trim"));
+        assert_eq!(env(&specs[2], "LD_PRELOAD"), trim.to_str());
         for spec in &specs[3..] {
             let library = env(spec, "LD_PRELOAD").unwrap();
             assert_eq!(spec.available, Path::new(library).is_file(), "{spec:?}");
@@ -143,17 +143,17 @@ mod tests {
     }
 
     #[test]
-    fn trim_without_an_agent_is_unavailable() {
-        let specs = builtins(Err("cannot find libmemgap_agent.so".into()), None);
+    fn trim_without_its_library_is_unavailable() {
+        let specs = builtins(Err("cannot find libmemgap_trim.so".into()), None);
         assert!(!specs[2].available);
-        assert_eq!(specs[2].note.as_deref(), Some("cannot find libmemgap_agent.so"));
+        assert_eq!(specs[2].note.as_deref(), Some("cannot find libmemgap_trim.so"));
     }
 
     #[test]
     fn the_users_preload_comes_after_ours() {
-        let agent = std::env::current_exe().unwrap();
-        let specs = builtins(Ok(&agent), Some("/opt/libmine.so"));
-        assert_eq!(env(&specs[2], "LD_PRELOAD").unwrap(), format!("{}:/opt/libmine.so", agent.display()));
+        let trim = std::env::current_exe().unwrap();
+        let specs = builtins(Ok(&trim), Some("/opt/libmine.so"));
+        assert_eq!(env(&specs[2], "LD_PRELOAD").unwrap(), format!("{}:/opt/libmine.so", trim.display()));
         assert_eq!(env(&specs[0], "LD_PRELOAD"), None, "a config without a preload keeps the user's, inherited");
     }
 

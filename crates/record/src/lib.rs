@@ -25,7 +25,6 @@ mod snapshot;
 mod stacks;
 mod recorder;
 mod sys;
-mod trim;
 mod trim_calls;
 mod unwind;
 mod walk_memo;

@@ -25,7 +25,6 @@ static FINISHED: AtomicBool = AtomicBool::new(false);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(10_000_000);
 static FOLLOW: AtomicBool = AtomicBool::new(true);
-static TRIM_MODE: AtomicBool = AtomicBool::new(false);
 static USABLE_SIZE: AtomicU8 = AtomicU8::new(0);
 const USABLE_UNKNOWN: u8 = 0;
 const USABLE_GLIBC: u8 = 1;
@@ -90,10 +89,6 @@ fn start() -> bool {
     }
     if PHASE.compare_exchange(UNSTARTED, STARTING, AcqRel, Relaxed).is_err() {
         return PHASE.load(Acquire) == ON;
-    }
-    if crate::trim::requested() {
-        PHASE.store(OFF, Release);
-        return false;
     }
     let started = buffers::while_busy(|| {
         let errno = unsafe { *libc::__errno_location() };
@@ -175,19 +170,6 @@ fn open_trace(config: &Config, top: bool) -> bool {
 /// Runs when the library is loaded, before `main`.
 pub fn on_load() {
     let Some(real) = real::real() else { return };
-    if crate::trim::requested() {
-        // The trim remedy records nothing: the hooks pass straight through.
-        if PHASE.compare_exchange(UNSTARTED, OFF, AcqRel, Relaxed).is_ok() || PHASE.load(Relaxed) == OFF {
-            PHASE.store(OFF, Release);
-            TRIM_MODE.store(true, Relaxed);
-            let glibc = real::usable_size_method(real) == real::UsableSize::GlibcHeader;
-            buffers::while_busy(|| {
-                unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
-                crate::trim::start(glibc)
-            });
-        }
-        return;
-    }
     if !recording() {
         return;
     }
@@ -332,11 +314,6 @@ pub fn finish(reason: EndReason) {
 /// In the child of a fork: the parent's trace and threads are not ours.
 /// Either stop (`--no-follow`) or start this process's own trace.
 extern "C" fn on_fork_child() {
-    if TRIM_MODE.load(Relaxed) {
-        // The trim thread did not survive the fork; the child gets its own.
-        buffers::while_busy(crate::trim::restart_after_fork);
-        return;
-    }
     if PHASE.load(Relaxed) != ON {
         return;
     }

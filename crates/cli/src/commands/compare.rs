@@ -50,8 +50,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--steady-from {from}: give a number of seconds, 0 or more");
     }
     let user_preload = std::env::var("LD_PRELOAD").ok();
-    let agent = agent::locate();
-    let mut specs = configs::builtins(agent.as_deref().map_err(|e| format!("{e:#}")), user_preload.as_deref());
+    let trim = agent::locate_trim();
+    let mut specs = configs::builtins(trim.as_deref().map_err(|e| format!("{e:#}")), user_preload.as_deref());
     specs.extend(configs::parse_user(&args.configs, user_preload.as_deref())?);
 
     let interval = Duration::from_millis(args.interval_ms);

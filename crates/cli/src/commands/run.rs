@@ -42,7 +42,7 @@ pub struct Args {
     snapshot_interval: f64,
     /// Record nothing: only call malloc_trim(0) from a background thread,
     /// the production remedy for glibc keeping free pages (same as
-    /// LD_PRELOAD=<agent> MEMGAP_MODE=trim).
+    /// LD_PRELOAD=libmemgap_trim.so; it interposes no call).
     #[arg(long)]
     trim_only: bool,
     /// With --trim-only: milliseconds between trims.
@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(binary) = go_binary {
         return go::run(&args, binary, &pattern, run_id);
     }
-    let agent = agent::locate()?;
+    let agent = if args.trim_only { agent::locate_trim()? } else { agent::locate()? };
 
     let mut preload = agent.as_os_str().to_owned();
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -97,7 +97,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     command.args(&args.command[1..]).env("LD_PRELOAD", preload);
     if args.trim_only {
         command
-            .env("MEMGAP_MODE", "trim")
             .env("MEMGAP_TRIM_INTERVAL_MS", args.trim_interval_ms.to_string())
             .env("MEMGAP_TRIM_THRESHOLD", args.trim_threshold.to_string());
     } else {
