@@ -88,7 +88,7 @@ pub trait PageNodes {
     fn node_of(&self, addr: u64) -> Option<u32>;
 }
 
-impl PageNodes for Placement {
+impl PageNodes for memgap_trace::numa::PlacementIndex<'_> {
     fn node_of(&self, addr: u64) -> Option<u32> {
         self.status_of(addr).and_then(|s| u32::try_from(s).ok())
     }
@@ -545,7 +545,7 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
         Some((blocks, agent_ranges, placement)) => {
             report.resident_bytes_by_node = resident_by_node(&topology, placement, agent_ranges);
             report.placement_cost_seconds = Some(placement.cost_ns as f64 / 1e9);
-            let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, placement, placement.page_size);
+            let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &placement.index(), placement.page_size);
             report.local_fraction = locality.local_fraction();
             report.allocation_local_bytes = locality.local_bytes;
             report.allocation_remote_bytes = locality.remote_bytes;
@@ -562,8 +562,9 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
     if v.samples.source.is_empty() {
         report.access_unavailable_reason = Some("no memory samples in the trace (record with `memgap run --numa`)".into());
     } else {
-        let fallback: &dyn PageNodes = match &v.last_placement {
-            Some(p) => p,
+        let index = v.last_placement.as_ref().map(Placement::index);
+        let fallback: &dyn PageNodes = match &index {
+            Some(index) => index,
             None => &|_| None,
         };
         let kind = if v.samples.is_precise() { "access" } else { "first-touch" };

@@ -62,21 +62,50 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// An index of the runs for looking up pages: a mapping's runs can number
+    /// as many as its pages, and walking them for each page of a big heap
+    /// took minutes.
+    pub fn index(&self) -> PlacementIndex<'_> {
+        let run_starts = self
+            .mappings
+            .iter()
+            .map(|m| {
+                let mut next = 0u64;
+                m.runs
+                    .iter()
+                    .map(|&(_, count)| {
+                        let start = next;
+                        next = next.saturating_add(count);
+                        start
+                    })
+                    .collect()
+            })
+            .collect();
+        PlacementIndex { placement: self, run_starts }
+    }
+}
+
+/// [`Placement::index`]: each page's status in O(log runs).
+pub struct PlacementIndex<'a> {
+    placement: &'a Placement,
+    /// Per mapping, the first page of each run.
+    run_starts: Vec<Vec<u64>>,
+}
+
+impl PlacementIndex<'_> {
     /// The status of the page holding `addr`, if a mapping covers it.
     pub fn status_of(&self, addr: u64) -> Option<i32> {
-        let i = self.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
-        let m = &self.mappings[i];
-        let mut page = (addr - m.start) / self.page_size.max(1);
+        let placement = self.placement;
+        let i = placement.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
+        let m = &placement.mappings[i];
+        let page = (addr - m.start) / placement.page_size.max(1);
         if page >= m.pages {
             return None;
         }
-        for &(status, count) in &m.runs {
-            if page < count {
-                return Some(status);
-            }
-            page -= count;
-        }
-        None
+        let starts = &self.run_starts[i];
+        let run = starts.partition_point(|&start| start <= page).checked_sub(1)?;
+        let (status, count) = m.runs[run];
+        (page - starts[run] < count).then_some(status)
     }
 }
 
@@ -239,9 +268,23 @@ pub(crate) fn decode_samples(c: &mut Cursor<'_>, body_len: usize) -> Result<Memo
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// The index agrees with walking the runs page by page.
+        #[test]
+        fn the_index_agrees_with_the_runs(runs in proptest::collection::vec((-14i32..4, 1u64..5), 0..60), extra in 0u64..4, probes in proptest::collection::vec(0u64..400, 1..50)) {
+            let pages = runs.iter().map(|r| r.1).sum::<u64>() + extra;
+            let placement = Placement { page_size: 4096, stride: 1, mappings: vec![MappingPlacement { start: 0x100000, pages, runs: runs.clone() }], ..Placement::default() };
+            let index = placement.index();
+            for probe in probes {
+                let walked = runs.iter().flat_map(|&(status, count)| std::iter::repeat_n(status, count as usize)).nth(probe as usize).filter(|_| probe < pages);
+                proptest::prop_assert_eq!(index.status_of(0x100000 + probe * 4096 + 7), walked);
+            }
+        }
+    }
+
     #[test]
-    fn status_of_walks_runs() {
-        let p = Placement {
+    fn status_of_finds_the_run() {
+        let placement = Placement {
             page_size: 4096,
             stride: 1,
             mappings: vec![
@@ -250,6 +293,7 @@ mod tests {
             ],
             ..Placement::default()
         };
+        let p = placement.index();
         assert_eq!(p.status_of(0xffff), None);
         assert_eq!(p.status_of(0x10000), Some(0));
         assert_eq!(p.status_of(0x11fff), Some(0));
