@@ -386,6 +386,22 @@ fn file_size_limit_lowered_before_exit_does_not_kill_the_program() {
     assert!(events(&s, "malloc") > 0, "{s:#}");
 }
 
+/// Rounds far apart: the writer drains tens of MiB of one thread's events in
+/// one round, and must still cut them into chunks a reader accepts (at most
+/// 16 MiB each).
+#[test]
+fn a_round_with_more_events_than_a_chunk_holds_reads_back() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "churn_hwm.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "--rss-interval", "10000", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "4000000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // 8 M events of at least 3 bytes each: over 16 MiB in the one round.
+    let s = summary_json(&trace);
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+    assert!(events(&s, "malloc") >= 4_000_000 && events(&s, "free") >= 4_000_000, "{s:#}");
+}
+
 // ---------------------------------------------------------------------------
 // A writer that cannot keep up
 // ---------------------------------------------------------------------------

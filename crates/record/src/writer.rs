@@ -93,9 +93,6 @@ impl Writer {
                 slot.store(core::ptr::null_mut(), Release);
                 drop(unsafe { Box::from_raw(state) });
             }
-            if self.raw.len() >= FLUSH_BYTES {
-                self.flush();
-            }
         }
         self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: clock::monotonic_ns() }));
         self.write_trim_calls();
@@ -156,6 +153,11 @@ impl Writer {
         let (thread, tid, seq) = unsafe { ((*chunk).thread, (*chunk).tid, (*chunk).seq) };
         Record::encode_events(&mut self.raw, thread, tid, seq, *emitted, bytes);
         *emitted = len;
+        // A thread may have filled many buffers since the last round; a
+        // chunk must stay under the readers' limit (16 MiB).
+        if self.raw.len() >= FLUSH_BYTES {
+            self.flush();
+        }
     }
 
     fn write_trim_calls(&mut self) {
