@@ -83,14 +83,100 @@ pub struct Outcome {
     pub timeline: Timeline,
 }
 
+/// One thread's events not yet handed on. They wait encoded (a few bytes
+/// each, where a decoded event takes 72): a writer that fell behind can put
+/// tens of millions of events in one round, and all of them wait for the
+/// next round's CLOCK record. A short window is decoded ahead.
 struct ThreadQueue {
     tid: u32,
+    /// The buffer and offset the next piece must continue.
     buffer: u32,
     next_offset: u32,
+    encoded: VecDeque<EncodedPiece>,
+    /// Decoding state at the end of `pending`.
     delta: DeltaState,
+    /// Decoded, in the thread's order.
     pending: VecDeque<Event>,
     /// The thread's own stack ids → ids unique in the trace.
     stacks: FxHashMap<u32, u32>,
+}
+
+struct EncodedPiece {
+    bytes: Vec<u8>,
+    /// Decoded up to here.
+    at: usize,
+    /// The piece starts a buffer: the delta state restarts.
+    starts_buffer: bool,
+}
+
+/// What decoding shares across threads.
+#[derive(Default)]
+struct Decoding {
+    /// Every distinct call stack → its id (ids start at 1; 0 is "none").
+    stack_ids: FxHashMap<Vec<u64>, u32>,
+    frames: Vec<u64>,
+}
+
+impl ThreadQueue {
+    /// Decodes until `want` events are pending or nothing is left.
+    fn fill(&mut self, want: usize, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) {
+        while self.pending.len() < want {
+            let Some(piece) = self.encoded.front_mut() else { return };
+            if piece.starts_buffer {
+                self.delta = DeltaState::default();
+                piece.starts_buffer = false;
+            }
+            if piece.at == piece.bytes.len() {
+                self.encoded.pop_front();
+                continue;
+            }
+            let mut cursor = Cursor::new(&piece.bytes[piece.at..]);
+            let decoded = event::decode_with_stack(&mut self.delta, &mut cursor, &mut decoding.frames);
+            piece.at += cursor.position();
+            match decoded {
+                Ok((mut event, defines_stack)) => {
+                    if !event_is_plausible(&event) {
+                        // Beyond the address space: a corrupt trace (or a
+                        // call that failed). Skipped; the next record
+                        // decodes on from here.
+                        outcome.malformed_records += 1;
+                        continue;
+                    }
+                    if event.stack != event::NO_STACK {
+                        if defines_stack {
+                            let next_id = decoding.stack_ids.len() as u32 + 1;
+                            let id = *decoding.stack_ids.entry(decoding.frames.clone()).or_insert_with(|| {
+                                visitor.stack(next_id, &decoding.frames);
+                                next_id
+                            });
+                            self.stacks.insert(event.stack, id);
+                        }
+                        event.stack = self.stacks.get(&event.stack).copied().unwrap_or(event::NO_STACK);
+                    }
+                    self.pending.push_back(event);
+                }
+                Err(_) => {
+                    outcome.malformed_records += 1;
+                    // The rest of this buffer cannot be decoded without the
+                    // record that failed: drop it, and what came after it.
+                    piece.at = piece.bytes.len();
+                    while let Some(next) = self.encoded.get(1).filter(|next| !next.starts_buffer) {
+                        outcome.lost_bytes += next.bytes.len() as u64;
+                        self.encoded.remove(1);
+                    }
+                    if self.encoded.len() == 1 {
+                        self.buffer = u32::MAX;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes and takes the next event if it is older than `limit`.
+    fn next_before(&mut self, limit: u64, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) -> Option<Event> {
+        self.fill(1, decoding, outcome, visitor);
+        self.pending.pop_front_if(|e| e.time < limit)
+    }
 }
 
 enum Item {
@@ -120,9 +206,7 @@ struct Merger<'v, V: Visitor> {
     watermark: u64,
     exit: Option<Exit>,
     outcome: Outcome,
-    /// Every distinct call stack → its id (ids start at 1; 0 is "none").
-    stack_ids: FxHashMap<Vec<u64>, u32>,
-    frames: Vec<u64>,
+    decoding: Decoding,
     round_order: RoundOrder,
 }
 
@@ -142,7 +226,7 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     let trace = TraceFile::open(path)?;
     let progress = PROGRESS.get();
     let total = trace.len();
-    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), stack_ids: FxHashMap::default(), frames: Vec::new(), round_order: RoundOrder::default() };
+    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), decoding: Decoding::default(), round_order: RoundOrder::default() };
     let tail = trace.for_each_chunk(|offset, chunk| {
         if let Some(progress) = progress {
             progress(offset, total);
@@ -207,53 +291,19 @@ impl<V: Visitor> Merger<'_, V> {
             tid: piece.tid,
             buffer: u32::MAX,
             next_offset: 0,
+            encoded: VecDeque::new(),
             delta: DeltaState::default(),
             pending: VecDeque::new(),
             stacks: FxHashMap::default(),
         });
         let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
-        if !continues {
-            if piece.offset != 0 {
-                self.outcome.lost_bytes += piece.records.len() as u64;
-                return;
-            }
-            queue.buffer = piece.buffer;
-            queue.delta = DeltaState::default();
+        if !continues && piece.offset != 0 {
+            self.outcome.lost_bytes += piece.records.len() as u64;
+            return;
         }
+        queue.buffer = piece.buffer;
         queue.next_offset = piece.offset.wrapping_add(piece.records.len() as u32);
-        let mut cursor = Cursor::new(piece.records);
-        while !cursor.is_empty() {
-            match event::decode_with_stack(&mut queue.delta, &mut cursor, &mut self.frames) {
-                Ok((mut event, defines_stack)) => {
-                    if !event_is_plausible(&event) {
-                        // Beyond the address space: a corrupt trace (or a
-                        // call that failed). Skipped; the next record
-                        // decodes on from here.
-                        self.outcome.malformed_records += 1;
-                        continue;
-                    }
-                    if event.stack != event::NO_STACK {
-                        if defines_stack {
-                            let next_id = self.stack_ids.len() as u32 + 1;
-                            let id = *self.stack_ids.entry(self.frames.clone()).or_insert_with(|| {
-                                self.visitor.stack(next_id, &self.frames);
-                                next_id
-                            });
-                            queue.stacks.insert(event.stack, id);
-                        }
-                        event.stack = queue.stacks.get(&event.stack).copied().unwrap_or(event::NO_STACK);
-                    }
-                    queue.pending.push_back(event)
-                }
-                Err(_) => {
-                    self.outcome.malformed_records += 1;
-                    // The rest of this buffer cannot be decoded without the
-                    // record that failed.
-                    queue.buffer = u32::MAX;
-                    break;
-                }
-            }
-        }
+        queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: !continues });
     }
 
     /// Orders one round's events across threads (see [`crate::causal`]).
@@ -280,15 +330,21 @@ impl<V: Visitor> Merger<'_, V> {
 
     /// Hands the visitor every queued item older than `limit`, in time order.
     fn release(&mut self, limit: u64) {
-        let mut due = self.threads.iter().filter(|(_, queue)| queue.pending.front().is_some_and(|e| e.time < limit)).map(|(&thread, _)| thread);
+        let Merger { threads, decoding, outcome, visitor, .. } = self;
+        let mut due = threads.iter_mut().filter_map(|(&thread, queue)| {
+            queue.fill(1, decoding, outcome, *visitor);
+            queue.pending.front().is_some_and(|e| e.time < limit).then_some(thread)
+        });
         let first = due.next();
         if due.next().is_none() {
             return self.release_one_thread(first, limit);
         }
         let mut batch = std::mem::take(&mut self.batch);
-        for (&thread, queue) in &mut self.threads {
-            let due = queue.pending.iter().take_while(|e| e.time < limit).count();
-            batch.extend(queue.pending.drain(..due).map(|event| Item::Event(ThreadEvent { thread, tid: queue.tid, event })));
+        let Merger { threads, decoding, outcome, visitor, .. } = self;
+        for (&thread, queue) in threads.iter_mut() {
+            while let Some(event) = queue.next_before(limit, decoding, outcome, *visitor) {
+                batch.push(Item::Event(ThreadEvent { thread, tid: queue.tid, event }));
+            }
         }
         let samples = self.samples.iter().take_while(|r| r.time() < limit).count();
         batch.extend(self.samples.drain(..samples));
@@ -321,24 +377,23 @@ impl<V: Visitor> Merger<'_, V> {
     /// (after the events of the same time, as the sort would place them).
     fn release_one_thread(&mut self, thread: Option<u32>, limit: u64) {
         if let Some(thread) = thread {
-            let queue = self.threads.get_mut(&thread).expect("a due thread has a queue");
-            let events = &queue.pending;
-            let due = events.iter().take_while(|e| e.time < limit).count();
-            for (i, &event) in events.iter().take(due).enumerate() {
-                if let Some(&ahead) = events.get(i + PREFETCH_DISTANCE)
-                    && let Some(live) = self.visitor.live_set()
+            let Merger { threads, decoding, outcome, visitor, samples, .. } = self;
+            let queue = threads.get_mut(&thread).expect("a due thread has a queue");
+            loop {
+                queue.fill(PREFETCH_DISTANCE + 1, decoding, outcome, *visitor);
+                let Some(event) = queue.pending.pop_front_if(|e| e.time < limit) else { break };
+                if let Some(&ahead) = queue.pending.get(PREFETCH_DISTANCE - 1)
+                    && let Some(live) = visitor.live_set()
                 {
                     live.prefetch(&ThreadEvent { thread, tid: queue.tid, event: ahead });
                 }
-                let event = ThreadEvent { thread, tid: queue.tid, event };
-                while self.samples.front().is_some_and(|r| r.time() < event.event.time) {
-                    let sample = self.samples.pop_front().unwrap();
-                    dispatch(self.visitor, &mut self.outcome, &sample);
+                while samples.front().is_some_and(|r| r.time() < event.time) {
+                    let sample = samples.pop_front().unwrap();
+                    dispatch(*visitor, outcome, &sample);
                 }
-                self.outcome.events += 1;
-                self.visitor.event(&event);
+                outcome.events += 1;
+                visitor.event(&ThreadEvent { thread, tid: queue.tid, event });
             }
-            queue.pending.drain(..due);
         }
         while self.samples.front().is_some_and(|r| r.time() < limit) {
             let sample = self.samples.pop_front().unwrap();
@@ -372,4 +427,107 @@ fn event_is_plausible(e: &Event) -> bool {
     let within = |addr: u64, len: u64| addr.checked_add(len).is_some_and(|end| end <= ADDRESS_LIMIT);
     let old_range = if e.kind() == event::EventKind::Mremap { within(e.old_addr, e.extra) } else { e.old_addr <= ADDRESS_LIMIT };
     within(e.addr, e.size) && within(e.addr, e.usable) && old_range
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memgap_trace::TraceWriter;
+    use memgap_trace::event::{EventKind, MAX_RECORD_LEN, RawEncoder};
+    use memgap_trace::records::Clock;
+
+    /// Encodes `events` (kind, address, time) as one buffer's bytes.
+    fn encoded(events: &[(EventKind, u64, u64)]) -> Vec<u8> {
+        let (mut state, mut out) = (DeltaState::default(), vec![0u8; events.len() * MAX_RECORD_LEN]);
+        let mut end = out.as_mut_ptr();
+        for &(kind, addr, time) in events {
+            let event = Event { kind: Some(kind), addr, size: 16, usable: 24, time, ..Event::default() };
+            end = unsafe { RawEncoder::encode(&mut state, end, &event) };
+        }
+        let len = end as usize - out.as_ptr() as usize;
+        out.truncate(len);
+        out
+    }
+
+    #[derive(Default)]
+    struct Seen(Vec<(u32, u64, u64)>);
+    impl Visitor for Seen {
+        fn event(&mut self, e: &ThreadEvent) {
+            self.0.push((e.thread, e.event.time, e.event.addr));
+        }
+    }
+
+    fn replay_chunks(chunks: &[Vec<Record<'_>>]) -> (Vec<(u32, u64, u64)>, Outcome) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.mgt");
+        let mut writer = TraceWriter::create(&path, 1).unwrap();
+        for records in chunks {
+            writer.write(records).unwrap();
+        }
+        let mut seen = Seen::default();
+        let outcome = replay(&path, &mut seen).unwrap();
+        (seen.0, outcome)
+    }
+
+    fn events(thread: u32, buffer: u32, offset: u32, records: &[u8]) -> Record<'_> {
+        Record::Events(EventsPiece { thread, tid: thread, buffer, offset, records })
+    }
+
+    fn clock(time: u64) -> Record<'static> {
+        Record::Clock(Clock { time, monotonic_ns: time })
+    }
+
+    #[test]
+    fn threads_merge_by_time_across_pieces_and_rounds() {
+        use EventKind::{Free, Malloc};
+        let a = encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2), (Malloc, 0x2000, 3)]);
+        let b = encoded(&[(Malloc, 0x3000, 1), (Malloc, 0x4000, 3)]);
+        // Thread 1's buffer arrives in two pieces (cut between records, as
+        // the agent commits), the second a round later.
+        let (a1, a2) = a.split_at(encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2)]).len());
+        let (seen, outcome) = replay_chunks(&[
+            vec![clock(1), events(1, 0, 0, a1), events(2, 0, 0, &b), clock(2)],
+            vec![events(1, 0, a1.len() as u32, a2), clock(4)],
+        ]);
+        assert_eq!(seen.iter().map(|e| e.1).collect::<Vec<_>>(), [1, 1, 2, 3, 3]);
+        assert_eq!(seen.iter().filter(|e| e.0 == 1).map(|e| e.2).collect::<Vec<_>>(), [0x1000, 0x1000, 0x2000], "each thread's order");
+        assert_eq!((outcome.events, outcome.lost_bytes, outcome.malformed_records), (5, 0, 0));
+    }
+
+    #[test]
+    fn a_missing_piece_loses_the_rest_of_its_buffer_only() {
+        use EventKind::Malloc;
+        let first = encoded(&[(Malloc, 0x1000, 1), (Malloc, 0x1010, 1)]);
+        let next = encoded(&[(Malloc, 0x5000, 2)]);
+        let (seen, outcome) = replay_chunks(&[vec![
+            events(1, 0, 0, &first[..3]),
+            // The piece at 3.. is missing: what continues it cannot be decoded.
+            events(1, 0, 40, &first[3..]),
+            events(1, 1, 0, &next),
+            clock(5),
+            clock(6),
+        ]]);
+        assert_eq!(seen.iter().map(|e| e.2).collect::<Vec<_>>(), [0x5000]);
+        assert_eq!(outcome.lost_bytes, (first.len() - 3) as u64);
+        assert_eq!(outcome.malformed_records, 1, "the cut first piece ends inside a record");
+    }
+
+    #[test]
+    fn a_corrupt_record_drops_the_rest_of_its_buffer_even_when_queued() {
+        use EventKind::Malloc;
+        let good = encoded(&[(Malloc, 0x1000, 1)]);
+        let more = encoded(&[(Malloc, 0x2000, 1)]);
+        let next = encoded(&[(Malloc, 0x5000, 2)]);
+        let mut broken = good.clone();
+        broken.push(0x0f); // kind 15 is sbrk; its varints run off the end
+        let (seen, outcome) = replay_chunks(&[vec![
+            events(1, 0, 0, &broken),
+            events(1, 0, broken.len() as u32, &more),
+            events(1, 1, 0, &next),
+            clock(5),
+            clock(6),
+        ]]);
+        assert_eq!(seen.iter().map(|e| e.2).collect::<Vec<_>>(), [0x1000, 0x5000]);
+        assert_eq!((outcome.malformed_records, outcome.lost_bytes), (1, more.len() as u64));
+    }
 }
