@@ -75,6 +75,8 @@ pub struct Args {
 }
 
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+/// A signal to pass on that came before the program's pid was known.
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let program_name = Path::new(&args.command[0]).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "program".into());
@@ -120,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         true => Some(numa::prepare(&mut command).context("cannot prepare NUMA sampling")?),
         false => None,
     };
+    forward_signals();
     let spawned = command.spawn();
     if let Some(sampling) = &sampling {
         sampling.spawned();
@@ -128,11 +131,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(child) => child,
         Err(error) => return Ok(spawn_failed(&args.command[0], &error)),
     };
-    CHILD_PID.store(child.id() as i32, Ordering::Relaxed);
+    child_started(child.id());
     if let Some(ghc) = ghc.as_mut() {
         ghc.started(&mut child);
     }
-    forward_signals();
     let status = child.wait().context("waiting for the program")?;
     let (exit_code, signal) = match (status.code(), status.signal()) {
         (Some(code), _) => (code, 0),
@@ -234,11 +236,18 @@ fn random_run_id() -> u64 {
 /// SIGTERM, SIGHUP and SIGUSR1/2 sent to memgap go to the program. SIGINT and
 /// SIGQUIT come from the terminal, which already sends them to the program:
 /// memgap outlives them to finish the trace.
+/// Passes the signals a user sends memgap on to the program (^C in a
+/// terminal reaches both: memgap ignores it). Installed before the program
+/// starts, so that a signal in between does not kill memgap and leave the
+/// program running: one that comes before the program's pid is known waits
+/// for [`child_started`].
 fn forward_signals() {
     extern "C" fn forward(signal: libc::c_int) {
-        let pid = CHILD_PID.load(Ordering::Relaxed);
+        let pid = CHILD_PID.load(Ordering::SeqCst);
         if pid > 0 {
             unsafe { libc::kill(pid, signal) };
+        } else {
+            PENDING_SIGNAL.store(signal, Ordering::SeqCst);
         }
     }
     extern "C" fn ignore(_: libc::c_int) {}
@@ -254,6 +263,16 @@ fn forward_signals() {
     }
     for signal in [libc::SIGINT, libc::SIGQUIT] {
         install(signal, ignore);
+    }
+}
+
+/// The program runs as `pid`: signals go to it from now on, and one that
+/// came while it was starting is sent now.
+fn child_started(pid: u32) {
+    CHILD_PID.store(pid as i32, Ordering::SeqCst);
+    let pending = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+    if pending != 0 {
+        unsafe { libc::kill(pid as i32, pending) };
     }
     // Past RLIMIT_FSIZE (`ulimit -f`) adding the exit status fails instead
     // of killing memgap. Set after the program started: it inherits no change.

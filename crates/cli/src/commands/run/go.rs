@@ -21,7 +21,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{ExitCode, Stdio};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -93,14 +92,14 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     }
     let start_ns = monotonic_ns();
     let start_realtime_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    super::forward_signals();
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(error) => return Ok(super::spawn_failed(&args.command[0], &error)),
     };
     drop((helper_write, ack_read));
     let pid = child.id();
-    super::CHILD_PID.store(pid as i32, Ordering::Relaxed);
-    super::forward_signals();
+    super::child_started(pid);
 
     let (sender, messages) = mpsc::channel();
     let stderr = child.stderr.take().expect("stderr is piped");
