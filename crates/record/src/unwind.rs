@@ -206,16 +206,17 @@ impl ThreadUnwinder {
     pub fn capture_remembered(&mut self, out: &mut [u64], skip: usize, frame_pointers: bool) -> Capture {
         let registers = current_registers!();
         let dwarf_frames = if frame_pointers { skip.saturating_add(1) } else { usize::MAX };
-        if !self.memo.active() {
+        if !self.memo.begin() {
             return Capture::Walked(self.walk(registers, out, skip, dwarf_frames, Reading::Plain));
         }
         if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
             self.refresh_modules();
         }
+        let modules = self.modules_built;
         let Registers { ip, sp, bp } = registers;
         if let Some(stack) = self.stack.filter(|stack| stack.contains(sp)) {
             let bounds = StackBounds { low: sp, high: stack.high };
-            if let Some(token) = self.memo.recall(ip, sp, bp, self.modules_built, |at| bounds.read(at)) {
+            if let Some(token) = self.memo.recall(ip, sp, bp, modules, |at| bounds.read(at)) {
                 return Capture::Remembered(token);
             }
         }
@@ -237,7 +238,11 @@ impl ThreadUnwinder {
         let mut twin = Twin { reference: &log, exact: &exact, next: 0, diverged: false };
         let twin_depth = self.walk(Registers { bp: !bp, ..registers }, &mut twin_frames, skip, dwarf_frames, Reading::Twin(&mut twin));
         let independent = !twin.diverged && twin.next == log.len() && twin_frames[..twin_depth] == out[..depth];
-        self.memo.walked(ip, sp, bp, self.modules_built, &log, independent.then_some(exact.as_slice()));
+        // A walk that found the module list stale rebuilt it: its twin ran
+        // on another list, so it is not remembered.
+        if self.modules_built == modules {
+            self.memo.walked(ip, sp, bp, modules, &log, independent.then_some(exact.as_slice()));
+        }
         (self.memo.log, self.memo.exact, self.memo.twin_frames) = (log, exact, twin_frames);
         Capture::Walked(depth)
     }

@@ -53,8 +53,11 @@ pub struct WalkMemo {
     slots: Vec<Remembered>,
     /// Per set, the way the next walk replaces.
     next_way: Vec<u8>,
-    /// The last walk, until [`WalkMemo::remember`] gives its token.
+    /// The walk of the current capture, until [`WalkMemo::remember`] gives
+    /// its token; cleared when the next capture begins.
     pending: Option<Remembered>,
+    /// A buffer for the next walk's reads (an evicted walk's).
+    spare: Vec<Read>,
     /// Scratch for a walk's reads, which of them are exact, and its twin's frames.
     pub log: Vec<Read>,
     pub exact: Vec<bool>,
@@ -65,8 +68,12 @@ pub struct WalkMemo {
 }
 
 impl WalkMemo {
-    /// Counts a capture; false while remembering is paused.
-    pub fn active(&mut self) -> bool {
+    /// A capture begins: forgets a walk nobody remembered, counts the
+    /// capture, and says whether to remember (false while paused).
+    pub fn begin(&mut self) -> bool {
+        if let Some(unclaimed) = self.pending.take() {
+            self.spare = unclaimed.reads;
+        }
         self.captures += 1;
         if self.captures == WINDOW {
             if self.paused_windows > 0 {
@@ -108,7 +115,7 @@ impl WalkMemo {
     /// Keeps the walk just made, which read `log`, until its token is
     /// known. `exact`: when its poisoned twin agreed, which reads to check.
     pub fn walked(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, log: &[Read], exact: Option<&[bool]>) {
-        let mut reads = self.pending.take().map(|p| p.reads).unwrap_or_default();
+        let mut reads = core::mem::take(&mut self.spare);
         reads.clear();
         match exact {
             Some(exact) => reads.extend(log.iter().zip(exact).filter(|(_, exact)| **exact).map(|(read, _)| *read)),
@@ -123,7 +130,7 @@ impl WalkMemo {
         // A walk that read nothing (it ended before the first frame) is
         // not worth a slot: recalling it would check nothing.
         if walk.reads.is_empty() {
-            self.pending = Some(walk);
+            self.spare = walk.reads;
             return;
         }
         if self.slots.is_empty() {
@@ -135,9 +142,8 @@ impl WalkMemo {
         let way = &mut self.next_way[set.start / WAYS];
         let slot = &mut self.slots[set.start + usize::from(*way)];
         *way = (*way + 1) % WAYS as u8;
-        // The evicted walk's buffer serves the next pending one.
-        let evicted = core::mem::replace(slot, walk);
-        self.pending = Some(Remembered { reads: evicted.reads, ..Remembered::default() });
+        // The evicted walk's buffer serves the next walk.
+        self.spare = core::mem::replace(slot, walk).reads;
     }
 }
 
@@ -194,11 +200,23 @@ mod tests {
     }
 
     #[test]
+    fn a_walk_not_remembered_before_the_next_capture_is_forgotten() {
+        let mut memo = WalkMemo::default();
+        memo.begin();
+        memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 0x401000)], Some(&[true]));
+        // No token for it (the walk found no frames); the next capture walks
+        // without remembering (paused) and its caller remembers a token.
+        memo.begin();
+        memo.remember(9);
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(0x401000)), None);
+    }
+
+    #[test]
     fn remembering_pauses_after_a_window_of_few_recalls() {
         let mut memo = WalkMemo::default();
-        assert!((0..WINDOW - 1).all(|_| memo.active()));
-        assert!(!memo.active(), "no recalls in a whole window");
-        assert!((0..WINDOW * PAUSE_WINDOWS - 1).all(|_| !memo.active()));
-        assert!(memo.active(), "remembering resumes");
+        assert!((0..WINDOW - 1).all(|_| memo.begin()));
+        assert!(!memo.begin(), "no recalls in a whole window");
+        assert!((0..WINDOW * PAUSE_WINDOWS - 1).all(|_| !memo.begin()));
+        assert!(memo.begin(), "remembering resumes");
     }
 }
