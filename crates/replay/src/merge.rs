@@ -179,20 +179,19 @@ impl ThreadQueue {
     }
 }
 
-enum Item {
-    Event(ThreadEvent),
+/// What the writer records between events, merged with them by time.
+enum Sample {
     Rss(Rss),
     Snapshot(Box<Snapshot>),
     Placement(Box<Placement>),
 }
 
-impl Item {
+impl Sample {
     fn time(&self) -> u64 {
         match self {
-            Item::Event(e) => e.event.time,
-            Item::Rss(r) => r.time,
-            Item::Snapshot(s) => s.time,
-            Item::Placement(p) => p.time,
+            Sample::Rss(r) => r.time,
+            Sample::Snapshot(s) => s.time,
+            Sample::Placement(p) => p.time,
         }
     }
 }
@@ -201,8 +200,9 @@ struct Merger<'v, V: Visitor> {
     visitor: &'v mut V,
     threads: FxHashMap<u32, ThreadQueue>,
     /// RSS samples and snapshots, in the writer's (time) order.
-    samples: VecDeque<Item>,
-    batch: Vec<Item>,
+    samples: VecDeque<Sample>,
+    /// The events of a release from several threads, reused.
+    batch: Vec<ThreadEvent>,
     watermark: u64,
     exit: Option<Exit>,
     outcome: Outcome,
@@ -259,13 +259,13 @@ impl<V: Visitor> Merger<'_, V> {
                 self.release(self.watermark);
                 self.watermark = clock.time;
             }
-            Record::Rss(rss) => self.samples.push_back(Item::Rss(rss)),
-            Record::Snapshot(snapshot) => self.samples.push_back(Item::Snapshot(Box::new(snapshot))),
+            Record::Rss(rss) => self.samples.push_back(Sample::Rss(rss)),
+            Record::Snapshot(snapshot) => self.samples.push_back(Sample::Snapshot(Box::new(snapshot))),
             Record::Thread(thread) => self.visitor.thread(&thread),
             Record::Allocator { path } => self.visitor.allocator(&path),
             Record::Metrics(metrics) => self.visitor.metrics(&metrics),
             Record::Topology(topology) => self.visitor.topology(&topology),
-            Record::Placement(placement) => self.samples.push_back(Item::Placement(Box::new(placement))),
+            Record::Placement(placement) => self.samples.push_back(Sample::Placement(Box::new(placement))),
             Record::MemorySamples(samples) => self.visitor.memory_samples(&samples),
             Record::Process(process) => {
                 self.release(u64::MAX);
@@ -306,28 +306,6 @@ impl<V: Visitor> Merger<'_, V> {
         queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: !continues });
     }
 
-    /// Orders one round's events across threads (see [`crate::causal`]).
-    /// `items`: one run of events per thread, then the round's samples.
-    fn order_round(round_order: &mut RoundOrder, visitor: &V, items: &mut [Item]) {
-        let thread_of = |item: &Item| match item {
-            Item::Event(e) => Some(e.thread),
-            _ => None,
-        };
-        let events = items.iter().take_while(|item| thread_of(item).is_some()).count();
-        if events < 2 || thread_of(&items[0]) == thread_of(&items[events - 1]) {
-            return;
-        }
-        let mut round: Vec<ThreadEvent> = items[..events].iter().filter_map(|item| match item {
-            Item::Event(e) => Some(*e),
-            _ => None,
-        }).collect();
-        let live = visitor.live_set();
-        round_order.order(&mut round, |addr| live.map(|live| live.contains(addr)));
-        for (item, event) in items.iter_mut().zip(round) {
-            *item = Item::Event(event);
-        }
-    }
-
     /// Hands the visitor every queued item older than `limit`, in time order.
     fn release(&mut self, limit: u64) {
         let Merger { threads, decoding, outcome, visitor, .. } = self;
@@ -343,33 +321,47 @@ impl<V: Visitor> Merger<'_, V> {
         let Merger { threads, decoding, outcome, visitor, .. } = self;
         for (&thread, queue) in threads.iter_mut() {
             while let Some(event) = queue.next_before(limit, decoding, outcome, *visitor) {
-                batch.push(Item::Event(ThreadEvent { thread, tid: queue.tid, event }));
+                batch.push(ThreadEvent { thread, tid: queue.tid, event });
             }
         }
-        let samples = self.samples.iter().take_while(|r| r.time() < limit).count();
-        batch.extend(self.samples.drain(..samples));
         // Stable: each thread's own order is kept for equal times. The batch
         // is a few sorted runs, which the merge sort handles in linear time.
-        batch.sort_by_key(Item::time);
+        batch.sort_by_key(|e| e.event.time);
         // Round by round: ordering a round asks the visitor which blocks are
-        // live, so the rounds before it must have reached the visitor.
+        // live, so the rounds before it must have reached the visitor. A
+        // sample goes after the events of its own time.
         let mut start = 0;
         while start < batch.len() {
-            let time = batch[start].time();
-            let end = start + batch[start..].iter().take_while(|item| item.time() == time).count();
-            Self::order_round(&mut self.round_order, self.visitor, &mut batch[start..end]);
+            let time = batch[start].event.time;
+            let end = start + batch[start..].iter().take_while(|e| e.event.time == time).count();
+            self.release_samples_before(time);
+            let round = &mut batch[start..end];
+            if round[0].thread != round[round.len() - 1].thread {
+                let live = self.visitor.live_set();
+                self.round_order.order(round, |addr| live.map(|live| live.contains(addr)));
+            }
             for i in start..end {
-                if let Some(Item::Event(ahead)) = batch.get(i + PREFETCH_DISTANCE)
+                if let Some(ahead) = batch.get(i + PREFETCH_DISTANCE)
                     && let Some(live) = self.visitor.live_set()
                 {
                     live.prefetch(ahead);
                 }
-                dispatch(self.visitor, &mut self.outcome, &batch[i]);
+                self.outcome.events += 1;
+                self.visitor.event(&batch[i]);
             }
             start = end;
         }
+        self.release_samples_before(limit);
         batch.clear();
         self.batch = batch;
+    }
+
+    /// Hands the visitor the samples (RSS, snapshots, placements) older than `limit`.
+    fn release_samples_before(&mut self, limit: u64) {
+        while self.samples.front().is_some_and(|r| r.time() < limit) {
+            let sample = self.samples.pop_front().unwrap();
+            dispatch(self.visitor, &sample);
+        }
     }
 
     /// [`Self::release`] when at most one thread has events due: its
@@ -389,16 +381,13 @@ impl<V: Visitor> Merger<'_, V> {
                 }
                 while samples.front().is_some_and(|r| r.time() < event.time) {
                     let sample = samples.pop_front().unwrap();
-                    dispatch(*visitor, outcome, &sample);
+                    dispatch(*visitor, &sample);
                 }
                 outcome.events += 1;
                 visitor.event(&ThreadEvent { thread, tid: queue.tid, event });
             }
         }
-        while self.samples.front().is_some_and(|r| r.time() < limit) {
-            let sample = self.samples.pop_front().unwrap();
-            dispatch(self.visitor, &mut self.outcome, &sample);
-        }
+        self.release_samples_before(limit);
     }
 }
 
@@ -406,15 +395,11 @@ impl<V: Visitor> Merger<'_, V> {
 /// to cover a miss to memory at a few nanoseconds per event.
 const PREFETCH_DISTANCE: usize = 16;
 
-fn dispatch<V: Visitor>(visitor: &mut V, outcome: &mut Outcome, item: &Item) {
-    match item {
-        Item::Event(event) => {
-            outcome.events += 1;
-            visitor.event(event);
-        }
-        Item::Rss(rss) => visitor.rss(rss),
-        Item::Snapshot(snapshot) => visitor.snapshot(snapshot),
-        Item::Placement(placement) => visitor.placement(placement),
+fn dispatch<V: Visitor>(visitor: &mut V, sample: &Sample) {
+    match sample {
+        Sample::Rss(rss) => visitor.rss(rss),
+        Sample::Snapshot(snapshot) => visitor.snapshot(snapshot),
+        Sample::Placement(placement) => visitor.placement(placement),
     }
 }
 
