@@ -173,8 +173,13 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       }
       ctx.save();
       ctx.beginPath(); ctx.rect(M.left, M.top, plotW, plotH); ctx.clip();
-      // Stacked rows between snapshots; a lone snapshot is a bar.
+      // Stacked rows, each snapshot's held until the next (the last until
+      // the last RSS sample): between snapshots nothing is known but VmRSS,
+      // and a slope would show changes before they were measured. A lone
+      // snapshot is a bar.
       const base = snapshots.map(() => 0);
+      const lastSample = rss.length ? rss[rss.length - 1][0] : 0;
+      const until = i => (i + 1 < snapshots.length ? snapshots[i + 1].seconds : Math.max(snapshots[i].seconds, lastSample));
       for (const row of ROWS) {
         ctx.fillStyle = ROW_COLOURS[row];
         if (snapshots.length === 1) {
@@ -182,8 +187,14 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
           ctx.fillRect(x(s.seconds) - 6, y(base[0] + s.rows[row]), 12, y(base[0]) - y(base[0] + s.rows[row]));
         } else {
           ctx.beginPath();
-          snapshots.forEach((s, i) => ctx.lineTo(x(s.seconds), y(base[i] + s.rows[row])));
-          for (let i = snapshots.length - 1; i >= 0; i--) ctx.lineTo(x(snapshots[i].seconds), y(base[i]));
+          snapshots.forEach((s, i) => {
+            ctx.lineTo(x(s.seconds), y(base[i] + s.rows[row]));
+            ctx.lineTo(x(until(i)), y(base[i] + s.rows[row]));
+          });
+          for (let i = snapshots.length - 1; i >= 0; i--) {
+            ctx.lineTo(x(until(i)), y(base[i]));
+            ctx.lineTo(x(snapshots[i].seconds), y(base[i]));
+          }
           ctx.closePath();
           ctx.fill();
         }
