@@ -209,9 +209,7 @@ impl ThreadUnwinder {
         if !self.memo.begin() {
             return Capture::Walked(self.walk(registers, out, skip, dwarf_frames, Reading::Plain));
         }
-        if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
-            self.refresh_modules();
-        }
+        self.refresh_modules_if_changed();
         let modules = self.modules_built;
         let Registers { ip, sp, bp } = registers;
         if let Some(stack) = self.stack.filter(|stack| stack.contains(sp)) {
@@ -256,9 +254,7 @@ impl ThreadUnwinder {
     /// Unwinds `dwarf_frames` frames by DWARF, the rest by frame pointers,
     /// reading stack words as `reading` says.
     fn walk(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize, reading: Reading) -> usize {
-        if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
-            self.refresh_modules();
-        }
+        self.refresh_modules_if_changed();
         let thread_stack = *self.stack.get_or_insert_with(|| StackBounds::of_current_thread(registers.sp));
         if out.is_empty() || !thread_stack.contains(registers.sp) {
             return 0;
@@ -329,6 +325,14 @@ impl ThreadUnwinder {
         } else {
             rules.caches.extend((1..RuleCaches::GROWN).map(|_| CacheX86_64::new_in()));
             rules.shadow = Vec::new();
+        }
+    }
+
+    /// Rebuilds the module list when a dlopen/dlclose hook or the loader
+    /// says it changed.
+    fn refresh_modules_if_changed(&mut self) {
+        if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
+            self.refresh_modules();
         }
     }
 

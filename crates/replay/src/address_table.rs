@@ -31,6 +31,10 @@ impl<V: Copy + Default> AddressTable<V> {
         self.len
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     fn home(&self, key: u64) -> usize {
         // Fibonacci hashing: the multiply spreads the low bits (addresses
         // are 16-byte aligned) into the top bits kept by the shift.

@@ -94,7 +94,7 @@ impl LiveSet {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.blocks.len() == 0
+        self.blocks.is_empty()
     }
 
     pub fn blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
@@ -113,7 +113,7 @@ impl LiveSet {
     /// changed rather than a sort of everything.
     pub fn in_address_order(&mut self) -> &[(u64, Block)] {
         let ordered = &mut self.ordered;
-        if ordered.stale || (ordered.blocks.is_empty() && self.blocks.len() > 0) {
+        if ordered.stale || (ordered.blocks.is_empty() && !self.blocks.is_empty()) {
             ordered.blocks.clear();
             ordered.blocks.extend(self.blocks.iter().map(|(addr, &block)| (addr, block)));
             ordered.blocks.sort_unstable_by_key(|&(addr, _)| addr);
