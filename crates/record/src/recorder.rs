@@ -102,6 +102,7 @@ fn start() -> bool {
 
 fn start_recording() -> bool {
     let Some(config) = Config::from_env() else { return false };
+    sys::current_cpu::init();
     INTERVAL_NS.store(config.interval_ns, Relaxed);
     FOLLOW.store(config.follow, Relaxed);
     crate::stacks::configure(config.stacks, config.stack_depth);
@@ -349,7 +350,7 @@ extern "C" fn on_fork_child() {
 
 #[inline(always)]
 fn cpu() -> u32 {
-    unsafe { libc::sched_getcpu() as u32 }
+    sys::current_cpu::get()
 }
 
 #[inline(always)]
