@@ -21,6 +21,8 @@ use crate::sys::{self, SpinLock};
 pub const CHUNK_BYTES: usize = 64 * 1024;
 const CHUNK_HEADER: usize = 64;
 const CHUNK_DATA: usize = CHUNK_BYTES - CHUNK_HEADER;
+/// Chunks a thread fills between two clock advances of its own (~40 k events).
+const CHUNKS_PER_TICK: u32 = 4;
 const CHUNKS_PER_BLOCK: usize = 16;
 const BLOCK_BYTES: usize = CHUNK_BYTES * CHUNKS_PER_BLOCK;
 const MAX_BLOCKS: usize = 16_384;
@@ -156,6 +158,14 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<*mut Chunk> {
     }
     if CHUNKS_IN_USE.load(Relaxed) * 2 > pool_capacity_chunks() {
         crate::writer::wake();
+    }
+    // A thread that filled a few chunks since moves the clock on: events
+    // after it are later than those before, so a round in which the writer
+    // fell behind (millions of events when threads outnumber cores) comes
+    // in pieces a reader can order and hand on one at a time, instead of
+    // one time it must hold whole.
+    if seq % CHUNKS_PER_TICK == CHUNKS_PER_TICK - 1 {
+        crate::clock::advance();
     }
     Some(chunk)
 }
