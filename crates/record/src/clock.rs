@@ -5,9 +5,10 @@
 //! waits here for the program's outstanding cache misses (two per
 //! malloc/free pair took a churn loop from 0.20 s to 0.78 s), and
 //! `clock_gettime` adds a call and a `rdtsc` of its own. The writer advances
-//! the round once per round and once before each snapshot, and records a
-//! CLOCK pair (round, CLOCK_MONOTONIC ns) each round, from which readers
-//! convert. Events within one round are ordered by each thread's buffer and,
+//! the round once per round and once before each snapshot, a thread once
+//! every few buffer chunks it fills (see `buffers::take_chunk`), and the
+//! writer records a CLOCK pair (round, CLOCK_MONOTONIC ns) each round, from
+//! which readers convert (times between two pairs are interpolated). Events within one round are ordered by each thread's buffer and,
 //! across threads, by the replay (see `memgap_replay::merge`).
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
