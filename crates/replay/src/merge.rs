@@ -388,7 +388,9 @@ impl<V: Visitor> Merger<'_, V> {
             let Merger { threads, decoding, outcome, visitor, samples, .. } = self;
             let queue = threads.get_mut(&thread).expect("a due thread has a queue");
             loop {
-                queue.fill(PREFETCH_DISTANCE + 1, decoding, outcome, *visitor);
+                if queue.pending.len() <= PREFETCH_DISTANCE {
+                    queue.fill(DECODE_AHEAD, decoding, outcome, *visitor);
+                }
                 let Some(event) = queue.pending.pop_front_if(|e| e.time < limit) else { break };
                 if let Some(&ahead) = queue.pending.get(PREFETCH_DISTANCE - 1)
                     && let Some(live) = visitor.live_set()
@@ -410,6 +412,9 @@ impl<V: Visitor> Merger<'_, V> {
 /// How many events ahead the replay asks for a block's cache line: enough
 /// to cover a miss to memory at a few nanoseconds per event.
 const PREFETCH_DISTANCE: usize = 16;
+/// How many events one thread's release decodes at a time (at least
+/// PREFETCH_DISTANCE + 1).
+const DECODE_AHEAD: usize = 64;
 
 fn dispatch<V: Visitor>(visitor: &mut V, sample: &Sample) {
     match sample {
