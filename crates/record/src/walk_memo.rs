@@ -28,9 +28,13 @@ pub type Read = (u64, u64);
 pub const REFUSED: u64 = 1 << 63;
 
 /// Remembered walks per thread: sets picked by stack pointer, of `WAYS`
-/// walks each (several call paths reach malloc at the same depth).
-const SETS: usize = 128;
-const WAYS: usize = 4;
+/// walks each (several call paths reach malloc at the same depth), the
+/// most recently used first: a recall checks it first, and a new walk
+/// replaces the least recently used. (Replacing in turn and checking in
+/// slot order made a program whose calls come in runs along several paths
+/// of one depth compare most of a wrong walk's words before the right one.)
+const SETS: usize = 32;
+const WAYS: usize = 16;
 /// Captures per window; a window with fewer recalls than a quarter of them
 /// pauses remembering for `PAUSE_WINDOWS` windows.
 const WINDOW: u32 = 4096;
@@ -51,8 +55,6 @@ struct Remembered {
 #[derive(Default)]
 pub struct WalkMemo {
     slots: Vec<Remembered>,
-    /// Per set, the way the next walk replaces.
-    next_way: Vec<u8>,
     /// The walk of the current capture, until [`WalkMemo::remember`] gives
     /// its token; cleared when the next capture begins.
     pending: Option<Remembered>,
@@ -95,7 +97,7 @@ impl WalkMemo {
     /// The token of a remembered walk from these registers whose reads all
     /// still hold; `read` reads a word as the walk would.
     pub fn recall(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: impl Fn(u64) -> Result<u64, ()>) -> Option<u32> {
-        let ways = self.slots.get(Self::set(sp))?;
+        let ways = self.slots.get_mut(Self::set(sp))?;
         let holds = |entry: &Remembered| {
             entry.sp == sp
                 && entry.ip == ip
@@ -107,9 +109,10 @@ impl WalkMemo {
                     Err(()) => at & REFUSED != 0,
                 })
         };
-        let token = ways.iter().find(|entry| holds(entry))?.token;
+        let way = ways.iter().position(holds)?;
+        ways[..=way].rotate_right(1);
         self.recalls += 1;
-        Some(token)
+        Some(ways[0].token)
     }
 
     /// Keeps the walk just made, which read `log`, until its token is
@@ -135,15 +138,12 @@ impl WalkMemo {
         }
         if self.slots.is_empty() {
             self.slots = alloc::vec![Remembered::default(); SETS * WAYS];
-            self.next_way = alloc::vec![0; SETS];
         }
         walk.token = token;
-        let set = Self::set(walk.sp);
-        let way = &mut self.next_way[set.start / WAYS];
-        let slot = &mut self.slots[set.start + usize::from(*way)];
-        *way = (*way + 1) % WAYS as u8;
+        let ways = &mut self.slots[Self::set(walk.sp)];
+        ways.rotate_right(1);
         // The evicted walk's buffer serves the next walk.
-        self.spare = core::mem::replace(slot, walk).reads;
+        self.spare = core::mem::replace(&mut ways[0], walk).reads;
     }
 }
 
@@ -197,6 +197,22 @@ mod tests {
         memo.remember(99);
         assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(1)), None, "the oldest way was replaced");
         assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(99)), Some(99));
+    }
+
+    #[test]
+    fn the_least_recently_recalled_walk_is_replaced() {
+        let mut memo = WalkMemo::default();
+        for token in 1..=WAYS as u32 {
+            memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, u64::from(token))], Some(&[true]));
+            memo.remember(token);
+        }
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(1)), Some(1), "the oldest, now the most recent");
+        memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 99)], Some(&[true]));
+        memo.remember(99);
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(2)), None, "the least recently used was replaced");
+        for token in [1, 3, 4, 99] {
+            assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(u64::from(token))), Some(token));
+        }
     }
 
     #[test]
