@@ -212,9 +212,12 @@ impl ThreadUnwinder {
         self.refresh_modules_if_changed();
         let modules = self.modules_built;
         let Registers { ip, sp, bp } = registers;
-        if let Some(stack) = self.stack.filter(|stack| stack.contains(sp)) {
-            let bounds = StackBounds { low: sp, high: stack.high };
-            if let Some(token) = self.memo.recall(ip, sp, bp, modules, |at| bounds.read(at)) {
+        if self.stack.is_some_and(|stack| stack.contains(sp)) {
+            // SAFETY: the memo only asks words that a walk from this stack
+            // pointer on this thread's stack read within its bounds, which
+            // are the same now (the stack is mapped from sp up to its top).
+            let read = |at: u64| unsafe { core::ptr::read_volatile(at as *const u64) };
+            if let Some(token) = self.memo.recall(ip, sp, bp, modules, read) {
                 return Capture::Remembered(token);
             }
         }

@@ -15,6 +15,12 @@
 //! Otherwise (frame-pointer code) every word is checked, and the frame
 //! pointer must repeat, as it does there with the stack pointer.
 //!
+//! A recall starts at the stack pointer of the walk it recalls, on the same
+//! thread: its reads have the walk's bounds, so a read the walk's bounds
+//! refused would be refused again and one they allowed is allowed again.
+//! Refused reads are therefore not kept, and a recall reads the kept words
+//! without checking bounds again.
+//!
 //! Programs whose walks rarely repeat (deep recursion of varying depth)
 //! would pay the second walk for nothing: a window in which few walks were
 //! recalled pauses remembering for a while.
@@ -94,9 +100,10 @@ impl WalkMemo {
         set * WAYS..(set + 1) * WAYS
     }
 
-    /// The token of a remembered walk from these registers whose reads all
-    /// still hold; `read` reads a word as the walk would.
-    pub fn recall(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: impl Fn(u64) -> Result<u64, ()>) -> Option<u32> {
+    /// The token of a remembered walk from these registers whose kept
+    /// words all still hold; `read` reads a word the walk read (within
+    /// its bounds, see the module's notes).
+    pub fn recall(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: impl Fn(u64) -> u64) -> Option<u32> {
         let ways = self.slots.get_mut(Self::set(sp))?;
         let holds = |entry: &Remembered| {
             entry.sp == sp
@@ -104,10 +111,7 @@ impl WalkMemo {
                 && entry.modules == modules
                 && entry.bp.is_none_or(|b| b == bp)
                 && !entry.reads.is_empty()
-                && entry.reads.iter().all(|&(at, value)| match read(at & !REFUSED) {
-                    Ok(word) => at & REFUSED == 0 && word == value,
-                    Err(()) => at & REFUSED != 0,
-                })
+                && entry.reads.iter().all(|&(at, value)| read(at) == value)
         };
         let way = ways.iter().position(holds)?;
         ways[..=way].rotate_right(1);
@@ -120,9 +124,10 @@ impl WalkMemo {
     pub fn walked(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, log: &[Read], exact: Option<&[bool]>) {
         let mut reads = core::mem::take(&mut self.spare);
         reads.clear();
+        let allowed = |read: &&Read| read.0 & REFUSED == 0;
         match exact {
-            Some(exact) => reads.extend(log.iter().zip(exact).filter(|(_, exact)| **exact).map(|(read, _)| *read)),
-            None => reads.extend_from_slice(log),
+            Some(exact) => reads.extend(log.iter().zip(exact).filter(|(_, exact)| **exact).map(|(read, _)| read).filter(allowed)),
+            None => reads.extend(log.iter().filter(allowed)),
         }
         self.pending = Some(Remembered { ip, sp, bp: exact.is_none().then_some(bp), modules, reads, token: 0 });
     }
@@ -162,25 +167,38 @@ mod tests {
     fn recalls_only_when_every_word_read_is_unchanged() {
         let reads = [(0x7008, 0x401000), (0x7010, 0x1234), (0x7030, 0x402000), (0x6000 | REFUSED, 0)];
         let mut memo = memo_with(&reads, Some(&[true, false, true, true]), 7);
-        let stack = |changed: Option<u64>| move |at: u64| match at {
-            0x7008 => Ok(0x401000),
-            0x7030 => Ok(changed.unwrap_or(0x402000)),
-            _ => Err(()),
+        let asked = core::cell::RefCell::new(Vec::new());
+        let stack = |changed: Option<u64>| {
+            let asked = &asked;
+            move |at: u64| {
+                asked.borrow_mut().push(at);
+                match at {
+                    0x7008 => 0x401000,
+                    0x7030 => changed.unwrap_or(0x402000),
+                    _ => 0xdead,
+                }
+            }
         };
         assert_eq!(memo.recall(0x10, 0x7000, 0x99, 1, stack(None)), Some(7), "bp and the saved word at 0x7010 did not matter");
+        assert_eq!(*asked.borrow(), [0x7008, 0x7030], "only the exact words, never a refused one");
         assert_eq!(memo.recall(0x10, 0x7000, 0x99, 1, stack(Some(0x403000))), None, "a return address changed");
         assert_eq!(memo.recall(0x10, 0x7010, 0x99, 1, stack(None)), None, "another stack pointer");
         assert_eq!(memo.recall(0x10, 0x7000, 0x99, 2, stack(None)), None, "modules changed");
-        assert_eq!(memo.recall(0x10, 0x7000, 0x99, 1, |at| if at == 0x6000 { Ok(0) } else { stack(None)(at) }), None, "a refused read now succeeds");
     }
 
     #[test]
     fn a_walk_whose_twin_disagreed_is_recalled_only_with_every_word_and_the_frame_pointer() {
         let mut memo = memo_with(&[(0x7008, 0x401000), (0x7010, 0x1234)], None, 3);
-        let stack = |at: u64| Ok(if at == 0x7008 { 0x401000 } else { 0x1234 });
+        let stack = |at: u64| if at == 0x7008 { 0x401000 } else { 0x1234 };
         assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, stack), Some(3));
         assert_eq!(memo.recall(0x10, 0x7000, 0x56, 1, stack), None);
-        assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, |at| if at == 0x7010 { Ok(0x1235) } else { stack(at) }), None, "every word is checked");
+        assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, |at| if at == 0x7010 { 0x1235 } else { stack(at) }), None, "every word is checked");
+    }
+
+    #[test]
+    fn a_walk_that_only_read_refused_words_is_not_kept() {
+        let mut memo = memo_with(&[(0x6000 | REFUSED, 0)], Some(&[true]), 5);
+        assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, |_| 0), None);
     }
 
     #[test]
@@ -191,12 +209,12 @@ mod tests {
             memo.remember(token);
         }
         for token in 1..=WAYS as u32 {
-            assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(u64::from(token))), Some(token));
+            assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| u64::from(token)), Some(token));
         }
         memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 99)], Some(&[true]));
         memo.remember(99);
-        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(1)), None, "the oldest way was replaced");
-        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(99)), Some(99));
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 1), None, "the oldest way was replaced");
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 99), Some(99));
     }
 
     #[test]
@@ -206,12 +224,12 @@ mod tests {
             memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, u64::from(token))], Some(&[true]));
             memo.remember(token);
         }
-        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(1)), Some(1), "the oldest, now the most recent");
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 1), Some(1), "the oldest, now the most recent");
         memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 99)], Some(&[true]));
         memo.remember(99);
-        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(2)), None, "the least recently used was replaced");
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 2), None, "the least recently used was replaced");
         for token in [1, 3, 4, 99] {
-            assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(u64::from(token))), Some(token));
+            assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| u64::from(token)), Some(token));
         }
     }
 
@@ -224,7 +242,7 @@ mod tests {
         // without remembering (paused) and its caller remembers a token.
         memo.begin();
         memo.remember(9);
-        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| Ok(0x401000)), None);
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 0x401000), None);
     }
 
     #[test]
