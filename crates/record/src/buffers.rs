@@ -71,6 +71,9 @@ pub struct ThreadState {
     pub writer_head: UnsafeCell<*mut Chunk>,
     /// The unwinder and stack ids, made at the thread's first allocation.
     stacks: Option<Box<ThreadStacks>>,
+    /// The thread's errno, kept across each capture: asking libc where it
+    /// is twice per allocation was 1.4 % of a python3 run's samples.
+    errno: *mut i32,
 }
 
 // ---- global state ----------------------------------------------------------
@@ -242,9 +245,9 @@ pub fn append_allocation(event: &mut Event) {
         let stacks = st.stacks.get_or_insert_with(|| Box::new(ThreadStacks::new()));
         // A thread's first capture looks up its stack and the loaded
         // modules, which may set errno.
-        let errno = *libc::__errno_location();
+        let errno = *st.errno;
         let (id, new_depth) = stacks.capture();
-        *libc::__errno_location() = errno;
+        *st.errno = errno;
         event.stack = id;
         if st.room(max_record_len(new_depth)) {
             let definition = (new_depth > 0).then(|| st.stacks.as_deref().expect("made above").captured(new_depth));
@@ -309,6 +312,7 @@ impl ThreadState {
             announced: UnsafeCell::new(false),
             writer_head: UnsafeCell::new(chunk),
             stacks: None,
+            errno: unsafe { libc::__errno_location() },
         }));
         if !register(state) {
             recycle(chunk);
