@@ -201,29 +201,32 @@ mod tests {
         assert_eq!(memo.recall(0x10, 0x7000, 0x55, 1, |_| 0), None);
     }
 
-    #[test]
-    fn walks_from_one_stack_pointer_share_a_set() {
+    /// A memo whose set for stack pointer 0x7000 holds walks 1..=WAYS,
+    /// each told apart by the word it read.
+    fn full_set() -> WalkMemo {
         let mut memo = WalkMemo::default();
         for token in 1..=WAYS as u32 {
             memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, u64::from(token))], Some(&[true]));
             memo.remember(token);
         }
+        memo
+    }
+
+    #[test]
+    fn walks_from_one_stack_pointer_share_a_set() {
+        let mut memo = full_set();
         for token in 1..=WAYS as u32 {
             assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| u64::from(token)), Some(token));
         }
         memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 99)], Some(&[true]));
         memo.remember(99);
-        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 1), None, "the oldest way was replaced");
+        assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 1), None, "the least recently recalled was replaced");
         assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 99), Some(99));
     }
 
     #[test]
     fn the_least_recently_recalled_walk_is_replaced() {
-        let mut memo = WalkMemo::default();
-        for token in 1..=WAYS as u32 {
-            memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, u64::from(token))], Some(&[true]));
-            memo.remember(token);
-        }
+        let mut memo = full_set();
         assert_eq!(memo.recall(0x10, 0x7000, 0, 1, |_| 1), Some(1), "the oldest, now the most recent");
         memo.walked(0x10, 0x7000, 0, 1, &[(0x7008, 99)], Some(&[true]));
         memo.remember(99);
