@@ -8,8 +8,9 @@
 //! the round once per round and once before each snapshot, a thread once
 //! every few buffer chunks it fills (see `buffers::take_chunk`), and the
 //! writer records a CLOCK pair (round, CLOCK_MONOTONIC ns) each round, from
-//! which readers convert (times between two pairs are interpolated). Events within one round are ordered by each thread's buffer and,
-//! across threads, by the replay (see `memgap_replay::merge`).
+//! which readers convert (times between two pairs are interpolated). Events
+//! within one round are ordered by each thread's buffer and, across
+//! threads, by the replay (see `memgap_replay::merge`).
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
