@@ -31,9 +31,10 @@ impl Snapshotter {
     /// `rss` was read just before; `read_rss_after` reads VmRSS again at the end.
     pub fn take(&mut self, reason: SnapshotReason, rss: Rss, read_rss_after: impl FnOnce() -> u64) -> Snapshot {
         let started_ns = clock::monotonic_ns();
-        // Events from here on are later than the snapshot.
-        let time = clock::now();
-        clock::advance();
+        // Events from here on are later than the snapshot; those stamped
+        // before the advance, earlier (program threads advance the clock
+        // too, so the time read just before could be two behind).
+        let time = clock::advance() - 1;
         let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
         self.read_smaps();
         let mut mappings = parse_smaps(&self.smaps);
