@@ -540,13 +540,16 @@ impl KnownCode {
 
     /// `contains`, without its bookkeeping: for words that may not be code.
     fn covers(&self, address: u64) -> bool {
+        self.range_of(address).is_some()
+    }
+
+    fn range_of(&self, address: u64) -> Option<&Range<u64>> {
         let after = self.ranges.partition_point(|range| range.start <= address);
-        after.checked_sub(1).is_some_and(|i| self.ranges[i].contains(&address))
+        after.checked_sub(1).map(|i| &self.ranges[i]).filter(|range| range.contains(&address))
     }
 
     fn search(&mut self, address: u64) -> bool {
-        let after = self.ranges.partition_point(|range| range.start <= address);
-        if let Some(range) = after.checked_sub(1).map(|i| &self.ranges[i]).filter(|range| range.contains(&address)) {
+        if let Some(range) = self.range_of(address) {
             self.last_hit = range.clone();
             return true;
         }

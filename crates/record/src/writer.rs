@@ -188,7 +188,7 @@ impl Writer {
         if trim_calls::snapshot_wanted() && since_last >= TRIM_SNAPSHOT_GAP_NS.max(self.last_snapshot_cost_ns * 10) {
             return Some(SnapshotReason::Program);
         }
-        let periodic = self.snapshot_interval_ns > 0 && clock::monotonic_ns() - self.last_snapshot_ns >= self.snapshot_interval_ns;
+        let periodic = self.snapshot_interval_ns > 0 && since_last >= self.snapshot_interval_ns;
         periodic.then_some(SnapshotReason::Periodic)
     }
 

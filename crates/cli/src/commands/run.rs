@@ -235,9 +235,7 @@ fn random_run_id() -> u64 {
 
 /// SIGTERM, SIGHUP and SIGUSR1/2 sent to memgap go to the program. SIGINT and
 /// SIGQUIT come from the terminal, which already sends them to the program:
-/// memgap outlives them to finish the trace.
-/// Passes the signals a user sends memgap on to the program (^C in a
-/// terminal reaches both: memgap ignores it). Installed before the program
+/// memgap outlives them to finish the trace. Installed before the program
 /// starts, so that a signal in between does not kill memgap and leave the
 /// program running: one that comes before the program's pid is known waits
 /// for [`child_started`].
