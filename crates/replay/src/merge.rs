@@ -88,6 +88,7 @@ pub struct Outcome {
 /// tens of millions of events in one round, and all of them wait for the
 /// next round's CLOCK record. A short window is decoded ahead.
 struct ThreadQueue {
+    thread: u32,
     tid: u32,
     /// The buffer and offset the next piece must continue.
     buffer: u32,
@@ -95,10 +96,13 @@ struct ThreadQueue {
     encoded: VecDeque<EncodedPiece>,
     /// Decoding state at the end of `pending`.
     delta: DeltaState,
-    /// Decoded, in the thread's order.
-    pending: VecDeque<Event>,
-    /// The thread's own stack ids → ids unique in the trace.
-    stacks: FxHashMap<u32, u32>,
+    /// Decoded, in the thread's order, from `pending[head]` on (the ones
+    /// before were handed on). A Vec rather than a VecDeque: events are
+    /// decoded in place and handed on by reference, never copied.
+    pending: Vec<ThreadEvent>,
+    head: usize,
+    /// The thread's own stack ids (dense, from 1) → ids unique in the trace.
+    stacks: Vec<u32>,
 }
 
 struct EncodedPiece {
@@ -117,9 +121,48 @@ struct Decoding {
     frames: Vec<u64>,
 }
 
+/// Stack ids past this are taken for corruption (the agent numbers each
+/// thread's stacks from 1; a million is already far more than seen).
+const MAX_THREAD_STACK_ID: u32 = 1 << 24;
+
 impl ThreadQueue {
+    fn new(thread: u32, tid: u32) -> ThreadQueue {
+        ThreadQueue {
+            thread,
+            tid,
+            buffer: u32::MAX,
+            next_offset: 0,
+            encoded: VecDeque::new(),
+            delta: DeltaState::default(),
+            pending: Vec::new(),
+            head: 0,
+            stacks: Vec::new(),
+        }
+    }
+
+    fn available(&self) -> usize {
+        self.pending.len() - self.head
+    }
+
+    fn front(&self) -> Option<&ThreadEvent> {
+        self.pending.get(self.head)
+    }
+
+    /// Takes the next event if it is older than `limit`.
+    fn take_before(&mut self, limit: u64) -> Option<&ThreadEvent> {
+        let event = self.pending.get(self.head).filter(|e| e.event.time < limit)?;
+        self.head += 1;
+        Some(event)
+    }
+
     /// Decodes until `want` events are pending or nothing is left.
     fn fill(&mut self, want: usize, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) {
+        if self.available() >= want {
+            return;
+        }
+        // What was handed on goes; the few not yet handed on move to the front.
+        self.pending.drain(..self.head);
+        self.head = 0;
         while self.pending.len() < want {
             let Some(piece) = self.encoded.front_mut() else { return };
             if piece.starts_buffer {
@@ -131,31 +174,38 @@ impl ThreadQueue {
                 continue;
             }
             let mut cursor = Cursor::new(&piece.bytes[piece.at..]);
-            let decoded = event::decode_with_stack(&mut self.delta, &mut cursor, &mut decoding.frames);
+            self.pending.push(ThreadEvent { thread: self.thread, tid: self.tid, event: Event::default() });
+            let event = &mut self.pending.last_mut().expect("just pushed").event;
+            let decoded = event::decode_into(&mut self.delta, &mut cursor, &mut decoding.frames, event);
             piece.at += cursor.position();
             match decoded {
-                Ok((mut event, defines_stack)) => {
-                    if !event_is_plausible(&event) {
+                Ok(defines_stack) => {
+                    if !event_is_plausible(event) || event.stack >= MAX_THREAD_STACK_ID {
                         // Beyond the address space: a corrupt trace (or a
                         // call that failed). Skipped; the next record
                         // decodes on from here.
                         outcome.malformed_records += 1;
+                        self.pending.pop();
                         continue;
                     }
                     if event.stack != event::NO_STACK {
+                        let local = event.stack as usize;
                         if defines_stack {
                             let next_id = decoding.stack_ids.len() as u32 + 1;
                             let id = *decoding.stack_ids.entry(decoding.frames.clone()).or_insert_with(|| {
                                 visitor.stack(next_id, &decoding.frames);
                                 next_id
                             });
-                            self.stacks.insert(event.stack, id);
+                            if self.stacks.len() <= local {
+                                self.stacks.resize(local + 1, event::NO_STACK);
+                            }
+                            self.stacks[local] = id;
                         }
-                        event.stack = self.stacks.get(&event.stack).copied().unwrap_or(event::NO_STACK);
+                        event.stack = self.stacks.get(local).copied().unwrap_or(event::NO_STACK);
                     }
-                    self.pending.push_back(event);
                 }
                 Err(_) => {
+                    self.pending.pop();
                     outcome.malformed_records += 1;
                     // The rest of this buffer cannot be decoded without the
                     // record that failed: drop it, and what came after it.
@@ -173,9 +223,9 @@ impl ThreadQueue {
     }
 
     /// Decodes and takes the next event if it is older than `limit`.
-    fn next_before(&mut self, limit: u64, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) -> Option<Event> {
+    fn next_before(&mut self, limit: u64, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) -> Option<ThreadEvent> {
         self.fill(1, decoding, outcome, visitor);
-        self.pending.pop_front_if(|e| e.time < limit)
+        self.take_before(limit).copied()
     }
 }
 
@@ -289,15 +339,7 @@ impl<V: Visitor> Merger<'_, V> {
     }
 
     fn decode(&mut self, piece: EventsPiece<'_>) {
-        let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue {
-            tid: piece.tid,
-            buffer: u32::MAX,
-            next_offset: 0,
-            encoded: VecDeque::new(),
-            delta: DeltaState::default(),
-            pending: VecDeque::new(),
-            stacks: FxHashMap::default(),
-        });
+        let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue::new(piece.thread, piece.tid));
         let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
         if !continues && piece.offset != 0 {
             self.outcome.lost_bytes += piece.records.len() as u64;
@@ -314,7 +356,7 @@ impl<V: Visitor> Merger<'_, V> {
         let Merger { threads, decoding, outcome, visitor, .. } = self;
         due.extend(threads.iter_mut().filter_map(|(&thread, queue)| {
             queue.fill(1, decoding, outcome, *visitor);
-            queue.pending.front().is_some_and(|e| e.time < limit).then_some(thread)
+            queue.front().is_some_and(|e| e.event.time < limit).then_some(thread)
         }));
         if due.len() < 2 {
             let first = due.first().copied();
@@ -335,9 +377,10 @@ impl<V: Visitor> Merger<'_, V> {
             due.retain(|thread| {
                 let queue = threads.get_mut(thread).expect("a due thread has a queue");
                 queue.fill(1, decoding, outcome, *visitor);
-                match queue.pending.front() {
-                    Some(e) if e.time < limit => {
-                        time = Some(time.map_or(e.time, |t| t.min(e.time)));
+                match queue.front() {
+                    Some(e) if e.event.time < limit => {
+                        let t = e.event.time;
+                        time = Some(time.map_or(t, |earliest| earliest.min(t)));
                         true
                     }
                     _ => false,
@@ -348,7 +391,7 @@ impl<V: Visitor> Merger<'_, V> {
             for thread in &due {
                 let queue = threads.get_mut(thread).expect("a due thread has a queue");
                 while let Some(event) = queue.next_before(time + 1, decoding, outcome, *visitor) {
-                    batch.push(ThreadEvent { thread: *thread, tid: queue.tid, event });
+                    batch.push(event);
                 }
             }
             self.release_samples_before(time);
@@ -388,21 +431,21 @@ impl<V: Visitor> Merger<'_, V> {
             let Merger { threads, decoding, outcome, visitor, samples, .. } = self;
             let queue = threads.get_mut(&thread).expect("a due thread has a queue");
             loop {
-                if queue.pending.len() <= PREFETCH_DISTANCE {
+                if queue.available() <= PREFETCH_DISTANCE {
                     queue.fill(DECODE_AHEAD, decoding, outcome, *visitor);
                 }
-                let Some(event) = queue.pending.pop_front_if(|e| e.time < limit) else { break };
-                if let Some(&ahead) = queue.pending.get(PREFETCH_DISTANCE - 1)
+                if let Some(ahead) = queue.pending.get(queue.head + PREFETCH_DISTANCE)
                     && let Some(live) = visitor.live_set()
                 {
-                    live.prefetch(&ThreadEvent { thread, tid: queue.tid, event: ahead });
+                    live.prefetch(ahead);
                 }
-                while samples.front().is_some_and(|r| r.time() < event.time) {
+                let Some(event) = queue.take_before(limit) else { break };
+                while samples.front().is_some_and(|r| r.time() < event.event.time) {
                     let sample = samples.pop_front().unwrap();
                     dispatch(*visitor, &sample);
                 }
                 outcome.events += 1;
-                visitor.event(&ThreadEvent { thread, tid: queue.tid, event });
+                visitor.event(event);
             }
         }
         self.release_samples_before(limit);

@@ -282,9 +282,18 @@ pub const MAX_FRAMES: u64 = 1024;
 /// Decodes one record; when it defines its stack, the frames are put in
 /// `frames` and the second value is true.
 pub fn decode_with_stack(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>) -> Result<(Event, bool), Malformed> {
+    let mut event = Event::default();
+    decode_into(state, cursor, frames, &mut event).map(|defines_stack| (event, defines_stack))
+}
+
+/// [`decode_with_stack`] into a caller's event, which must be zeroed (as
+/// [`Event::default`]): the replay decodes in place, saving a copy of the
+/// event per record.
+#[inline]
+pub fn decode_into(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>, event: &mut Event) -> Result<bool, Malformed> {
     let header = cursor.u8()?;
     let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
-    let mut event = Event { kind: Some(kind), ..Event::default() };
+    event.kind = Some(kind);
     if header & SAME_TIME == 0 {
         state.time = state.time.wrapping_add(cursor.signed()? as u64);
     }
@@ -353,7 +362,7 @@ pub fn decode_with_stack(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames
             frames.push(previous);
         }
     }
-    Ok((event, defines_stack))
+    Ok(defines_stack)
 }
 
 /// Encodes a slice of events into a fresh buffer (tests and tools; the agent

@@ -69,14 +69,27 @@ impl<'a> Cursor<'a> {
         self.pos
     }
 
+    #[inline(always)]
     pub fn u8(&mut self) -> Result<u8, Malformed> {
         let byte = *self.bytes.get(self.pos).ok_or(Malformed)?;
         self.pos += 1;
         Ok(byte)
     }
 
-    #[inline]
+    /// One-byte values (most deltas in a trace) take the inlined path.
+    #[inline(always)]
     pub fn varint(&mut self) -> Result<u64, Malformed> {
+        match self.bytes.get(self.pos) {
+            Some(&byte) if byte < 0x80 => {
+                self.pos += 1;
+                Ok(u64::from(byte))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    #[inline(never)]
+    fn long_varint(&mut self) -> Result<u64, Malformed> {
         let mut value = 0u64;
         let mut shift = 0u32;
         loop {
@@ -95,6 +108,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    #[inline(always)]
     pub fn signed(&mut self) -> Result<i64, Malformed> {
         self.varint().map(unzigzag)
     }
