@@ -289,7 +289,7 @@ pub fn decode_with_stack(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames
 /// [`decode_with_stack`] into a caller's event, which must be zeroed (as
 /// [`Event::default`]): the replay decodes in place, saving a copy of the
 /// event per record.
-#[inline]
+#[inline(always)]
 pub fn decode_into(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>, event: &mut Event) -> Result<bool, Malformed> {
     let header = cursor.u8()?;
     let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
