@@ -188,7 +188,10 @@ impl<V: Copy + Default> AddressTable<V> {
         advise_huge_pages(&slots);
         slots.resize(count, (0, V::default()));
         let old_slots = std::mem::replace(&mut self.slots, slots);
-        let old_ctrl = std::mem::replace(&mut self.ctrl, vec![EMPTY; count + GROUP]);
+        let mut ctrl = Vec::with_capacity(count + GROUP);
+        advise_huge_pages(&ctrl);
+        ctrl.resize(count + GROUP, EMPTY);
+        let old_ctrl = std::mem::replace(&mut self.ctrl, ctrl);
         self.shift = 64 - count.trailing_zeros();
         self.growth_left = count * 5 / 8;
         self.len = 0;
