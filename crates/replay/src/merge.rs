@@ -84,7 +84,7 @@ pub struct Outcome {
 }
 
 /// One thread's events not yet handed on. They wait encoded (a few bytes
-/// each, where a decoded event takes 72): a writer that fell behind can put
+/// each, where a decoded event takes 80): a writer that fell behind can put
 /// tens of millions of events in one round, and all of them wait for the
 /// next round's CLOCK record. A short window is decoded ahead.
 struct ThreadQueue {
@@ -121,9 +121,10 @@ struct Decoding {
     frames: Vec<u64>,
 }
 
-/// Stack ids past this are taken for corruption (the agent numbers each
-/// thread's stacks from 1; a million is already far more than seen).
-const MAX_THREAD_STACK_ID: u32 = 1 << 24;
+/// A thread's stack ids from here on are taken for corruption and read as
+/// no stack (the agent numbers each thread's stacks from 1, and the map is
+/// a Vec indexed by them).
+const MAX_THREAD_STACK_ID: usize = 1 << 24;
 
 impl ThreadQueue {
     fn new(thread: u32, tid: u32) -> ThreadQueue {
@@ -181,7 +182,7 @@ impl ThreadQueue {
             piece.at += cursor.position();
             match decoded {
                 Ok(defines_stack) => {
-                    if !event_is_plausible(event) || event.stack >= MAX_THREAD_STACK_ID {
+                    if !event_is_plausible(event) {
                         // Beyond the address space: a corrupt trace (or a
                         // call that failed). Skipped; the next record
                         // decodes on from here.
@@ -197,10 +198,12 @@ impl ThreadQueue {
                                 visitor.stack(next_id, &decoding.frames);
                                 next_id
                             });
-                            if self.stacks.len() <= local {
-                                self.stacks.resize(local + 1, event::NO_STACK);
+                            if local < MAX_THREAD_STACK_ID {
+                                if self.stacks.len() <= local {
+                                    self.stacks.resize(local + 1, event::NO_STACK);
+                                }
+                                self.stacks[local] = id;
                             }
-                            self.stacks[local] = id;
                         }
                         event.stack = self.stacks.get(local).copied().unwrap_or(event::NO_STACK);
                     }
@@ -588,6 +591,47 @@ mod tests {
         assert_eq!(live.1.iter().map(|e| e.1).collect::<Vec<_>>(), [1, 2, 2, 2, 3, 3, 4], "time order");
         assert_eq!((live.0.untracked_frees, live.0.overlapping_allocations), (0, 0), "causal order within rounds");
         assert_eq!(live.0.len(), 3);
+    }
+
+    #[test]
+    fn stack_ids_are_made_unique_in_the_trace_and_absurd_ones_read_as_none() {
+        #[derive(Default)]
+        struct Stacks(Vec<(u32, Vec<u64>)>, Vec<u32>);
+        impl Visitor for Stacks {
+            fn stack(&mut self, id: u32, frames: &[u64]) {
+                self.0.push((id, frames.to_vec()));
+            }
+            fn event(&mut self, e: &ThreadEvent) {
+                self.1.push(e.event.stack);
+            }
+        }
+        let encode = |events: &[(u32, &[u64])]| {
+            let (mut state, mut out) = (DeltaState::default(), vec![0u8; 4096]);
+            let mut end = out.as_mut_ptr();
+            for (i, &(stack, frames)) in events.iter().enumerate() {
+                let event = Event { kind: Some(EventKind::Malloc), addr: 0x1000 * (i as u64 + 1), size: 16, usable: 24, time: 1, stack, ..Event::default() };
+                end = unsafe { RawEncoder::encode_with_stack(&mut state, end, &event, (!frames.is_empty()).then_some(frames)) };
+            }
+            let len = end as usize - out.as_ptr() as usize;
+            out.truncate(len);
+            out
+        };
+        // Two threads number the same stack 1 and 2; thread 2 also defines
+        // an id past any real one.
+        let a = encode(&[(1, &[0x10, 0x20]), (1, &[])]);
+        let b = encode(&[(2, &[0x10, 0x20]), (1 << 30, &[0x30]), (1 << 30, &[]), (7, &[])]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.mgt");
+        let mut writer = TraceWriter::create(&path, 1).unwrap();
+        writer.write(&[clock(1), events(1, 0, 0, &a), events(2, 0, 0, &b), clock(5)]).unwrap();
+        drop(writer);
+        let mut seen = Stacks::default();
+        let outcome = replay(&path, &mut seen).unwrap();
+        assert_eq!(seen.0, [(1, vec![0x10, 0x20]), (2, vec![0x30])]);
+        let mut stacks = seen.1.clone();
+        stacks.sort_unstable();
+        assert_eq!(stacks, [0, 0, 0, 1, 1, 1], "thread 2's id 2 is the trace's 1; 1<<30 and the undefined 7 are none");
+        assert_eq!((outcome.events, outcome.malformed_records), (6, 0));
     }
 
     #[test]
