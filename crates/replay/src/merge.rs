@@ -522,15 +522,21 @@ mod tests {
         }
     }
 
-    fn replay_chunks(chunks: &[Vec<Record<'_>>]) -> (Vec<(u32, u64, u64)>, Outcome) {
+    /// Writes `chunks` to a trace file and replays it into `visitor`.
+    fn replay_into(chunks: &[Vec<Record<'_>>], visitor: &mut impl Visitor) -> Outcome {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.mgt");
         let mut writer = TraceWriter::create(&path, 1).unwrap();
         for records in chunks {
             writer.write(records).unwrap();
         }
+        drop(writer);
+        replay(&path, visitor).unwrap()
+    }
+
+    fn replay_chunks(chunks: &[Vec<Record<'_>>]) -> (Vec<(u32, u64, u64)>, Outcome) {
         let mut seen = Seen::default();
-        let outcome = replay(&path, &mut seen).unwrap();
+        let outcome = replay_into(chunks, &mut seen);
         (seen.0, outcome)
     }
 
@@ -580,13 +586,8 @@ mod tests {
         // written before the other's use of the address.
         let a = encoded(&[(Malloc, 0x1000, 1), (Malloc, 0x2000, 2), (Free, 0x1000, 2), (Malloc, 0x1000, 3)]);
         let b = encoded(&[(Malloc, 0x1000, 2), (Free, 0x1000, 3), (Malloc, 0x5000, 4)]);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.mgt");
-        let mut writer = TraceWriter::create(&path, 1).unwrap();
-        writer.write(&[clock(1), events(2, 0, 0, &b), events(1, 0, 0, &a), clock(5)]).unwrap();
-        drop(writer);
         let mut live = Live::default();
-        let outcome = replay(&path, &mut live).unwrap();
+        let outcome = replay_into(&[vec![clock(1), events(2, 0, 0, &b), events(1, 0, 0, &a), clock(5)]], &mut live);
         assert_eq!(outcome.events, 7);
         assert_eq!(live.1.iter().map(|e| e.1).collect::<Vec<_>>(), [1, 2, 2, 2, 3, 3, 4], "time order");
         assert_eq!((live.0.untracked_frees, live.0.overlapping_allocations), (0, 0), "causal order within rounds");
@@ -620,13 +621,8 @@ mod tests {
         // an id past any real one.
         let a = encode(&[(1, &[0x10, 0x20]), (1, &[])]);
         let b = encode(&[(2, &[0x10, 0x20]), (1 << 30, &[0x30]), (1 << 30, &[]), (7, &[])]);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.mgt");
-        let mut writer = TraceWriter::create(&path, 1).unwrap();
-        writer.write(&[clock(1), events(1, 0, 0, &a), events(2, 0, 0, &b), clock(5)]).unwrap();
-        drop(writer);
         let mut seen = Stacks::default();
-        let outcome = replay(&path, &mut seen).unwrap();
+        let outcome = replay_into(&[vec![clock(1), events(1, 0, 0, &a), events(2, 0, 0, &b), clock(5)]], &mut seen);
         assert_eq!(seen.0, [(1, vec![0x10, 0x20]), (2, vec![0x30])]);
         let mut stacks = seen.1.clone();
         stacks.sort_unstable();
