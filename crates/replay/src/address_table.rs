@@ -85,21 +85,32 @@ impl<V: Copy + Default> AddressTable<V> {
         if key == 0 || self.slots.is_empty() {
             return None;
         }
+        self.probe(key).ok()
+    }
+
+    /// Where `key` is (`Ok`), or else where it would go (`Err`): the first
+    /// empty or deleted slot of its probe sequence. The table has slots.
+    fn probe(&self, key: u64) -> Result<usize, usize> {
         let (hash, mask) = (hash(key), self.mask());
         let tag = self.tag(hash);
         let mut pos = self.home(hash);
+        let mut free = None;
         loop {
             let group = self.group(pos);
             let mut matches = group.matching(tag);
             while matches != 0 {
                 let i = (pos + matches.trailing_zeros() as usize) & mask;
                 if self.slots[i].0 == key {
-                    return Some(i);
+                    return Ok(i);
                 }
                 matches &= matches - 1;
             }
+            let holes = group.empty_or_deleted();
+            if free.is_none() && holes != 0 {
+                free = Some((pos + holes.trailing_zeros() as usize) & mask);
+            }
             if group.empty() != 0 {
-                return None;
+                return Err(free.expect("a group with an empty slot has a free one"));
             }
             pos = (pos + GROUP) & mask;
         }
@@ -135,26 +146,17 @@ impl<V: Copy + Default> AddressTable<V> {
 
     pub(crate) fn insert(&mut self, key: u64, value: V) -> Option<V> {
         debug_assert_ne!(key, 0);
-        if let Some(i) = self.find(key) {
-            return Some(std::mem::replace(&mut self.slots[i].1, value));
-        }
         if self.growth_left == 0 {
             self.rehash();
         }
-        let hash = hash(key);
-        let (mask, tag) = (self.mask(), self.tag(hash));
-        let mut pos = self.home(hash);
-        let i = loop {
-            let free = self.group(pos).empty_or_deleted();
-            if free != 0 {
-                break (pos + free.trailing_zeros() as usize) & mask;
-            }
-            pos = (pos + GROUP) & mask;
+        let i = match self.probe(key) {
+            Ok(i) => return Some(std::mem::replace(&mut self.slots[i].1, value)),
+            Err(free) => free,
         };
         if self.ctrl[i] == EMPTY {
             self.growth_left -= 1;
         }
-        self.set_ctrl(i, tag);
+        self.set_ctrl(i, self.tag(hash(key)));
         self.slots[i] = (key, value);
         self.len += 1;
         None
