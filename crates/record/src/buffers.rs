@@ -39,6 +39,9 @@ pub struct Chunk {
     pub thread: u32,
     pub tid: u32,
     pub seq: u32,
+    /// The writer round during which the thread took this chunk (see
+    /// [`WRITER_ROUND`]).
+    pub taken_in_round: u64,
     /// How much of `data` the writer has copied out; the writer's alone.
     pub emitted: UnsafeCell<u32>,
     pool_next: *mut Chunk,
@@ -82,6 +85,11 @@ pub static SLOTS: [AtomicPtr<ThreadState>; MAX_THREADS] = [const { AtomicPtr::ne
 pub static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Counts the writer's rounds. A round emits only the chunks taken before
+/// it began: following each thread's chain to its end kept one round
+/// going for as long as fast threads kept filling chunks, and a reader
+/// holds a round's events in memory until the next CLOCK record.
+pub static WRITER_ROUND: AtomicU64 = AtomicU64::new(0);
 
 struct Pool {
     free: *mut Chunk,
@@ -155,6 +163,7 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<*mut Chunk> {
             thread,
             tid,
             seq,
+            taken_in_round: WRITER_ROUND.load(Acquire),
             emitted: UnsafeCell::new(0),
             pool_next: null_mut(),
         });

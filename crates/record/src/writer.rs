@@ -1,6 +1,7 @@
 //! The writer thread: every round (10 ms by default) it copies out what each
-//! thread committed, samples RSS, and every 100 ms (or 512 KiB) compresses the
-//! collected records into one checksummed chunk and appends it to the trace.
+//! thread committed to the chunks it took before the round began, samples
+//! RSS, and every 100 ms (or 512 KiB) compresses the collected records into
+//! one checksummed chunk and appends it to the trace.
 
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
@@ -45,6 +46,17 @@ pub struct Writer {
     loader_generation: (u64, u64),
 }
 
+/// How far a round took one thread's chunks.
+#[derive(Debug, PartialEq, Eq)]
+enum Drained {
+    /// To the end of what the thread has committed.
+    CaughtUp,
+    /// To a chunk the thread took during the round.
+    Behind,
+    /// The thread has ended and all of it was written.
+    Ended,
+}
+
 static WAKE: AtomicU32 = AtomicU32::new(0);
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -84,14 +96,30 @@ impl Writer {
         record.encode(&mut self.raw);
     }
 
-    /// Copies out everything the threads committed and samples RSS.
-    pub fn round(&mut self, last: bool) {
+    /// Copies out what the threads committed before the round began (all
+    /// of it in the `last` round) and samples RSS. False when a thread took
+    /// chunks during the round: they are due at once, in the next round.
+    pub fn round(&mut self, last: bool) -> bool {
+        // The chunks taken from here on wait for the next round, except in
+        // the last, which takes everything. That keeps the CLOCK promise:
+        // an event stamped before the previous round began was committed
+        // (one round of slack) in a chunk taken before this one began.
+        let round = buffers::WRITER_ROUND.fetch_add(1, AcqRel) + 1;
+        let taken_before = if last { u64::MAX } else { round };
         let watermark = clock::advance();
+        let mut caught_up = true;
         for slot in &SLOTS[..SLOTS_USED.load(Acquire)] {
             let state = slot.load(Acquire);
-            if !state.is_null() && self.drain_thread(state) {
-                slot.store(core::ptr::null_mut(), Release);
-                drop(unsafe { Box::from_raw(state) });
+            if state.is_null() {
+                continue;
+            }
+            match self.drain_thread(state, taken_before) {
+                Drained::Ended => {
+                    slot.store(core::ptr::null_mut(), Release);
+                    drop(unsafe { Box::from_raw(state) });
+                }
+                Drained::Behind => caught_up = false,
+                Drained::CaughtUp => {}
             }
         }
         self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: clock::monotonic_ns() }));
@@ -112,11 +140,12 @@ impl Writer {
         if last || self.raw.len() >= FLUSH_BYTES || clock::monotonic_ns() - self.last_flush_ns >= FLUSH_INTERVAL_NS {
             self.flush();
         }
+        caught_up
     }
 
-    /// Emits the committed bytes of one thread's chunks; returns true when the
-    /// thread has ended and all of it was written.
-    fn drain_thread(&mut self, state: *mut ThreadState) -> bool {
+    /// Emits the committed bytes of one thread's chunks taken before round
+    /// `taken_before`.
+    fn drain_thread(&mut self, state: *mut ThreadState, taken_before: u64) -> Drained {
         let announced = unsafe { &mut *(*state).announced.get() };
         if !*announced {
             *announced = true;
@@ -134,13 +163,16 @@ impl Writer {
             if !next.is_null() {
                 buffers::recycle(chunk);
                 *head = next;
+                if unsafe { (*next).taken_in_round } >= taken_before {
+                    return Drained::Behind;
+                }
                 continue;
             }
             if closed {
                 buffers::recycle(chunk);
-                return true;
+                return Drained::Ended;
             }
-            return false;
+            return Drained::CaughtUp;
         }
     }
 
@@ -328,13 +360,79 @@ extern "C" fn writer_main(_: *mut c_void) -> *mut c_void {
     unsafe { libc::prctl(libc::PR_SET_NAME, c"memgap-writer".as_ptr()) };
     register_own_stack();
     let interval = crate::recorder::interval_ns();
+    let mut caught_up = true;
     while !STOP.load(Acquire) {
-        let seen = WAKE.load(Acquire);
-        sys::futex_wait(&WAKE, seen, interval);
-        if STOP.load(Acquire) {
-            break;
+        if caught_up {
+            let seen = WAKE.load(Acquire);
+            sys::futex_wait(&WAKE, seen, interval);
+            if STOP.load(Acquire) {
+                break;
+            }
         }
-        crate::recorder::with_writer(|writer| writer.round(false));
+        caught_up = crate::recorder::with_writer(|writer| writer.round(false)).unwrap_or(true);
     }
     core::ptr::null_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memgap_trace::event::{self, DeltaState, Event, EventKind};
+    use memgap_trace::records::Records;
+    use memgap_trace::varint::Cursor;
+
+    /// (buffer, events) of each EVENTS record the writer has collected.
+    fn pieces(raw: &[u8]) -> Vec<(u32, u64)> {
+        Records::new(raw)
+            .filter_map(|record| match record.unwrap() {
+                Record::Events(piece) => {
+                    let (mut state, mut cursor, mut events) = (DeltaState::default(), Cursor::new(piece.records), 0);
+                    while !cursor.is_empty() {
+                        event::decode(&mut state, &mut cursor).unwrap();
+                        events += 1;
+                    }
+                    Some((piece.buffer, events))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_takes_only_the_chunks_taken_before_it_began() {
+        std::thread::spawn(|| {
+            let append = |from: u64, count: u64| {
+                for i in from..from + count {
+                    let event = Event { kind: Some(EventKind::Malloc), addr: 0x1000_0000 + i * 48, size: 32, usable: 40, time: clock::now(), ..Event::default() };
+                    buffers::append(&event);
+                }
+            };
+            // Over two chunks each (records of 4 bytes), while what the
+            // writer collects stays below FLUSH_BYTES.
+            append(0, 40_000);
+            let state = buffers::current_state();
+            let round = buffers::WRITER_ROUND.fetch_add(1, AcqRel) + 1;
+            append(40_000, 40_000);
+
+            let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+            let mut writer = Writer::new(null, b"/dev/null".to_vec(), 0);
+            assert_eq!(writer.drain_thread(state, round), Drained::Behind);
+            let first = pieces(&writer.raw);
+            writer.raw.clear();
+            buffers::ThreadState::close(state);
+            assert_eq!(writer.drain_thread(state, u64::MAX), Drained::Ended);
+            let rest = pieces(&writer.raw);
+
+            // The round stopped at the first chunk taken after it began,
+            // having emitted every chunk before it whole; the rest follows.
+            let events = |pieces: &[(u32, u64)]| pieces.iter().map(|p| p.1).sum::<u64>();
+            let (last_before, first_after) = (first.last().unwrap().0, rest.first().unwrap().0);
+            assert_eq!(first_after, last_before + 1, "{first:?} then {rest:?}");
+            assert!(first.len() >= 3 && (40_000..60_000).contains(&events(&first)), "{first:?}");
+            assert_eq!(events(&first) + events(&rest), 80_000);
+            unsafe { libc::close(null) };
+        })
+        .join()
+        .unwrap();
+    }
 }
