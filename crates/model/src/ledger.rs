@@ -123,6 +123,7 @@ pub struct SizeBucket {
     pub min_size: u64,
     pub max_size: u64,
     pub blocks: u64,
+    /// Their requested bytes on resident pages.
     pub live_bytes: u64,
     /// Free bytes on pages these blocks occupy, shared among the blocks of
     /// each page by the bytes they take there.
@@ -243,6 +244,7 @@ pub struct Ledger {
 pub struct StackShare {
     pub stack: u32,
     pub objects: u64,
+    /// Requested bytes on resident pages: summed over all stacks, the live row.
     pub live_bytes: u64,
     /// Free bytes on the pages these blocks occupy, shared among the blocks
     /// of each page by the bytes they take there: summed over all stacks, the
@@ -375,7 +377,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         let before = ledger.other_breakdown;
         let (pages, taken) = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
         if allocator_owned {
-            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share, first_page, last_page| {
+            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, BlockShare { fragmentation, resident_live, first_page, last_page }| {
                 let bucket = 64 - block.size.max(1).leading_zeros() as usize;
                 if buckets.len() <= bucket {
                     buckets.resize_with(bucket + 1, SizeBucket::default);
@@ -384,14 +386,14 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
                 entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
                 entry.max_size = (1u64 << bucket) - 1;
                 entry.blocks += 1;
-                entry.live_bytes += block.size;
-                entry.fragmented_bytes += share.round() as u64;
+                entry.live_bytes += resident_live;
+                entry.fragmented_bytes += fragmentation.round() as u64;
                 if detail.stacks {
                     let (s, counted_up_to) = stacks.entry(block.stack).or_insert((StackShare { stack: block.stack, ..StackShare::default() }, None));
                     s.objects += 1;
-                    s.live_bytes += block.size;
+                    s.live_bytes += resident_live;
                     s.taken_bytes += block.end - block.start;
-                    s.fragmentation_bytes += share;
+                    s.fragmentation_bytes += fragmentation;
                     // Blocks come in address order: count each page once per stack.
                     let from = match *counted_up_to {
                         Some((start, last)) if start == mapping.start => first_page.max(last + 1),
@@ -650,13 +652,12 @@ fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, per_page: 
 }
 
 /// Shares each used page's free bytes among its blocks by the bytes each
-/// takes there; calls `visit` with each block, its share and the indexes of
-/// the first and last page it touches.
-fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, f64, u64, u64)) {
+/// takes there; calls `visit` with each block and what it holds.
+fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, BlockShare)) {
     for b in blocks {
         let first = (b.start.max(mapping.start) - mapping.start) / page;
         let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
-        let mut share = 0.0;
+        let (mut fragmentation, mut resident_live) = (0.0, 0);
         for i in first..=last {
             let ps = mapping.start + i * page;
             if !mapping.residency.is_resident(i as usize) {
@@ -664,10 +665,22 @@ fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, tak
             }
             let on_page = overlap(b.start, b.end, ps, ps + page) as f64;
             let taken_here = f64::from(taken[i as usize]).min(page as f64);
-            share += on_page / taken_here * (page as f64 - taken_here);
+            fragmentation += on_page / taken_here * (page as f64 - taken_here);
+            resident_live += overlap(b.addr, b.addr + b.size, ps, ps + page);
         }
-        visit(b, share, first, last);
+        visit(b, BlockShare { fragmentation, resident_live, first_page: first, last_page: last });
     }
+}
+
+/// One live block's part of a snapshot's ledger.
+struct BlockShare {
+    /// Its share of the free bytes on the resident pages it occupies.
+    fragmentation: f64,
+    /// Its requested bytes on resident pages: its part of the live row.
+    /// A block the program has not touched all of holds less than its size.
+    resident_live: u64,
+    first_page: u64,
+    last_page: u64,
 }
 
 fn percent(part: u64, whole: u64) -> f64 {
@@ -794,6 +807,21 @@ mod tests {
         assert!(fragmented.abs_diff(ledger.rows.fragmented) <= 16);
         let by_stack: f64 = ledger.by_stack.iter().map(|s| s.fragmentation_bytes).sum();
         assert!((by_stack - ledger.rows.fragmented as f64).abs() < 1.0);
+    }
+
+    /// A big block the program touched only in part holds its resident
+    /// part in RSS: per stack and per size, live bytes add up to the live
+    /// row, not to the blocks' sizes.
+    #[test]
+    fn live_bytes_per_stack_and_size_add_up_to_the_live_row() {
+        // A 7-page block with pages 1, 3 and 4 not resident, then a small block.
+        let blocks = [(HEAP + 16, 7 * PAGE - 100), (HEAP + 7 * PAGE + 16, 64)];
+        let residency = Residency::Bitmap(vec![0b1110_0101]);
+        let ledger = compute(&mut state_with(&blocks), &snapshot(8, residency, 5 * PAGE), Detail { stacks: true, ..Detail::default() });
+        // Pages 0, 2, 5 and 6 of the big block: its first 16 bytes are its header, its last 84 are past its end.
+        assert_eq!(ledger.rows.live, (PAGE - 16) + PAGE + PAGE + (PAGE - 84) + 64);
+        assert_eq!(ledger.by_stack.iter().map(|s| s.live_bytes).sum::<u64>(), ledger.rows.live);
+        assert_eq!(ledger.fragmentation_by_size.iter().map(|b| b.live_bytes).sum::<u64>(), ledger.rows.live);
     }
 
     #[test]
