@@ -28,6 +28,7 @@ pub struct Writer {
     status_fd: i32,
     raw: Vec<u8>,
     framed: Vec<u8>,
+    encoder: framing::ChunkEncoder,
     last_flush_ns: u64,
     pub vm_hwm: u64,
     failed: bool,
@@ -77,6 +78,7 @@ impl Writer {
             status_fd,
             raw: Vec::with_capacity(FLUSH_BYTES + 128 * 1024),
             framed: Vec::new(),
+            encoder: framing::ChunkEncoder::default(),
             last_flush_ns: now,
             vm_hwm: 0,
             failed: false,
@@ -256,7 +258,7 @@ impl Writer {
             return;
         }
         if !self.failed {
-            framing::encode_chunk(&self.raw, &mut self.framed);
+            self.encoder.encode(&self.raw, &mut self.framed);
             if let Err(errno) = sys::write_all(self.fd, &self.framed) {
                 self.failed = true;
                 crate::recorder::stop_recording();
