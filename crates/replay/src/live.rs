@@ -128,17 +128,23 @@ impl LiveSet {
             ordered.added.dedup();
             let added: Vec<(u64, Block)> = ordered.added.iter().filter_map(|addr| self.blocks.get(*addr).map(|&block| (*addr, block))).collect();
             if !added.is_empty() {
-                let old = std::mem::take(&mut ordered.blocks);
-                ordered.blocks.reserve(old.len() + added.len());
-                let (mut a, mut b) = (old.into_iter().peekable(), added.into_iter().peekable());
-                loop {
-                    let next = match (a.peek(), b.peek()) {
-                        (Some(x), Some(y)) => if x.0 <= y.0 { a.next() } else { b.next() },
-                        (Some(_), None) => a.next(),
-                        (None, Some(_)) => b.next(),
-                        (None, None) => break,
+                // Merged from the back into the grown vector, in place: a
+                // second vector as long would double the report's peak
+                // memory on a heap of millions of blocks.
+                let blocks = &mut ordered.blocks;
+                let (mut old, mut new) = (blocks.len(), added.len());
+                blocks.resize(old + new, (0, Block::default()));
+                for at in (0..blocks.len()).rev() {
+                    if new == 0 {
+                        break;
+                    }
+                    blocks[at] = if old > 0 && blocks[old - 1].0 > added[new - 1].0 {
+                        old -= 1;
+                        blocks[old]
+                    } else {
+                        new -= 1;
+                        added[new]
                     };
-                    ordered.blocks.extend(next);
                 }
             }
         }
