@@ -94,21 +94,14 @@ impl RoundOrder {
     /// is needed. The usual case: glibc gives each thread an arena of its
     /// own (the map was a fifth of the replay of 4 threads' trace).
     fn extents_are_apart(&mut self, events: &[ThreadEvent]) -> bool {
-        self.extents.clear();
-        for &(start, end) in &self.runs {
-            let (mut low, mut high) = (u64::MAX, 0);
-            for e in &events[start..end] {
-                for addr in freed_and_allocated(&e.event).into_iter().flatten() {
-                    low = low.min(addr);
-                    high = high.max(addr);
-                }
-            }
-            if low <= high {
-                self.extents.push((low, high));
-            }
-        }
-        self.extents.sort_unstable();
-        self.extents.windows(2).all(|pair| pair[0].1 < pair[1].0)
+        let runs = self.runs.iter().map(|&(start, end)| &events[start..end]);
+        apart(runs, &mut self.extents)
+    }
+
+    /// [`Self::extents_are_apart`] for a round held as one run per thread
+    /// (what the replay checks before it copies a round to order it).
+    pub(crate) fn runs_are_apart<'a>(&mut self, runs: impl Iterator<Item = &'a [ThreadEvent]>) -> bool {
+        apart(runs, &mut self.extents)
     }
 
     fn initial_state(&mut self, events: &[ThreadEvent], is_live: impl Fn(u64) -> Option<bool>) {
@@ -305,6 +298,26 @@ impl RoundOrder {
 }
 
 /// The heap block an event frees and the one it allocates, if any.
+/// Whether each run's heap addresses lie in a range no other run's
+/// overlaps; `extents` is scratch space.
+fn apart<'a>(runs: impl Iterator<Item = &'a [ThreadEvent]>, extents: &mut Vec<(u64, u64)>) -> bool {
+    extents.clear();
+    for run in runs {
+        let (mut low, mut high) = (u64::MAX, 0);
+        for e in run {
+            for addr in freed_and_allocated(&e.event).into_iter().flatten() {
+                low = low.min(addr);
+                high = high.max(addr);
+            }
+        }
+        if low <= high {
+            extents.push((low, high));
+        }
+    }
+    extents.sort_unstable();
+    extents.windows(2).all(|pair| pair[0].1 < pair[1].0)
+}
+
 fn freed_and_allocated(e: &Event) -> [Option<u64>; 2] {
     let some = |addr: u64| (addr != 0).then_some(addr);
     match e.kind() {

@@ -226,10 +226,27 @@ impl ThreadQueue {
         }
     }
 
-    /// Decodes and takes the next event if it is older than `limit`.
-    fn next_before(&mut self, limit: u64, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) -> Option<ThreadEvent> {
-        self.fill(1, decoding, outcome, visitor);
-        self.take_before(limit).copied()
+    /// The first `length` events pending.
+    fn leading(&self, length: usize) -> &[ThreadEvent] {
+        &self.pending[self.head..self.head + length]
+    }
+
+    /// Decodes until every event of time `time` or earlier is pending (a
+    /// thread's events are in time order); returns how many lead the queue.
+    fn decode_through(&mut self, time: u64, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) -> usize {
+        let mut length = 0;
+        loop {
+            let pending = &self.pending[self.head..];
+            length += pending[length..].iter().take_while(|e| e.event.time <= time).count();
+            if length < pending.len() {
+                return length;
+            }
+            let available = pending.len();
+            self.fill(available + DECODE_AHEAD, decoding, outcome, visitor);
+            if self.available() == available {
+                return length;
+            }
+        }
     }
 }
 
@@ -259,6 +276,8 @@ struct Merger<'v, V: Visitor> {
     batch: Vec<ThreadEvent>,
     /// The threads with events due in a release, reused.
     due: Vec<u32>,
+    /// How many events of the round being released each due thread has.
+    lengths: Vec<usize>,
     watermark: u64,
     exit: Option<Exit>,
     outcome: Outcome,
@@ -282,7 +301,7 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     let trace = TraceFile::open(path)?;
     let progress = PROGRESS.get();
     let total = trace.len();
-    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), due: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), decoding: Decoding::default(), round_order: RoundOrder::default() };
+    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), due: Vec::new(), lengths: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), decoding: Decoding::default(), round_order: RoundOrder::default() };
     let tail = trace.for_each_chunk(|offset, chunk| {
         if let Some(progress) = progress {
             progress(offset, total);
@@ -391,28 +410,47 @@ impl<V: Visitor> Merger<'_, V> {
                 }
             });
             let Some(time) = time else { break };
-            // Each thread's events of the round, in its own order.
-            for thread in &due {
-                let queue = threads.get_mut(thread).expect("a due thread has a queue");
-                while let Some(event) = queue.next_before(time + 1, decoding, outcome, *visitor) {
-                    batch.push(event);
-                }
-            }
+            // Each thread's events of the round, decoded in its queue.
+            let mut lengths = std::mem::take(&mut self.lengths);
+            lengths.clear();
+            lengths.extend(due.iter().map(|thread| threads.get_mut(thread).expect("a due thread has a queue").decode_through(time, decoding, outcome, *visitor)));
             self.release_samples_before(time);
-            if batch[0].thread != batch[batch.len() - 1].thread {
-                let live = self.visitor.live_set();
-                self.round_order.order(&mut batch, |addr| live.map(|live| live.contains(addr)));
-            }
-            for i in 0..batch.len() {
-                if let Some(ahead) = batch.get(i + PREFETCH_DISTANCE)
-                    && let Some(live) = self.visitor.live_set()
-                {
-                    live.prefetch(ahead);
+            let Merger { threads, outcome, visitor, round_order, .. } = self;
+            if round_order.runs_are_apart(due.iter().zip(&lengths).map(|(thread, &length)| threads[thread].leading(length))) {
+                // Nothing to order across threads: each run goes straight
+                // from its queue, in thread order, as the order would leave it.
+                for (thread, &length) in due.iter().zip(&lengths) {
+                    let queue = threads.get_mut(thread).expect("a due thread has a queue");
+                    for i in queue.head..queue.head + length {
+                        if let Some(ahead) = queue.pending.get(i + PREFETCH_DISTANCE)
+                            && let Some(live) = visitor.live_set()
+                        {
+                            live.prefetch(ahead);
+                        }
+                        outcome.events += 1;
+                        visitor.event(&queue.pending[i]);
+                    }
+                    queue.head += length;
                 }
-                self.outcome.events += 1;
-                self.visitor.event(&batch[i]);
+            } else {
+                for (thread, &length) in due.iter().zip(&lengths) {
+                    batch.extend_from_slice(threads[thread].leading(length));
+                    threads.get_mut(thread).expect("a due thread has a queue").head += length;
+                }
+                let live = visitor.live_set();
+                round_order.order(&mut batch, |addr| live.map(|live| live.contains(addr)));
+                for i in 0..batch.len() {
+                    if let Some(ahead) = batch.get(i + PREFETCH_DISTANCE)
+                        && let Some(live) = visitor.live_set()
+                    {
+                        live.prefetch(ahead);
+                    }
+                    outcome.events += 1;
+                    visitor.event(&batch[i]);
+                }
+                batch.clear();
             }
-            batch.clear();
+            self.lengths = lengths;
         }
         self.release_samples_before(limit);
         self.batch = batch;
@@ -520,6 +558,10 @@ mod tests {
         fn event(&mut self, e: &ThreadEvent) {
             self.0.push((e.thread, e.event.time, e.event.addr));
         }
+        /// Seen as thread 0's event at address 0.
+        fn rss(&mut self, rss: &Rss) {
+            self.0.push((0, rss.time, 0));
+        }
     }
 
     /// Writes `chunks` to a trace file and replays it into `visitor`.
@@ -556,11 +598,14 @@ mod tests {
         // Thread 1's buffer arrives in two pieces (cut between records, as
         // the agent commits), the second a round later.
         let (a1, a2) = a.split_at(encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2)]).len());
+        // An RSS sample of time 2 goes after the events of its time.
+        let rss = Record::Rss(Rss { time: 2, ..Rss::default() });
         let (seen, outcome) = replay_chunks(&[
-            vec![clock(1), events(1, 0, 0, a1), events(2, 0, 0, &b), clock(2)],
+            vec![clock(1), events(1, 0, 0, a1), events(2, 0, 0, &b), rss, clock(2)],
             vec![events(1, 0, a1.len() as u32, a2), clock(4)],
         ]);
-        assert_eq!(seen.iter().map(|e| e.1).collect::<Vec<_>>(), [1, 1, 2, 3, 3]);
+        assert_eq!(seen.iter().map(|e| e.1).collect::<Vec<_>>(), [1, 1, 2, 2, 3, 3]);
+        assert_eq!(seen.iter().position(|e| e.0 == 0), Some(3), "{seen:?}");
         assert_eq!(seen.iter().filter(|e| e.0 == 1).map(|e| e.2).collect::<Vec<_>>(), [0x1000, 0x1000, 0x2000], "each thread's order");
         assert_eq!((outcome.events, outcome.lost_bytes, outcome.malformed_records), (5, 0, 0));
     }
