@@ -6,7 +6,9 @@
 //! thread cannot free a block before another thread allocated it, nor
 //! allocate an address before another thread freed the block there. Each
 //! thread's own order is kept. Only events on addresses that two threads
-//! use in the round are constrained; the rest follow their thread.
+//! use in the round are constrained; the rest follow their thread. Threads
+//! whose addresses in the round lie in ranges apart (each in an arena of
+//! its own) share none, which the replay checks before anything else.
 //!
 //! Finding an order is a search over how far each thread has run. A greedy
 //! choice (a thread that had to wait goes as soon as it can, an allocation
@@ -297,7 +299,6 @@ impl RoundOrder {
     }
 }
 
-/// The heap block an event frees and the one it allocates, if any.
 /// Whether each run's heap addresses lie in a range no other run's
 /// overlaps; `extents` is scratch space.
 fn apart<'a>(runs: impl Iterator<Item = &'a [ThreadEvent]>, extents: &mut Vec<(u64, u64)>) -> bool {
@@ -318,6 +319,7 @@ fn apart<'a>(runs: impl Iterator<Item = &'a [ThreadEvent]>, extents: &mut Vec<(u
     extents.windows(2).all(|pair| pair[0].1 < pair[1].0)
 }
 
+/// The heap block an event frees and the one it allocates, if any.
 fn freed_and_allocated(e: &Event) -> [Option<u64>; 2] {
     let some = |addr: u64| (addr != 0).then_some(addr);
     match e.kind() {
