@@ -93,15 +93,18 @@ static int strided(int k) {
     return 0;
 }
 
-static pthread_barrier_t start_together;
+static pthread_barrier_t start_together, all_have_arenas;
 
 static void *strings(void *arg) {
     (void)arg;
-    char *last = NULL;
     void *pins[20];
     int pinned = 0;
-    /* Started together, the threads get arenas of their own. */
+    /* Started together, the threads get arenas of their own: each takes its
+       arena with a first malloc before any of them runs on and exits (an
+       exited thread's arena goes to the next thread that asks). */
     pthread_barrier_wait(&start_together);
+    char *last = malloc(32);
+    pthread_barrier_wait(&all_have_arenas);
     for (int round = 0; round < 2000; round++) {
         size_t size = 32 + next_random() % 2000;
         char *s = malloc(size);
@@ -127,6 +130,7 @@ static void *strings(void *arg) {
 static int threads(void) {
     pthread_t t[16];
     pthread_barrier_init(&start_together, NULL, 16);
+    pthread_barrier_init(&all_have_arenas, NULL, 16);
     for (int i = 0; i < 16; i++) pthread_create(&t[i], NULL, strings, NULL);
     for (int i = 0; i < 16; i++) pthread_join(t[i], NULL);
     snapshot();
