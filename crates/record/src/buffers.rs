@@ -102,7 +102,7 @@ struct PoolCell(UnsafeCell<Pool>);
 // SAFETY: only accessed under POOL_LOCK (or by the lone thread of a fork child).
 unsafe impl Sync for PoolCell {}
 static POOL_LOCK: SpinLock = SpinLock::new();
-static POOL: PoolCell = PoolCell(UnsafeCell::new(Pool { free: null_mut(), blocks: [null_mut(); MAX_BLOCKS], block_count: 0, limit_blocks: 128 }));
+static POOL: PoolCell = PoolCell(UnsafeCell::new(Pool { free: null_mut(), blocks: [null_mut(); MAX_BLOCKS], block_count: 0, limit_blocks: crate::process::DEFAULT_BUFFER_MB as usize * (1 << 20) / BLOCK_BYTES }));
 /// Chunks handed out and not yet recycled: the writer is woken when it grows.
 pub static CHUNKS_IN_USE: AtomicUsize = AtomicUsize::new(0);
 

@@ -8,6 +8,9 @@ use memgap_trace::records::{Module, Process};
 
 use crate::{clock, sys};
 
+/// The agent's buffer pool, in MiB, unless `MEMGAP_BUFFER_MB` says otherwise.
+pub const DEFAULT_BUFFER_MB: u64 = 32;
+
 /// Settings passed by `memgap run` through the environment.
 pub struct Config {
     /// Trace path for the top process; `%p` stands for the pid.
@@ -64,7 +67,10 @@ impl Config {
                 _ => StackMode::Dwarf,
             },
             stack_depth: env_number(c"MEMGAP_STACK_DEPTH", 10).unwrap_or(64).clamp(1, 256) as usize,
-            buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(128).clamp(1, 16_384) as usize) << 20,
+            // Enough for bursts; more only adds to the program's RSS when
+            // the writer falls behind for good (4 threads on 2 CPUs: a 128
+            // MiB pool filled up, and the run took no less time than with 32).
+            buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(DEFAULT_BUFFER_MB).clamp(1, 16_384) as usize) << 20,
         })
     }
 
