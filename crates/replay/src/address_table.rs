@@ -271,11 +271,11 @@ impl Group {
     }
 }
 
+const HUGE_PAGE: usize = 2 << 20;
+
 /// Asks for transparent huge pages under a big table (where the kernel
 /// leaves that to madvise): lookups land anywhere in it, and with 4 KiB
 /// pages most of them would also miss the TLB.
-const HUGE_PAGE: usize = 2 << 20;
-
 fn advise_huge_pages<T>(slots: &Vec<T>) {
     advise(slots, libc::MADV_HUGEPAGE);
 }
