@@ -300,7 +300,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         .live
         .in_address_order()
         .iter()
-        .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable.max(b.size), addr, size: b.size, stack: b.stack })
+        .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable(), addr, size: b.size, stack: b.stack })
         .collect();
     let state = &*state;
     let mut agent_ranges = snapshot.agent_ranges.clone();

@@ -9,13 +9,24 @@ use crate::address_table::AddressTable;
 pub struct Block {
     /// Bytes the program asked for.
     pub size: u64,
-    /// Bytes the allocator reports usable (0 when it cannot say).
-    pub usable: u64,
     pub time: u64,
+    /// Usable bytes past the requested ones (0 when the allocator cannot
+    /// say), up to 4 GiB: 32 bytes a block rather than 40, for the
+    /// millions of a big heap.
+    pub slack: u32,
     pub thread: u32,
     pub stack: u32,
     /// The CPU the allocating thread ran on.
     pub cpu: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+impl Block {
+    /// Bytes the allocator reports usable (at least the requested ones).
+    pub fn usable(&self) -> u64 {
+        self.size + u64::from(self.slack)
+    }
 }
 
 /// What one event did to the live set.
@@ -157,7 +168,8 @@ impl LiveSet {
     pub fn apply(&mut self, event: &ThreadEvent) -> Change {
         let e = &event.event;
         let kind = e.kind();
-        let new_block = || Block { size: e.size, usable: e.usable, time: e.time, thread: event.thread, stack: e.stack, cpu: e.cpu };
+        let slack = u32::try_from(e.usable.saturating_sub(e.size)).unwrap_or(u32::MAX);
+        let new_block = || Block { size: e.size, slack, time: e.time, thread: event.thread, stack: e.stack, cpu: e.cpu };
         match kind {
             EventKind::Free => self.remove(e.addr).map_or(Change::None, Change::Freed),
             EventKind::Realloc | EventKind::Reallocarray => {
@@ -238,6 +250,19 @@ mod tests {
         assert_eq!((live.live_bytes(), live.len()), (0, 0));
         live.apply(&ev(EventKind::Realloc, 0x30, 8, 0)); // realloc(NULL, n) allocates
         assert_eq!(live.live_bytes(), 8);
+    }
+
+    #[test]
+    fn usable_bytes_are_kept_up_to_4_gib_past_the_requested_ones() {
+        let mut live = LiveSet::default();
+        for (addr, size, usable) in [(0x10, 100, 104), (0x1000, 100, 0), (1 << 40, 1 << 33, (1 << 34) + 7)] {
+            let event = Event { kind: Some(EventKind::Malloc), addr, size, usable, ..Event::default() };
+            live.apply(&ThreadEvent { thread: 1, tid: 1, event });
+        }
+        let usable = |addr| live.blocks().find(|b| b.0 == addr).map(|b| b.1.usable());
+        assert_eq!(usable(0x10), Some(104));
+        assert_eq!(usable(0x1000), Some(100), "no usable size: the requested one");
+        assert_eq!(usable(1 << 40), Some((1 << 33) + u64::from(u32::MAX)));
     }
 
     #[test]

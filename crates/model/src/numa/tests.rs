@@ -26,7 +26,7 @@ fn two_nodes() -> Topology {
 }
 
 fn block(size: u64, thread: u32, cpu: u32, stack: u32) -> Block {
-    Block { size, usable: size, time: 0, thread, stack, cpu }
+    Block { size, slack: 0, time: 0, thread, stack, cpu }
 }
 
 #[test]
