@@ -144,6 +144,7 @@ impl<V: Copy + Default> AddressTable<V> {
         }
     }
 
+    /// Inserts or replaces; returns the value that was there. `key` must not be 0.
     pub(crate) fn insert(&mut self, key: u64, value: V) -> Option<V> {
         debug_assert_ne!(key, 0);
         if self.growth_left == 0 {

@@ -84,7 +84,7 @@ pub struct Outcome {
 }
 
 /// One thread's events not yet handed on. They wait encoded (a few bytes
-/// each, where a decoded event takes 80): a writer that fell behind can put
+/// each, where a decoded event takes 72): a writer that fell behind can put
 /// tens of millions of events in one round, and all of them wait for the
 /// next round's CLOCK record. A short window is decoded ahead.
 struct ThreadQueue {
@@ -421,15 +421,7 @@ impl<V: Visitor> Merger<'_, V> {
                 // from its queue, in thread order, as the order would leave it.
                 for (thread, &length) in due.iter().zip(&lengths) {
                     let queue = threads.get_mut(thread).expect("a due thread has a queue");
-                    for i in queue.head..queue.head + length {
-                        if let Some(ahead) = queue.pending.get(i + PREFETCH_DISTANCE)
-                            && let Some(live) = visitor.live_set()
-                        {
-                            live.prefetch(ahead);
-                        }
-                        outcome.events += 1;
-                        visitor.event(&queue.pending[i]);
-                    }
+                    hand_on(*visitor, outcome, queue.leading(length));
                     queue.head += length;
                 }
             } else {
@@ -439,15 +431,7 @@ impl<V: Visitor> Merger<'_, V> {
                 }
                 let live = visitor.live_set();
                 round_order.order(&mut batch, |addr| live.map(|live| live.contains(addr)));
-                for i in 0..batch.len() {
-                    if let Some(ahead) = batch.get(i + PREFETCH_DISTANCE)
-                        && let Some(live) = visitor.live_set()
-                    {
-                        live.prefetch(ahead);
-                    }
-                    outcome.events += 1;
-                    visitor.event(&batch[i]);
-                }
+                hand_on(*visitor, outcome, &batch);
                 batch.clear();
             }
             self.lengths = lengths;
@@ -491,6 +475,20 @@ impl<V: Visitor> Merger<'_, V> {
             }
         }
         self.release_samples_before(limit);
+    }
+}
+
+/// Hands the visitor `events` in order, asking the live set for each
+/// block's slot some events ahead.
+fn hand_on<V: Visitor>(visitor: &mut V, outcome: &mut Outcome, events: &[ThreadEvent]) {
+    for (i, event) in events.iter().enumerate() {
+        if let Some(ahead) = events.get(i + PREFETCH_DISTANCE)
+            && let Some(live) = visitor.live_set()
+        {
+            live.prefetch(ahead);
+        }
+        outcome.events += 1;
+        visitor.event(event);
     }
 }
 
