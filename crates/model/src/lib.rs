@@ -40,7 +40,7 @@ pub use go::{GoLedger, GoSizeClass};
 pub use heap_state::HeapState;
 pub use ledger::{HeapLedger, Ledger, MappingLedger, OtherBreakdown, PageClass, PageMap, Rows, SizeBucket};
 pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
-pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, timeline};
+pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, summary_and_ledger_at, timeline};
 pub use summary::{SizeCount, Summary};
 pub use trim_marks::TrimMark;
 

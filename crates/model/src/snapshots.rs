@@ -5,11 +5,12 @@ use std::path::Path;
 use memgap_replay::{LiveSet, ThreadEvent, Timeline, Visitor, replay};
 use memgap_trace::TraceError;
 use memgap_trace::TraceFile;
-use memgap_trace::records::{Metrics, Process, Record, Records, Snapshot, Thread};
+use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, Snapshot, Thread};
 
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Ledger};
 use crate::runtimes::RuntimeFigures;
+use crate::summary::{Builder, Summary};
 
 /// Which snapshot to look at.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -90,6 +91,9 @@ struct LedgerVisitor<'a> {
     seen: usize,
     ledgers: Vec<(u64, Ledger)>,
     runtimes: RuntimeFigures,
+    /// The summary too, counted from the same live set: `memgap run`
+    /// prints both, and two replays took twice as long.
+    summary: Option<Builder>,
 }
 
 impl Visitor for LedgerVisitor<'_> {
@@ -100,6 +104,9 @@ impl Visitor for LedgerVisitor<'_> {
     fn process(&mut self, process: &Process) {
         self.state.start_image();
         self.runtimes.process(process);
+        if let Some(summary) = &mut self.summary {
+            summary.process(process);
+        }
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
@@ -107,8 +114,11 @@ impl Visitor for LedgerVisitor<'_> {
         self.state.metrics(metrics);
     }
 
-    fn note(&mut self, _time: u64, text: &str) {
+    fn note(&mut self, time: u64, text: &str) {
         self.runtimes.note(text);
+        if let Some(summary) = &mut self.summary {
+            summary.note(time, text);
+        }
     }
 
     fn allocator(&mut self, path: &str) {
@@ -120,7 +130,28 @@ impl Visitor for LedgerVisitor<'_> {
     }
 
     fn event(&mut self, event: &ThreadEvent) {
-        self.state.apply(event);
+        let change = self.state.apply(event);
+        if let Some(summary) = &mut self.summary {
+            summary.count(event, change, self.state.live.live_bytes());
+        }
+    }
+
+    fn rss(&mut self, rss: &Rss) {
+        if let Some(summary) = &mut self.summary {
+            summary.rss(rss);
+        }
+    }
+
+    fn end(&mut self, end: &End) {
+        if let Some(summary) = &mut self.summary {
+            summary.end(end);
+        }
+    }
+
+    fn exit(&mut self, exit: &Exit) {
+        if let Some(summary) = &mut self.summary {
+            summary.exit(exit);
+        }
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
@@ -132,10 +163,18 @@ impl Visitor for LedgerVisitor<'_> {
 }
 
 fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Result<Vec<Ledger>, TraceError> {
-    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), runtimes: RuntimeFigures::default() };
+    Ok(ledgers_and_summary(path, wanted, want_pages, None)?.0)
+}
+
+fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool, summary: Option<Builder>) -> Result<(Vec<Ledger>, Option<Summary>), TraceError> {
+    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), runtimes: RuntimeFigures::default(), summary };
     let outcome = replay(path, &mut visitor)?;
+    let summary = visitor.summary.take().map(|mut summary| {
+        summary.live = std::mem::take(&mut visitor.state.live);
+        summary.finish(&outcome, path)
+    });
     let runtimes = visitor.runtimes;
-    Ok(visitor
+    let ledgers = visitor
         .ledgers
         .into_iter()
         .map(|(time, mut ledger)| {
@@ -143,13 +182,22 @@ fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Res
             runtimes.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
             ledger
         })
-        .collect())
+        .collect();
+    Ok((ledgers, summary))
 }
 
 /// The ledger at one snapshot; `None` when the trace has no snapshot.
 pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
     let Some(index) = choose(&list(path)?, at) else { return Ok(None) };
     Ok(ledgers(path, &|i| i == index, want_pages)?.pop())
+}
+
+/// The summary and the ledger at one snapshot (without page maps), from
+/// one replay: what `memgap run` prints when the program ends.
+pub fn summary_and_ledger_at(path: &Path, at: At) -> Result<(Summary, Option<Ledger>), TraceError> {
+    let index = choose(&list(path)?, at);
+    let (mut ledgers, summary) = ledgers_and_summary(path, &|i| Some(i) == index, false, Some(Builder::default()))?;
+    Ok((summary.expect("a summary was asked for"), ledgers.pop()))
 }
 
 /// The ledger at every snapshot, in time order.

@@ -5,7 +5,7 @@
 //! blame, report) must return a result or an error, never panic, and never
 //! allocate by a length it was handed.
 
-use memgap_model::{At, BlameOptions, BlameOrder, Summary, blame, ledger_at, report, timeline};
+use memgap_model::{At, BlameOptions, BlameOrder, Summary, blame, ledger_at, report, summary_and_ledger_at, timeline};
 use memgap_trace::event::{Event, EventKind, encode_all};
 use memgap_trace::records::{Clock, End, EndReason, EventsPiece, Exit, Mapping, Metrics, Module, Process, Record, Residency, Rss, Snapshot, SnapshotReason, Thread};
 use memgap_trace::TraceWriter;
@@ -131,7 +131,15 @@ fn read_every_way(items: &[Item], per_chunk: usize) {
     let _ = timeline(&path);
     let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: 10, per_stack: false, skip: Vec::new() };
     let _ = blame(&path, &options);
-    let _ = report::report(&path);
+    let report = report::report(&path);
+    // `memgap run`'s single replay gives the report's summary (both count
+    // from a live set that munmap and mmap also change) and the ledger
+    // at the end.
+    if let (Ok(Some(report)), Ok(ledger)) = (report, ledger_at(&path, At::End, false)) {
+        let (summary, at_end) = summary_and_ledger_at(&path, At::End).expect("the other passes read the trace");
+        assert_eq!(json(&summary), json(&report.summary));
+        assert_eq!(at_end.map(|l| json(&l)), ledger.map(|l| json(&l)));
+    }
 }
 
 proptest! {
@@ -174,4 +182,10 @@ fn a_mapping_of_128_tib_is_counted_whole() {
     assert_eq!(ledger.rss_bytes, 8192);
     assert_eq!(ledger.mappings.len(), 1);
     assert_eq!(ledger.mappings[0].class, "other");
+}
+
+/// Compared as JSON: the types hold floats, and a NaN from hostile values
+/// must compare equal to itself.
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("serializable")
 }

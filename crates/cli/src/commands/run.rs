@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::Context;
-use memgap_model::Summary;
 use memgap_trace::framing::{self, FileHeader};
 use memgap_trace::records::{Exit, Record};
 use memgap_views::format::bytes;
@@ -278,6 +277,7 @@ fn child_started(pid: u32) {
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
+    let mut at_end = None;
     if !recorded {
         eprintln!(
             "memgap: no trace was written for {}: the agent was not loaded (a statically linked or setuid program ignores LD_PRELOAD) or could not write {}",
@@ -285,8 +285,8 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
             trace.display()
         );
     } else {
-        match Summary::of_trace(trace) {
-            Ok(s) => {
+        match memgap_model::summary_and_ledger_at(trace, memgap_model::At::End) {
+            Ok((s, ledger)) => {
                 eprintln!(
                     "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
                     trace.display(),
@@ -299,6 +299,7 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
                 if s.dropped_events > 0 {
                     eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough", memgap_views::format::count(s.dropped_events));
                 }
+                at_end = ledger;
             }
             Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
         }
@@ -309,7 +310,7 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
         eprintln!("memgap: {} more from processes it started: {}", others.len(), names.join(", "));
     }
     if recorded {
-        if let Ok(Some(ledger)) = memgap_model::ledger_at(trace, memgap_model::At::End, false) {
+        if let Some(ledger) = at_end {
             eprint!("{}", memgap_views::ledger::brief(&ledger));
         }
         eprintln!("memgap: details: memgap ledger|blame|map|report {}", trace.display());

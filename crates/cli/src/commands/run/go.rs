@@ -478,18 +478,20 @@ fn spawn_waiter(pid: u32, sender: Sender<Message>) {
 }
 
 fn report(trace: &Path, go: &GoBinary) {
-    match memgap_model::Summary::of_trace(trace) {
-        Ok(s) => eprintln!(
-            "memgap: {} — Go program ({}), peak RSS {}{}",
-            trace.display(),
-            go.version,
-            memgap_views::format::bytes(s.peak_rss_bytes),
-            if s.truncated { " (cut short)" } else { "" }
-        ),
+    match memgap_model::summary_and_ledger_at(trace, memgap_model::At::End) {
+        Ok((s, ledger)) => {
+            eprintln!(
+                "memgap: {} — Go program ({}), peak RSS {}{}",
+                trace.display(),
+                go.version,
+                memgap_views::format::bytes(s.peak_rss_bytes),
+                if s.truncated { " (cut short)" } else { "" }
+            );
+            if let Some(ledger) = ledger {
+                eprint!("{}", memgap_views::ledger::brief(&ledger));
+            }
+        }
         Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
-    }
-    if let Ok(Some(ledger)) = memgap_model::ledger_at(trace, memgap_model::At::End, false) {
-        eprint!("{}", memgap_views::ledger::brief(&ledger));
     }
     eprintln!("memgap: details: memgap ledger|timeline|report {}", trace.display());
 }
