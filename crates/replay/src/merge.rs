@@ -101,8 +101,34 @@ struct ThreadQueue {
     /// decoded in place and handed on by reference, never copied.
     pending: Vec<ThreadEvent>,
     head: usize,
-    /// The thread's own stack ids (dense, from 1) → ids unique in the trace.
-    stacks: Vec<u32>,
+    stacks: StackIds,
+}
+
+/// A thread's own stack ids (dense, from 1) → ids unique in the trace.
+#[derive(Default)]
+struct StackIds(Vec<u32>);
+
+impl StackIds {
+    /// The trace's id for the thread's `local` id; a record that defines
+    /// it (`decoding.frames` holds the frames) makes it known.
+    #[inline]
+    fn global_id(&mut self, local: u32, defines: bool, decoding: &mut Decoding, visitor: &mut impl Visitor) -> u32 {
+        let local = local as usize;
+        if defines {
+            let next_id = decoding.stack_ids.len() as u32 + 1;
+            let id = *decoding.stack_ids.entry(decoding.frames.clone()).or_insert_with(|| {
+                visitor.stack(next_id, &decoding.frames);
+                next_id
+            });
+            if local < MAX_THREAD_STACK_ID {
+                if self.0.len() <= local {
+                    self.0.resize(local + 1, event::NO_STACK);
+                }
+                self.0[local] = id;
+            }
+        }
+        self.0.get(local).copied().unwrap_or(event::NO_STACK)
+    }
 }
 
 struct EncodedPiece {
@@ -137,7 +163,7 @@ impl ThreadQueue {
             delta: DeltaState::default(),
             pending: Vec::new(),
             head: 0,
-            stacks: Vec::new(),
+            stacks: StackIds::default(),
         }
     }
 
@@ -164,64 +190,58 @@ impl ThreadQueue {
         // What was handed on goes; the few not yet handed on move to the front.
         self.pending.drain(..self.head);
         self.head = 0;
+        self.pending.reserve(want - self.pending.len());
         while self.pending.len() < want {
             let Some(piece) = self.encoded.front_mut() else { return };
             if piece.starts_buffer {
                 self.delta = DeltaState::default();
                 piece.starts_buffer = false;
             }
-            if piece.at == piece.bytes.len() {
-                self.encoded.pop_front();
-                continue;
-            }
-            prefetch_ahead(&piece.bytes, piece.at);
-            let mut cursor = Cursor::new(&piece.bytes[piece.at..]);
-            self.pending.push(ThreadEvent { thread: self.thread, tid: self.tid, event: Event::default() });
-            let event = &mut self.pending.last_mut().expect("just pushed").event;
-            let decoded = event::decode_into(&mut self.delta, &mut cursor, &mut decoding.frames, event);
-            piece.at += cursor.position();
-            match decoded {
-                Ok(defines_stack) => {
-                    if !event_is_plausible(event) {
-                        // Beyond the address space: a corrupt trace (or a
-                        // call that failed). Skipped; the next record
-                        // decodes on from here.
-                        outcome.malformed_records += 1;
-                        self.pending.pop();
-                        continue;
-                    }
-                    if event.stack != event::NO_STACK {
-                        let local = event.stack as usize;
-                        if defines_stack {
-                            let next_id = decoding.stack_ids.len() as u32 + 1;
-                            let id = *decoding.stack_ids.entry(decoding.frames.clone()).or_insert_with(|| {
-                                visitor.stack(next_id, &decoding.frames);
-                                next_id
-                            });
-                            if local < MAX_THREAD_STACK_ID {
-                                if self.stacks.len() <= local {
-                                    self.stacks.resize(local + 1, event::NO_STACK);
-                                }
-                                self.stacks[local] = id;
-                            }
+            // One piece's records in one loop: the piece, its cursor and the
+            // queue's room are looked up once, not per record.
+            let mut cursor = Cursor::at(&piece.bytes, piece.at);
+            let mut failed = false;
+            while self.pending.len() < want && !cursor.is_empty() {
+                prefetch_ahead(&piece.bytes, cursor.position());
+                self.pending.push(ThreadEvent { thread: self.thread, tid: self.tid, event: Event::default() });
+                let event = &mut self.pending.last_mut().expect("just pushed").event;
+                match event::decode_into(&mut self.delta, &mut cursor, &mut decoding.frames, event) {
+                    Ok(defines_stack) => {
+                        if !event_is_plausible(event) {
+                            // Beyond the address space: a corrupt trace (or a
+                            // call that failed). Skipped; the next record
+                            // decodes on from here.
+                            outcome.malformed_records += 1;
+                            self.pending.pop();
+                            continue;
                         }
-                        event.stack = self.stacks.get(local).copied().unwrap_or(event::NO_STACK);
+                        if event.stack != event::NO_STACK {
+                            event.stack = self.stacks.global_id(event.stack, defines_stack, decoding, visitor);
+                        }
+                    }
+                    Err(_) => {
+                        self.pending.pop();
+                        outcome.malformed_records += 1;
+                        failed = true;
+                        break;
                     }
                 }
-                Err(_) => {
-                    self.pending.pop();
-                    outcome.malformed_records += 1;
-                    // The rest of this buffer cannot be decoded without the
-                    // record that failed: drop it, and what came after it.
-                    piece.at = piece.bytes.len();
-                    while let Some(next) = self.encoded.get(1).filter(|next| !next.starts_buffer) {
-                        outcome.lost_bytes += next.bytes.len() as u64;
-                        self.encoded.remove(1);
-                    }
-                    if self.encoded.len() == 1 {
-                        self.buffer = u32::MAX;
-                    }
+            }
+            piece.at = cursor.position();
+            if failed {
+                // The rest of this buffer cannot be decoded without the
+                // record that failed: drop it, and what came after it.
+                piece.at = piece.bytes.len();
+                while let Some(next) = self.encoded.get(1).filter(|next| !next.starts_buffer) {
+                    outcome.lost_bytes += next.bytes.len() as u64;
+                    self.encoded.remove(1);
                 }
+                if self.encoded.len() == 1 {
+                    self.buffer = u32::MAX;
+                }
+            }
+            if self.encoded.front().is_some_and(|piece| piece.at == piece.bytes.len()) {
+                self.encoded.pop_front();
             }
         }
     }

@@ -61,6 +61,11 @@ impl<'a> Cursor<'a> {
         Cursor { bytes, pos: 0 }
     }
 
+    /// A cursor at `pos` in `bytes` (at the end if `pos` is past it).
+    pub fn at(bytes: &'a [u8], pos: usize) -> Self {
+        Cursor { bytes, pos: pos.min(bytes.len()) }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.pos >= self.bytes.len()
     }
