@@ -8,7 +8,7 @@
 //! chunk once the thread has moved past it. No lock is taken per event; the
 //! pool lock is taken once per chunk.
 
-use core::cell::{Cell, UnsafeCell};
+use core::cell::UnsafeCell;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
@@ -196,35 +196,103 @@ pub fn recycle(chunk: *mut Chunk) {
 const BUSY: usize = 1;
 const GONE: usize = 2;
 
-thread_local! {
-    /// This thread's state; `BUSY` while inside the agent (re-entrant calls
-    /// from a signal handler or from libc pass through unrecorded), `GONE`
-    /// once the thread's buffers were closed at thread exit.
-    static CURRENT: Cell<*mut ThreadState> = const { Cell::new(null_mut()) };
+/// This thread's state; `BUSY` while inside the agent (re-entrant calls
+/// from a signal handler or from libc pass through unrecorded), `GONE`
+/// once the thread's buffers were closed at thread exit.
+///
+/// On x86-64 it lives at a fixed offset from the thread pointer (the
+/// initial-exec TLS model), read with one load: Rust's `thread_local!` in
+/// a shared library calls `__tls_get_addr` at every access, 11
+/// instructions and a call per event. The agent is only ever preloaded,
+/// and the loader gives preloaded libraries static TLS.
+mod current {
+    use super::ThreadState;
+
+    #[cfg(target_arch = "x86_64")]
+    core::arch::global_asm!(
+        ".pushsection .tbss,\"awT\",@nobits",
+        ".p2align 3",
+        ".globl memgap_current_thread_state",
+        ".hidden memgap_current_thread_state",
+        ".type memgap_current_thread_state, @tls_object",
+        ".size memgap_current_thread_state, 8",
+        "memgap_current_thread_state:",
+        ".zero 8",
+        ".popsection",
+    );
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub fn get() -> *mut ThreadState {
+        let value: *mut ThreadState;
+        // SAFETY: reads this thread's own 8-byte slot.
+        unsafe {
+            core::arch::asm!(
+                "mov {offset}, qword ptr [rip + memgap_current_thread_state@GOTTPOFF]",
+                "mov {value}, qword ptr fs:[{offset}]",
+                offset = out(reg) _,
+                value = out(reg) value,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        value
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub fn set(value: *mut ThreadState) {
+        // SAFETY: writes this thread's own 8-byte slot.
+        unsafe {
+            core::arch::asm!(
+                "mov {offset}, qword ptr [rip + memgap_current_thread_state@GOTTPOFF]",
+                "mov qword ptr fs:[{offset}], {value}",
+                offset = out(reg) _,
+                value = in(reg) value,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    thread_local! {
+        static CURRENT: core::cell::Cell<*mut ThreadState> = const { core::cell::Cell::new(core::ptr::null_mut()) };
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(always)]
+    pub fn get() -> *mut ThreadState {
+        current::get()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(always)]
+    pub fn set(value: *mut ThreadState) {
+        current::set(value)
+    }
 }
 
 /// Runs `f` with this thread marked busy, so that allocations made by the
 /// agent's own code on it are not recorded.
 pub fn while_busy<R>(f: impl FnOnce() -> R) -> R {
-    let previous = CURRENT.get();
-    CURRENT.set(BUSY as *mut ThreadState);
+    let previous = current::get();
+    current::set(BUSY as *mut ThreadState);
     let result = f();
-    CURRENT.set(previous);
+    current::set(previous);
     result
 }
 
 /// Marks the calling thread (the writer) as never recorded.
 pub fn mark_thread_untraced() {
-    CURRENT.set(BUSY as *mut ThreadState);
+    current::set(BUSY as *mut ThreadState);
 }
 
 #[inline(always)]
 pub fn append(event: &Event) {
-    let state = CURRENT.get();
+    let state = current::get();
     if (state as usize) <= GONE {
         return append_slow(state, event);
     }
-    CURRENT.set(BUSY as *mut ThreadState);
+    current::set(BUSY as *mut ThreadState);
     unsafe {
         let st = &mut *state;
         if st.room(MAX_RECORD_LEN) {
@@ -232,14 +300,14 @@ pub fn append(event: &Event) {
             st.publish();
         }
     }
-    CURRENT.set(state);
+    current::set(state);
 }
 
 /// Like [`append`], with the call stack of the allocation. Never inlined:
 /// the unwinder skips a fixed number of agent frames (this and the hook).
 #[inline(never)]
 pub fn append_allocation(event: &mut Event) {
-    let mut state = CURRENT.get();
+    let mut state = current::get();
     if state.is_null() {
         // The thread's first event: make its state here, so the unwinder
         // below still sees the same frames above it.
@@ -248,7 +316,7 @@ pub fn append_allocation(event: &mut Event) {
     if (state as usize) <= GONE {
         return append_slow(state, event);
     }
-    CURRENT.set(BUSY as *mut ThreadState);
+    current::set(BUSY as *mut ThreadState);
     unsafe {
         let st = &mut *state;
         let stacks = st.stacks.get_or_insert_with(|| Box::new(ThreadStacks::new()));
@@ -264,7 +332,7 @@ pub fn append_allocation(event: &mut Event) {
             st.publish();
         }
     }
-    CURRENT.set(state);
+    current::set(state);
 }
 
 #[cold]
@@ -287,17 +355,17 @@ fn append_slow(state: *mut ThreadState, event: &Event) {
 /// it current.
 #[cold]
 fn new_thread_state() -> *mut ThreadState {
-    CURRENT.set(BUSY as *mut ThreadState);
+    current::set(BUSY as *mut ThreadState);
     let errno = unsafe { *libc::__errno_location() };
     let created = ThreadState::create().unwrap_or(null_mut());
     unsafe { *libc::__errno_location() = errno };
-    CURRENT.set(created);
+    current::set(created);
     created
 }
 
 /// The calling thread's state, if it has recorded anything.
 pub fn current_state() -> *mut ThreadState {
-    let state = CURRENT.get();
+    let state = current::get();
     if (state as usize) <= GONE { null_mut() } else { state }
 }
 
@@ -367,7 +435,7 @@ impl ThreadState {
 
     /// Thread exit: the writer copies out the rest and frees the state.
     pub fn close(state: *mut ThreadState) {
-        CURRENT.set(GONE as *mut ThreadState);
+        current::set(GONE as *mut ThreadState);
         unsafe { (*(*state).chunk).closed.store(true, Release) };
     }
 }
@@ -385,7 +453,7 @@ fn register(state: *mut ThreadState) -> bool {
 /// In a fork child only the forking thread survives, and the trace belongs
 /// to the parent: forget every thread and buffer, and give the memory back.
 pub fn reset_after_fork() {
-    CURRENT.set(null_mut());
+    current::set(null_mut());
     for slot in &SLOTS {
         slot.store(null_mut(), Relaxed);
     }
