@@ -288,15 +288,24 @@ pub fn mark_thread_untraced() {
 
 #[inline(always)]
 pub fn append(event: &Event) {
+    append_encoded(|| *event, |delta, out| unsafe { RawEncoder::encode(delta, out, event) });
+}
+
+/// Appends the record `encode` writes (at most [`MAX_RECORD_LEN`] bytes);
+/// `event` makes the same event for the slow path (the thread's first
+/// event, or one it cannot record). The hooks encode frees and plain
+/// allocations from their fields with it, building no [`Event`].
+#[inline(always)]
+pub fn append_encoded(event: impl FnOnce() -> Event, encode: impl FnOnce(&mut DeltaState, *mut u8) -> *mut u8) {
     let state = current::get();
     if (state as usize) <= GONE {
-        return append_slow(state, event);
+        return append_slow(state, &event());
     }
     current::set(BUSY as *mut ThreadState);
     unsafe {
         let st = &mut *state;
         if st.room(MAX_RECORD_LEN) {
-            st.cursor = RawEncoder::encode(&mut st.delta, st.cursor, event);
+            st.cursor = encode(&mut st.delta, st.cursor);
             st.publish();
         }
     }

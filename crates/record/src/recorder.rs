@@ -5,7 +5,7 @@ use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 
-use memgap_trace::event::{Event, EventKind};
+use memgap_trace::event::{Event, EventKind, RawEncoder};
 use memgap_trace::framing::{self, FileHeader};
 use memgap_trace::records::{EndReason, Record};
 
@@ -386,10 +386,11 @@ pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *
         USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
         _ => 0,
     };
-    let mut event = Event {
+    let cpu = cpu();
+    let event = || Event {
         time,
         kind: Some(kind),
-        cpu: cpu(),
+        cpu,
         addr: addr as u64,
         size: size as u64,
         usable: usable as u64,
@@ -399,15 +400,19 @@ pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *
     };
     // A failed allocation or a realloc that freed (size 0) has no block to blame.
     if crate::stacks::enabled() && !addr.is_null() {
-        buffers::append_allocation(&mut event);
+        buffers::append_allocation(&mut event());
+    } else if matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) {
+        buffers::append_encoded(event, |delta, out| unsafe { RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64) });
     } else {
-        buffers::append(&event);
+        buffers::append(&event());
     }
 }
 
 #[inline(always)]
 pub fn record_free(time: u64, addr: *mut c_void) {
-    buffers::append(&Event { time, kind: Some(EventKind::Free), cpu: cpu(), addr: addr as u64, ..Event::default() });
+    let cpu = cpu();
+    let event = || Event { time, kind: Some(EventKind::Free), cpu, addr: addr as u64, ..Event::default() };
+    buffers::append_encoded(event, |delta, out| unsafe { RawEncoder::encode_free(delta, out, time, cpu, addr as u64) });
 }
 
 #[inline]
