@@ -261,13 +261,13 @@ mod current {
     #[cfg(not(target_arch = "x86_64"))]
     #[inline(always)]
     pub fn get() -> *mut ThreadState {
-        current::get()
+        CURRENT.get()
     }
 
     #[cfg(not(target_arch = "x86_64"))]
     #[inline(always)]
     pub fn set(value: *mut ThreadState) {
-        current::set(value)
+        CURRENT.set(value)
     }
 }
 
