@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Advice, Mmap, UncheckedAdvice};
 
 use crate::TraceError;
-use crate::framing::{ChunkAt, FILE_HEADER_LEN, FileHeader, Tail, read_chunk};
+use crate::framing::{ChunkRef, FILE_HEADER_LEN, FileHeader, Tail, read_chunk_into};
 
 pub struct TraceFile {
     path: PathBuf,
@@ -71,14 +71,15 @@ impl TraceFile {
     pub fn for_each_chunk(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError> {
         let mut offset = FILE_HEADER_LEN;
         let mut dropped = 0;
+        let mut scratch = Vec::new();
         loop {
-            match read_chunk(&self.bytes, offset)? {
-                ChunkAt::Chunk { raw, next } => {
-                    visit(offset as u64, &raw)?;
+            match read_chunk_into(&self.bytes, offset, &mut scratch)? {
+                ChunkRef::Chunk { raw, next } => {
+                    visit(offset as u64, raw)?;
                     offset = next;
                     dropped = self.drop_pages_before(offset, dropped);
                 }
-                ChunkAt::End(tail) => return Ok(tail),
+                ChunkRef::End(tail) => return Ok(tail),
             }
         }
     }
