@@ -170,7 +170,7 @@ pub enum ChunkAt {
 pub fn read_chunk(bytes: &[u8], offset: usize) -> Result<ChunkAt, TraceError> {
     let mut scratch = Vec::new();
     Ok(match read_chunk_into(bytes, offset, &mut scratch)? {
-        ChunkRef::Chunk { raw, next } => ChunkAt::Chunk { raw: raw.to_vec(), next },
+        ChunkRef::Chunk { raw, next, .. } => ChunkAt::Chunk { raw: raw.to_vec(), next },
         ChunkRef::End(tail) => ChunkAt::End(tail),
     })
 }
@@ -178,7 +178,8 @@ pub fn read_chunk(bytes: &[u8], offset: usize) -> Result<ChunkAt, TraceError> {
 /// [`ChunkAt`] without a copy: the payload as stored in `bytes`, or
 /// decompressed into the caller's scratch buffer.
 pub enum ChunkRef<'a> {
-    Chunk { raw: &'a [u8], next: usize },
+    /// `raw` is in `scratch` when `decompressed`, else in `bytes`.
+    Chunk { raw: &'a [u8], next: usize, decompressed: bool },
     End(Tail),
 }
 
@@ -232,7 +233,7 @@ pub fn read_chunk_into<'a>(bytes: &'a [u8], offset: usize, scratch: &'a mut Vec<
         }
         _ => return Err(TraceError::Corrupt { offset: offset as u64, what: "unknown chunk codec" }),
     };
-    Ok(ChunkRef::Chunk { raw, next: offset + CHUNK_HEADER_LEN + stored_len })
+    Ok(ChunkRef::Chunk { raw, next: offset + CHUNK_HEADER_LEN + stored_len, decompressed: codec == CODEC_LZ4 })
 }
 
 /// Where the chunk framed at `offset` ends, judged from its header alone;
