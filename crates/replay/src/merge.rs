@@ -529,7 +529,7 @@ fn prefetch_ahead(bytes: &[u8], at: usize) {
 const PREFETCH_DISTANCE: usize = 16;
 /// How many events one thread's release decodes at a time (at least
 /// PREFETCH_DISTANCE + 1).
-const DECODE_AHEAD: usize = 64;
+const DECODE_AHEAD: usize = 256;
 
 fn dispatch<V: Visitor>(visitor: &mut V, sample: &Sample) {
     match sample {
