@@ -221,36 +221,38 @@ mod current {
         ".popsection",
     );
 
+    /// This thread's slot: the thread pointer plus the offset the loader
+    /// wrote in the GOT.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn slot() -> *mut *mut ThreadState {
+        let (thread_pointer, offset): (usize, usize);
+        // SAFETY: reads fs:0 (on x86-64 Linux, the thread pointer itself)
+        // and a GOT entry the loader filled at load time.
+        unsafe {
+            core::arch::asm!(
+                "mov {tp}, qword ptr fs:[0]",
+                "mov {offset}, qword ptr [rip + memgap_current_thread_state@GOTTPOFF]",
+                tp = out(reg) thread_pointer,
+                offset = out(reg) offset,
+                options(nostack, readonly, pure, preserves_flags),
+            );
+        }
+        thread_pointer.wrapping_add(offset) as *mut *mut ThreadState
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub fn get() -> *mut ThreadState {
-        let value: *mut ThreadState;
-        // SAFETY: reads this thread's own 8-byte slot.
-        unsafe {
-            core::arch::asm!(
-                "mov {offset}, qword ptr [rip + memgap_current_thread_state@GOTTPOFF]",
-                "mov {value}, qword ptr fs:[{offset}]",
-                offset = out(reg) _,
-                value = out(reg) value,
-                options(nostack, readonly, preserves_flags),
-            );
-        }
-        value
+        // SAFETY: this thread's own 8-byte slot.
+        unsafe { *slot() }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub fn set(value: *mut ThreadState) {
-        // SAFETY: writes this thread's own 8-byte slot.
-        unsafe {
-            core::arch::asm!(
-                "mov {offset}, qword ptr [rip + memgap_current_thread_state@GOTTPOFF]",
-                "mov qword ptr fs:[{offset}], {value}",
-                offset = out(reg) _,
-                value = in(reg) value,
-                options(nostack, preserves_flags),
-            );
-        }
+        // SAFETY: this thread's own 8-byte slot.
+        unsafe { *slot() = value }
     }
 
     #[cfg(not(target_arch = "x86_64"))]
