@@ -82,7 +82,7 @@ impl TraceFile {
             // Chunks go to the visitor through `ready`; their buffers come back through `spent`.
             let (ready_tx, ready) = mpsc::sync_channel::<Result<Ahead, TraceError>>(READ_AHEAD_CHUNKS);
             let (spent, spent_rx) = mpsc::channel::<Vec<u8>>();
-            scope.spawn(move || {
+            let reader = std::thread::Builder::new().name("memgap-read-ahead".into()).spawn_scoped(scope, move || {
                 let mut offset = FILE_HEADER_LEN;
                 loop {
                     let mut buffer = spent_rx.try_recv().unwrap_or_default();
@@ -107,6 +107,10 @@ impl TraceFile {
                     }
                 }
             });
+            if reader.is_err() {
+                // No thread to be had (a limit on processes): read here.
+                return self.for_each_chunk_here(visit);
+            }
             let mut dropped = 0;
             loop {
                 let Ok(ahead) = ready.recv() else { unreachable!("the reader sends an end or an error before it stops") };
