@@ -78,15 +78,64 @@ pub mod agent_ranges {
         }
     }
 
+    /// Appends the ranges to `out`, which grows outside the lock: growing
+    /// may map memory, and mapping takes this lock. (Growing under it hung
+    /// a traced program: the writer waited on itself here, and every
+    /// thread that allocated then waited on the writer.)
     pub fn copy_into(out: &mut alloc::vec::Vec<(u64, u64)>) {
-        let _guard = LOCK.lock();
-        let table = unsafe { &*TABLE.0.get() };
-        out.extend_from_slice(&table.ranges[..table.len]);
+        loop {
+            let len = {
+                let _guard = LOCK.lock();
+                unsafe { (*TABLE.0.get()).len }
+            };
+            out.reserve(len);
+            let _guard = LOCK.lock();
+            let table = unsafe { &*TABLE.0.get() };
+            // Ranges added meanwhile: make room again.
+            if out.capacity() - out.len() >= table.len {
+                out.extend_from_slice(&table.ranges[..table.len]);
+                return;
+            }
+        }
     }
 
     /// In a fork child: the parent's buffers were unmapped, the rest stays.
     pub fn reset_lock() {
         LOCK.reset();
+    }
+
+    #[cfg(test)]
+    mod tests {
+        /// Enough ranges that the copy needs more than the agent's largest
+        /// size class, so growing it maps memory (and registers the range).
+        /// In a child process: a copy that waits on itself would hold the
+        /// lock every other test's mappings need.
+        #[test]
+        fn copying_ranges_that_need_a_new_mapping_does_not_wait_on_itself() {
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // The child's only thread; locks other threads held at the fork are gone.
+                super::reset_lock();
+                crate::own_memory::reset_after_fork();
+                for i in 0..2100u64 {
+                    super::add(0x7e00_0000_0000 + i * 4096, 4096);
+                }
+                let mut out = alloc::vec::Vec::new();
+                super::copy_into(&mut out);
+                unsafe { libc::_exit(if out.len() >= 2100 { 0 } else { 1 }) };
+            }
+            let mut status = 0;
+            for _ in 0..1000 {
+                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the copy came out short");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            panic!("copy_into waited on its own lock for 10 s");
+        }
     }
 }
 
