@@ -226,18 +226,16 @@ mod current {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn slot() -> *mut *mut ThreadState {
-        let (thread_pointer, offset): (usize, usize);
-        // SAFETY: reads fs:0 (on x86-64 Linux, the thread pointer itself)
-        // and a GOT entry the loader filled at load time.
+        let offset: usize;
+        // SAFETY: reads a GOT entry the loader filled at load time.
         unsafe {
             core::arch::asm!(
-                "mov {tp}, qword ptr fs:[0]",
                 "mov {offset}, qword ptr [rip + memgap_current_thread_state@GOTTPOFF]",
-                tp = out(reg) thread_pointer,
                 offset = out(reg) offset,
                 options(nostack, readonly, pure, preserves_flags),
             );
         }
+        let thread_pointer = crate::sys::thread_pointer().unwrap_or_default();
         thread_pointer.wrapping_add(offset) as *mut *mut ThreadState
     }
 

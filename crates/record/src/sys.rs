@@ -311,6 +311,29 @@ impl Drop for SpinGuard<'_> {
     }
 }
 
+/// The calling thread's thread pointer, where the architecture has one
+/// the agent knows how to read.
+#[inline(always)]
+pub fn thread_pointer() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tp: usize;
+        // SAFETY: on x86-64 Linux, fs:0 holds the thread pointer itself.
+        unsafe { core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, pure, preserves_flags)) };
+        Some(tp)
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let tp: usize;
+        unsafe { core::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, pure, preserves_flags)) };
+        Some(tp)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        None
+    }
+}
+
 /// The CPU the calling thread runs on, for every event. glibc (2.35+)
 /// registers an rseq area per thread in which the kernel keeps `cpu_id`
 /// current; reading it from the thread pointer is two loads, where calling
@@ -319,6 +342,8 @@ impl Drop for SpinGuard<'_> {
 /// remains.
 pub mod current_cpu {
     use core::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+
+    use super::thread_pointer;
 
     /// Offset of `cpu_id` from the thread pointer; `NONE` when unknown.
     static CPU_ID_OFFSET: AtomicIsize = AtomicIsize::new(NONE);
@@ -356,27 +381,6 @@ pub mod current_cpu {
             }
         }
         unsafe { libc::sched_getcpu() as u32 }
-    }
-
-    #[inline(always)]
-    fn thread_pointer() -> Option<usize> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let tp: usize;
-            // SAFETY: on x86-64 Linux, fs:0 holds the thread pointer itself.
-            unsafe { core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags)) };
-            Some(tp)
-        }
-        #[cfg(target_arch = "aarch64")]
-        {
-            let tp: usize;
-            unsafe { core::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags)) };
-            Some(tp)
-        }
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        {
-            None
-        }
     }
 
     #[cfg(test)]
