@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """memgap vs heaptrack, side by side, in one run.
 
-    python3 bench/run.py [--quick] [--repeat N] [--only churn,deep] [--out DIR]
+    python3 bench/run.py [--quick | --smoke] [--repeat N] [--only churn,deep] [--out DIR]
 
 Builds the workloads in bench/workloads/, then for each workload runs plain, every
 memgap variant the CLI supports and heaptrack interleaved (A B C A B C ..., after one
@@ -50,6 +50,9 @@ C_WORKLOADS = ["churn", "threads", "deep", "big"]
 # --quick divides the workload sizes by this, to keep the suite at 2-3 minutes. Not more:
 # heaptrack's fixed start-up (~0.15 s) would then dominate its ratios.
 QUICK_DIVISOR = 5
+# --smoke divides them by this: every workload and tool runs once in well under a minute, to
+# check that the suite works (the tests run it), not to measure anything.
+SMOKE_DIVISOR = 100
 
 
 @dataclass
@@ -132,7 +135,7 @@ def perf_counts_instructions(perf_installed):
     return False, f"perf cannot count instructions: check perf_event_paranoid (now {paranoid})"
 
 
-def build(build_dir, quick, setup):
+def build(build_dir, divisor, setup):
     """Compile the C workloads and the launcher, generate the sqlite script; return the workloads."""
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"]
@@ -140,10 +143,11 @@ def build(build_dir, quick, setup):
         compile_c(WORKLOAD_SOURCES / f"{name}.c", build_dir / name, flags)
     compile_c(BENCH_DIR / "measure.c", build_dir / "measure", ["-O2"])
 
-    # The default sizes are those of the heaptrack baseline document; --quick divides them
-    # (threads twice as much, because heaptrack 1.4 slows it 30-80x, see the baseline's §5.2).
-    scale = QUICK_DIVISOR if quick else 1
-    threads_scale = 2 * QUICK_DIVISOR if quick else 1
+    # The default sizes are those of the heaptrack baseline document; --quick and --smoke
+    # divide them (threads twice as much, because heaptrack 1.4 slows it 30-80x, see the
+    # baseline's §5.2).
+    scale = divisor
+    threads_scale = 2 * divisor if divisor > 1 else 1
     workloads = [
         Workload("churn", [build_dir / "churn", 20_000_000 // scale, 100_000]),
         Workload("threads", [build_dir / "threads", 20_000_000 // threads_scale, 100_000, 4]),
@@ -527,7 +531,7 @@ def markdown_report(report):
         "# memgap vs heaptrack",
         "",
         f"{meta['date']} · {meta['host']} · {meta['cpus']} CPUs · kernel {meta['kernel']} · "
-        f"{'quick' if meta['quick'] else 'full'} sizes · {meta['repeat']} interleaved rounds after 1 warm-up · "
+        f"{meta['sizes']} sizes · {meta['repeat']} interleaved rounds after 1 warm-up · "
         f"{meta['perf_runs']} perf runs · repo HEAD {meta['memgap_commit']} · {meta['heaptrack_version']}",
         "",
         "Ratios are program-with-profiler ÷ plain program, taken round by round, median (min–max). "
@@ -612,7 +616,7 @@ def describe_machine(args, setup):
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
-        "quick": args.quick, "repeat": args.repeat, "perf_runs": args.perf_runs if setup.perf_ok else 0,
+        "sizes": args.sizes, "quick": args.quick, "repeat": args.repeat, "perf_runs": args.perf_runs if setup.perf_ok else 0,
         "memgap": str(setup.memgap) if setup.memgap else None,
         "memgap_commit": command_output(["git", "rev-parse", "--short", "HEAD"]) or "?",
         "memgap_variants": [tool.name for tool in setup.memgap_tools],
@@ -625,7 +629,10 @@ def describe_machine(args, setup):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller workloads: the suite takes ~2-3 minutes")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="smaller workloads: the suite takes ~2-3 minutes")
+    sizes.add_argument("--smoke", action="store_true",
+                       help="tiny workloads, one round: checks that the suite runs, measures nothing")
     parser.add_argument("--repeat", type=int, help="measured rounds per workload (default 5, quick 3)")
     parser.add_argument("--only", help="comma-separated workloads, e.g. churn,deep")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="where latest.md/json go")
@@ -634,16 +641,18 @@ def main():
     parser.add_argument("--timeout", type=float, default=1200, help="seconds before one run is killed")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (binaries, logs)")
     args = parser.parse_args()
-    args.repeat = args.repeat or (3 if args.quick else 5)
-    args.perf_runs = args.perf_runs or (1 if args.quick else 3)
-    analysis_runs = 1 if args.quick else 3
+    args.sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
+    divisor = {"smoke": SMOKE_DIVISOR, "quick": QUICK_DIVISOR, "full": 1}[args.sizes]
+    args.repeat = args.repeat or {"smoke": 1, "quick": 3, "full": 5}[args.sizes]
+    args.perf_runs = args.perf_runs or (3 if args.sizes == "full" else 1)
+    analysis_runs = 3 if args.sizes == "full" else 1
 
     setup = check_environment(args.memgap.resolve())
     for note in setup.notes:
         print(f"bench: {note}", file=sys.stderr)
     work_dir = Path(tempfile.mkdtemp(prefix="memgap-bench-"))
     try:
-        workloads = build(work_dir / "build", args.quick, setup)
+        workloads = build(work_dir / "build", divisor, setup)
         if args.only:
             wanted = set(args.only.split(","))
             unknown = wanted - {w.name for w in workloads}
