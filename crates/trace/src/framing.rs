@@ -92,19 +92,25 @@ pub fn encode_chunk(raw: &[u8], out: &mut Vec<u8>) {
 
 /// [`encode_chunk`] for a stream of chunks that often will not compress:
 /// after a chunk LZ4 did not shrink by an eighth, the next few are stored
-/// without trying. Random addresses (a churn trace) do not compress, and
-/// trying cost the agent's writer over a third of its instructions; with
-/// stack ids they shrink by a twentieth, which took LZ4 a fifth of all the
-/// instructions of a traced churn run (callgrind) to save 5 % of the trace.
+/// without trying, more after each such chunk in a row. Random addresses (a
+/// churn trace) do not compress, and trying cost the agent's writer over a
+/// third of its instructions; with stack ids they shrink by a twentieth,
+/// which took LZ4 a fifth of all the instructions of a traced churn run
+/// (callgrind) to save 5 % of the trace.
 #[derive(Debug, Default)]
 pub struct ChunkEncoder {
     /// Chunks still to store without trying LZ4.
     stored_left: u32,
+    /// Chunks tried in a row that LZ4 did not shrink enough.
+    misses: u32,
 }
 
-/// Chunks stored untried after one that did not compress: a stream that
-/// starts compressing again is noticed within 8 chunks (4 MiB in the agent).
+/// Chunks stored untried after one that did not compress, doubling with
+/// each miss in a row up to 63: a stream that starts compressing again is
+/// noticed within 8 chunks (4 MiB in the agent), or 64 (32 MiB) after a
+/// long incompressible stretch.
 const STORE_AFTER_INCOMPRESSIBLE: u32 = 7;
+const MAX_DOUBLINGS: u32 = 3;
 
 impl ChunkEncoder {
     pub fn encode(&mut self, raw: &[u8], out: &mut Vec<u8>) {
@@ -115,7 +121,10 @@ impl ChunkEncoder {
         }
         let stored_len = frame(raw, out, true);
         if stored_len * 8 > raw.len() * 7 {
-            self.stored_left = STORE_AFTER_INCOMPRESSIBLE;
+            self.stored_left = ((STORE_AFTER_INCOMPRESSIBLE + 1) << self.misses.min(MAX_DOUBLINGS)) - 1;
+            self.misses += 1;
+        } else {
+            self.misses = 0;
         }
     }
 }
@@ -411,6 +420,24 @@ mod tests {
                 .collect();
             assert_eq!(codecs, expected, "{repeated} bytes in 100 repeated");
         }
+    }
+
+    /// Each miss in a row doubles the chunks stored untried, up to 63; a
+    /// chunk that compresses well ends the run.
+    #[test]
+    fn a_chunk_encoder_tries_lz4_less_often_the_longer_it_misses() {
+        let (mild, good) = (partly_repetitive(65_536, 8), partly_repetitive(65_536, 40));
+        // The chunks a fresh encoder tries LZ4 on (and stores compressed).
+        let tried = |chunks: &mut dyn Iterator<Item = &Vec<u8>>| -> Vec<usize> {
+            let (mut encoder, mut framed) = (ChunkEncoder::default(), Vec::new());
+            chunks.enumerate().filter(|(_, raw)| {
+                encoder.encode(raw, &mut framed);
+                framed[4] == CODEC_LZ4
+            }).map(|(i, _)| i).collect()
+        };
+        assert_eq!(tried(&mut std::iter::repeat_n(&mild, 260)), [0, 8, 24, 56, 120, 184, 248]);
+        let mut good_at_8 = (0..20).map(|i| if i == 8 { &good } else { &mild });
+        assert_eq!(tried(&mut good_at_8), [0, 8, 9, 17], "after the good chunk at 8, a miss stores 7 untried again, not 15");
     }
 
     #[test]
