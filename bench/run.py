@@ -633,11 +633,11 @@ def main():
     sizes.add_argument("--quick", action="store_true", help="smaller workloads: the suite takes ~2-3 minutes")
     sizes.add_argument("--smoke", action="store_true",
                        help="tiny workloads, one round: checks that the suite runs, measures nothing")
-    parser.add_argument("--repeat", type=int, help="measured rounds per workload (default 5, quick 3)")
+    parser.add_argument("--repeat", type=int, help="measured rounds per workload (default 5, quick 3, smoke 1)")
     parser.add_argument("--only", help="comma-separated workloads, e.g. churn,deep")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="where latest.md/json go")
     parser.add_argument("--memgap", type=Path, default=DEFAULT_MEMGAP, help="the memgap CLI binary")
-    parser.add_argument("--perf-runs", type=int, help="perf stat runs per tool (default 3, quick 1)")
+    parser.add_argument("--perf-runs", type=int, help="perf stat runs per tool (default 3, quick and smoke 1)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds before one run is killed")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (binaries, logs)")
     args = parser.parse_args()
