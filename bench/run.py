@@ -146,24 +146,23 @@ def build(build_dir, divisor, setup):
     # The default sizes are those of the heaptrack baseline document; --quick and --smoke
     # divide them (threads twice as much, because heaptrack 1.4 slows it 30-80x, see the
     # baseline's §5.2).
-    scale = divisor
-    threads_scale = 2 * divisor if divisor > 1 else 1
+    threads_divisor = 2 * divisor if divisor > 1 else 1
     workloads = [
-        Workload("churn", [build_dir / "churn", 20_000_000 // scale, 100_000]),
-        Workload("threads", [build_dir / "threads", 20_000_000 // threads_scale, 100_000, 4]),
-        Workload("deep", [build_dir / "deep", 5_000_000 // scale, 30, 100_000, 16]),
-        Workload("big", [build_dir / "big", 200_000 // scale, 16]),
+        Workload("churn", [build_dir / "churn", 20_000_000 // divisor, 100_000]),
+        Workload("threads", [build_dir / "threads", 20_000_000 // threads_divisor, 100_000, 4]),
+        Workload("deep", [build_dir / "deep", 5_000_000 // divisor, 30, 100_000, 16]),
+        Workload("big", [build_dir / "big", 200_000 // divisor, 16]),
     ]
     if shutil.which("sqlite3"):
         sql = build_dir / "inserts.sql"
-        subprocess.run([sys.executable, WORKLOAD_SOURCES / "gen_sqlite.py", sql, str(300_000 // scale)],
+        subprocess.run([sys.executable, WORKLOAD_SOURCES / "gen_sqlite.py", sql, str(300_000 // divisor)],
                        check=True)
         workloads.append(Workload("sqlite", ["sqlite3", ":memory:", f".read {sql}"]))
     else:
         setup.notes.append("sqlite workload skipped: no sqlite3")
     # The system interpreter, not a pyenv shim (a shell script that would be profiled too).
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-    workloads.append(Workload("python", [python, WORKLOAD_SOURCES / "pydict.py", 500_000 // scale, 5],
+    workloads.append(Workload("python", [python, WORKLOAD_SOURCES / "pydict.py", 500_000 // divisor, 5],
                               env={"PYTHONMALLOC": "malloc"}))
     for workload in workloads:
         workload.argv = [str(arg) for arg in workload.argv]
