@@ -148,7 +148,7 @@ impl Builder {
     /// Counts one event whose effect on the live heap is known: `change`, and
     /// `live_bytes` after it. The report's replay keeps one live set for
     /// the summary and the ledgers (`live` is then moved in at the end).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn count(&mut self, event: &ThreadEvent, change: Change, live_bytes: u64) {
         let e = &event.event;
         self.counts[e.kind() as usize - 1] += 1;

@@ -203,6 +203,7 @@ impl LiveSet {
 
     // Sums wrap rather than overflow: only a corrupt trace holds sizes whose
     // sum exceeds u64, and adding and removing the same sizes stays exact.
+    #[inline(always)]
     fn insert(&mut self, addr: u64, block: Block) {
         self.live_bytes = self.live_bytes.wrapping_add(block.size);
         let replaced = self.blocks.insert(addr, block);
@@ -213,6 +214,7 @@ impl LiveSet {
         self.ordered.note(Some(addr), replaced.map(|_| addr), self.blocks.len());
     }
 
+    #[inline(always)]
     fn remove(&mut self, addr: u64) -> Option<Block> {
         match self.blocks.remove(addr) {
             Some(block) => {

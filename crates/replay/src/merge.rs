@@ -176,6 +176,7 @@ impl ThreadQueue {
     }
 
     /// Takes the next event if it is older than `limit`.
+    #[inline]
     fn take_before(&mut self, limit: u64) -> Option<&ThreadEvent> {
         let event = self.pending.get(self.head).filter(|e| e.event.time < limit)?;
         self.head += 1;
