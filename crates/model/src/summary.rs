@@ -182,6 +182,7 @@ struct SizeCounts {
 impl SizeCounts {
     const SMALL: u64 = 4096;
 
+    #[inline(always)]
     fn add(&mut self, size: u64) {
         if size < Self::SMALL {
             if self.small.is_empty() {
@@ -214,6 +215,7 @@ impl Visitor for Builder {
 
     fn modules(&mut self, _modules: &[Module]) {}
 
+    #[inline(always)]
     fn event(&mut self, event: &ThreadEvent) {
         let change = self.live.apply(event);
         let live_bytes = self.live.live_bytes();
