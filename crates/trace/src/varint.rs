@@ -103,11 +103,20 @@ impl<'a> Cursor<'a> {
             let ends = !word & 0x8080_8080_8080_8080;
             if ends != 0 {
                 // The bytes up to the first without its high bit, their
-                // 7-bit groups then packed together pairwise.
-                let mut value = word & (ends ^ (ends - 1)) & 0x7f7f_7f7f_7f7f_7f7f;
-                value = (value & 0x007f_007f_007f_007f) | ((value & 0x7f00_7f00_7f00_7f00) >> 1);
-                value = (value & 0x0000_3fff_0000_3fff) | ((value & 0x3fff_0000_3fff_0000) >> 2);
-                value = (value & 0x0000_0000_0fff_ffff) | ((value & 0x0fff_ffff_0000_0000) >> 4);
+                // 7-bit groups then packed together pairwise. Most long
+                // varints (address deltas, sizes) end within 4 bytes: two
+                // steps on 32 bits, without the 64-bit masks, do for them.
+                let value = if ends as u32 != 0 {
+                    let ends = ends as u32;
+                    let mut value = word as u32 & (ends ^ (ends - 1)) & 0x7f7f_7f7f;
+                    value = (value & 0x007f_007f) | ((value & 0x7f00_7f00) >> 1);
+                    u64::from((value & 0x0000_3fff) | ((value & 0x3fff_0000) >> 2))
+                } else {
+                    let mut value = word & (ends ^ (ends - 1)) & 0x7f7f_7f7f_7f7f_7f7f;
+                    value = (value & 0x007f_007f_007f_007f) | ((value & 0x7f00_7f00_7f00_7f00) >> 1);
+                    value = (value & 0x0000_3fff_0000_3fff) | ((value & 0x3fff_0000_3fff_0000) >> 2);
+                    (value & 0x0000_0000_0fff_ffff) | ((value & 0x0fff_ffff_0000_0000) >> 4)
+                };
                 self.pos += (ends.trailing_zeros() as usize + 1) / 8;
                 return Ok(value);
             }
