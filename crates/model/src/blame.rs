@@ -115,7 +115,8 @@ pub(crate) struct BlameVisitor {
     seen: usize,
     ledger: Option<(u64, Ledger)>,
     stacks: FxHashMap<u32, Vec<u64>>,
-    allocated: FxHashMap<u32, u64>,
+    /// Bytes allocated per stack id (dense from 1, as the replay numbers them).
+    allocated: Vec<u64>,
     modules: Vec<Module>,
 }
 
@@ -123,7 +124,11 @@ impl BlameVisitor {
     pub(crate) fn apply(&mut self, event: &ThreadEvent) -> Change {
         let e = &event.event;
         if e.addr != 0 && e.kind().is_allocation() {
-            *self.allocated.entry(e.stack).or_default() += e.size;
+            let stack = e.stack as usize;
+            if stack >= self.allocated.len() {
+                self.allocated.resize(stack + 1, 0);
+            }
+            self.allocated[stack] += e.size;
         }
         self.state.apply(event)
     }
@@ -197,8 +202,8 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     for (_, block) in v.state.live.blocks() {
         totals.entry(block.stack).or_default().leaked_bytes += block.size;
     }
-    for (&stack, &bytes) in &v.allocated {
-        if let Some(t) = totals.get_mut(&stack) {
+    for (stack, &bytes) in v.allocated.iter().enumerate() {
+        if let Some(t) = totals.get_mut(&(stack as u32)) {
             t.allocated_bytes += bytes;
         }
     }

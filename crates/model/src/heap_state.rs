@@ -12,6 +12,7 @@ use rustc_hash::FxHashSet;
 
 /// Granularity of "this region held heap blocks": 2 MiB.
 const REGION_SHIFT: u32 = 21;
+const RECENT_REGIONS: usize = 32;
 
 #[derive(Debug, Default)]
 pub struct HeapState {
@@ -21,7 +22,10 @@ pub struct HeapState {
     /// Live anonymous mappings the program made with mmap: start → end.
     program_mappings: BTreeMap<u64, u64>,
     block_regions: FxHashSet<u64>,
-    last_region: u64,
+    /// Regions known to be in `block_regions`, direct-mapped (region + 1,
+    /// 0 for none): inserting each allocation's region into the set cost
+    /// 38 instructions an allocation on a heap spread over a few regions.
+    recent_regions: [u64; RECENT_REGIONS],
     /// What the Go runtime reported (METRICS of source `go`), taken in as
     /// snapshots are reached.
     pub go: std::cell::RefCell<crate::go::GoState>,
@@ -71,12 +75,15 @@ impl HeapState {
                     // An allocator that maps its memory through libc's mmap
                     // (jemalloc, tcmalloc, mimalloc) shows up as a program
                     // mmap until the first block lands in it.
-                    if let Some((start, _)) = self.program_mapping_at(e.addr) {
+                    if !self.program_mappings.is_empty()
+                        && let Some((start, _)) = self.program_mapping_at(e.addr)
+                    {
                         self.program_mappings.remove(&start);
                     }
                     let region = e.addr >> REGION_SHIFT;
-                    if region != self.last_region {
-                        self.last_region = region;
+                    let recent = &mut self.recent_regions[region as usize % RECENT_REGIONS];
+                    if *recent != region + 1 {
+                        *recent = region + 1;
                         self.block_regions.insert(region);
                     }
                 }
