@@ -121,6 +121,7 @@ pub(crate) struct BlameVisitor {
 }
 
 impl BlameVisitor {
+    #[inline]
     pub(crate) fn apply(&mut self, event: &ThreadEvent) -> Change {
         let e = &event.event;
         if e.addr != 0 && e.kind().is_allocation() {

@@ -463,6 +463,7 @@ impl Visitor for NumaVisitor {
         self.stacks.insert(id, frames.to_vec());
     }
 
+    #[inline]
     fn event(&mut self, event: &ThreadEvent) {
         let pair = (event.thread, event.event.cpu);
         if self.last_thread_cpu != Some(pair) {
