@@ -74,6 +74,7 @@ impl<V: Copy + Default> AddressTable<V> {
         Group::load(&self.ctrl[pos..pos + GROUP])
     }
 
+    #[inline(always)]
     fn set_ctrl(&mut self, i: usize, byte: u8) {
         self.ctrl[i] = byte;
         if i < GROUP {
