@@ -78,6 +78,7 @@ pub struct WalkMemo {
 impl WalkMemo {
     /// A capture begins: forgets a walk nobody remembered, counts the
     /// capture, and says whether to remember (false while paused).
+    #[inline]
     pub fn begin(&mut self) -> bool {
         if let Some(unclaimed) = self.pending.take() {
             self.spare = unclaimed.reads;
