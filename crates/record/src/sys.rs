@@ -84,18 +84,17 @@ pub mod agent_ranges {
     /// thread that allocated then waited on the writer.)
     pub fn copy_into(out: &mut alloc::vec::Vec<(u64, u64)>) {
         loop {
-            let len = {
+            let needed = {
                 let _guard = LOCK.lock();
-                unsafe { (*TABLE.0.get()).len }
+                let table = unsafe { &*TABLE.0.get() };
+                if out.capacity() - out.len() >= table.len {
+                    out.extend_from_slice(&table.ranges[..table.len]);
+                    return;
+                }
+                table.len
             };
-            out.reserve(len);
-            let _guard = LOCK.lock();
-            let table = unsafe { &*TABLE.0.get() };
-            // Ranges added meanwhile: make room again.
-            if out.capacity() - out.len() >= table.len {
-                out.extend_from_slice(&table.ranges[..table.len]);
-                return;
-            }
+            // Ranges may be added meanwhile: the loop checks the room again.
+            out.reserve(needed);
         }
     }
 
