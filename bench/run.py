@@ -47,12 +47,15 @@ DEBIAN_PACKAGE = {
 
 C_WORKLOADS = ["churn", "threads", "deep", "big"]
 
-# --quick divides the workload sizes by this, to keep the suite at 2-3 minutes. Not more:
-# heaptrack's fixed start-up (~0.15 s) would then dominate its ratios.
-QUICK_DIVISOR = 5
-# --smoke divides them by this: every workload and tool runs once in well under a minute, to
-# check that the suite works (the tests run it), not to measure anything.
-SMOKE_DIVISOR = 100
+# Per size: what the workload sizes are divided by, measured rounds, perf runs, analysis runs.
+# --quick keeps the suite at 2-3 minutes; its divisor goes no higher because heaptrack's fixed
+# start-up (~0.15 s) would then dominate its ratios. --smoke runs every workload and tool once
+# in well under a minute, to check that the suite works (the tests run it), not to measure.
+SIZES = {
+    "full": {"divisor": 1, "repeat": 5, "perf_runs": 3, "analysis_runs": 3},
+    "quick": {"divisor": 5, "repeat": 3, "perf_runs": 1, "analysis_runs": 1},
+    "smoke": {"divisor": 100, "repeat": 1, "perf_runs": 1, "analysis_runs": 1},
+}
 
 
 @dataclass
@@ -615,7 +618,7 @@ def describe_machine(args, setup):
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
-        "sizes": args.sizes, "quick": args.quick, "repeat": args.repeat, "perf_runs": args.perf_runs if setup.perf_ok else 0,
+        "sizes": args.sizes, "repeat": args.repeat, "perf_runs": args.perf_runs if setup.perf_ok else 0,
         "memgap": str(setup.memgap) if setup.memgap else None,
         "memgap_commit": command_output(["git", "rev-parse", "--short", "HEAD"]) or "?",
         "memgap_variants": [tool.name for tool in setup.memgap_tools],
@@ -628,10 +631,10 @@ def describe_machine(args, setup):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sizes = parser.add_mutually_exclusive_group()
-    sizes.add_argument("--quick", action="store_true", help="smaller workloads: the suite takes ~2-3 minutes")
-    sizes.add_argument("--smoke", action="store_true",
-                       help="tiny workloads, one round: checks that the suite runs, measures nothing")
+    size_group = parser.add_mutually_exclusive_group()
+    size_group.add_argument("--quick", action="store_true", help="smaller workloads: the suite takes ~2-3 minutes")
+    size_group.add_argument("--smoke", action="store_true",
+                            help="tiny workloads, one round: checks that the suite runs, measures nothing")
     parser.add_argument("--repeat", type=int, help="measured rounds per workload (default 5, quick 3, smoke 1)")
     parser.add_argument("--only", help="comma-separated workloads, e.g. churn,deep")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="where latest.md/json go")
@@ -641,17 +644,17 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep the work directory (binaries, logs)")
     args = parser.parse_args()
     args.sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
-    divisor = {"smoke": SMOKE_DIVISOR, "quick": QUICK_DIVISOR, "full": 1}[args.sizes]
-    args.repeat = args.repeat or {"smoke": 1, "quick": 3, "full": 5}[args.sizes]
-    args.perf_runs = args.perf_runs or (3 if args.sizes == "full" else 1)
-    analysis_runs = 3 if args.sizes == "full" else 1
+    sizes = SIZES[args.sizes]
+    args.repeat = args.repeat or sizes["repeat"]
+    args.perf_runs = args.perf_runs or sizes["perf_runs"]
+    analysis_runs = sizes["analysis_runs"]
 
     setup = check_environment(args.memgap.resolve())
     for note in setup.notes:
         print(f"bench: {note}", file=sys.stderr)
     work_dir = Path(tempfile.mkdtemp(prefix="memgap-bench-"))
     try:
-        workloads = build(work_dir / "build", divisor, setup)
+        workloads = build(work_dir / "build", sizes["divisor"], setup)
         if args.only:
             wanted = set(args.only.split(","))
             unknown = wanted - {w.name for w in workloads}
