@@ -9,10 +9,10 @@ mod progress;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "memgap", version, about = "Explains why a process's RSS is far above the memory its program thinks it holds")]
+#[command(name = "memgap", version = version_line(), about = "Explains why a process's RSS is far above the memory its program thinks it holds")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -36,6 +36,18 @@ enum Command {
     Report(commands::report::Args),
     Numa(commands::numa::Args),
     Ghc(commands::ghc::Args),
+    Man(commands::man::ManArgs),
+    Completions(commands::man::CompletionsArgs),
+}
+
+/// `memgap --version`: the release, the commit it was built from, and the
+/// trace format it writes.
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        use memgap_trace::framing::{VERSION_MAJOR, VERSION_MINOR};
+        format!("{} (commit {}, trace format {VERSION_MAJOR}.{VERSION_MINOR})", env!("CARGO_PKG_VERSION"), env!("MEMGAP_COMMIT"))
+    })
 }
 
 fn main() -> ExitCode {
@@ -59,6 +71,8 @@ fn main() -> ExitCode {
         Command::Report(args) => commands::report::run(args),
         Command::Numa(args) => commands::numa::run(args),
         Command::Ghc(args) => commands::ghc::run(args),
+        Command::Man(args) => commands::man::man(args, Cli::command()),
+        Command::Completions(args) => commands::man::completions(args, Cli::command()),
     };
     match result {
         Ok(code) => code,

@@ -4,6 +4,7 @@ pub mod compare;
 pub mod export;
 pub mod ghc;
 pub mod ledger;
+pub mod man;
 pub mod map;
 pub mod numa;
 pub mod report;
