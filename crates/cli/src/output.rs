@@ -107,29 +107,16 @@ fn columns(text: &str) -> usize {
     count
 }
 
-/// Writes a file memgap made from a trace (a report, an export): beside its
-/// target first, then renamed, so no half-written file is left; readable by
-/// its owner only (mode 0600), since it holds addresses, command lines and
-/// symbol names.
+/// Writes a file memgap made from a trace (a report, an export): into a new
+/// private file (mode 0600: it holds addresses, command lines and symbol
+/// names) beside its target, then renamed onto it, so no half-written file
+/// is left and nothing planted at the name is followed; see
+/// [`memgap_trace::files::write_replacing`].
 pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use std::os::unix::fs::OpenOptionsExt;
-    let partial = path.with_extension("partial");
-    let written = std::fs::File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&partial)
-        .and_then(|mut file| {
-            // A file left by an earlier run keeps its mode on open: set it.
-            use std::os::unix::fs::PermissionsExt;
-            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            file.write_all(bytes)
-        });
-    written.with_context(|| format!("cannot write {}", partial.display()))?;
-    std::fs::rename(&partial, path).with_context(|| format!("cannot write {}", path.display()))
+    memgap_trace::files::write_replacing(path, |file| file.write_all(bytes)).map_err(|error| match error.kind() {
+        ErrorKind::AlreadyExists => anyhow::anyhow!("{error}"),
+        _ => anyhow::anyhow!("cannot write {}: {error}", path.display()),
+    })
 }
 
 #[cfg(test)]

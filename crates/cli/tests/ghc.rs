@@ -124,6 +124,48 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
     assert!(take.ghc["verdict"]["lazy_free"].as_bool().unwrap(), "{}", take.ghc["verdict"]);
 }
 
+/// The GHC RTS takes its options from GHCRTS split at whitespace, with no
+/// quoting: a trace in a directory whose path has a space (and a quote)
+/// must not break the program, and the eventlog kept beside the trace is
+/// private, whatever the umask.
+#[test]
+fn a_directory_with_a_space_and_a_careless_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_tmp, base) = tempdir();
+    let dir = base.join("a dir's name");
+    std::fs::create_dir(&dir).unwrap();
+    let Some(exe) = ghc_program(&dir) else { return };
+    let plain = run_plain(&dir, arg(&exe), &["strip", "20000"]);
+    assert!(plain.status.success());
+    // SAFETY: umask only changes this test process's creation mask; the
+    // other tests of this file create nothing whose mode they check.
+    let old = unsafe { libc::umask(0) };
+    let out = memgap(&dir, &["run", "-o", "t.mgt", "--", arg(&exe), "strip", "20000"]);
+    unsafe { libc::umask(old) };
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("unexpected RTS argument"), "{stderr}");
+    assert_eq!(out.stdout, plain.stdout);
+    for name in ["t.mgt", "t.eventlog"] {
+        let mode = std::fs::metadata(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}\n{stderr}")).permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+    }
+    let ledger = memgap(&dir, &["ledger", "t.mgt", "--json"]);
+    assert!(ledger.status.success(), "{}", text(&ledger.stderr));
+    let json: Value = serde_json::from_slice(&ledger.stdout).unwrap();
+    assert!(json["ghc"]["timeline"].as_array().is_some_and(|t| !t.is_empty()), "{}", json["ghc"]);
+
+    // The name the eventlog would be kept under is taken: refused before
+    // the program starts, and the symlink's target is untouched.
+    let victim = base.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join("u.eventlog")).unwrap();
+    let line = assert_one_line_failure(&memgap(&dir, &["run", "-o", "u.mgt", "--", arg(&exe), "strip", "20000"]));
+    assert!(line.contains("u.eventlog") && line.contains("symlink"), "{line}");
+    assert!(!dir.join("u.mgt").exists());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
 #[test]
 fn an_existing_eventlog_with_rss_samples() {
     let (_tmp, dir) = tempdir();

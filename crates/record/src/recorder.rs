@@ -147,9 +147,15 @@ fn open_trace(config: &Config, top: bool) -> bool {
     let read = unsafe { libc::pread(fd, existing.as_mut_ptr() as *mut c_void, existing.len(), 0) };
     let continues = read == existing.len() as isize && FileHeader::decode(&existing).is_ok_and(|h| h.run_id == config.run_id);
     let mut bytes = Vec::new();
+    if !continues && stat.st_size != 0 {
+        // Not this run's file (an earlier run's, or anything else): never
+        // written over. An empty one is the file `memgap run` made for us.
+        sys::log(&[b"not recording: ", &path, b" already exists"]);
+        unsafe { libc::close(fd) };
+        return false;
+    }
     if !continues {
-        // A stale file from an earlier run keeps its mode on open.
-        unsafe { libc::ftruncate(fd, 0) };
+        // The umask may have taken bits off the mode asked for.
         unsafe { libc::fchmod(fd, 0o600) };
         bytes.extend_from_slice(&FileHeader::new(config.run_id).encode());
     }

@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::TraceError;
@@ -263,16 +264,30 @@ fn chunk_end(bytes: &[u8], offset: usize) -> Option<usize> {
 /// left by a killed writer so the new chunk stays readable. Walks chunk
 /// headers only, so a multi-gigabyte trace costs a page per chunk, not a
 /// read of the file. Returns whether a partial chunk was cut.
+///
+/// Opens `path` as it is (no symlink followed); a caller that knows which
+/// file its run created uses [`append_chunk_to`] on the file it opened with
+/// [`crate::files::open_created`].
 pub fn append_chunk(path: &Path, raw: &[u8]) -> Result<bool, TraceError> {
     let io_err = |e: io::Error| TraceError::Io { path: path.to_path_buf(), source: e };
-    let mut file = File::options().read(true).write(true).open(path).map_err(io_err)?;
+    let mut file = File::options().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(io_err)?;
+    append_chunk_to(&mut file, path, raw)
+}
+
+/// [`append_chunk`] on an open file (`path` only names it in errors).
+pub fn append_chunk_to(file: &mut File, path: &Path, raw: &[u8]) -> Result<bool, TraceError> {
+    let io_err = |e: io::Error| TraceError::Io { path: path.to_path_buf(), source: e };
+    if !file.metadata().map_err(io_err)?.file_type().is_file() {
+        return Err(TraceError::NotATrace);
+    }
+    file.seek(SeekFrom::Start(0)).map_err(io_err)?;
     let len = file.metadata().map_err(io_err)?.len() as usize;
     let end = {
         let mut header = [0u8; FILE_HEADER_LEN];
         let got = file.read(&mut header).map_err(io_err)?;
         FileHeader::decode(&header[..got])?;
         // SAFETY: the file is not written by anyone else while we append.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
+        let map = unsafe { memmap2::Mmap::map(&*file) }.map_err(io_err)?;
         let mut offset = FILE_HEADER_LEN;
         while let Some(next) = chunk_end(&map, offset) {
             offset = next;

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod event;
+pub mod files;
 pub mod framing;
 pub mod numa;
 pub mod reader;

@@ -1,6 +1,5 @@
 //! Opens a trace file and walks its chunks, verifying each.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -18,14 +17,16 @@ pub struct TraceFile {
 impl TraceFile {
     pub fn open(path: &Path) -> Result<TraceFile, TraceError> {
         let io_err = |source| TraceError::Io { path: path.to_path_buf(), source };
-        let file = File::open(path).map_err(io_err)?;
+        // A FIFO or a device would block or never end: only regular files.
+        let file = crate::files::open_regular(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
-        if meta.is_dir() {
-            return Err(TraceError::NotATrace);
-        }
         if meta.len() == 0 {
             return Err(TraceError::Empty);
         }
+        // The magic bytes first: a big file of something else is not mapped.
+        let mut magic = [0u8; FILE_HEADER_LEN];
+        let got = std::os::unix::fs::FileExt::read_at(&file, &mut magic, 0).map_err(io_err)?;
+        FileHeader::decode(&magic[..got])?;
         // SAFETY: traces are append-only; a concurrent writer only adds bytes
         // past the length mapped here.
         let bytes = unsafe { Mmap::map(&file) }.map_err(io_err)?;

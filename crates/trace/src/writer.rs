@@ -4,10 +4,10 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::TraceError;
+use crate::files;
 use crate::framing::{FileHeader, encode_chunk};
 use crate::records::Record;
 
@@ -21,12 +21,18 @@ pub struct TraceWriter {
 }
 
 impl TraceWriter {
-    /// Creates (or truncates) `path`, mode 0600: traces hold addresses,
-    /// command lines and symbol names.
+    /// Creates `path`, which must not exist, mode 0600 whatever the umask
+    /// (traces hold addresses, command lines and symbol names); see
+    /// [`crate::files::create_new`].
     pub fn create(path: &Path, run_id: u64) -> Result<TraceWriter, TraceError> {
-        let io_err = |source| TraceError::Io { path: path.to_path_buf(), source };
-        let mut file = File::options().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io_err)?;
-        file.write_all(&FileHeader::new(run_id).encode()).map_err(io_err)?;
+        let (file, _) = files::create_new(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
+        TraceWriter::from_created(file, path, run_id)
+    }
+
+    /// Writes the trace into `file`, a new empty file made for it (by
+    /// [`crate::files::create_new`]) at `path`.
+    pub fn from_created(mut file: File, path: &Path, run_id: u64) -> Result<TraceWriter, TraceError> {
+        file.write_all(&FileHeader::new(run_id).encode()).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
         Ok(TraceWriter { file, path: path.to_path_buf(), raw: Vec::new(), chunk: Vec::new() })
     }
 

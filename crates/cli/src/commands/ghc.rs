@@ -13,10 +13,12 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use memgap_model::ghc::{GhcInput, report};
 use memgap_source_ghc::{detect, eventlog, metrics, rts_text};
+use memgap_trace::files::{self, PrivateDir};
 use memgap_trace::framing;
 use memgap_trace::records::{Metrics, Record, Records};
 
 use crate::output;
+use super::run::RunTraces;
 
 /// The GHC ledger of an existing eventlog (`+RTS -l`): live data, blocks
 /// not live, free blocks in megablocks, non-heap memory, GCs per
@@ -35,7 +37,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.eventlog.display().to_string();
-    let bytes = std::fs::read(&args.eventlog).with_context(|| name.clone())?;
+    let bytes = read_eventlog(&args.eventlog).with_context(|| name.clone())?;
     let log = eventlog::parse(&bytes).with_context(|| name.clone())?;
     if log.truncated {
         eprintln!("memgap: {name} is cut short after {} bytes (the program is running or was killed); reading the events before the cut", log.complete_bytes);
@@ -88,7 +90,10 @@ fn read_rss_samples(path: &Path) -> anyhow::Result<(Series, Series)> {
 
 /// The GHC side of one `memgap run`.
 pub struct Recording {
+    /// Where the RTS writes the eventlog: a name in a private directory of
+    /// memgap's, which nobody else can plant anything in.
     eventlog: PathBuf,
+    private: PrivateDir,
     /// The user asked the RTS for `-s`/`-S`/`-Dg` on stderr: memgap copies
     /// the program's stderr through unchanged and reads the figures.
     capture_stderr: bool,
@@ -116,9 +121,19 @@ impl Recording {
             }
             return None;
         }
-        let stem = pattern.file_stem().map(|s| s.to_string_lossy().replace("%p", "")).unwrap_or_default();
-        let dir = pattern.parent().unwrap_or(Path::new("."));
-        let eventlog = dir.join(format!("{stem}.{}.ghc.eventlog", std::process::id()));
+        // The RTS splits GHCRTS at whitespace and knows no quoting: the
+        // directory's path has none.
+        let private = match PrivateDir::in_temp_without_spaces("memgap-ghc-") {
+            Ok(private) => private,
+            Err(error) => {
+                if !quiet {
+                    eprintln!("memgap: no GHC eventlog: cannot make a private directory for it: {error}");
+                }
+                return None;
+            }
+        };
+        let _ = pattern;
+        let eventlog = private.path().join("ghc.eventlog");
         let user = std::env::var("GHCRTS").unwrap_or_default();
         command.env("GHCRTS", format!("-l -ol{} {user}", eventlog.display()).trim_end());
         let args: Vec<String> = argv[1..].iter().map(|a| a.to_string_lossy().into_owned()).collect();
@@ -129,7 +144,7 @@ impl Recording {
             command.stderr(Stdio::piped());
         }
         let debug_tracing = options.iter().any(|o| o.starts_with("-D"));
-        Some(Recording { eventlog, capture_stderr, debug_tracing, stderr_copy: None })
+        Some(Recording { eventlog, private, capture_stderr, debug_tracing, stderr_copy: None })
     }
 
     /// After spawning: copies the program's stderr to ours byte for byte,
@@ -162,16 +177,17 @@ impl Recording {
     }
 
     /// After the program ended: appends the eventlog's figures to the trace
-    /// and keeps the eventlog beside it as `<trace stem>.eventlog`.
-    pub fn finish(mut self, trace: &Path, quiet: bool) {
+    /// and keeps the eventlog beside it as `<trace stem>.eventlog` (a new
+    /// private file; the RTS's own goes with memgap's private directory).
+    pub fn finish(mut self, traces: &RunTraces, quiet: bool) {
+        let trace = &traces.path(traces.top_pid);
         let stderr_tail = self.stderr_copy.take().and_then(|h| h.join().ok()).unwrap_or_default();
         let say = |text: String| {
             if !quiet {
                 eprintln!("memgap: {text}");
             }
         };
-        if !trace.is_file() {
-            let _ = std::fs::remove_file(&self.eventlog);
+        if traces.open(traces.top_pid).is_none() {
             return;
         }
         let Some((start_monotonic, start_realtime)) = process_start(trace) else {
@@ -179,7 +195,7 @@ impl Recording {
         };
         let mut records = Vec::new();
         let mut end_ns = start_monotonic;
-        match std::fs::read(&self.eventlog).map_err(|e| e.to_string()).and_then(|bytes| eventlog::parse(&bytes).map_err(|e| e.to_string())) {
+        match read_eventlog(&self.eventlog).map_err(|e| e.to_string()).and_then(|bytes| eventlog::parse(&bytes).map_err(|e| e.to_string())) {
             Ok(log) => {
                 if log.truncated {
                     say(format!("the GHC eventlog is cut short after {} bytes (the program was killed?); using the events before the cut", log.complete_bytes));
@@ -201,16 +217,17 @@ impl Recording {
         if records.is_empty() {
             return;
         }
-        if let Err(error) = append(trace, &records) {
+        if let Err(error) = append(traces, &records) {
             return say(format!("cannot add the GHC eventlog to {}: {error}", trace.display()));
         }
         let kept = trace.with_extension("eventlog");
-        if self.eventlog.is_file() {
-            match std::fs::rename(&self.eventlog, &kept) {
+        if let Ok(mut from) = files::open_regular(&self.eventlog) {
+            match files::write_replacing(&kept, |to| std::io::copy(&mut from, to).map(|_| ())) {
                 Ok(()) => say(format!("GHC eventlog: {} ({} GCs added to the trace)", kept.display(), records.iter().filter(|m| m.kind == "gc").count())),
-                Err(_) => say(format!("GHC eventlog: {}", self.eventlog.display())),
+                Err(error) => say(format!("GHC eventlog not kept ({} GCs added to the trace): {error}", records.iter().filter(|m| m.kind == "gc").count())),
             }
         }
+        drop(self.private);
         if let Some(report) = of_trace(trace).filter(|_| !quiet) {
             eprint!("{}", memgap_views::ghc::brief(&report));
         }
@@ -233,17 +250,36 @@ fn process_start(trace: &Path) -> Option<(u64, u64)> {
     found
 }
 
-/// Appends records in chunks of about 1 MiB (a chunk holds at most 16 MiB).
-fn append(trace: &Path, records: &[Metrics]) -> Result<(), memgap_trace::TraceError> {
+/// Appends records to the top trace in chunks of about 1 MiB (a chunk holds
+/// at most 16 MiB).
+fn append(traces: &RunTraces, records: &[Metrics]) -> Result<(), String> {
+    let Some((path, mut file)) = traces.open(traces.top_pid) else {
+        return Err("not a trace this run wrote".into());
+    };
     let mut raw = Vec::new();
     for (i, metrics) in records.iter().enumerate() {
         Record::Metrics(metrics.clone()).encode(&mut raw);
         if raw.len() >= 1 << 20 || i + 1 == records.len() {
-            framing::append_chunk(trace, &raw)?;
+            framing::append_chunk_to(&mut file, &path, &raw).map_err(|e| e.to_string())?;
             raw.clear();
         }
     }
     Ok(())
+}
+
+/// An eventlog's bytes: a regular file only (a FIFO or a device would
+/// block or never end), its magic bytes checked before the rest is read.
+fn read_eventlog(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = files::open_regular(path)?;
+    let mut magic = [0u8; 4];
+    let got = std::io::Read::read(&mut file, &mut magic)?;
+    if &magic[..got] != b"hdrb" {
+        let reason = eventlog::parse(&magic[..got]).err().map_or_else(|| "not a GHC eventlog".to_string(), |e| e.to_string());
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, reason));
+    }
+    let mut bytes = magic.to_vec();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// The GHC report of a trace, for the ledger and report views; None when

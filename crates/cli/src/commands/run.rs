@@ -18,6 +18,9 @@ use crate::agent;
 mod go;
 mod numa;
 mod ruby;
+mod traces;
+
+pub(crate) use traces::RunTraces;
 
 /// Record every heap event of CMD (and of the programs it starts) into a trace.
 #[derive(clap::Args)]
@@ -115,11 +118,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
-    let ruby = if args.trim_only { None } else { ruby::RubySampler::prepare(&mut command, run_id, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
+    let ruby = if args.trim_only { None } else { ruby::RubySampler::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
 
     let sampling = match args.numa && !args.trim_only {
         true => Some(numa::prepare(&mut command).context("cannot prepare NUMA sampling")?),
         false => None,
+    };
+    // Last before the start: a name already taken stops everything here.
+    let mut outputs = Vec::new();
+    if args.report {
+        outputs.push(super::report::default_output(&pattern));
+    }
+    if ghc.is_some() {
+        outputs.push(pattern.with_extension("eventlog"));
+    }
+    if let Err(line) = traces::outputs_free(&pattern, &outputs) {
+        return Ok(refuse(&line));
+    }
+    let reservation = match args.trim_only {
+        true => None,
+        false => match traces::reserve(&mut command, &pattern) {
+            Ok(reservation) => Some(reservation),
+            Err(line) => return Ok(refuse(&line)),
+        },
     };
     forward_signals();
     let spawned = command.spawn();
@@ -128,8 +149,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut child = match spawned {
         Ok(child) => child,
-        Err(error) => return Ok(spawn_failed(&args.command[0], &error)),
+        Err(error) => match reservation.and_then(|r| r.spawn_failed(&error, |pid| trace_path(&pattern, pid, true))) {
+            Some(line) => return Ok(refuse(&line)),
+            None => return Ok(spawn_failed(&args.command[0], &error)),
+        },
     };
+    let top_identity = reservation.and_then(traces::Reservation::started);
     child_started(child.id());
     if let Some(ghc) = ghc.as_mut() {
         ghc.started(&mut child);
@@ -146,20 +171,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let top_pid = child.id();
     let trace = trace_path(&pattern, top_pid, true);
+    let traces = traces::RunTraces { pattern: &pattern, run_id, top_pid, top_identity };
     if let Some(ruby) = ruby {
-        ruby.finish(|pid| trace_path(&pattern, pid, pid == top_pid));
+        ruby.finish(&traces);
     }
-    let recorded = trace.is_file();
+    let recorded = traces.open(top_pid).is_some();
     let samples = sampling.map(numa::Sampling::finish);
     if recorded {
-        numa::write(samples, &trace, top_pid, |pid| trace_path(&pattern, pid, pid == top_pid), args.quiet);
+        numa::write(samples, &traces, args.quiet);
         // A full disk must not change the exit status memgap passes on.
-        if let Err(error) = framing::append_chunk(&trace, &encode(&Record::Exit(Exit { exit_code, signal }))) {
+        if let Err(error) = traces.append(top_pid, &encode(&Record::Exit(Exit { exit_code, signal }))) {
             eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display());
         }
+    } else {
+        traces.remove_empty_top();
     }
     if let Some(ghc) = ghc {
-        ghc.finish(&trace, args.quiet);
+        ghc.finish(&traces, args.quiet);
     }
     if !args.quiet {
         report(&trace, recorded, &pattern, run_id, &args.command[0]);
@@ -173,6 +201,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(exit_code.clamp(0, 255) as u8))
+}
+
+/// memgap refuses to start the program: one line, exit status 1.
+fn refuse(line: &str) -> ExitCode {
+    eprintln!("memgap: {line}");
+    ExitCode::from(1)
 }
 
 fn encode(record: &Record) -> Vec<u8> {

@@ -22,7 +22,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut request = trace.clone().into_os_string();
     request.push(".snap");
     let request = PathBuf::from(request);
-    std::fs::write(&request, b"").with_context(|| format!("cannot ask for a snapshot: cannot create {}", request.display()))?;
+    // A new file of ours: a name planted there (or a request still pending)
+    // is refused, never followed.
+    match memgap_trace::files::create_new(&request) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            bail!("cannot ask for a snapshot: {} already exists (another `memgap snap` waiting, or not memgap's file); remove it if it is stale", request.display())
+        }
+        Err(e) => bail!("cannot ask for a snapshot: cannot create {}: {e}", request.display()),
+    }
     let deadline = Instant::now() + Duration::from_secs_f64(args.timeout.max(0.1));
     while request.exists() {
         if Instant::now() > deadline || !PathBuf::from(format!("/proc/{}", args.pid)).exists() {

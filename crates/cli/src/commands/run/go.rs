@@ -90,13 +90,22 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
             Ok(())
         });
     }
+    // A name already taken stops everything before the program starts.
+    let reservation = match super::traces::reserve(&mut command, pattern) {
+        Ok(reservation) => reservation,
+        Err(line) => return Ok(super::refuse(&line)),
+    };
     let start_ns = monotonic_ns();
     let start_realtime_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     super::forward_signals();
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(error) => return Ok(super::spawn_failed(&args.command[0], &error)),
+        Err(error) => match reservation.spawn_failed(&error, |pid| super::trace_path(pattern, pid, true)) {
+            Some(line) => return Ok(super::refuse(&line)),
+            None => return Ok(super::spawn_failed(&args.command[0], &error)),
+        },
     };
+    let identity = reservation.started();
     drop((helper_write, ack_read));
     let pid = child.id();
     super::child_started(pid);
@@ -110,7 +119,11 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     std::mem::forget(child);
 
     let trace_path = super::trace_path(pattern, pid, true);
-    let mut writer = TraceWriter::create(&trace_path, run_id).with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
+    let file = identity
+        .ok_or_else(|| std::io::Error::other("the program started without its trace"))
+        .and_then(|identity| memgap_trace::files::open_created(&trace_path, identity))
+        .with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
+    let mut writer = TraceWriter::from_created(file, &trace_path, run_id).with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| args.command[0].to_string_lossy().into_owned());
     let process = Process {
         pid,

@@ -108,12 +108,13 @@ impl Sampling {
 
 /// Appends this machine's topology and (with `--numa`) the samples to the
 /// traces of the run: each process's samples to its own trace.
-pub fn write(samples: Option<Result<MemorySamples, String>>, top: &Path, top_pid: u32, trace_of: impl Fn(u32) -> std::path::PathBuf, quiet: bool) {
+pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::traces::RunTraces, quiet: bool) {
+    let top_pid = traces.top_pid;
     let topology = memgap_source_numa::topology::this_machine();
     let mut raw = Vec::new();
     Record::Topology(topology.to_record()).encode(&mut raw);
-    if let Err(error) = framing::append_chunk(top, &raw) {
-        eprintln!("memgap: cannot add the NUMA topology to {}: {error}", top.display());
+    if let Err(error) = traces.append(top_pid, &raw) {
+        eprintln!("memgap: cannot add the NUMA topology: {error}");
     }
     let batch = match samples {
         None => return,
@@ -137,10 +138,7 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, top: &Path, top_pid
     }
     by_pid.entry(top_pid).or_default();
     for (pid, samples) in by_pid {
-        let path = if pid == top_pid { top.to_path_buf() } else { trace_of(pid) };
-        if !path.is_file() {
-            continue;
-        }
+        let Some((path, mut file)) = traces.open(pid) else { continue };
         let mut pieces: Vec<&[memgap_trace::numa::MemorySample]> = samples.chunks(SAMPLES_PER_RECORD).collect();
         if pieces.is_empty() {
             pieces.push(&[]);
@@ -158,7 +156,7 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, top: &Path, top_pid
             };
             let mut raw = Vec::new();
             Record::MemorySamples(record).encode(&mut raw);
-            if let Err(error) = framing::append_chunk(&path, &raw) {
+            if let Err(error) = framing::append_chunk_to(&mut file, &path, &raw) {
                 eprintln!("memgap: cannot add NUMA samples to {}: {error}", path.display());
                 break;
             }
