@@ -1,0 +1,129 @@
+"""Checks the two-node guest's `memgap numa --json` results against the
+placement each scenario forces (see run.sh), and prints the result table.
+
+    python3 check.py RESULTS    # the guest's second serial port, as run.sh saved it
+"""
+import json
+import sys
+
+MIB = 1 << 20
+
+
+def parse(path):
+    """{scenario: (status, report)} from the '=== …' framed results."""
+    out, name, lines, status = {}, None, None, {}
+    for line in open(path, encoding="utf-8", errors="replace"):
+        line = line.rstrip("\r\n")
+        if line.startswith("=== STATUS "):
+            _, _, scenario, code = line.split(" ")
+            status[scenario] = int(code)
+        elif line.startswith("=== JSON "):
+            name, lines = line.split(" ", 2)[2], []
+        elif line.startswith("=== END ") and name is not None:
+            text = "\n".join(lines).strip()
+            out[name] = (status.get(name), json.loads(text) if text else None)
+            name = None
+        elif name is not None:
+            lines.append(line)
+    return out
+
+
+failures = []
+
+
+def expect(scenario, what, ok, measured):
+    if not ok:
+        failures.append(f"{scenario}: expected {what}, measured {measured}")
+
+
+def column_share(matrix, column):
+    total = sum(sum(row) for row in matrix)
+    return sum(row[column] for row in matrix) / total if total else None
+
+
+def check(results):
+    rows = []
+    for scenario in ("remote", "local", "interleave", "readers"):
+        if scenario not in results:
+            failures.append(f"{scenario}: no result from the guest")
+            continue
+        status, r = results[scenario]
+        expect(scenario, "memgap run to exit 0", status == 0, status)
+        if r is None:
+            failures.append(f"{scenario}: memgap numa printed no JSON")
+            continue
+        expect(scenario, "two nodes", len(r["nodes"]) == 2, r["nodes"])
+        expect(scenario, "a placement", r["placement_unavailable_reason"] is None, r["placement_unavailable_reason"])
+        m = r["allocation_matrix_bytes"]
+        resident = r["resident_bytes_by_node"]
+        local = r["local_fraction"]
+        sampled = r.get("sampled") or {}
+        kind = sampled.get("kind")
+        expect(scenario, "memory samples", kind in ("access", "first-touch"), kind)
+        if kind == "first-touch":
+            expect(scenario, "a reason for no access sampling", bool(r["access_unavailable_reason"]), r["access_unavailable_reason"])
+            expect(scenario, "no access rate without access samples", r["numa_access_rate"] is None, r["numa_access_rate"])
+        rate = r["numa_access_rate"] if kind == "access" else sampled.get("weighted_rate_per_second")
+        if scenario == "remote":
+            # 24 MiB live, allocated from node 0's CPU, bound to node 1.
+            expected = "0"
+            expect(scenario, "the live 24 MiB in row node 0, column node 1", m[0][1] >= 24 * MIB, m)
+            expect(scenario, "nothing on node 0 (--membind=1)", m[0][0] == 0 and m[1][0] == 0 and resident[0] == 0, (m, resident))
+            expect(scenario, "local_fraction 0", local == 0.0, local)
+            expect(scenario, "the heap resident on node 1", resident[1] >= 24 * MIB, resident)
+            expect(scenario, "hot node 1", r["hot_node"] == 1, r["hot_node"])
+            expect(scenario, "samples mostly remote (node 0 CPU, node 1 page)", sampled.get("local_fraction") is not None and sampled["local_fraction"] < 0.2, sampled.get("local_fraction"))
+        elif scenario == "local":
+            expected = "1"
+            expect(scenario, "the live 24 MiB in row node 1, column node 1", m[1][1] >= 24 * MIB, m)
+            expect(scenario, "nothing on node 0 (--membind=1)", m[1][0] == 0 and m[0][0] == 0 and resident[0] == 0, (m, resident))
+            expect(scenario, "local_fraction 1", local == 1.0, local)
+            expect(scenario, "the heap resident on node 1", resident[1] >= 24 * MIB, resident)
+            expect(scenario, "hot node 1", r["hot_node"] == 1, r["hot_node"])
+            expect(scenario, "samples mostly local", sampled.get("local_fraction") is not None and sampled["local_fraction"] > 0.8, sampled.get("local_fraction"))
+        elif scenario == "interleave":
+            # 40 MiB live from node 0's CPU, pages alternating between the nodes.
+            expected = "0.5"
+            total = sum(resident)
+            expect(scenario, "the live 40 MiB placed", m[0][0] + m[0][1] >= 40 * MIB, m)
+            expect(scenario, "half the heap on each node", total > 0 and all(0.45 <= b / total <= 0.55 for b in resident), resident)
+            expect(scenario, "local_fraction about 0.5", local is not None and 0.45 <= local <= 0.55, local)
+            expect(scenario, "no node hot", r["hot_node_share"] is not None and r["hot_node_share"] <= 0.6, r["hot_node_share"])
+        else:
+            # 32 MiB written by the main thread on CPU 0, then read from both nodes.
+            expected = "1 (allocation); node 0 takes every node's reads"
+            expect(scenario, "the live 32 MiB in row node 0, column node 0", m[0][0] >= 32 * MIB, m)
+            expect(scenario, "local_fraction 1", local is not None and local >= 0.99, local)
+            # Node 1 holds only the node-1 reader's own anonymous pages (its
+            # stack; 2.1 MiB at most in the runs so far), none of the blocks.
+            expect(scenario, "the heap resident on node 0", resident[0] >= 32 * MIB and resident[1] < 4 * MIB, resident)
+            expect(scenario, "hot node 0, most of it", r["hot_node"] == 0 and r["hot_node_share"] is not None and r["hot_node_share"] >= 0.8, (r["hot_node"], r["hot_node_share"]))
+            if kind == "access":
+                access = r["access_matrix"]
+                expect(scenario, "node 0's memory taking most accesses", column_share(access, 0) >= 0.8, access)
+                expect(scenario, "node 1's CPU reading node 0 remotely", access[1][0] > 0, access)
+        rows.append((scenario, expected, local, r["hot_node"], r["hot_node_share"], r["hot_node_basis"], resident, kind, rate))
+    return rows
+
+
+def main():
+    results = parse(sys.argv[1])
+    rows = check(results)
+    print("| scenario | expected local fraction | measured local fraction | hot node (share, basis) | resident MiB by node | samples | weighted rate /s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for scenario, expected, local, hot, share, basis, resident, kind, rate in rows:
+        local_text = "-" if local is None else f"{local:.3f}"
+        share_text = "-" if share is None else f"{share:.2f}"
+        rate_text = "-" if rate is None else f"{rate:,.0f}"
+        mib = " / ".join(f"{b / MIB:.1f}" for b in resident)
+        print(f"| {scenario} | {expected} | {local_text} | {hot} ({share_text}, {basis}) | {mib} | {kind} | {rate_text} |")
+    if failures:
+        print("numa-qemu: FAILED", file=sys.stderr)
+        for failure in failures:
+            print("  " + failure, file=sys.stderr)
+        sys.exit(1)
+    print(f"numa-qemu: ok, {len(rows)} scenarios match their placement")
+
+
+if __name__ == "__main__":
+    main()
