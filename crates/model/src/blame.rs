@@ -175,6 +175,8 @@ impl Visitor for BlameVisitor {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if self.seen == self.wanted {
             self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() })));
+        } else {
+            self.state.pass_snapshot(snapshot);
         }
         self.seen += 1;
     }

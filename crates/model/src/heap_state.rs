@@ -29,6 +29,9 @@ pub struct HeapState {
     /// What the Go runtime reported (METRICS of source `go`), taken in as
     /// snapshots are reached.
     pub go: std::cell::RefCell<crate::go::GoState>,
+    /// What glibc's malloc_trim would find: tcaches, arenas' heaps, the
+    /// program's own trims.
+    pub glibc_trim: crate::glibc_trim::GlibcTrimModel,
 }
 
 impl HeapState {
@@ -44,11 +47,24 @@ impl HeapState {
     }
 
     pub fn metrics(&mut self, metrics: &memgap_trace::records::Metrics) {
+        if metrics.source == crate::trim_marks::SOURCE && metrics.kind == crate::trim_marks::KIND {
+            let bytes = |name: &str| metrics.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
+            self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
+        }
         self.go.get_mut().add(metrics);
     }
 
     pub fn thread(&mut self, thread: &Thread) {
         self.stack_hints.push(thread.stack_hint);
+        self.glibc_trim.thread_started(thread.thread);
+    }
+
+    /// A snapshot no ledger is computed at: the one after the program's own
+    /// malloc_trim still tells what that trim left.
+    pub fn pass_snapshot(&mut self, snapshot: &memgap_trace::records::Snapshot) {
+        if self.glibc_trim.trim_pending() && self.is_glibc() {
+            crate::ledger::compute(self, snapshot, crate::ledger::Detail::default());
+        }
     }
 
     pub fn apply(&mut self, event: &ThreadEvent) -> Change {
@@ -71,6 +87,9 @@ impl HeapState {
             }
             _ => {
                 let change = self.live.apply(event);
+                if self.is_glibc() {
+                    self.glibc_trim.observe(event, change);
+                }
                 if e.addr != 0 && e.kind().is_allocation() {
                     // An allocator that maps its memory through libc's mmap
                     // (jemalloc, tcmalloc, mimalloc) shows up as a program

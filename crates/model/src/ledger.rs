@@ -15,10 +15,6 @@ use crate::heap_state::HeapState;
 
 /// glibc keeps each heap in 64 MiB-aligned reservations (HEAP_MAX_SIZE).
 pub(crate) const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
-/// glibc's malloc_trim releases the pages of a free chunk from
-/// chunk + sizeof(struct malloc_chunk) (48 bytes) on; our block extents end
-/// 8 bytes into the next chunk.
-const GLIBC_TRIM_SKIP: u64 = 40;
 /// The size word in front of a glibc block belongs to it.
 const GLIBC_HEADER: u64 = 8;
 
@@ -302,11 +298,18 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         .iter()
         .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable(), addr, size: b.size, stack: b.stack })
         .collect();
+    let page = plausible_page_size(snapshot.page_size);
+    // Which free pages glibc's malloc_trim(0) would release.
+    let trim = if glibc {
+        let live: Vec<(u64, u64)> = blocks.iter().map(|b| (b.start, b.end)).collect();
+        crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, &live, page, |m| countable_by_page(m, page))
+    } else {
+        crate::glibc_trim::TrimForecast::default()
+    };
     let state = &*state;
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
 
-    let page = plausible_page_size(snapshot.page_size);
     // A program allocating fast moves RSS while the snapshot is taken. The
     // anonymous mappings, most of the sum, are read last (mincore), right
     // before VmRSS is read again: compare the rows with that reading.
@@ -375,7 +378,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
             ..HeapLedger::default()
         };
         let before = ledger.other_breakdown;
-        let (pages, taken) = account_pages(mapping, mapping_blocks, page, glibc, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
+        let (pages, taken) = account_pages(mapping, mapping_blocks, page, &trim, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
         if allocator_owned {
             share_fragmentation(mapping, mapping_blocks, page, &taken, |block, BlockShare { fragmentation, resident_live, first_page, last_page }| {
                 let bucket = 64 - block.size.max(1).leading_zeros() as usize;
@@ -542,7 +545,7 @@ fn account_pages(
     mapping: &Mapping,
     blocks: &[BlockExtent],
     page: u64,
-    glibc: bool,
+    trim: &crate::glibc_trim::TrimForecast,
     allocator_owned: bool,
     agent_ranges: &[(u64, u64)],
     state: &HeapState,
@@ -570,15 +573,9 @@ fn account_pages(
         }
     }
     let mut classes = Vec::with_capacity(if allocator_owned { count } else { 0 });
-    let mut next_block = 0usize;
-    let mut last_block_end = mapping.start;
     for i in 0..count {
-        let (ps, pe) = (page_start(i), page_start(i) + page);
+        let ps = page_start(i);
         let resident = mapping.residency.is_resident(i);
-        while next_block < blocks.len() && blocks[next_block].start < pe {
-            last_block_end = last_block_end.max(blocks[next_block].end);
-            next_block += 1;
-        }
         let class = if in_ranges(agent_ranges, ps) {
             if resident {
                 other.agent += page;
@@ -606,13 +603,8 @@ fn account_pages(
             PageClass::Used { fill: (taken_bytes * 255 / page) as u8 }
         } else {
             heap.retained += page;
-            // glibc's malloc_trim(0) releases whole pages inside free chunks
-            // and the top of the brk heap. The top chunk of another arena is
-            // not trimmed, but free() already shrinks it to top_pad (128 KiB)
-            // resident, and the free end of an arena's earlier heaps is an
-            // ordinary free chunk: so every wholly free page counts. Other
-            // allocators do not implement malloc_trim.
-            let trimmable = glibc && ps >= (last_block_end + GLIBC_TRIM_SKIP).next_multiple_of(page);
+            // Other allocators do not implement malloc_trim.
+            let trimmable = trim.releases(mapping.start, ps, page) && !state.glibc_trim.left_by_last_trim(ps);
             if trimmable {
                 heap.trimmable += page;
             }

@@ -24,6 +24,7 @@ pub mod blame;
 pub mod compare;
 pub mod go;
 pub mod ghc;
+pub mod glibc_trim;
 mod heap_state;
 pub mod ledger;
 pub mod numa;

@@ -157,6 +157,8 @@ impl Visitor for LedgerVisitor<'_> {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if (self.wanted)(self.seen) {
             self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() })));
+        } else {
+            self.state.pass_snapshot(snapshot);
         }
         self.seen += 1;
     }
