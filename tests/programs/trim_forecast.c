@@ -20,12 +20,15 @@
  *                      is all free, but the arena's top is in the third
  *   after-trim         main arena and a worker: free a third, malloc_trim,
  *                      then free another third; the measured trim is the second
+ *   hold-thread-top    thread-top, but instead of trimming prints "pid PID" and
+ *                      waits for SIGTERM (for `memgap trim PID`)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +116,21 @@ static void measure_trim(void) {
 
 /* Runs `workers` workers one after another (each gets an arena of its own
    while the others still hold theirs), then trims with all of them alive. */
+static volatile sig_atomic_t terminated;
+static void on_term(int signal) { (void)signal; terminated = 1; }
+
+/* Instead of trimming: snapshot, print the pid, and wait for SIGTERM while
+   `memgap trim PID` trims from outside. */
+static void hold(void) {
+    snapshot();
+    signal(SIGTERM, on_term);
+    printf("pid %d\n", (int)getpid());
+    fflush(stdout);
+    while (!terminated) usleep(10 * 1000);
+}
+
+static void (*main_action)(void) = measure_trim;
+
 static int with_workers(int workers, size_t total, size_t min[], size_t max[], int (*keep)(size_t, size_t, size_t)) {
     pthread_t threads[4];
     pthread_barrier_init(&built, NULL, 2);
@@ -125,7 +143,7 @@ static int with_workers(int workers, size_t total, size_t min[], size_t max[], i
         pthread_create(&threads[i], NULL, worker, NULL);
         pthread_barrier_wait(&built);
     }
-    measure_trim();
+    main_action();
     pthread_barrier_wait(&trimmed);
     for (int i = 0; i < workers; i++) pthread_join(threads[i], NULL);
     return 0;
@@ -190,6 +208,10 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "thread-start")) return with_workers(1, 48u << 20, mixed_min, mixed_max, keep_first_mib);
     if (!strcmp(mode, "thread-heaps")) return with_workers(1, 150u << 20, mixed_min, mixed_max, keep_one_per_mib_of_the_last_50);
     if (!strcmp(mode, "after-trim")) return after_trim();
-    fprintf(stderr, "usage: trim_forecast main-strided K|thread-emptied|thread-half|thread-top|thread-start|thread-heaps|after-trim\n");
+    if (!strcmp(mode, "hold-thread-top")) {
+        main_action = hold;
+        return with_workers(1, 48u << 20, mixed_min, mixed_max, keep_last_mib);
+    }
+    fprintf(stderr, "usage: trim_forecast main-strided K|thread-emptied|thread-half|thread-top|thread-start|thread-heaps|after-trim|hold-thread-top\n");
     return 2;
 }

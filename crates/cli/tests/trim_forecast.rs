@@ -111,3 +111,28 @@ fn after_the_programs_own_malloc_trim() {
     let (estimate, _) = assert_forecast_matches(&["after-trim"]);
     assert!(estimate > 5.0 * MIB, "{estimate}");
 }
+
+/// `memgap trim PID` on a traced program holding a thread arena whose free
+/// space sits below its survivors: what it measures is what the ledger said.
+#[test]
+fn memgap_trim_agrees_with_the_forecast() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "trim_forecast.c");
+    let trace = dir.join("t.mgt");
+    let mut cmd = memgap_cmd(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "hold-thread-top"]);
+    let mut target = Background::start(&mut cmd, 1);
+    let pid = target.printed("pid");
+    let out = memgap(&dir, &["trim", &pid.to_string(), "--json"]);
+    assert!(out.status.success(), "memgap trim: {}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("trim JSON");
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = target.child.wait().expect("memgap run ends");
+    assert!(status.success(), "{status:?}");
+    let timeline = memgap(&dir, &["timeline", arg(&trace), "--json"]);
+    let all: Vec<Value> = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let before = all.iter().find(|l| l["snapshot_reason"] == "program").expect("the program's snapshot");
+    let estimate = forecast(before);
+    let returned = report["heap_returned_bytes"].as_f64().expect("heap_returned_bytes");
+    assert!(estimate > 30.0 * MIB, "{estimate}");
+    assert!((estimate - returned).abs() <= (0.05 * returned).max(MIB), "forecast {estimate}, memgap trim measured {report:#}");
+}
