@@ -647,8 +647,13 @@ fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, per_page: 
 /// takes there; calls `visit` with each block and what it holds.
 fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, BlockShare)) {
     for b in blocks {
+        // Blocks of a corrupt trace may overlap or lie outside the mapping:
+        // the pages walked are the mapping's, never more.
+        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start || taken.is_empty() {
+            continue;
+        }
         let first = (b.start.max(mapping.start) - mapping.start) / page;
-        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+        let last = ((b.end.min(mapping.end) - 1 - mapping.start) / page).min(taken.len() as u64 - 1);
         let (mut fragmentation, mut resident_live) = (0.0, 0);
         for i in first..=last {
             let ps = mapping.start + i * page;

@@ -86,11 +86,22 @@ impl Topology {
 /// The node of the page holding an address.
 pub trait PageNodes {
     fn node_of(&self, addr: u64) -> Option<u32>;
+    /// An address above `addr` up to which `node_of` answers as it does for
+    /// `addr`: by default the end of its page (of `page_size` bytes).
+    fn same_node_until(&self, addr: u64, page_size: u64) -> u64 {
+        ((addr / page_size) + 1).saturating_mul(page_size)
+    }
 }
 
 impl PageNodes for memgap_trace::numa::PlacementIndex<'_> {
     fn node_of(&self, addr: u64) -> Option<u32> {
         self.status_of(addr).and_then(|s| u32::try_from(s).ok())
+    }
+
+    /// A run of pages at a time: a block's walk is bounded by the runs
+    /// the trace holds, whatever size the block claims.
+    fn same_node_until(&self, addr: u64, _page_size: u64) -> u64 {
+        self.same_status_until(addr)
     }
 }
 
@@ -145,7 +156,10 @@ pub fn allocation_locality<'a>(topology: &Topology, blocks: impl IntoIterator<It
         };
         let (mut at, end) = (addr, addr.saturating_add(block.size));
         while at < end {
-            let piece_end = ((at / page_size) + 1).saturating_mul(page_size).min(end);
+            let piece_end = pages.same_node_until(at, page_size).min(end);
+            if piece_end <= at {
+                break;
+            }
             let bytes = piece_end - at;
             match pages.node_of(at).and_then(|id| topology.index_of_node(id)) {
                 Some(column) => {
@@ -588,13 +602,13 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
 fn resident_by_node(topology: &Topology, placement: &Placement, agent_ranges: &[(u64, u64)]) -> Vec<u64> {
     let mut out = vec![0u64; topology.nodes.len()];
     for m in &placement.mappings {
-        let end = m.start + m.pages * placement.page_size;
+        let end = m.start.saturating_add(m.pages.saturating_mul(placement.page_size));
         if agent_ranges.iter().any(|&(start, len)| start <= m.start && end <= start + len) {
             continue;
         }
         for &(status, pages) in &m.runs {
             if let Some(i) = u32::try_from(status).ok().and_then(|id| topology.index_of_node(id)) {
-                out[i] += pages * placement.page_size;
+                out[i] = out[i].saturating_add(pages.saturating_mul(placement.page_size));
             }
         }
     }

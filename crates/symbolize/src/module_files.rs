@@ -2,7 +2,6 @@
 //! trust it: a file rebuilt since the trace was taken would name the wrong
 //! functions with full confidence, which is worse than naming none.
 
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -102,10 +101,7 @@ impl ElfFacts {
     fn read(path: &Path) -> io::Result<ElfFacts> {
         // A trace names the files; a FIFO or device among them (a corrupt or
         // hostile trace) would block the open or never end.
-        if !std::fs::metadata(path)?.is_file() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
-        }
-        let cache = object::ReadCache::new(File::open(path)?);
+        let cache = object::ReadCache::new(memgap_trace::files::open_regular(path)?);
         let elf = object::File::parse(&cache).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
         let lowest_segment_address = elf.segments().map(|segment| segment.address()).min().unwrap_or(0);
         let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);

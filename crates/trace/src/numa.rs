@@ -93,6 +93,34 @@ pub struct PlacementIndex<'a> {
 }
 
 impl PlacementIndex<'_> {
+    /// Where the status of the page holding `addr` may next differ: the end
+    /// of its run of pages, or, outside every mapping's pages, the start of
+    /// the next mapping (`u64::MAX` past the last). Always above `addr`
+    /// unless `addr` is `u64::MAX`, so that a walk over any range takes one
+    /// step per run or mapping it crosses, not one per page.
+    pub fn same_status_until(&self, addr: u64) -> u64 {
+        let placement = self.placement;
+        let page_size = placement.page_size.max(1);
+        let next_mapping = |i: usize| placement.mappings.get(i).map_or(u64::MAX, |m| m.start.max(addr.saturating_add(1)));
+        let i = match placement.mappings.partition_point(|m| m.start <= addr).checked_sub(1) {
+            Some(i) => i,
+            None => return next_mapping(0),
+        };
+        let m = &placement.mappings[i];
+        let page = (addr - m.start) / page_size;
+        if page >= m.pages {
+            return next_mapping(i + 1);
+        }
+        let starts = &self.run_starts[i];
+        let end_page = match starts.partition_point(|&start| start <= page).checked_sub(1) {
+            Some(run) if page - starts[run] < m.runs[run].1 => starts[run].saturating_add(m.runs[run].1),
+            // Past the last run, or before the first: status unknown up to the mapping's end.
+            Some(_) | None => starts.iter().copied().find(|&start| start > page).unwrap_or(m.pages),
+        };
+        let end_page = end_page.min(m.pages).max(page + 1);
+        m.start.saturating_add(end_page.saturating_mul(page_size)).max(addr.saturating_add(1))
+    }
+
     /// The status of the page holding `addr`, if a mapping covers it.
     pub fn status_of(&self, addr: u64) -> Option<i32> {
         let placement = self.placement;
@@ -278,6 +306,25 @@ mod tests {
             for probe in probes {
                 let walked = runs.iter().flat_map(|&(status, count)| std::iter::repeat_n(status, count as usize)).nth(probe as usize).filter(|_| probe < pages);
                 proptest::prop_assert_eq!(index.status_of(0x100000 + probe * 4096 + 7), walked);
+            }
+        }
+
+        /// Every address up to `same_status_until` has the status of the
+        /// first, and the walk by it never stands still.
+        #[test]
+        fn same_status_until_is_a_run_of_one_status(runs in proptest::collection::vec((-14i32..4, 1u64..5), 0..30), extra in 0u64..4, probes in proptest::collection::vec(0u64..200 * 4096, 1..30)) {
+            let pages = runs.iter().map(|r| r.1).sum::<u64>() + extra;
+            let placement = Placement { page_size: 4096, stride: 1, mappings: vec![MappingPlacement { start: 0x100000, pages, runs }], ..Placement::default() };
+            let index = placement.index();
+            for probe in probes {
+                let until = index.same_status_until(probe);
+                proptest::prop_assert!(until > probe);
+                let status = index.status_of(probe);
+                let mut at = probe;
+                while at < until.min(probe + 300 * 4096) {
+                    proptest::prop_assert_eq!(index.status_of(at), status, "at {:#x}, from {:#x} until {:#x}", at, probe, until);
+                    at = (at / 4096 + 1) * 4096;
+                }
             }
         }
     }

@@ -62,7 +62,8 @@ type Series = Vec<(u64, u64)>;
 
 /// `SECONDS BYTES [LAZYFREE_BYTES]` lines → (ns, VmRSS) and (ns, LazyFree).
 fn read_rss_samples(path: &Path) -> anyhow::Result<(Series, Series)> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut text = String::new();
+    files::open_regular(path).and_then(|mut file| file.read_to_string(&mut text)).with_context(|| path.display().to_string())?;
     let mut rss = Vec::new();
     let mut lazy = Vec::new();
     for (number, line) in text.lines().enumerate() {
