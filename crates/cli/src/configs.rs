@@ -100,6 +100,93 @@ pub fn parse_user(arguments: &[String], user_preload: Option<&str>) -> anyhow::R
     Ok(specs.into_iter().map(|spec| finish(spec, user_preload)).collect())
 }
 
+/// A trace's remedy, as the ledger's JSON lists it under `remedies`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Remedy {
+    pub id: String,
+    pub owner: String,
+    pub description: String,
+    pub env: Vec<(String, String)>,
+    pub expected_savings_bytes: u64,
+}
+
+/// The remedies in a ledger's JSON; an error when it has no `remedies` list.
+pub fn remedies_of_ledger(ledger: &serde_json::Value) -> anyhow::Result<Vec<Remedy>> {
+    let Some(list) = ledger.get("remedies").and_then(|r| r.as_array()) else {
+        bail!("its ledger lists no remedies (this memgap's ledger has no `remedies`)");
+    };
+    let text = |value: &serde_json::Value, key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    Ok(list
+        .iter()
+        .map(|remedy| Remedy {
+            id: text(remedy, "id"),
+            owner: text(remedy, "owner"),
+            description: text(remedy, "description"),
+            env: remedy
+                .get("env")
+                .and_then(|e| e.as_object())
+                .map(|env| env.iter().map(|(name, value)| (name.clone(), value.as_str().map_or_else(|| value.to_string(), String::from))).collect())
+                .unwrap_or_default(),
+            expected_savings_bytes: remedy.get("expected_savings_bytes").and_then(|v| v.as_u64()).unwrap_or(0),
+        })
+        .filter(|remedy| !remedy.id.is_empty())
+        .collect())
+}
+
+/// The configurations of `memgap compare --remedies`: the program as it is
+/// (`default`), then one per remedy. A remedy that is a change to the
+/// program (no environment) is listed, unavailable. A library named without
+/// a directory is memgap's trim library or one in the system's library
+/// directory.
+pub fn from_remedies(remedies: &[Remedy], trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<ConfigSpec> {
+    let mut specs = vec![ConfigSpec { name: REMEDIES_BASELINE.into(), env: Vec::new(), package: None, available: true, note: None }];
+    for remedy in remedies {
+        let expected = format!("{}: {} (expected to save {})", remedy.owner, remedy.description, memgap_model::human_bytes(remedy.expected_savings_bytes));
+        let mut spec = ConfigSpec { name: remedy.id.clone(), env: remedy.env.clone(), package: None, available: true, note: Some(expected.clone()) };
+        if remedy.env.is_empty() {
+            spec.available = false;
+            spec.note = Some(format!("a change to the program, not measurable here — {expected}"));
+            specs.push(spec);
+            continue;
+        }
+        let mut unresolved = None;
+        for (name, value) in spec.env.iter_mut().filter(|(name, _)| name == "LD_PRELOAD") {
+            let _ = name;
+            let entries: Vec<String> = value
+                .split([':', ' '])
+                .filter(|entry| !entry.is_empty())
+                .map(|entry| {
+                    if entry.contains('/') {
+                        entry.to_string()
+                    } else if entry == crate::agent::TRIM_FILE {
+                        match &trim {
+                            Ok(path) => path.display().to_string(),
+                            Err(why) => {
+                                unresolved = Some(why.clone());
+                                entry.to_string()
+                            }
+                        }
+                    } else {
+                        Path::new(&library_dir()).join(entry).display().to_string()
+                    }
+                })
+                .collect();
+            *value = entries.join(":");
+        }
+        if let Some(why) = unresolved {
+            spec.available = false;
+            spec.note = Some(why);
+            specs.push(spec);
+            continue;
+        }
+        specs.push(finish(spec, user_preload));
+    }
+    specs
+}
+
+/// The program as it is, in `memgap compare --remedies`.
+pub const REMEDIES_BASELINE: &str = "default";
+
 /// Appends the user's own LD_PRELOAD after the configuration's (the
 /// configuration's allocator must come first to serve malloc), and marks the
 /// configuration unavailable when a library it preloads does not exist: the
@@ -155,6 +242,29 @@ mod tests {
         let specs = builtins(Ok(&trim), Some("/opt/libmine.so"));
         assert_eq!(env(&specs[2], "LD_PRELOAD").unwrap(), format!("{}:/opt/libmine.so", trim.display()));
         assert_eq!(env(&specs[0], "LD_PRELOAD"), None, "a config without a preload keeps the user's, inherited");
+    }
+
+    #[test]
+    fn remedies_become_configurations() {
+        let ledger = serde_json::json!({"remedies": [
+            {"id": "glibc-trim", "owner": "glibc", "description": "trim", "env": {"LD_PRELOAD": "libmemgap_trim.so"}, "expected_savings_bytes": 1048576},
+            {"id": "glibc-arena-max", "owner": "glibc", "description": "fewer arenas", "env": {"MALLOC_ARENA_MAX": "2"}, "expected_savings_bytes": 5},
+            {"id": "tcmalloc-release-from-code", "owner": "tcmalloc", "description": "call ReleaseFreeMemory", "env": {}, "expected_savings_bytes": 7},
+            {"id": "other-allocator", "owner": "x", "description": "", "env": {"LD_PRELOAD": "libnosuch-memgap-test.so.1"}, "expected_savings_bytes": 0},
+        ]});
+        let remedies = remedies_of_ledger(&ledger).unwrap();
+        assert_eq!(remedies.len(), 4);
+        assert_eq!(remedies[1].env, [("MALLOC_ARENA_MAX".to_string(), "2".to_string())]);
+        let trim = std::env::current_exe().unwrap();
+        let specs = from_remedies(&remedies, Ok(&trim), None);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["default", "glibc-trim", "glibc-arena-max", "tcmalloc-release-from-code", "other-allocator"]);
+        assert_eq!(env(&specs[1], "LD_PRELOAD"), trim.to_str());
+        assert!(specs[1].available && specs[2].available);
+        assert!(specs[1].note.as_deref().unwrap().contains("expected to save 1.00 MiB"), "{:?}", specs[1].note);
+        assert!(!specs[3].available && specs[3].note.as_deref().unwrap().starts_with("a change to the program"));
+        assert!(!specs[4].available, "a library that is not installed: {:?}", specs[4]);
+        assert!(remedies_of_ledger(&serde_json::json!({"rows": {}})).unwrap_err().to_string().contains("lists no remedies"));
     }
 
     #[test]

@@ -55,7 +55,7 @@ fn threads_leave_the_gap_in_the_malloc_layer() {
 fn remedies_lower_the_steady_rss_of_a_threaded_ruby() {
     let (_tmp, dir) = tempdir();
     let program = ruby_program("threads.rb");
-    let out = memgap(&dir, &["compare", "--json", "--", "ruby", arg(&program), "3"]);
+    let out = memgap(&dir, &["compare", "--json", "--repeat", "1", "--", "ruby", arg(&program), "3"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let c: Value = serde_json::from_slice(&out.stdout).unwrap();
     let steady = |name: &str| {

@@ -43,6 +43,19 @@ impl Capture {
         }
     }
 
+    /// Every line, lossily decoded; `None` when there is more than
+    /// `max_bytes` (then only the hash is compared).
+    pub fn lines(&mut self, max_bytes: u64) -> io::Result<Option<Vec<String>>> {
+        let length = self.file.seek(SeekFrom::End(0))?;
+        if length > max_bytes {
+            return Ok(None);
+        }
+        self.file.seek(SeekFrom::Start(0))?;
+        let mut bytes = Vec::with_capacity(length as usize);
+        self.file.read_to_end(&mut bytes)?;
+        Ok(Some(String::from_utf8_lossy(&bytes).lines().map(String::from).collect()))
+    }
+
     /// The last whole lines within `max_bytes` of the end, lossily decoded.
     pub fn tail(&mut self, max_bytes: u64) -> io::Result<String> {
         let length = self.file.seek(SeekFrom::End(0))?;
@@ -76,6 +89,8 @@ mod tests {
         assert_eq!(again.hash().unwrap().0, hash);
         assert_eq!(capture.tail(12).unwrap(), "third");
         assert_eq!(capture.tail(1000).unwrap(), "first line\nsecond line\nthird");
+        assert_eq!(capture.lines(1000).unwrap().unwrap(), ["first line", "second line", "third"]);
+        assert_eq!(capture.lines(28).unwrap(), None);
     }
 
     #[test]

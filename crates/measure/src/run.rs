@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use memgap_model::compare::{RssSample, Run};
+use memgap_model::compare::{RssSample, Run, Stdout};
 
 use crate::MeasureError;
 use crate::capture::Capture;
@@ -15,6 +15,9 @@ use crate::process_tree::ProcessTree;
 
 /// Enough of stderr to show why a run failed.
 const STDERR_TAIL_BYTES: u64 = 2048;
+/// Stdout up to this size is kept line by line, to compare it with the
+/// default's; larger output is compared by its hash.
+const STDOUT_KEPT_BYTES: u64 = 2 << 20;
 
 /// Runs `command` (program and arguments) with `env` added to memgap's own
 /// environment and stdin from /dev/null; samples the RSS of its process
@@ -47,6 +50,7 @@ pub fn measure(command: &[OsString], env: &[(String, String)], interval: Duratio
     let (status, usage) = reap(pid).map_err(io_error("reaping the command"))?;
 
     let (stdout_hash, stdout_bytes) = stdout.hash().map_err(io_error("reading the command's stdout back"))?;
+    let stdout_lines = stdout.lines(STDOUT_KEPT_BYTES).map_err(io_error("reading the command's stdout back"))?;
     Ok(Run {
         samples,
         wall_seconds,
@@ -56,6 +60,7 @@ pub fn measure(command: &[OsString], env: &[(String, String)], interval: Duratio
         exit_code: exit_code(status),
         stdout_hash,
         stdout_bytes,
+        stdout: stdout_lines.map_or(Stdout::Hashed, Stdout::Lines),
         stderr_tail: stderr.tail(STDERR_TAIL_BYTES).unwrap_or_default(),
     })
 }
@@ -147,6 +152,7 @@ mod tests {
         assert_eq!(run.exit_code, 3);
         assert_eq!(run.stdout_bytes, 2);
         assert_eq!(run.stderr_tail, "oops");
+        assert_eq!(run.stdout, Stdout::Lines(vec!["x".into()]));
         let other = sh("echo y; exit 3", &[]).unwrap();
         assert_ne!(run.stdout_hash, other.stdout_hash);
     }

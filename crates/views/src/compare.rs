@@ -1,23 +1,27 @@
 //! Terminal view of `memgap compare`: one row per configuration, ratios to
-//! the default beside each figure, differences in behaviour on top.
+//! the default beside each figure, differences in behaviour on top, the
+//! recommendation with its confidence at the end.
 
 use std::fmt::Write;
 
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
-use memgap_model::compare::{Comparison, ConfigResult};
+use memgap_model::compare::{Comparison, ConfigResult, Metric};
 
 use crate::format::{bytes, seconds};
 
 /// Lines of a failed run's stderr shown.
 const STDERR_LINES: usize = 5;
 
-pub fn compare(c: &Comparison) -> String {
+/// `show_diff`: list the lines of stdout that differ from the default's.
+pub fn compare(c: &Comparison, show_diff: bool) -> String {
     let mut out = String::new();
+    let base_runs = c.configs.first().map_or(0, |b| b.repeats);
     let runs = if c.repeats == 1 { "1 run per configuration".to_string() } else { format!("{} runs per configuration, interleaved", c.repeats) };
+    let runs = if base_runs > c.repeats { format!("{runs}, {base_runs} of the default (first and last)") } else { runs };
     let _ = writeln!(out, "memgap compare — {} — {runs}; stdin was {}", shell_words(&c.command), c.stdin);
     let _ = writeln!(out);
-    for warning in behaviour_warnings(c) {
+    for warning in behaviour_warnings(c, show_diff) {
         let _ = writeln!(out, "  ! {warning}");
     }
     if c.output_differs || c.exit_differs {
@@ -27,15 +31,16 @@ pub fn compare(c: &Comparison) -> String {
     let ran: Vec<&ConfigResult> = c.configs.iter().filter(|config| config.repeats > 0).collect();
     let mut table = Table::new();
     table.load_style(NOTHING);
-    table.set_header(vec!["  config", "peak RSS", "", "steady RSS", "", "wall", "", "CPU", "", "exit", "stdout"]);
+    let spread_header = format!("{} ±", c.metric.name());
+    table.set_header(vec!["  config", "peak RSS", "", "steady RSS", "", "final RSS", "", "settled", &spread_header, "wall", "", "CPU", "", "exit", "stdout"]);
     for config in &ran {
         let ratio = |r: Option<f64>| if config.name == c.baseline { String::new() } else { r.map_or(String::new(), |r| format!("{r:.2}×")) };
         let stdout = if config.output_differs {
-            "DIFFERS"
+            format!("DIFFERS ({} lines)", config.output_differs_lines)
         } else if config.output_varies {
-            "varies"
+            "varies".to_string()
         } else {
-            "same"
+            "same".to_string()
         };
         let exit = config.exit_code.map_or("?".to_string(), |code| code.to_string()) + if config.exit_differs { " !" } else { "" };
         table.add_row(vec![
@@ -44,6 +49,10 @@ pub fn compare(c: &Comparison) -> String {
             ratio(config.peak_rss_ratio),
             config.steady_rss_bytes.map(bytes).unwrap_or_default(),
             ratio(config.steady_rss_ratio),
+            config.final_rss_bytes.map(bytes).unwrap_or_default(),
+            ratio(config.final_rss_ratio),
+            config.settle_seconds.map(seconds).unwrap_or_default(),
+            spread(config, c.metric),
             config.wall_seconds.map(seconds).unwrap_or_default(),
             ratio(config.wall_ratio),
             config.cpu_seconds.map(seconds).unwrap_or_default(),
@@ -52,7 +61,7 @@ pub fn compare(c: &Comparison) -> String {
             stdout.to_string(),
         ]);
     }
-    for column in 1..=9 {
+    for column in 1..=13 {
         if let Some(column) = table.column_mut(column) {
             column.set_cell_alignment(CellAlignment::Right);
         }
@@ -70,10 +79,16 @@ pub fn compare(c: &Comparison) -> String {
         Some(from) => format!("mean RSS from {from} s on"),
         None => "mean RSS over the last half of the run".to_string(),
     };
+    let end = match c.final_at_seconds {
+        Some(at) => format!("before {at} s"),
+        None => "before exit".to_string(),
+    };
     let _ = writeln!(
         out,
-        "  Medians over runs; RSS of the process tree every {} ms; steady: {window}; ×: ratio to {}.",
-        c.interval_ms, c.baseline
+        "  Medians over runs; RSS of the process tree every {} ms; steady: {window}; final: mean over the last second {end} (a quarter of a shorter run); settled: from when RSS stays within 10 % (1 MiB) of final; {} ±: half the range of its runs; ×: ratio to {}.",
+        c.interval_ms,
+        c.metric.name(),
+        c.baseline
     );
     for config in ran.iter().filter(|config| !config.env.is_empty()) {
         let env: Vec<String> = config.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
@@ -92,8 +107,22 @@ pub fn compare(c: &Comparison) -> String {
         let _ = writeln!(out, "  note: {note}");
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "  Recommendation: {}", c.recommendation);
+    let _ = writeln!(out, "  Recommendation: {}", c.recommendation.text);
     out
+}
+
+/// Half the range of a configuration's runs of `metric`, as a share of its median.
+fn spread(config: &ConfigResult, metric: Metric) -> String {
+    let (Some(spread), Some(median)) = (config.spread, config.metric(metric)) else { return String::new() };
+    if config.repeats < 2 || median == 0 {
+        return String::new();
+    }
+    let range = match metric {
+        Metric::Peak => spread.peak_rss_bytes,
+        Metric::Steady => spread.steady_rss_bytes,
+        Metric::Final => spread.final_rss_bytes,
+    };
+    format!("{:.0} %", range.width() / 2.0 / median as f64 * 100.0)
 }
 
 /// The command as a shell would read it back: words with anything but
@@ -106,16 +135,29 @@ fn shell_words(command: &[String]) -> String {
 
 /// Differences in what the command did, which make the figures compare
 /// different work: shown before them, never left out.
-fn behaviour_warnings(c: &Comparison) -> Vec<String> {
+fn behaviour_warnings(c: &Comparison, show_diff: bool) -> Vec<String> {
     let mut warnings = Vec::new();
-    let differing = |pick: fn(&ConfigResult) -> bool| c.configs.iter().filter(|config| pick(config)).map(|config| config.name.as_str()).collect::<Vec<_>>();
-    let output = differing(|config| config.output_differs);
+    let output: Vec<String> = c.configs.iter().filter(|config| config.output_differs).map(|config| format!("{} ({} lines)", config.name, config.output_differs_lines)).collect();
     if !output.is_empty() {
+        let where_the_default_agrees = if c.baseline_varying_lines > 0 { " where its own runs agree" } else { "" };
+        let hint = if show_diff { "" } else { "; --show-diff lists the lines" };
         warnings.push(format!(
-            "stdout DIFFERS from {}'s under: {} — the command did something else there; figures shown anyway",
+            "stdout DIFFERS from {}'s{where_the_default_agrees} under: {} — the command did something else there; figures shown anyway{hint}",
             c.baseline,
             output.join(", ")
         ));
+        if show_diff {
+            for config in c.configs.iter().filter(|config| config.output_differs) {
+                for diff in &config.output_diff {
+                    let line = if diff.line > 0 { format!("line {}", diff.line) } else { "a line".to_string() };
+                    let shown = |text: &Option<String>| text.as_ref().map_or("(nothing)".to_string(), |t| format!("{t:?}"));
+                    warnings.push(format!("  {} {line}: {} printed {}, {} printed {}", config.name, c.baseline, shown(&diff.expected), config.name, shown(&diff.got)));
+                }
+                if config.output_differs_lines > config.output_diff.len() {
+                    warnings.push(format!("  {}: {} more lines", config.name, config.output_differs_lines - config.output_diff.len()));
+                }
+            }
+        }
     }
     let exits: Vec<String> = c
         .configs
@@ -133,11 +175,12 @@ fn behaviour_warnings(c: &Comparison) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memgap_model::compare::{ConfigSpec, Run, RssSample, SteadyWindow, compare as reduce};
+    use memgap_model::compare::{ConfigSpec, Options, RssSample, Run, Stdout, compare as reduce};
 
     fn run(rss: u64, hash: u64, exit_code: i32) -> Run {
         let samples = (0..10).map(|i| RssSample { seconds: i as f64 * 0.1, rss_bytes: rss }).collect();
-        Run { samples, wall_seconds: 1.0, cpu_seconds: 0.5, max_rss_bytes: rss, exit_code, stdout_hash: hash, ..Run::default() }
+        let stdout = Stdout::Lines(vec!["same".into(), "x".repeat(hash as usize)]);
+        Run { samples, wall_seconds: 1.0, cpu_seconds: 0.5, max_rss_bytes: rss, exit_code, stdout_hash: hash, stdout, ..Run::default() }
     }
 
     fn spec(name: &str, available: bool) -> ConfigSpec {
@@ -157,17 +200,20 @@ mod tests {
         let c = reduce(
             vec!["./prog".into()],
             vec![spec("glibc", true), spec("arena-max-2", true), spec("jemalloc", false)],
-            vec![vec![run(80 << 20, 1, 0)], vec![run(20 << 20, 2, 1)], vec![]],
-            SteadyWindow { from_seconds: None },
-            10,
+            vec![vec![run(80 << 20, 1, 0), run(80 << 20, 1, 0)], vec![run(20 << 20, 2, 1)], vec![]],
+            Options::default(),
         );
-        let text = compare(&c);
+        let text = compare(&c, false);
         assert!(text.contains("stdin was /dev/null"), "{text}");
-        assert!(text.contains("! stdout DIFFERS from glibc's under: arena-max-2"), "{text}");
+        assert!(text.contains("1 run per configuration, 2 of the default (first and last)"), "{text}");
+        assert!(text.contains("! stdout DIFFERS from glibc's under: arena-max-2 (1 lines) — the command did something else there; figures shown anyway; --show-diff lists the lines"), "{text}");
+        assert!(text.contains("DIFFERS (1 lines)"), "{text}");
+        let shown = compare(&c, true);
+        assert!(shown.contains("arena-max-2 line 2: glibc printed \"x\", arena-max-2 printed \"xx\""), "{shown}");
+        assert!(text.contains("Recommendation: "), "{text}");
         assert!(text.contains("! exit status DIFFERS from glibc's (0) under: arena-max-2 (exit 1)"), "{text}");
         assert!(text.contains("20.0 MiB"), "{text}");
         assert!(text.contains("0.25×"), "{text}");
         assert!(text.contains("jemalloc: not installed (apt install libjemalloc2)"), "{text}");
-        assert!(text.contains("Recommendation: "), "{text}");
     }
 }

@@ -1,31 +1,41 @@
-//! `memgap compare [--repeat N] [--json] [--config NAME=ENV...]... -- CMD...`:
-//! runs CMD under glibc's default, its remedies and the other allocators,
-//! and compares memory and time.
+//! `memgap compare [--repeat N] [--metric M] [--json] [--config NAME=ENV...]...
+//! [--remedies TRACE] -- CMD...`: runs CMD under glibc's default, its
+//! remedies and the other allocators (or under the remedies a trace's
+//! ledger names), and compares memory and time.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::bail;
-use memgap_model::compare::{self, ConfigSpec, Run, SteadyWindow};
+use anyhow::{Context, bail};
+use memgap_model::compare::{self, ConfigSpec, Metric, Options, Run, Stdout};
 use memgap_views::format::{bytes, seconds};
 
 use crate::{agent, configs, output};
 
+/// Runs shorter than this get three rounds unless --repeat says otherwise.
+const SHORT_RUN_SECONDS: f64 = 10.0;
+const SHORT_RUN_REPEATS: usize = 3;
+
 /// Run CMD under glibc's default, MALLOC_ARENA_MAX=2, memgap's trim remedy,
-/// jemalloc, tcmalloc and mimalloc, and compare peak and steady RSS, wall and CPU time
+/// jemalloc, tcmalloc and mimalloc, and compare peak, steady and final RSS, wall and CPU time
 ///
 /// No tracing: the command is measured from outside. Its stdin is
 /// /dev/null; its stdout and stderr are captured, and stdout is compared
-/// between configurations.
+/// with the default's where the default's own runs agree with each other.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Runs per configuration; figures are medians. Rounds are interleaved,
-    /// each starting one configuration further, so a drift in the machine's
-    /// load does not favour one configuration.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
-    repeat: u64,
+    /// Runs per configuration; figures are medians, with their spread. Rounds
+    /// are interleaved, each starting one configuration further; the default
+    /// also runs first and last. [default: 3 when the default's first run
+    /// takes under 10 s, else 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    repeat: Option<u64>,
+    /// What the recommendation optimises: peak RSS, steady RSS, or final RSS.
+    #[arg(long, value_enum, default_value_t = MetricArg::Steady)]
+    metric: MetricArg,
     /// Print the comparison as JSON.
     #[arg(long)]
     json: bool,
@@ -34,9 +44,29 @@ pub struct Args {
     /// Repeatable; repeating a NAME adds to it.
     #[arg(long = "config", value_name = "NAME=ENV")]
     configs: Vec<String>,
+    /// Run only these configurations (comma-separated names) besides the default.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    only: Vec<String>,
+    /// The configurations are the remedies the ledger of TRACE (at its RSS
+    /// peak) names for the program, instead of the built-in ones.
+    #[arg(long, value_name = "TRACE", conflicts_with = "only")]
+    remedies: Option<PathBuf>,
     /// Steady RSS is the mean from this many seconds after start [default: over the last half of the run].
     #[arg(long, value_name = "SECONDS")]
     steady_from: Option<f64>,
+    /// Final RSS is the mean over the second before this many seconds after start [default: before exit].
+    #[arg(long, value_name = "SECONDS")]
+    final_at: Option<f64>,
+    /// List the lines of stdout that differ from the default's.
+    #[arg(long)]
+    show_diff: bool,
+    /// Do not compare stdout at all.
+    #[arg(long, conflicts_with = "output_regex")]
+    ignore_output: bool,
+    /// Leave text matching REGEX out of the stdout comparison (repeatable),
+    /// e.g. `--output-regex 'took [0-9.]+ ms'`.
+    #[arg(long, value_name = "REGEX")]
+    output_regex: Vec<String>,
     /// How often the RSS of the command's process tree is sampled, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     interval_ms: u64,
@@ -45,17 +75,49 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MetricArg {
+    Peak,
+    Steady,
+    Final,
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Some(from) = args.steady_from.filter(|from| !from.is_finite() || *from < 0.0) {
-        bail!("--steady-from {from}: give a number of seconds, 0 or more");
+    for (flag, value) in [("--steady-from", args.steady_from), ("--final-at", args.final_at)] {
+        if let Some(value) = value.filter(|v| !v.is_finite() || *v < 0.0) {
+            bail!("{flag} {value}: give a number of seconds, 0 or more");
+        }
     }
+    let noise: Vec<regex::Regex> =
+        args.output_regex.iter().map(|pattern| regex::Regex::new(pattern).with_context(|| format!("--output-regex {pattern:?}"))).collect::<anyhow::Result<_>>()?;
     let user_preload = std::env::var("LD_PRELOAD").ok();
     let trim = agent::locate_trim();
-    let mut specs = configs::builtins(trim.as_deref().map_err(|e| format!("{e:#}")), user_preload.as_deref());
+    let trim = trim.as_deref().map_err(|e| format!("{e:#}"));
+    let mut specs = match &args.remedies {
+        Some(trace) => {
+            let remedies = remedies_of_trace(trace)?;
+            if remedies.is_empty() {
+                bail!("{}: its ledger names no remedy to compare", trace.display());
+            }
+            configs::from_remedies(&remedies, trim, user_preload.as_deref())
+        }
+        None => configs::builtins(trim, user_preload.as_deref()),
+    };
     specs.extend(configs::parse_user(&args.configs, user_preload.as_deref())?);
+    if !args.only.is_empty() {
+        if let Some(unknown) = args.only.iter().find(|name| !specs.iter().any(|spec| &spec.name == *name)) {
+            let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_str()).collect();
+            bail!("--only {unknown}: no such configuration (there are {})", names.join(", "));
+        }
+        let mut index = 0;
+        specs.retain(|spec| {
+            index += 1;
+            index == 1 || args.only.contains(&spec.name)
+        });
+    }
 
     let interval = Duration::from_millis(args.interval_ms);
-    let runs = match run_interleaved(&specs, &args.command, args.repeat as usize, interval) {
+    let mut runs = match run_interleaved(&specs, &args.command, args.repeat.map(|r| r as usize), interval) {
         Ok(runs) => runs,
         Err(error) => match error.shell_exit_code() {
             Some(code) => {
@@ -65,36 +127,77 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => return Err(error.into()),
         },
     };
+    if !noise.is_empty() {
+        for run in runs.iter_mut().flatten() {
+            if let Stdout::Lines(lines) = &mut run.stdout {
+                for line in lines.iter_mut() {
+                    for pattern in &noise {
+                        *line = pattern.replace_all(line, "").into_owned();
+                    }
+                }
+            }
+        }
+    }
     let command = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-    let window = SteadyWindow { from_seconds: args.steady_from };
-    let comparison = compare::compare(command, specs, runs, window, args.interval_ms);
+    let metric = match args.metric {
+        MetricArg::Peak => Metric::Peak,
+        MetricArg::Steady => Metric::Steady,
+        MetricArg::Final => Metric::Final,
+    };
+    let options = Options { steady_from: args.steady_from, final_at: args.final_at, metric, interval_ms: args.interval_ms, ignore_output: args.ignore_output };
+    let mut comparison = compare::compare(command, specs, runs, options);
+    if !noise.is_empty() {
+        comparison.notes.push(format!("text matching --output-regex was left out of the stdout comparison ({})", args.output_regex.join(", ")));
+    }
     if args.json {
         output::print(&(memgap_views::json::to_string(&comparison) + "\n"))?;
     } else {
-        output::print(&memgap_views::compare::compare(&comparison))?;
+        output::print(&memgap_views::compare::compare(&comparison, args.show_diff))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `repeat` rounds over the available configurations, round r starting at
-/// the r-th; returns the runs of each configuration in `specs`' order.
-fn run_interleaved(specs: &[ConfigSpec], command: &[OsString], repeat: usize, interval: Duration) -> Result<Vec<Vec<Run>>, memgap_measure::MeasureError> {
+/// The remedies the trace's ledger names at its RSS peak.
+fn remedies_of_trace(trace: &std::path::Path) -> anyhow::Result<Vec<configs::Remedy>> {
+    let name = trace.display().to_string();
+    let Some(ledger) = memgap_model::ledger_at(trace, memgap_model::At::Peak, false).with_context(|| name.clone())? else {
+        bail!("{name}: the trace has no snapshot, so no ledger and no remedies");
+    };
+    let json: serde_json::Value = serde_json::from_str(&memgap_views::json::to_string(&ledger)).context("reading the ledger's JSON back")?;
+    configs::remedies_of_ledger(&json).with_context(|| name.clone())
+}
+
+/// The order of the runs: `repeat` rounds over the available
+/// configurations, round r starting at the r-th; the default (index 0)
+/// first and, if the rounds do not end with it, once more at the end, so
+/// its own runs span the whole comparison (whatever drifts with time
+/// during it shows up between them). `repeat` None: decided after the
+/// default's first run.
+fn run_interleaved(specs: &[ConfigSpec], command: &[OsString], repeat: Option<usize>, interval: Duration) -> Result<Vec<Vec<Run>>, memgap_measure::MeasureError> {
     let available: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].available).collect();
     let mut runs = vec![Vec::new(); specs.len()];
-    let total = repeat * available.len();
+    let Some(&baseline) = available.first() else { return Ok(runs) };
     let progress = std::io::stderr().is_terminal();
-    for round in 0..repeat {
-        for k in 0..available.len() {
-            let index = available[(round + k) % available.len()];
-            let spec = &specs[index];
-            let run = memgap_measure::measure(command, &spec.env, interval)?;
-            if progress {
-                let done = round * available.len() + k + 1;
-                let peak = run.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0).max(run.max_rss_bytes);
-                eprintln!("memgap: [{done}/{total}] {}: {}, peak RSS {}, exit {}", spec.name, seconds(run.wall_seconds), bytes(peak), run.exit_code);
-            }
-            runs[index].push(run);
+    let measure = |index: usize, done: usize, total: usize| -> Result<Run, memgap_measure::MeasureError> {
+        let spec = &specs[index];
+        let run = memgap_measure::measure(command, &spec.env, interval)?;
+        if progress {
+            let peak = run.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0).max(run.max_rss_bytes);
+            eprintln!("memgap: [{done}/{total}] {}: {}, peak RSS {}, exit {}", spec.name, seconds(run.wall_seconds), bytes(peak), run.exit_code);
         }
+        Ok(run)
+    };
+    let first = measure(baseline, 1, 1)?;
+    let repeat = repeat.unwrap_or(if first.wall_seconds < SHORT_RUN_SECONDS { SHORT_RUN_REPEATS } else { 1 });
+    runs[baseline].push(first);
+    let mut order: Vec<usize> = (0..repeat).flat_map(|round| (0..available.len()).map(move |k| (round, k))).map(|(round, k)| available[(round + k) % available.len()]).skip(1).collect();
+    if order.last() != Some(&baseline) {
+        order.push(baseline);
+    }
+    let total = order.len() + 1;
+    for (k, &index) in order.iter().enumerate() {
+        let run = measure(index, k + 2, total)?;
+        runs[index].push(run);
     }
     Ok(runs)
 }
