@@ -327,7 +327,7 @@ fn env_as_object<S: serde::Serializer>(env: &[(String, String)], serializer: S) 
 /// `specs[i]`; the first is the baseline) to a comparison.
 pub fn compare(command: Vec<String>, specs: Vec<ConfigSpec>, runs: Vec<Vec<Run>>, options: Options) -> Comparison {
     assert_eq!(specs.len(), runs.len(), "one list of runs per configuration");
-    let repeats = runs.iter().skip(1).map(Vec::len).max().unwrap_or_else(|| runs.first().map_or(0, Vec::len));
+    let repeats = runs.iter().skip(1).map(Vec::len).filter(|&n| n > 0).max().unwrap_or_else(|| runs.first().map_or(0, Vec::len));
     let model = if options.ignore_output {
         OutputModel::Ignored
     } else {
@@ -624,7 +624,7 @@ pub fn recommend(configs: &[ConfigResult], metric: Metric) -> Recommendation {
                     None,
                 )
             }
-            None => (format!("Keep the default ({}): no other configuration behaved like it", base.name), Confidence::Unknown, None),
+            None => (format!("Keep the default ({}): no other configuration ran with the same output and exit status", base.name), Confidence::Unknown, None),
         },
     };
     if !excluded.is_empty() {
