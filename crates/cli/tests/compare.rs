@@ -245,6 +245,26 @@ fn ignore_output_and_output_regex() {
     assert!(text(&out.stderr).contains("--only nosuch: no such configuration"), "{}", text(&out.stderr));
 }
 
+/// A trace whose ledger names no remedy (nothing retained: holds_live
+/// frees nothing), and a file that is no trace: one line each, exit 1,
+/// nothing run.
+#[test]
+fn remedies_of_a_trace_without_any_are_refused_in_one_line() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "holds_live.c");
+    let recorded = memgap(&dir, &["run", "-q", "-o", "t.mgt", "--", arg(&program), "8", "50"]);
+    assert!(recorded.status.success(), "{}", text(&recorded.stderr));
+    let marker = dir.join("ran");
+    let script = format!("touch {}", arg(&marker));
+    for trace in ["t.mgt", "nosuch.mgt"] {
+        let out = memgap(&dir, &["compare", "--remedies", trace, "--", "sh", "-c", &script]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let error = text(&out.stderr);
+        assert!(error.starts_with(&format!("memgap: {trace}")) && error.lines().count() == 1, "{error}");
+        assert!(!marker.exists(), "the command ran");
+    }
+}
+
 #[test]
 fn a_missing_command_is_one_line_and_127() {
     let (_tmp, dir) = tempdir();
