@@ -22,6 +22,7 @@
 pub mod event;
 pub mod files;
 pub mod framing;
+pub mod mutate;
 pub mod numa;
 pub mod reader;
 pub mod records;
