@@ -32,6 +32,9 @@ pub struct HeapState {
     /// What glibc's malloc_trim would find: tcaches, arenas' heaps, the
     /// program's own trims.
     pub glibc_trim: crate::glibc_trim::GlibcTrimModel,
+    /// `is_glibc()` for the allocator string at this address and length:
+    /// asked on every event, compared once per string.
+    glibc_for: Option<(usize, usize, bool)>,
 }
 
 impl HeapState {
@@ -62,8 +65,10 @@ impl HeapState {
     /// A snapshot no ledger is computed at: the one after the program's own
     /// malloc_trim still tells what that trim left.
     pub fn pass_snapshot(&mut self, snapshot: &memgap_trace::records::Snapshot) {
-        if self.glibc_trim.trim_pending() && self.is_glibc() {
-            crate::ledger::compute(self, snapshot, crate::ledger::Detail::default());
+        if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
+            let live: Vec<(u64, u64)> = self.live.in_address_order().iter().map(|&(addr, block)| (addr.saturating_sub(crate::ledger::GLIBC_HEADER), addr + block.usable())).collect();
+            let page = crate::ledger::plausible_page_size(snapshot.page_size);
+            crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| crate::ledger::countable_by_page(m, page));
         }
     }
 
@@ -87,7 +92,16 @@ impl HeapState {
             }
             _ => {
                 let change = self.live.apply(event);
-                if self.is_glibc() {
+                let key = (self.allocator.as_ptr() as usize, self.allocator.len());
+                let glibc = match self.glibc_for {
+                    Some((ptr, len, glibc)) if (ptr, len) == key => glibc,
+                    _ => {
+                        let glibc = self.is_glibc();
+                        self.glibc_for = Some((key.0, key.1, glibc));
+                        glibc
+                    }
+                };
+                if glibc {
                     self.glibc_trim.observe(event, change);
                 }
                 if e.addr != 0 && e.kind().is_allocation() {

@@ -16,7 +16,7 @@ use crate::heap_state::HeapState;
 /// glibc keeps each heap in 64 MiB-aligned reservations (HEAP_MAX_SIZE).
 pub(crate) const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
 /// The size word in front of a glibc block belongs to it.
-const GLIBC_HEADER: u64 = 8;
+pub(crate) const GLIBC_HEADER: u64 = 8;
 
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct Rows {
@@ -529,13 +529,13 @@ const MAX_PAGES_PER_MAPPING: u64 = 1 << 26;
 
 /// The snapshot's page size when it is one a kernel uses; 4 KiB otherwise
 /// (a corrupt trace).
-fn plausible_page_size(page_size: u64) -> u64 {
+pub(crate) fn plausible_page_size(page_size: u64) -> u64 {
     if page_size.is_power_of_two() && (4096..=1 << 30).contains(&page_size) { page_size } else { 4096 }
 }
 
 /// Whether `mapping` can be classified page by page: page-aligned, not
 /// empty, and not larger than [`MAX_PAGES_PER_MAPPING`].
-fn countable_by_page(mapping: &Mapping, page: u64) -> bool {
+pub(crate) fn countable_by_page(mapping: &Mapping, page: u64) -> bool {
     mapping.end > mapping.start && mapping.start % page == 0 && mapping.end % page == 0 && (mapping.end - mapping.start) / page <= MAX_PAGES_PER_MAPPING
 }
 
