@@ -3,8 +3,9 @@
  * memgap_snapshot() (found with dlsym, so the program runs without memgap
  * too) at the points the test examines.
  *
- *   strip            200 MiB of 64-byte blocks, all freed but every 64th
- *   take             the same, but the first 1/64 is kept (contiguous)
+ *   strip            200 MiB of 64-byte blocks, all freed but every 32nd
+ *                    (80-byte chunks: a survivor on every 4 KiB page)
+ *   take             the same, but the first 1/32 is kept (contiguous)
  *   trim             a worker thread fills its arena with 96 MiB, frees all
  *                    but its last block; snapshot, malloc_trim(0), snapshot
  *   strided K        64-256-byte blocks (~150 MiB), every K-th survives;
@@ -50,7 +51,7 @@ static int strip_or_take(int take) {
     size_t count = (200u << 20) / 64, requested, kept = 0;
     void **blocks = fill(count, 64, 64, &requested);
     for (size_t i = 0; i < count; i++) {
-        int keep = take ? i < count / 64 : i % 64 == 0;
+        int keep = take ? i < count / 32 : i % 32 == 0;
         if (keep) kept += 64; else free(blocks[i]);
     }
     free(blocks); /* the pointer array: only the survivors stay live */

@@ -339,13 +339,13 @@ fn disk_full_stops_recording_once_and_leaves_the_program_alone() {
 #[test]
 fn file_size_limit_does_not_kill_the_program() {
     // RLIMIT_FSIZE makes a write past the limit raise SIGXFSZ, which kills by
-    // default; the agent's writes must not.
+    // default: sizing the agent's buffers must not, and a limit below them
+    // leaves the program untraced (said in one line), never harmed.
     let (_tmp, dir) = tempdir();
     let prog = compile(&dir, "churn_hwm.c");
-    let trace = dir.join("t.mgt");
-    let limit = |cmd: &mut Command| unsafe {
-        cmd.pre_exec(|| {
-            let limit = libc::rlimit { rlim_cur: 200_000, rlim_max: 200_000 };
+    let limit_to = |cmd: &mut Command, bytes: u64| unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
             if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -353,11 +353,23 @@ fn file_size_limit_does_not_kill_the_program() {
         });
     };
     let mut plain_cmd = command(arg(&prog), ["2000000"]);
-    limit(plain_cmd.current_dir(&dir));
+    limit_to(plain_cmd.current_dir(&dir), 200_000);
     let plain = output_of(&mut plain_cmd);
     assert_eq!(plain.status.code(), Some(0));
+    let trace = dir.join("t.mgt");
     let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "2000000"]);
-    limit(&mut traced_cmd);
+    limit_to(&mut traced_cmd, 200_000);
+    let traced = output_of(&mut traced_cmd);
+    assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
+    assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+    assert!(text(&traced.stdout).ends_with("pairs 2000000\n"));
+    let said = memgap_lines(&traced.stderr);
+    assert!(said.iter().any(|l| l.contains("file size limit")), "{said:?}");
+
+    // Room for the buffers but not for the trace: recording stops once.
+    let trace = dir.join("t2.mgt");
+    let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "2000000"]);
+    limit_to(&mut traced_cmd, 1 << 20);
     let traced = output_of(&mut traced_cmd);
     assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
     assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
@@ -366,7 +378,7 @@ fn file_size_limit_does_not_kill_the_program() {
     assert_eq!(said.iter().filter(|l| l.contains("recording stopped")).count(), 1, "{said:?}");
     let s = summary_json(&trace);
     assert_eq!(s["truncated"], Value::Bool(true), "{s:#}");
-    assert!(fs::metadata(&trace).unwrap().len() <= 200_000);
+    assert!(fs::metadata(&trace).unwrap().len() <= 1 << 20);
 }
 
 #[test]

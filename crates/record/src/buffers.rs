@@ -1,194 +1,156 @@
 //! Per-thread event buffers: the only thing a traced thread touches on the
 //! hot path.
 //!
-//! Each thread appends encoded events to its current 64 KiB chunk and
+//! Each thread appends encoded events to its current 64 KiB chunk of the
+//! area shared with the recorder (see [`memgap_trace::shared`]) and
 //! publishes the committed length with a release store. When the chunk is
-//! full it links a fresh one after it. The writer thread follows each
-//! thread's chain of chunks, copies out what is committed, and recycles a
-//! chunk once the thread has moved past it. No lock is taken per event; the
-//! pool lock is taken once per chunk.
+//! full it takes a free one and links it after the old one by number. The
+//! recorder, in its own process, follows each thread's chain from the
+//! thread's slot, copies out what is committed and frees a chunk once the
+//! thread has moved past it. No lock is taken per event, nor per chunk.
 
-use core::cell::UnsafeCell;
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use memgap_trace::event::{DeltaState, Event, MAX_RECORD_LEN, RawEncoder, max_record_len};
+use memgap_trace::records::Record;
+use memgap_trace::shared::{self, Area, CHUNK_DATA, CHUNK_FREE, CHUNK_OWNED, ChunkHeader, SLOT_FILLING, SLOT_FREE, SLOT_LIVE};
 
+use crate::area;
 use crate::stacks::ThreadStacks;
-
 use crate::sys::{self, SpinLock};
 
-pub const CHUNK_BYTES: usize = 64 * 1024;
-const CHUNK_HEADER: usize = 64;
-const CHUNK_DATA: usize = CHUNK_BYTES - CHUNK_HEADER;
 /// Chunks a thread fills between two clock advances of its own (~40 k events).
 const CHUNKS_PER_TICK: u32 = 4;
-const CHUNKS_PER_BLOCK: usize = 16;
-const BLOCK_BYTES: usize = CHUNK_BYTES * CHUNKS_PER_BLOCK;
-const MAX_BLOCKS: usize = 16_384;
-pub const MAX_THREADS: usize = 8192;
 
-#[repr(C)]
-pub struct Chunk {
-    /// Bytes of `data` committed by the owning thread.
-    pub len: AtomicU32,
-    /// Set by the owner when its thread ended after this chunk.
-    pub closed: AtomicBool,
-    /// Set by the owner when it moved on; `len` is final from then on.
-    pub next: AtomicPtr<Chunk>,
-    pub thread: u32,
-    pub tid: u32,
-    pub seq: u32,
-    /// The writer round during which the thread took this chunk (see
-    /// [`WRITER_ROUND`]).
-    pub taken_in_round: u64,
-    /// How much of `data` the writer has copied out; the writer's alone.
-    pub emitted: UnsafeCell<u32>,
-    pool_next: *mut Chunk,
-}
-
-const _: () = assert!(core::mem::size_of::<Chunk>() <= CHUNK_HEADER);
-
-impl Chunk {
-    pub fn data(chunk: *mut Chunk) -> *mut u8 {
-        unsafe { (chunk as *mut u8).add(CHUNK_HEADER) }
-    }
-}
-
-pub struct ThreadState {
-    cursor: *mut u8,
-    /// End of the chunk's data: a record is written only with room for it.
-    end: *mut u8,
-    data: *mut u8,
-    chunk: *mut Chunk,
-    delta: DeltaState,
-    pub thread: u32,
-    pub tid: u32,
-    next_seq: u32,
-    pub destructor_rounds: u32,
-    /// An address on the thread's stack: the ledger counts its mapping as a stack.
-    pub stack_hint: u64,
-    /// Whether the writer has written this thread's THREAD record; the writer's alone.
-    pub announced: UnsafeCell<bool>,
-    /// Oldest chunk the writer has not finished with; the writer's alone.
-    pub writer_head: UnsafeCell<*mut Chunk>,
-    /// The unwinder and stack ids, made at the thread's first allocation.
-    stacks: Option<Box<ThreadStacks>>,
-    /// The thread's errno, kept across each capture: asking libc where it
-    /// is twice per allocation was 1.4 % of a python3 run's samples.
-    errno: *mut i32,
-}
-
-// ---- global state ----------------------------------------------------------
-
-pub static SLOTS: [AtomicPtr<ThreadState>; MAX_THREADS] = [const { AtomicPtr::new(null_mut()) }; MAX_THREADS];
-pub static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
-pub static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// Counts the writer's rounds. A round emits only the chunks taken before
-/// it began: following each thread's chain to its end kept one round
-/// going for as long as fast threads kept filling chunks, and a reader
-/// holds a round's events in memory until the next CLOCK record.
-pub static WRITER_ROUND: AtomicU64 = AtomicU64::new(0);
+/// Where the next search for a free chunk starts.
+static TAKE_HINT: AtomicU32 = AtomicU32::new(0);
+/// Events dropped before the area existed; the area's count after.
+static DROPPED_EARLY: AtomicU64 = AtomicU64::new(0);
 
-struct Pool {
-    free: *mut Chunk,
-    blocks: [*mut u8; MAX_BLOCKS],
-    block_count: usize,
-    limit_blocks: usize,
+pub fn count_dropped(events: u64) {
+    match area::get() {
+        Some(area) => area.header().dropped.fetch_add(events, Relaxed),
+        None => DROPPED_EARLY.fetch_add(events, Relaxed),
+    };
 }
 
-struct PoolCell(UnsafeCell<Pool>);
-// SAFETY: only accessed under POOL_LOCK (or by the lone thread of a fork child).
-unsafe impl Sync for PoolCell {}
-static POOL_LOCK: SpinLock = SpinLock::new();
-static POOL: PoolCell = PoolCell(UnsafeCell::new(Pool { free: null_mut(), blocks: [null_mut(); MAX_BLOCKS], block_count: 0, limit_blocks: crate::process::DEFAULT_BUFFER_MB as usize * (1 << 20) / BLOCK_BYTES }));
-/// Chunks handed out and not yet recycled: the writer is woken when it grows.
-pub static CHUNKS_IN_USE: AtomicUsize = AtomicUsize::new(0);
-
-pub fn set_buffer_limit(bytes: usize) {
-    let _guard = POOL_LOCK.lock();
-    unsafe { (*POOL.0.get()).limit_blocks = (bytes / BLOCK_BYTES).clamp(1, MAX_BLOCKS) };
-}
-
-pub fn pool_capacity_chunks() -> usize {
-    unsafe { (*POOL.0.get()).limit_blocks * CHUNKS_PER_BLOCK }
-}
-
-fn try_take_chunk() -> *mut Chunk {
-    let _guard = POOL_LOCK.lock();
-    let pool = unsafe { &mut *POOL.0.get() };
-    if pool.free.is_null() && pool.block_count < pool.limit_blocks {
-        let block = sys::mmap_anonymous(BLOCK_BYTES);
-        if !block.is_null() {
-            pool.blocks[pool.block_count] = block;
-            pool.block_count += 1;
-            for i in 0..CHUNKS_PER_BLOCK {
-                let chunk = unsafe { block.add(i * CHUNK_BYTES) } as *mut Chunk;
-                unsafe { (*chunk).pool_next = pool.free };
-                pool.free = chunk;
+/// A free chunk below the capacity, taken; `None` if all are taken.
+fn try_take_chunk(area: Area) -> Option<u32> {
+    let header = area.header();
+    let capacity = header.capacity_chunks.load(Acquire).min(header.max_chunks.load(Relaxed));
+    if capacity == 0 {
+        return None;
+    }
+    let start = TAKE_HINT.load(Relaxed) % capacity;
+    for step in 0..capacity {
+        let index = (start + step) % capacity;
+        let state = &area.chunk(index).state;
+        if state.load(Relaxed) == CHUNK_FREE && state.compare_exchange(CHUNK_FREE, CHUNK_OWNED, Acquire, Relaxed).is_ok() {
+            TAKE_HINT.store(index + 1, Relaxed);
+            // More than half the chunks in use: have the recorder drain (or
+            // grow the area) now rather than at its next round.
+            if step * 2 > capacity {
+                header.wants_more.store(1, Relaxed);
+                area::wake_recorder(header);
             }
+            return Some(index);
         }
     }
-    let chunk = pool.free;
-    if !chunk.is_null() {
-        pool.free = unsafe { (*chunk).pool_next };
-        CHUNKS_IN_USE.fetch_add(1, Relaxed);
-    }
-    chunk
+    None
 }
 
-/// A fresh chunk; when the pool is exhausted the thread waits for the writer
-/// (back-pressure keeps memory bounded). `None` once recording has stopped
-/// or the writer makes no progress for 10 s; the caller then drops the event.
-fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<*mut Chunk> {
-    let mut waited_ns = 0u64;
-    let chunk = loop {
-        let chunk = try_take_chunk();
-        if !chunk.is_null() {
-            break chunk;
+/// A fresh chunk; when every chunk is full the thread waits for the
+/// recorder (back-pressure keeps memory bounded). `None` once recording has
+/// stopped, or when the recorder stops answering; the caller then drops
+/// the event.
+fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
+    let area = area::get()?;
+    let header = area.header();
+    let mut last_beat = (0, 0);
+    let index = loop {
+        if let Some(index) = try_take_chunk(area) {
+            break index;
         }
-        if !crate::recorder::is_recording() || waited_ns > 10_000_000_000 {
+        if !crate::recorder::is_recording() {
             return None;
         }
-        crate::writer::wake();
+        header.wants_more.store(1, Relaxed);
+        area::wake_recorder(header);
+        if !area::recorder_alive(header, &mut last_beat) {
+            crate::recorder::stop_recording();
+            return None;
+        }
         sys::sleep_ns(200_000);
-        waited_ns += 200_000;
     };
-    unsafe {
-        chunk.write(Chunk {
-            len: AtomicU32::new(0),
-            closed: AtomicBool::new(false),
-            next: AtomicPtr::new(null_mut()),
-            thread,
-            tid,
-            seq,
-            taken_in_round: WRITER_ROUND.load(Acquire),
-            emitted: UnsafeCell::new(0),
-            pool_next: null_mut(),
-        });
-    }
-    if CHUNKS_IN_USE.load(Relaxed) * 2 > pool_capacity_chunks() {
-        crate::writer::wake();
-    }
+    let chunk = area.chunk(index);
+    chunk.len.store(0, Relaxed);
+    chunk.next.store(0, Relaxed);
+    chunk.closed.store(0, Relaxed);
+    chunk.emitted.store(0, Relaxed);
+    chunk.thread.store(thread, Relaxed);
+    chunk.tid.store(tid, Relaxed);
+    chunk.seq.store(seq, Relaxed);
+    chunk.taken_in_round.store(header.writer_round.0.load(Acquire), Relaxed);
     // A thread that filled a few chunks since moves the clock on: events
-    // after it are later than those before, so a round in which the writer
+    // after it are later than those before, so a round in which the recorder
     // fell behind (millions of events when threads outnumber cores) comes
     // in pieces a reader can order and hand on one at a time, instead of
     // one time it must hold whole.
     if seq % CHUNKS_PER_TICK == CHUNKS_PER_TICK - 1 {
         crate::clock::advance();
     }
-    Some(chunk)
+    Some(index)
 }
 
-/// Called by the writer once it has copied out all of `chunk`.
-pub fn recycle(chunk: *mut Chunk) {
-    let _guard = POOL_LOCK.lock();
-    let pool = unsafe { &mut *POOL.0.get() };
-    unsafe { (*chunk).pool_next = pool.free };
-    pool.free = chunk;
-    CHUNKS_IN_USE.fetch_sub(1, Relaxed);
+// ---- the records channel ---------------------------------------------------
+
+/// Where the agent's records (PROCESS, MODULES, NOTE, METRICS) go: a chain
+/// of chunks like a thread's, read by the recorder as whole records.
+struct Channel {
+    chunk: Option<u32>,
+    len: u32,
+    seq: u32,
+}
+
+struct ChannelCell(core::cell::UnsafeCell<Channel>);
+// SAFETY: only touched under CHANNEL_LOCK (or by the lone thread of a fork child).
+unsafe impl Sync for ChannelCell {}
+static CHANNEL_LOCK: SpinLock = SpinLock::new();
+static CHANNEL: ChannelCell = ChannelCell(core::cell::UnsafeCell::new(Channel { chunk: None, len: 0, seq: 0 }));
+
+/// Appends `record` to the records channel; false if it could not be (no
+/// area, or no chunk to be had).
+pub fn push_record(record: &Record) -> bool {
+    let Some(area) = area::get() else { return false };
+    let mut bytes = Vec::new();
+    record.encode(&mut bytes);
+    let _guard = CHANNEL_LOCK.lock();
+    let channel = unsafe { &mut *CHANNEL.0.get() };
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let index = match channel.chunk {
+            Some(index) if (channel.len as usize) < CHUNK_DATA => index,
+            previous => {
+                let Some(fresh) = take_chunk(0, 0, channel.seq) else { return false };
+                channel.seq += 1;
+                match previous {
+                    Some(previous) => area.chunk(previous).next.store(fresh + 1, Release),
+                    None => area.header().records_first_chunk.store(fresh + 1, Release),
+                }
+                channel.chunk = Some(fresh);
+                channel.len = 0;
+                fresh
+            }
+        };
+        let n = rest.len().min(CHUNK_DATA - channel.len as usize);
+        unsafe { core::ptr::copy_nonoverlapping(rest.as_ptr(), area.chunk_data(index).add(channel.len as usize), n) };
+        channel.len += n as u32;
+        area.chunk(index).len.store(channel.len, Release);
+        rest = &rest[n..];
+    }
+    true
 }
 
 // ---- the calling thread ----------------------------------------------------
@@ -281,10 +243,6 @@ pub fn while_busy<R>(f: impl FnOnce() -> R) -> R {
     result
 }
 
-/// Marks the calling thread (the writer) as never recorded.
-pub fn mark_thread_untraced() {
-    current::set(BUSY as *mut ThreadState);
-}
 
 #[inline(always)]
 pub fn append(event: &Event) {
@@ -348,13 +306,13 @@ pub fn append_allocation(event: &mut Event) {
 fn append_slow(state: *mut ThreadState, event: &Event) {
     if state as usize != 0 {
         if state as usize == GONE {
-            DROPPED.fetch_add(1, Relaxed);
+            count_dropped(1);
         }
         return;
     }
     let state = new_thread_state();
     if state.is_null() {
-        DROPPED.fetch_add(1, Relaxed);
+        count_dropped(1);
     } else {
         append(event);
     }
@@ -378,33 +336,54 @@ pub fn current_state() -> *mut ThreadState {
     if (state as usize) <= GONE { null_mut() } else { state }
 }
 
+pub struct ThreadState {
+    cursor: *mut u8,
+    /// End of the chunk's data: a record is written only with room for it.
+    end: *mut u8,
+    data: *mut u8,
+    /// The current chunk's header in the area, and its index.
+    chunk: *const ChunkHeader,
+    chunk_index: u32,
+    delta: DeltaState,
+    pub thread: u32,
+    pub tid: u32,
+    next_seq: u32,
+    pub destructor_rounds: u32,
+    /// The unwinder and stack ids, made at the thread's first allocation.
+    stacks: Option<Box<ThreadStacks>>,
+    /// The thread's errno, kept across each capture: asking libc where it
+    /// is twice per allocation was 1.4 % of a python3 run's samples.
+    errno: *mut i32,
+}
+
 impl ThreadState {
     fn create() -> Option<*mut ThreadState> {
+        let area = area::get()?;
         let thread = NEXT_THREAD.fetch_add(1, Relaxed);
         let tid = sys::gettid();
-        let chunk = take_chunk(thread, tid, 0)?;
-        let data = Chunk::data(chunk);
+        let index = take_chunk(thread, tid, 0)?;
+        let data = area.chunk_data(index);
+        // An address on the thread's stack: the ledger counts its mapping as a stack.
+        let stack_hint = &thread as *const u32 as u64;
+        if !claim_slot(area, thread, tid, stack_hint, index) {
+            // No slot for it: the chunk goes back unused.
+            area.chunk(index).state.store(CHUNK_FREE, Release);
+            return None;
+        }
         let state = Box::into_raw(Box::new(ThreadState {
             cursor: data,
             end: unsafe { data.add(CHUNK_DATA) },
             data,
-            chunk,
+            chunk: area.chunk(index),
+            chunk_index: index,
             delta: DeltaState::default(),
             thread,
             tid,
             next_seq: 1,
             destructor_rounds: 0,
-            stack_hint: &thread as *const u32 as u64,
-            announced: UnsafeCell::new(false),
-            writer_head: UnsafeCell::new(chunk),
             stacks: None,
             errno: unsafe { libc::__errno_location() },
         }));
-        if !register(state) {
-            recycle(chunk);
-            drop(unsafe { Box::from_raw(state) });
-            return None;
-        }
         crate::recorder::on_new_thread(state);
         Some(state)
     }
@@ -416,11 +395,11 @@ impl ThreadState {
         if (self.end as usize - self.cursor as usize) >= len || self.next_chunk() {
             return true;
         }
-        DROPPED.fetch_add(1, Relaxed);
+        count_dropped(1);
         false
     }
 
-    /// Makes the bytes written so far visible to the writer.
+    /// Makes the bytes written so far visible to the recorder.
     #[inline(always)]
     fn publish(&mut self) {
         unsafe { (*self.chunk).len.store((self.cursor as usize - self.data as usize) as u32, Release) };
@@ -428,53 +407,58 @@ impl ThreadState {
 
     #[cold]
     fn next_chunk(&mut self) -> bool {
+        let Some(area) = area::get() else { return false };
         let errno = unsafe { *libc::__errno_location() };
         let fresh = take_chunk(self.thread, self.tid, self.next_seq);
         unsafe { *libc::__errno_location() = errno };
-        let Some(chunk) = fresh else { return false };
+        let Some(index) = fresh else { return false };
+        crate::recorder::note_loader_changes();
         self.next_seq += 1;
-        unsafe { (*self.chunk).next.store(chunk, Release) };
-        self.chunk = chunk;
-        self.data = Chunk::data(chunk);
+        unsafe { (*self.chunk).next.store(index + 1, Release) };
+        self.chunk = area.chunk(index);
+        self.chunk_index = index;
+        self.data = area.chunk_data(index);
         self.cursor = self.data;
         self.end = unsafe { self.data.add(CHUNK_DATA) };
         self.delta = DeltaState::default();
         true
     }
 
-    /// Thread exit: the writer copies out the rest and frees the state.
+    /// Thread exit: the recorder copies out the rest; the state is ours to free.
     pub fn close(state: *mut ThreadState) {
         current::set(GONE as *mut ThreadState);
-        unsafe { (*(*state).chunk).closed.store(true, Release) };
+        unsafe { (*(*state).chunk).closed.store(1, Release) };
+        drop(unsafe { Box::from_raw(state) });
     }
 }
 
-fn register(state: *mut ThreadState) -> bool {
-    for (i, slot) in SLOTS.iter().enumerate() {
-        if slot.load(Relaxed).is_null() && slot.compare_exchange(null_mut(), state, AcqRel, Relaxed).is_ok() {
-            SLOTS_USED.fetch_max(i + 1, AcqRel);
+/// Publishes a thread in the area's first free slot.
+fn claim_slot(area: Area, thread: u32, tid: u32, stack_hint: u64, first_chunk: u32) -> bool {
+    let header = area.header();
+    for (i, slot) in header.slots.iter().enumerate() {
+        if slot.state.load(Relaxed) == SLOT_FREE && slot.state.compare_exchange(SLOT_FREE, SLOT_FILLING, Acquire, Relaxed).is_ok() {
+            slot.thread.store(thread, Relaxed);
+            slot.tid.store(tid, Relaxed);
+            slot.stack_hint.store(stack_hint, Relaxed);
+            slot.first_chunk.store(first_chunk + 1, Relaxed);
+            slot.state.store(SLOT_LIVE, Release);
+            header.threads_used.fetch_max(i as u32 + 1, AcqRel);
             return true;
         }
     }
     false
 }
 
-/// In a fork child only the forking thread survives, and the trace belongs
-/// to the parent: forget every thread and buffer, and give the memory back.
+/// In a fork child only the forking thread survives, and the area is the
+/// parent's: forget this thread's buffer and the records channel.
 pub fn reset_after_fork() {
     current::set(null_mut());
-    for slot in &SLOTS {
-        slot.store(null_mut(), Relaxed);
-    }
-    SLOTS_USED.store(0, Relaxed);
-    DROPPED.store(0, Relaxed);
-    POOL_LOCK.reset();
-    let pool = unsafe { &mut *POOL.0.get() };
-    for block in &mut pool.blocks[..pool.block_count] {
-        sys::munmap(*block, BLOCK_BYTES);
-        *block = null_mut();
-    }
-    pool.block_count = 0;
-    pool.free = null_mut();
-    CHUNKS_IN_USE.store(0, Relaxed);
+    CHANNEL_LOCK.reset();
+    let channel = unsafe { &mut *CHANNEL.0.get() };
+    *channel = Channel { chunk: None, len: 0, seq: 0 };
+    TAKE_HINT.store(0, Relaxed);
+    DROPPED_EARLY.store(0, Relaxed);
 }
+
+#[allow(dead_code)]
+const _: () = assert!(shared::CHUNK_DATA >= MAX_RECORD_LEN * 2);

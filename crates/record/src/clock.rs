@@ -1,37 +1,47 @@
 //! Event timestamps.
 //!
-//! Events carry the writer's round number, not a clock reading: every
+//! Events carry the recorder's round number, not a clock reading: every
 //! timestamp source a thread could read per event costs too much. `rdtsc`
 //! waits here for the program's outstanding cache misses (two per
 //! malloc/free pair took a churn loop from 0.20 s to 0.78 s), and
-//! `clock_gettime` adds a call and a `rdtsc` of its own. The writer advances
+//! `clock_gettime` adds a call and a `rdtsc` of its own. The recorder advances
 //! the round once per round and once before each snapshot, a thread once
 //! every few buffer chunks it fills (see `buffers::take_chunk`), and the
-//! writer records a CLOCK pair (round, CLOCK_MONOTONIC ns) each round, from
+//! recorder records a CLOCK pair (round, CLOCK_MONOTONIC ns) each round, from
 //! which readers convert (times between two pairs are interpolated). Events
 //! within one round are ordered by each thread's buffer and, across
 //! threads, by the replay (see `memgap_replay::merge`).
 
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
 
 use memgap_trace::records::CLOCK_ROUNDS;
 
-static ROUND: AtomicU64 = AtomicU64::new(0);
+/// The round before the area exists (or in a process that records nothing).
+static LOCAL_ROUND: AtomicU64 = AtomicU64::new(0);
+/// The round counter in the area shared with the recorder, which moves it.
+static ROUND: AtomicPtr<AtomicU64> = AtomicPtr::new(&LOCAL_ROUND as *const AtomicU64 as *mut AtomicU64);
+
+/// Counts rounds in the shared area's word from now on (`null`: locally).
+pub fn use_area(round: *const AtomicU64) {
+    let round = if round.is_null() { &LOCAL_ROUND as *const AtomicU64 } else { round };
+    ROUND.store(round as *mut AtomicU64, Relaxed);
+}
 
 pub fn kind() -> u8 {
     CLOCK_ROUNDS
 }
 
-/// The current round: a plain load of a line only the writer stores to,
-/// ten times less often than every 10 ms round.
+/// The current round: a plain load of a line the recorder stores to about
+/// every 10 ms.
 #[inline(always)]
 pub fn now() -> u64 {
-    ROUND.load(Relaxed)
+    // SAFETY: points to a static or into the area, mapped for the process's life.
+    unsafe { (*ROUND.load(Relaxed)).load(Relaxed) }
 }
 
 /// Starts a new round; events from here on carry the returned value.
 pub fn advance() -> u64 {
-    ROUND.fetch_add(1, Relaxed) + 1
+    unsafe { (*ROUND.load(Relaxed)).fetch_add(1, Relaxed) + 1 }
 }
 
 pub fn monotonic_ns() -> u64 {

@@ -247,7 +247,7 @@ pub extern "C" fn memgap_snapshot() {
     recorder::program_snapshot();
 }
 
-// ---- exec: write out what is buffered, the new image continues the trace ----
+// ---- exec: the new image continues the trace, in an area of its own -------
 
 type Argv = *const *const libc::c_char;
 
@@ -258,10 +258,12 @@ unsafe extern "C" {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execve(path: *const libc::c_char, argv: Argv, envp: Argv) -> i32 {
     recorder::before_exec();
-    match real::real() {
+    let result = match real::real() {
         Some(real) => unsafe { (real.execve)(path, argv, envp) },
         None => -1,
-    }
+    };
+    recorder::after_failed_exec();
+    result
 }
 
 #[unsafe(no_mangle)]
@@ -272,10 +274,12 @@ pub unsafe extern "C" fn execv(path: *const libc::c_char, argv: Argv) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execvpe(file: *const libc::c_char, argv: Argv, envp: Argv) -> i32 {
     recorder::before_exec();
-    match real::real() {
+    let result = match real::real() {
         Some(real) => unsafe { (real.execvpe)(file, argv, envp) },
         None => -1,
-    }
+    };
+    recorder::after_failed_exec();
+    result
 }
 
 #[unsafe(no_mangle)]
@@ -286,19 +290,23 @@ pub unsafe extern "C" fn execvp(file: *const libc::c_char, argv: Argv) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fexecve(fd: i32, argv: Argv, envp: Argv) -> i32 {
     recorder::before_exec();
-    match real::real() {
+    let result = match real::real() {
         Some(real) => unsafe { (real.fexecve)(fd, argv, envp) },
         None => -1,
-    }
+    };
+    recorder::after_failed_exec();
+    result
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execveat(dirfd: i32, path: *const libc::c_char, argv: Argv, envp: Argv, flags: i32) -> i32 {
     recorder::before_exec();
-    match real::real() {
+    let result = match real::real() {
         Some(real) => unsafe { (real.execveat)(dirfd, path, argv, envp, flags) },
         None => -1,
-    }
+    };
+    recorder::after_failed_exec();
+    result
 }
 
 // ---- process end -----------------------------------------------------------

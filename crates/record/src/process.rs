@@ -6,22 +6,16 @@ use core::ffi::{CStr, c_char, c_int, c_void};
 
 use memgap_trace::records::{Module, Process};
 
-use crate::{clock, sys};
+use memgap_trace::shared::DEFAULT_BUFFER_MB;
 
-/// The agent's buffer pool, in MiB, unless `MEMGAP_BUFFER_MB` says otherwise.
-pub const DEFAULT_BUFFER_MB: u64 = 32;
+use crate::{clock, sys};
 
 /// Settings passed by `memgap run` through the environment.
 pub struct Config {
-    /// Trace path for the top process; `%p` stands for the pid.
-    pub output: Vec<u8>,
+    /// The run's private directory, where each process image makes its area.
+    pub area_dir: Vec<u8>,
     pub run_id: u64,
-    /// Pid of `memgap run`: the process whose parent it is, is the top one.
-    pub parent_pid: u32,
     pub follow: bool,
-    pub interval_ns: u64,
-    /// 0: no periodic snapshots (peaks, exit and requests still take them).
-    pub snapshot_interval_ns: u64,
     pub buffer_bytes: usize,
     pub stacks: StackMode,
     /// Frames kept per stack at most.
@@ -50,17 +44,14 @@ impl Config {
     /// `None` when the agent was loaded without `memgap run` (nothing to do)
     /// or the environment is not set up yet (very early in process start).
     pub fn from_env() -> Option<Config> {
-        let output = env(c"MEMGAP_OUTPUT")?.to_vec();
-        if output.is_empty() {
+        let area_dir = env(c"MEMGAP_AREA_DIR")?.to_vec();
+        if area_dir.is_empty() {
             return None;
         }
         Some(Config {
-            output,
+            area_dir,
             run_id: env_number(c"MEMGAP_RUN_ID", 16).unwrap_or(0),
-            parent_pid: env_number(c"MEMGAP_PARENT_PID", 10).unwrap_or(0) as u32,
             follow: env(c"MEMGAP_FOLLOW") != Some(b"0"),
-            interval_ns: env_number(c"MEMGAP_INTERVAL_MS", 10).unwrap_or(10).clamp(1, 10_000) * 1_000_000,
-            snapshot_interval_ns: env_number(c"MEMGAP_SNAPSHOT_MS", 10).unwrap_or(1000).min(3_600_000) * 1_000_000,
             stacks: match env(c"MEMGAP_STACKS") {
                 Some(b"none") | Some(b"0") => StackMode::None,
                 Some(b"fp") => StackMode::FramePointers,
@@ -68,59 +59,10 @@ impl Config {
             },
             stack_depth: env_number(c"MEMGAP_STACK_DEPTH", 10).unwrap_or(64).clamp(1, 256) as usize,
             // Enough for bursts; more only adds to the program's RSS when
-            // the writer falls behind for good (4 threads on 2 CPUs: a 128
+            // the recorder falls behind for good (4 threads on 2 CPUs: a 128
             // MiB pool filled up, and the run took no less time than with 32).
             buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(DEFAULT_BUFFER_MB).clamp(1, 16_384) as usize) << 20,
         })
-    }
-
-    pub fn is_top_process(&self) -> bool {
-        sys::getppid() == self.parent_pid
-    }
-}
-
-/// The trace path of process `pid`: `%p` in the pattern becomes the pid; a
-/// pattern without it names the top process, and other processes insert their
-/// pid before the extension (`t.mgt` → `t.4242.mgt`).
-pub fn trace_path(pattern: &[u8], pid: u32, top: bool) -> Vec<u8> {
-    let mut digits = [0u8; 10];
-    let pid_text = format_u32(pid, &mut digits);
-    if pattern.windows(2).any(|w| w == b"%p") {
-        let mut out = Vec::with_capacity(pattern.len() + 8);
-        let mut i = 0;
-        while i < pattern.len() {
-            if pattern[i..].starts_with(b"%p") {
-                out.extend_from_slice(pid_text);
-                i += 2;
-            } else {
-                out.push(pattern[i]);
-                i += 1;
-            }
-        }
-        return out;
-    }
-    if top {
-        return pattern.to_vec();
-    }
-    let file_start = pattern.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
-    let dot = pattern[file_start..].iter().rposition(|&b| b == b'.').map(|i| file_start + i).filter(|&i| i > file_start);
-    let split = dot.unwrap_or(pattern.len());
-    let mut out = pattern[..split].to_vec();
-    out.push(b'.');
-    out.extend_from_slice(pid_text);
-    out.extend_from_slice(&pattern[split..]);
-    out
-}
-
-fn format_u32(mut value: u32, buf: &mut [u8; 10]) -> &[u8] {
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            return &buf[start..];
-        }
     }
 }
 
@@ -245,16 +187,6 @@ pub fn remove_self_from_ld_preload() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn trace_paths() {
-        assert_eq!(trace_path(b"/t/memgap-srv.%p.mgt", 42, true), b"/t/memgap-srv.42.mgt");
-        assert_eq!(trace_path(b"/t/memgap-srv.%p.mgt", 43, false), b"/t/memgap-srv.43.mgt");
-        assert_eq!(trace_path(b"/t/x.mgt", 42, true), b"/t/x.mgt");
-        assert_eq!(trace_path(b"/t/x.mgt", 42, false), b"/t/x.42.mgt");
-        assert_eq!(trace_path(b"/t.d/x", 7, false), b"/t.d/x.7");
-        assert_eq!(trace_path(b"/t/.hidden", 7, false), b"/t/.hidden.7");
-    }
 
     #[test]
     fn finds_our_own_build_id() {

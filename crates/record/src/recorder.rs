@@ -1,19 +1,18 @@
-//! The recorder's life cycle: start (at the first heap call or at load,
-//! whichever comes first), thread exit, fork, and the end of the process.
+//! The agent's life cycle: start (at the first heap call or at load,
+//! whichever comes first), thread exit, fork, exec, and the end of the
+//! process. Everything but the hooks happens in the recorder, outside the
+//! program; this only makes the shared area and talks to it.
 
-use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 
 use memgap_trace::event::{Event, EventKind, RawEncoder};
-use memgap_trace::framing::{self, FileHeader};
 use memgap_trace::records::{EndReason, Record};
+use memgap_trace::shared::{self, AGENT_FINISHED, AGENT_STOPPED, REQUEST_EXIT_SNAPSHOT, REQUEST_SNAPSHOT};
 
 use crate::buffers::{self, ThreadState};
 use crate::process::{self, Config};
-use crate::sys::{self, SpinLock};
-use crate::writer::{self, Writer};
-use crate::{clock, real};
+use crate::{area, clock, real, sys};
 
 const UNSTARTED: u8 = 0;
 const STARTING: u8 = 1;
@@ -23,7 +22,6 @@ const OFF: u8 = 3;
 static PHASE: AtomicU8 = AtomicU8::new(UNSTARTED);
 static FINISHED: AtomicBool = AtomicBool::new(false);
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
-static INTERVAL_NS: AtomicU64 = AtomicU64::new(10_000_000);
 static FOLLOW: AtomicBool = AtomicBool::new(true);
 static USABLE_SIZE: AtomicU8 = AtomicU8::new(0);
 const USABLE_UNKNOWN: u8 = 0;
@@ -34,17 +32,10 @@ static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// glibc runs pthread key destructors at most this many rounds.
 const PTHREAD_DESTRUCTOR_ITERATIONS: u32 = 4;
 
-struct WriterCell(UnsafeCell<Option<Writer>>);
-// SAFETY: accessed only under WRITER_LOCK.
-unsafe impl Sync for WriterCell {}
-static WRITER_LOCK: SpinLock = SpinLock::new();
-static WRITER: WriterCell = WriterCell(UnsafeCell::new(None));
-
-struct ConfigCell(UnsafeCell<Option<Config>>);
-// SAFETY: written once while PHASE is STARTING (or in a fork child, which has
-// one thread), read afterwards.
+struct ConfigCell(core::cell::UnsafeCell<Option<Config>>);
+// SAFETY: written once while PHASE is STARTING, read afterwards.
 unsafe impl Sync for ConfigCell {}
-static CONFIG: ConfigCell = ConfigCell(UnsafeCell::new(None));
+static CONFIG: ConfigCell = ConfigCell(core::cell::UnsafeCell::new(None));
 
 fn config() -> Option<&'static Config> {
     unsafe { (*CONFIG.0.get()).as_ref() }
@@ -65,17 +56,13 @@ pub fn recording() -> bool {
     }
 }
 
-pub fn interval_ns() -> u64 {
-    INTERVAL_NS.load(Relaxed)
-}
-
+/// Stops recording for good (the recorder is gone or stalled); the
+/// recorder, if it comes back, learns it from the area.
 pub fn stop_recording() {
     PHASE.store(OFF, Release);
-}
-
-pub fn with_writer<R>(f: impl FnOnce(&mut Writer) -> R) -> Option<R> {
-    let _guard = WRITER_LOCK.lock();
-    unsafe { (*WRITER.0.get()).as_mut() }.map(f)
+    if let Some(area) = area::get() {
+        let _ = area.header().agent_state.compare_exchange(shared::AGENT_RECORDING, AGENT_STOPPED, AcqRel, Relaxed);
+    }
 }
 
 #[cold]
@@ -103,75 +90,25 @@ fn start() -> bool {
 fn start_recording() -> bool {
     let Some(config) = Config::from_env() else { return false };
     sys::current_cpu::init();
-    INTERVAL_NS.store(config.interval_ns, Relaxed);
     FOLLOW.store(config.follow, Relaxed);
     crate::stacks::configure(config.stacks, config.stack_depth);
-    buffers::set_buffer_limit(config.buffer_bytes);
     unsafe { *CONFIG.0.get() = Some(config) };
-    open_trace(config_ref(), config_ref().is_top_process())
+    open_area(config_ref())
 }
 
 fn config_ref() -> &'static Config {
     config().expect("config is set before use")
 }
 
-/// Opens (or, after an exec of the same process, continues) this process's
-/// trace and writes its PROCESS record.
-fn open_trace(config: &Config, top: bool) -> bool {
-    let pid = sys::getpid();
-    OWNER_PID.store(pid, Relaxed);
-    let mut path = process::trace_path(&config.output, pid, top);
-    path.push(0);
-    // No symlink as the trace itself: in a shared directory such as /tmp,
-    // someone else could plant one at the predictable name and have us
-    // truncate whatever it points to.
-    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW;
-    // Owner only: a trace holds addresses, command lines and symbol names.
-    let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, flags, 0o600) };
-    path.pop();
-    if fd < 0 {
-        let errno = unsafe { *libc::__errno_location() };
-        sys::log(&[b"not recording: cannot create ", &path, b": ", sys::errno_text(errno)]);
+/// Makes this process image's area and puts its PROCESS record first. A
+/// failure leaves the program alone: the recorder says that this process
+/// left no trace.
+fn open_area(config: &Config) -> bool {
+    OWNER_PID.store(sys::getpid(), Relaxed);
+    if area::create(&config.area_dir, config.run_id, shared::chunks_for(config.buffer_bytes)).is_err() {
         return false;
     }
-    // Nor a file someone else made there for us to write into.
-    let mut stat: libc::stat = unsafe { core::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut stat) } != 0 || stat.st_uid != unsafe { libc::geteuid() } {
-        sys::log(&[b"not recording: ", &path, b" exists and belongs to another user"]);
-        unsafe { libc::close(fd) };
-        return false;
-    }
-    // The same run's trace already exists for this pid when an exec replaced
-    // the previous program image: append to it as a new image.
-    let mut existing = [0u8; framing::FILE_HEADER_LEN];
-    let read = unsafe { libc::pread(fd, existing.as_mut_ptr() as *mut c_void, existing.len(), 0) };
-    let continues = read == existing.len() as isize && FileHeader::decode(&existing).is_ok_and(|h| h.run_id == config.run_id);
-    let mut bytes = Vec::new();
-    if !continues && stat.st_size != 0 {
-        // Not this run's file (an earlier run's, or anything else): never
-        // written over. An empty one is the file `memgap run` made for us.
-        sys::log(&[b"not recording: ", &path, b" already exists"]);
-        unsafe { libc::close(fd) };
-        return false;
-    }
-    if !continues {
-        // The umask may have taken bits off the mode asked for.
-        unsafe { libc::fchmod(fd, 0o600) };
-        bytes.extend_from_slice(&FileHeader::new(config.run_id).encode());
-    }
-    let mut raw = Vec::new();
-    Record::Process(process::describe(config, u32::from(continues), clock::now())).encode(&mut raw);
-    let mut chunk = Vec::new();
-    framing::encode_chunk(&raw, &mut chunk);
-    bytes.extend_from_slice(&chunk);
-    if let Err(errno) = sys::write_all(fd, &bytes) {
-        sys::log(&[b"not recording: cannot write ", &path, b": ", sys::errno_text(errno)]);
-        unsafe { libc::close(fd) };
-        return false;
-    }
-    let _guard = WRITER_LOCK.lock();
-    unsafe { *WRITER.0.get() = Some(Writer::new(fd, path, config.snapshot_interval_ns)) };
-    true
+    buffers::push_record(&Record::Process(process::describe(config, 0, clock::now())))
 }
 
 /// Runs when the library is loaded, before `main`.
@@ -202,28 +139,41 @@ pub fn on_load() {
         if !FOLLOW.load(Relaxed) {
             process::remove_self_from_ld_preload();
         }
-        with_writer(|w| {
-            w.push(&Record::Modules(process::loaded_modules()));
-            w.push(&Record::Allocator { path: real::module_path(real.malloc as *const c_void) });
-        });
-        warn_if_allocator_is_unreachable(real);
-        if !writer::start_thread() {
-            sys::log(&[b"not recording: cannot start the writer thread"]);
-            stop_recording();
-        }
+        describe_image(real);
     });
+}
+
+/// The loaded modules and the allocator, after the PROCESS record.
+fn describe_image(real: &real::Real) {
+    let (adds, subs) = process::loader_generation();
+    LOADER_ADDS.store(adds, Relaxed);
+    LOADER_SUBS.store(subs, Relaxed);
+    buffers::push_record(&Record::Modules(process::loaded_modules()));
+    buffers::push_record(&Record::Allocator { path: real::module_path(real.malloc as *const c_void) });
+    warn_if_allocator_is_unreachable();
+}
+
+static LOADER_ADDS: AtomicU64 = AtomicU64::new(0);
+static LOADER_SUBS: AtomicU64 = AtomicU64::new(0);
+
+/// A dlopen/dlclose since the modules were last recorded: record them
+/// again, so stacks through the new code can be named. Checked each time a
+/// thread moves to a fresh chunk (there is no thread of ours to poll).
+pub fn note_loader_changes() {
+    let (adds, subs) = process::loader_generation();
+    if LOADER_ADDS.swap(adds, Relaxed) != adds || LOADER_SUBS.swap(subs, Relaxed) != subs {
+        buffers::push_record(&Record::Modules(process::loaded_modules()));
+    }
 }
 
 /// A program that defines `malloc` itself (a statically linked allocator)
 /// wins over the preload: say so rather than show an empty trace.
-fn warn_if_allocator_is_unreachable(real: &real::Real) {
+fn warn_if_allocator_is_unreachable() {
     let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = crate::hooks::malloc as *const c_void;
     if !found.is_null() && found as *const c_void != ours {
-        let _ = real;
         let note = "malloc is defined by the program itself ahead of memgap's agent; its heap calls are not visible";
-        with_writer(|w| w.push(&Record::Note { time: clock::now(), text: note.into() }));
-        sys::log(&[note.as_bytes()]);
+        buffers::push_record(&Record::Note { time: clock::now(), text: note.into() });
     }
 }
 
@@ -260,66 +210,73 @@ extern "C" fn at_exit(status: i32, _: *mut c_void) {
     finish(EndReason::Exit);
 }
 
-/// `memgap_snapshot()`: the program asks for a snapshot at this point.
+/// `memgap_snapshot()`: the program asks for a snapshot at this point; it
+/// returns once the recorder took it (or there is no recorder to ask).
 pub fn program_snapshot() {
-    if PHASE.load(Acquire) != ON {
-        return;
-    }
-    let errno = unsafe { *libc::__errno_location() };
-    buffers::while_busy(|| {
-        with_writer(|writer| {
-            writer.round(false);
-            let rss = writer.sample_rss();
-            writer.snapshot(memgap_trace::records::SnapshotReason::Program, rss);
-        })
-    });
-    unsafe { *libc::__errno_location() = errno };
-}
-
-/// Before an exec: write out everything buffered, since the new image
-/// starts from nothing and continues this trace. If the exec fails,
-/// recording simply goes on.
-pub fn before_exec() {
     if PHASE.load(Acquire) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
         return;
     }
     let errno = unsafe { *libc::__errno_location() };
-    buffers::while_busy(|| with_writer(|writer| writer.round(true)));
+    buffers::while_busy(|| area::request(REQUEST_SNAPSHOT));
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// Before an exec: everything committed is in the area already; the
+/// recorder only learns that this image may be about to go.
+pub fn before_exec() {
+    if PHASE.load(Acquire) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
+        return;
+    }
+    if let Some(area) = area::get() {
+        area.header().exec_pending.store(1, Release);
+    }
+}
+
+/// The exec failed: recording goes on in this image.
+pub fn after_failed_exec() {
+    if PHASE.load(Acquire) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
+        return;
+    }
+    if let Some(area) = area::get() {
+        area.header().exec_pending.store(0, Release);
+    }
 }
 
 pub fn set_exit_code(code: i32) {
     EXIT_CODE.store(code, Relaxed);
 }
 
-/// Writes everything still buffered and the END record; later events are
-/// not recorded. Safe to call more than once, and from a vfork child (which
-/// shares our memory but must not touch the parent's trace).
-pub fn finish(reason: EndReason) {
+/// The process ends: a last snapshot while its memory is still mapped, the
+/// modules, the exit status; later events are not recorded. Safe to call
+/// more than once, and from a vfork child (which shares our memory but
+/// must not touch the parent's area).
+pub fn finish(_reason: EndReason) {
     if PHASE.load(Acquire) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
         return;
     }
     if FINISHED.swap(true, AcqRel) {
         return;
     }
+    let errno = unsafe { *libc::__errno_location() };
     buffers::while_busy(|| {
-        writer::stop_thread();
-        let modules = process::loaded_modules();
-        let code = EXIT_CODE.load(Relaxed);
-        let exit_code = (code != i32::MIN).then_some(code);
-        // A writer stuck on a slow disk must not hang the program's exit.
-        if let Some(_guard) = WRITER_LOCK.try_lock_for(2_000_000_000) {
-            if let Some(writer) = unsafe { (*WRITER.0.get()).as_mut() } {
-                PHASE.store(OFF, Release);
-                writer.finish(reason, exit_code, modules);
-            }
-        }
+        let Some(area) = area::get() else { return };
+        area::request(REQUEST_EXIT_SNAPSHOT);
+        buffers::push_record(&Record::Modules(process::loaded_modules()));
         PHASE.store(OFF, Release);
+        let header = area.header();
+        let code = EXIT_CODE.load(Relaxed);
+        if code != i32::MIN {
+            header.exit_code.store(code, Relaxed);
+            header.has_exit_code.store(1, Relaxed);
+        }
+        header.agent_state.store(AGENT_FINISHED, Release);
+        area::wake_recorder(header);
     });
+    unsafe { *libc::__errno_location() = errno };
 }
 
-/// In the child of a fork: the parent's trace and threads are not ours.
-/// Either stop (`--no-follow`) or start this process's own trace.
+/// In the child of a fork: the parent's area and threads are not ours.
+/// Either stop (`--no-follow`) or make this process's own area.
 extern "C" fn on_fork_child() {
     if PHASE.load(Relaxed) != ON {
         return;
@@ -327,27 +284,15 @@ extern "C" fn on_fork_child() {
     sys::agent_ranges::reset_lock();
     crate::own_memory::reset_after_fork();
     buffers::reset_after_fork();
-    crate::trim_calls::reset_after_fork();
-    WRITER_LOCK.reset();
-    unsafe { *WRITER.0.get() = None };
+    area::forget_after_fork();
     FINISHED.store(false, Relaxed);
-    if !FOLLOW.load(Relaxed) {
-        PHASE.store(OFF, Release);
-        return;
-    }
     buffers::while_busy(|| {
-        if open_trace(config_ref(), false) {
-            with_writer(|w| {
-                w.push(&Record::Modules(process::loaded_modules()));
-                if let Some(real) = real::real() {
-                    w.push(&Record::Allocator { path: real::module_path(real.malloc as *const c_void) });
-                }
-            });
-            if !writer::start_thread() {
-                PHASE.store(OFF, Release);
-            }
-        } else {
+        if !FOLLOW.load(Relaxed) || !open_area(config_ref()) {
             PHASE.store(OFF, Release);
+            return;
+        }
+        if let Some(real) = real::real() {
+            describe_image(real);
         }
     });
 }

@@ -67,6 +67,7 @@ pub mod agent_ranges {
             table.ranges[table.len] = (start, len);
             table.len += 1;
         }
+        mirror(table);
     }
 
     pub fn remove(start: u64) {
@@ -76,26 +77,31 @@ pub mod agent_ranges {
             table.ranges[i] = table.ranges[table.len - 1];
             table.len -= 1;
         }
+        mirror(table);
     }
 
-    /// Appends the ranges to `out`, which grows outside the lock: growing
-    /// may map memory, and mapping takes this lock. (Growing under it hung
-    /// a traced program: the writer waited on itself here, and every
-    /// thread that allocated then waited on the writer.)
-    pub fn copy_into(out: &mut alloc::vec::Vec<(u64, u64)>) {
-        loop {
-            let needed = {
-                let _guard = LOCK.lock();
-                let table = unsafe { &*TABLE.0.get() };
-                if out.capacity() - out.len() >= table.len {
-                    out.extend_from_slice(&table.ranges[..table.len]);
-                    return;
-                }
-                table.len
-            };
-            // Ranges may be added meanwhile: the loop checks the room again.
-            out.reserve(needed);
+    /// Copies the table into the shared area, where the recorder reads it
+    /// at snapshots (under a sequence count: odd while it changes).
+    pub fn publish() {
+        let _guard = LOCK.lock();
+        mirror(unsafe { &*TABLE.0.get() });
+    }
+
+    fn mirror(table: &Table) {
+        use core::sync::atomic::Ordering::*;
+        use memgap_trace::shared::AGENT_RANGES;
+        let Some(area) = crate::area::get() else { return };
+        let header = area.header();
+        let seq = header.ranges_seq.0.load(Relaxed);
+        header.ranges_seq.0.store(seq.wrapping_add(1), Relaxed);
+        core::sync::atomic::fence(Release);
+        let len = table.len.min(AGENT_RANGES);
+        for (slot, range) in header.ranges.iter().zip(&table.ranges[..len]) {
+            slot[0].store(range.0, Relaxed);
+            slot[1].store(range.1, Relaxed);
         }
+        header.ranges_len.store(len as u32, Relaxed);
+        header.ranges_seq.0.store(seq.wrapping_add(2), Release);
     }
 
     /// In a fork child: the parent's buffers were unmapped, the rest stays.
@@ -103,39 +109,10 @@ pub mod agent_ranges {
         LOCK.reset();
     }
 
-    #[cfg(test)]
-    mod tests {
-        /// Enough ranges that the copy needs more than the agent's largest
-        /// size class, so growing it maps memory (and registers the range).
-        /// In a child process: a copy that waits on itself would hold the
-        /// lock every other test's mappings need.
-        #[test]
-        fn copying_ranges_that_need_a_new_mapping_does_not_wait_on_itself() {
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                // The child's only thread; locks other threads held at the fork are gone.
-                super::reset_lock();
-                crate::own_memory::reset_after_fork();
-                for i in 0..2100u64 {
-                    super::add(0x7e00_0000_0000 + i * 4096, 4096);
-                }
-                let mut out = alloc::vec::Vec::new();
-                super::copy_into(&mut out);
-                unsafe { libc::_exit(if out.len() >= 2100 { 0 } else { 1 }) };
-            }
-            let mut status = 0;
-            for _ in 0..1000 {
-                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-                    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the copy came out short");
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            panic!("copy_into waited on its own lock for 10 s");
-        }
-    }
+}
+
+pub fn errno() -> i32 {
+    unsafe { *libc::__errno_location() }
 }
 
 pub fn gettid() -> u32 {
@@ -150,14 +127,11 @@ pub fn getppid() -> u32 {
     unsafe { libc::syscall(libc::SYS_getppid) as u32 }
 }
 
-/// Writes all of `bytes` to `fd`, retrying on EINTR and short writes.
-///
-/// A write past RLIMIT_FSIZE raises SIGXFSZ, whose default action kills the
-/// program (the limit may come from `ulimit -f`, or a full quota of a file
-/// size): SIGXFSZ is blocked around the write, and one the write raised is
-/// taken back, so the write only fails with EFBIG. One the program already
-/// had pending stays pending.
-pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), i32> {
+/// Runs `f` (a system call that may grow a file) with SIGXFSZ blocked: past
+/// RLIMIT_FSIZE its default action kills the program. One the call raised
+/// is taken back, so the call only fails with EFBIG; one the program
+/// already had pending stays pending.
+pub fn without_xfsz<R>(f: impl FnOnce() -> R) -> R {
     unsafe {
         let mut xfsz: libc::sigset_t = core::mem::zeroed();
         let mut old: libc::sigset_t = core::mem::zeroed();
@@ -165,12 +139,14 @@ pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), i32> {
         libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
         libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old);
         let was_pending = xfsz_pending();
-        let result = write_all_raw(fd, bytes);
+        let result = f();
+        let errno_after = errno();
         if !was_pending && xfsz_pending() {
             let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
             libc::sigtimedwait(&xfsz, core::ptr::null_mut(), &zero);
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        *libc::__errno_location() = errno_after;
         result
     }
 }
@@ -182,62 +158,10 @@ fn xfsz_pending() -> bool {
     }
 }
 
-fn write_all_raw(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
-    while !bytes.is_empty() {
-        let n = unsafe { libc::syscall(libc::SYS_write, fd, bytes.as_ptr(), bytes.len()) };
-        if n < 0 {
-            let errno = unsafe { *libc::__errno_location() };
-            if errno == libc::EINTR {
-                continue;
-            }
-            return Err(errno);
-        }
-        if n == 0 {
-            return Err(libc::ENOSPC);
-        }
-        bytes = &bytes[n as usize..];
-    }
-    Ok(())
-}
-
-/// One line on the program's stderr, prefixed `memgap: `.
-pub fn log(parts: &[&[u8]]) {
-    let mut line = [0u8; 512];
-    let mut len = 0;
-    for part in core::iter::once(&b"memgap: "[..]).chain(parts.iter().copied()).chain(core::iter::once(&b"\n"[..])) {
-        let n = part.len().min(line.len() - len);
-        line[len..len + n].copy_from_slice(&part[..n]);
-        len += n;
-    }
-    let _ = write_all(2, &line[..len]);
-}
-
-pub fn errno_text(errno: i32) -> &'static [u8] {
-    let text = unsafe { libc::strerror(errno) };
-    if text.is_null() {
-        return b"unknown error";
-    }
-    unsafe { core::ffi::CStr::from_ptr(text) }.to_bytes()
-}
-
 /// Sleeps without touching any libc state the program may hold.
 pub fn sleep_ns(ns: u64) {
     let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
     unsafe { libc::syscall(libc::SYS_nanosleep, &ts, core::ptr::null_mut::<libc::timespec>()) };
-}
-
-/// Waits on `word` while it equals `expected`, at most `timeout_ns`.
-pub fn futex_wait(word: &core::sync::atomic::AtomicU32, expected: u32, timeout_ns: u64) {
-    let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as i64, tv_nsec: (timeout_ns % 1_000_000_000) as i64 };
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, &ts);
-    }
-}
-
-pub fn futex_wake(word: &core::sync::atomic::AtomicU32) {
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
-    }
 }
 
 /// Reads a whole small file (such as /proc/self/cmdline) with raw syscalls.

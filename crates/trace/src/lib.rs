@@ -26,6 +26,7 @@ pub mod mutate;
 pub mod numa;
 pub mod reader;
 pub mod records;
+pub mod shared;
 pub mod smaps;
 pub mod varint;
 pub mod writer;

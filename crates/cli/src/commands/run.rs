@@ -17,6 +17,8 @@ use crate::agent;
 
 mod go;
 mod numa;
+mod placement;
+mod recorder;
 mod ruby;
 mod traces;
 
@@ -103,13 +105,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         command
             .env("MEMGAP_TRIM_INTERVAL_MS", args.trim_interval_ms.to_string())
             .env("MEMGAP_TRIM_THRESHOLD", args.trim_threshold.to_string());
-    } else {
-        command
-            .env("MEMGAP_OUTPUT", &pattern)
-            .env("MEMGAP_RUN_ID", format!("{run_id:x}"))
-            .env("MEMGAP_PARENT_PID", std::process::id().to_string())
-            .env("MEMGAP_INTERVAL_MS", args.rss_interval.to_string())
-            .env("MEMGAP_SNAPSHOT_MS", ((args.snapshot_interval.max(0.0) * 1000.0) as u64).to_string());
+    }
+    let areas = if args.trim_only { None } else { Some(recorder::AreaDir::create(run_id)?) };
+    if let Some(areas) = &areas {
+        command.env("MEMGAP_AREA_DIR", areas.path()).env("MEMGAP_RUN_ID", format!("{run_id:x}"));
         if args.no_follow {
             command.env("MEMGAP_FOLLOW", "0");
         }
@@ -156,6 +155,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let top_identity = reservation.and_then(traces::Reservation::started);
     child_started(child.id());
+    let top_pid = child.id();
+    let recording = areas.as_ref().map(|areas| {
+        let settings = recorder::Settings {
+            run_id,
+            top_pid,
+            top_identity,
+            interval: std::time::Duration::from_millis(args.rss_interval),
+            snapshot_interval_ns: (args.snapshot_interval.max(0.0) * 1e9) as u64,
+            quiet: args.quiet,
+        };
+        let naming = pattern.clone();
+        recorder::Recorder::start(areas.path(), settings, std::sync::Arc::new(move |pid| trace_path(&naming, pid, pid == top_pid)))
+    });
     if let Some(ghc) = ghc.as_mut() {
         ghc.started(&mut child);
     }
@@ -166,12 +178,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (None, None) => (1, 0),
     };
 
-    if args.trim_only {
+    let Some(recording) = recording else {
         return Ok(ExitCode::from(exit_code.clamp(0, 255) as u8));
-    }
-    let top_pid = child.id();
+    };
+    let outcomes = match &areas {
+        Some(areas) => recording.finish(areas.path()),
+        None => Vec::new(),
+    };
+    drop(areas);
     let trace = trace_path(&pattern, top_pid, true);
     let traces = traces::RunTraces { pattern: &pattern, run_id, top_pid, top_identity };
+    for outcome in outcomes.iter().filter(|o| o.given_up) {
+        if !args.quiet {
+            eprintln!("memgap: process {} ({}) was still running when {} ended; its trace stops there", outcome.pid, outcome.command, program_name);
+        }
+    }
     if let Some(ruby) = ruby {
         ruby.finish(&traces);
     }
@@ -313,11 +334,21 @@ fn child_started(pid: u32) {
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
     let mut at_end = None;
     if !recorded {
-        eprintln!(
-            "memgap: no trace was written for {}: the agent was not loaded (a statically linked or setuid program ignores LD_PRELOAD) or could not write {}",
-            program.to_string_lossy(),
-            trace.display()
-        );
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
+        if fsize && (limit.rlim_cur as usize) < memgap_trace::shared::area_bytes(2) {
+            eprintln!(
+                "memgap: no trace was written for {}: the file size limit (ulimit -f, {} bytes) leaves no room for the agent's buffers; the program ran untraced",
+                program.to_string_lossy(),
+                limit.rlim_cur
+            );
+        } else {
+            eprintln!(
+                "memgap: no trace was written for {}: the agent was not loaded (a statically linked or setuid program ignores LD_PRELOAD) or could not write {}",
+                program.to_string_lossy(),
+                trace.display()
+            );
+        }
     } else {
         match memgap_model::summary_and_ledger_at(trace, memgap_model::At::End) {
             Ok((s, ledger)) => {

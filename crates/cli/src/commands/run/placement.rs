@@ -1,19 +1,17 @@
 //! NUMA placement at snapshots: the node of every resident page of the
-//! heap (private writable anonymous) mappings.
+//! traced process's heap (private writable anonymous) mappings.
 //!
-//! Asked with move_pages(2) on our own pid with `nodes = NULL`, which moves
+//! Asked with move_pages(2) on the process's pid with `nodes = NULL`, which moves
 //! nothing and reports each page's node (or -ENOENT for a page not present),
 //! in batches through a raw syscall. Not get_mempolicy: that faults in the
 //! zero page of an untouched address. Only the pages mincore found resident
 //! are asked; past `MAX_QUERIED_PAGES` one page in k is asked and stands for
 //! the k pages from it, so a snapshot's cost stays bounded on huge heaps.
 
-use alloc::vec::Vec;
-
 use memgap_trace::numa::{MappingPlacement, NOT_PRESENT, Placement};
 use memgap_trace::records::{Residency, Snapshot};
 
-use crate::clock;
+use memgap_attach::residency::monotonic_ns;
 
 /// Pages asked per move_pages call.
 const BATCH: usize = 1024;
@@ -23,6 +21,7 @@ const WINDOW: usize = 65536;
 const MAX_QUERIED_PAGES: u64 = 262_144;
 
 pub struct Placer {
+    pid: u32,
     /// Page addresses, laid out as the `void *` array move_pages reads.
     addresses: Vec<usize>,
     status: Vec<i32>,
@@ -31,12 +30,12 @@ pub struct Placer {
 }
 
 impl Placer {
-    pub fn new() -> Self {
-        Placer { addresses: Vec::new(), status: Vec::new(), unusable: 0 }
+    pub fn new(pid: u32) -> Self {
+        Placer { pid, addresses: Vec::new(), status: Vec::new(), unusable: 0 }
     }
 
     pub fn place(&mut self, snapshot: &Snapshot) -> Placement {
-        let started_ns = clock::monotonic_ns();
+        let started_ns = monotonic_ns();
         let page_size = snapshot.page_size.max(1);
         let heap = || snapshot.mappings.iter().filter(|m| m.is_private_writable_anonymous() && !matches!(m.residency, Residency::Unknown));
         let resident: u64 = heap().map(|m| resident_pages(&m.residency, (m.end - m.start) / page_size)).sum();
@@ -53,7 +52,7 @@ impl Placer {
                 mappings.push(MappingPlacement { start: m.start, pages, runs });
             }
         }
-        Placement { time: snapshot.time, page_size, stride: stride as u32, error: self.unusable, cost_ns: clock::monotonic_ns() - started_ns, mappings }
+        Placement { time: snapshot.time, page_size, stride: stride as u32, error: self.unusable, cost_ns: monotonic_ns() - started_ns, mappings }
     }
 
     fn runs_of(&mut self, start: u64, pages: u64, page_size: u64, residency: &Residency, stride: u64) -> Vec<(i32, u64)> {
@@ -112,7 +111,7 @@ impl Placer {
         self.status.resize(self.addresses.len(), NOT_PRESENT);
         for (addresses, status) in self.addresses.chunks(BATCH).zip(self.status.chunks_mut(BATCH)) {
             let result = unsafe {
-                libc::syscall(libc::SYS_move_pages, 0, addresses.len(), addresses.as_ptr(), core::ptr::null::<i32>(), status.as_mut_ptr(), 0)
+                libc::syscall(libc::SYS_move_pages, self.pid as libc::pid_t, addresses.len(), addresses.as_ptr(), core::ptr::null::<i32>(), status.as_mut_ptr(), 0)
             };
             if result < 0 {
                 let errno = unsafe { *libc::__errno_location() };
@@ -141,7 +140,7 @@ mod tests {
     fn mapped(pages: usize, touch: impl Fn(usize) -> bool) -> (*mut u8, Residency) {
         let len = pages * 4096;
         let mem = unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
-        let mut bits = alloc::vec![0u8; pages.div_ceil(8)];
+        let mut bits = vec![0u8; pages.div_ceil(8)];
         for i in (0..pages).filter(|&i| touch(i)) {
             unsafe { *mem.add(i * 4096) = 1 };
             bits[i / 8] |= 1 << (i % 8);
@@ -154,10 +153,10 @@ mod tests {
         let (mem, residency) = mapped(64, |i| i % 4 == 0);
         let snapshot = Snapshot {
             page_size: 4096,
-            mappings: alloc::vec![Mapping { start: mem as u64, end: mem as u64 + 64 * 4096, perms: "rw-p".into(), residency, ..Mapping::default() }],
+            mappings: vec![Mapping { start: mem as u64, end: mem as u64 + 64 * 4096, perms: "rw-p".into(), residency, ..Mapping::default() }],
             ..Snapshot::default()
         };
-        let placement = Placer::new().place(&snapshot);
+        let placement = Placer::new(std::process::id()).place(&snapshot);
         if placement.error == libc::ENOSYS {
             return; // a kernel built without NUMA
         }
@@ -175,7 +174,7 @@ mod tests {
     #[test]
     fn a_stride_stands_for_the_pages_after_it() {
         let (mem, residency) = mapped(10, |_| true);
-        let mut placer = Placer::new();
+        let mut placer = Placer::new(std::process::id());
         let runs = placer.runs_of(mem as u64, 10, 4096, &residency, 3);
         if placer.unusable != 0 {
             return;

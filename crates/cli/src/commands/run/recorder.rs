@@ -1,0 +1,919 @@
+//! The recorder: everything the agent used to do inside the program, done
+//! from `memgap run`'s own process. Each traced process image makes an area
+//! (a file in the run's private directory, see `memgap_trace::shared`) and
+//! maps it; this finds the areas, maps them too, and gives each process a
+//! thread that, every round, copies out what the program's threads
+//! committed, compresses it into the trace, samples RSS from
+//! /proc/PID/status, answers the agent's requests and takes snapshots from
+//! outside (/proc/PID/smaps, /proc/PID/pagemap, move_pages).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use memgap_attach::residency::monotonic_ns;
+use memgap_trace::framing::{self, FileHeader};
+use memgap_trace::records::{Clock, End, EndReason, Record, Records, Residency, Rss, Snapshot, SnapshotReason, Thread};
+use memgap_trace::shared::{self, Area, CHUNK_DATA, CHUNK_FREE, Header, SLOT_FREE, SLOT_LIVE};
+
+use super::placement::Placer;
+
+const FLUSH_BYTES: usize = 512 * 1024;
+const FLUSH_INTERVAL_NS: u64 = 100_000_000;
+/// A program's malloc_trim gets a snapshot after it, but no sooner than this
+/// after the previous snapshot, nor than ten times that snapshot's cost: a
+/// program trimming in a loop must not keep the recorder snapshotting.
+const TRIM_SNAPSHOT_GAP_NS: u64 = 100_000_000;
+/// How often the run's directory is looked at for new areas.
+const DISCOVERY_INTERVAL: Duration = Duration::from_millis(2);
+/// After the top process ended, how long processes it left running are
+/// still recorded before memgap gives their traces up.
+const DESCENDANTS_GRACE: Duration = Duration::from_secs(2);
+
+/// pagemap entry bit 63: the page is present in RAM.
+const PAGEMAP_PRESENT: u64 = 1 << 63;
+
+/// The run's private directory, where the agents make their areas.
+pub struct AreaDir {
+    path: PathBuf,
+}
+
+impl AreaDir {
+    /// A fresh directory only we may enter, in /dev/shm (memory, never
+    /// written back to a disk) or else the temporary directory.
+    pub fn create(run_id: u64) -> anyhow::Result<AreaDir> {
+        let shm = Path::new("/dev/shm");
+        let writable = |dir: &Path| {
+            let c = CString::new(dir.as_os_str().as_bytes()).unwrap_or_default();
+            unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+        };
+        let base = if shm.is_dir() && writable(shm) { shm.to_path_buf() } else { std::env::temp_dir() };
+        let path = base.join(format!("memgap-{}-{run_id:016x}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+        Ok(AreaDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for AreaDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// What the recorder needs to know of the run.
+#[derive(Clone)]
+pub struct Settings {
+    pub run_id: u64,
+    /// The top process, whose trace memgap made before it started.
+    pub top_pid: u32,
+    pub top_identity: Option<memgap_trace::files::FileIdentity>,
+    pub interval: Duration,
+    pub snapshot_interval_ns: u64,
+    pub quiet: bool,
+}
+
+/// A mapped area, with the descriptor that grows its backing.
+struct MappedArea {
+    area: Area,
+    len: usize,
+    file: File,
+    path: PathBuf,
+    pid: u32,
+}
+
+// SAFETY: the area is shared memory accessed through atomics and bounded copies.
+unsafe impl Send for MappedArea {}
+
+impl MappedArea {
+    /// Maps an area file; `None` while it is not ready (the agent writes its
+    /// header after creating it) or when it is not a sound area of ours.
+    fn open(path: &Path) -> Option<MappedArea> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = File::options().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } || (meta.len() as usize) < shared::HEADER_BYTES {
+            return None;
+        }
+        let len = meta.len() as usize;
+        let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let area = unsafe { Area::from_base(base as *mut u8) };
+        let header = area.header();
+        let max_chunks = header.max_chunks.load(Acquire);
+        let ready = header.magic.load(Acquire) == shared::AREA_MAGIC && shared::area_bytes(max_chunks) <= len;
+        if !ready {
+            unsafe { libc::munmap(base, len) };
+            return None;
+        }
+        let pid = header.pid.load(Relaxed);
+        Some(MappedArea { area, len, file, path: path.to_path_buf(), pid })
+    }
+
+    fn header(&self) -> &Header {
+        self.area.header()
+    }
+
+    /// The chunks the agent may use; never past what the file holds.
+    fn capacity(&self) -> u32 {
+        let header = self.header();
+        header.capacity_chunks.load(Acquire).min(header.max_chunks.load(Relaxed))
+    }
+
+    /// Backs more chunks when the agent asked and few are free.
+    fn grow_if_wanted(&self) {
+        let header = self.header();
+        if header.wants_more.swap(0, AcqRel) == 0 {
+            return;
+        }
+        let capacity = self.capacity();
+        let max = header.max_chunks.load(Relaxed);
+        let free = (0..capacity).filter(|&i| self.area.chunk(i).state.load(Relaxed) == CHUNK_FREE).count() as u32;
+        if capacity >= max || free * 2 > capacity {
+            return;
+        }
+        let grown = (capacity * 2).min(max);
+        let ok = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, shared::area_bytes(grown) as libc::off_t) } == 0;
+        if ok {
+            header.capacity_chunks.store(grown, Release);
+        }
+    }
+}
+
+impl Drop for MappedArea {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.area.base() as *mut libc::c_void, self.len) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The trace path of process `pid`, as `memgap run` names it.
+pub type TracePath = dyn Fn(u32) -> PathBuf + Send + Sync;
+
+/// The running recorder: the discovery thread and one thread per process.
+pub struct Recorder {
+    stop: Arc<AtomicBool>,
+    discovery: Option<JoinHandle<()>>,
+    processes: Arc<Mutex<HashMap<u32, Tracked>>>,
+}
+
+struct Tracked {
+    areas: Sender<MappedArea>,
+    thread: Option<JoinHandle<Outcome>>,
+    done: Arc<AtomicBool>,
+    /// Set by `memgap run` to give up on a process that outlives the run.
+    give_up: Arc<AtomicBool>,
+}
+
+/// How one process's recording ended.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub pid: u32,
+    pub trace: Option<PathBuf>,
+    pub command: String,
+    pub given_up: bool,
+}
+
+impl Recorder {
+    /// Starts looking for areas in `dir`.
+    pub fn start(dir: &Path, settings: Settings, trace_path: Arc<TracePath>) -> Recorder {
+        let stop = Arc::new(AtomicBool::new(false));
+        let processes: Arc<Mutex<HashMap<u32, Tracked>>> = Arc::default();
+        let discovery = {
+            let (stop, processes, dir) = (stop.clone(), processes.clone(), dir.to_path_buf());
+            std::thread::Builder::new()
+                .name("memgap-discovery".into())
+                .spawn(move || {
+                    let mut seen = std::collections::HashSet::new();
+                    loop {
+                        let stopping = stop.load(Acquire);
+                        discover(&dir, &mut seen, &processes, &settings, &trace_path);
+                        if stopping {
+                            break;
+                        }
+                        std::thread::sleep(DISCOVERY_INTERVAL);
+                    }
+                })
+                .ok()
+        };
+        Recorder { stop, discovery, processes }
+    }
+
+    /// The top process has ended (and was reaped): waits for its trace, and
+    /// a while for the processes it left running; gives the rest up.
+    pub fn finish(mut self, dir: &Path) -> Vec<Outcome> {
+        // Give discovery a moment for a child that made its area just before the end.
+        std::thread::sleep(DISCOVERY_INTERVAL * 2);
+        let deadline = Instant::now() + DESCENDANTS_GRACE;
+        loop {
+            let all_done = self.processes.lock().unwrap().values().all(|t| t.done.load(Acquire));
+            if all_done || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stop.store(true, Release);
+        if let Some(discovery) = self.discovery.take() {
+            let _ = discovery.join();
+        }
+        let mut tracked: Vec<Tracked> = self.processes.lock().unwrap().drain().map(|(_, t)| t).collect();
+        for t in &tracked {
+            t.give_up.store(true, Release);
+        }
+        let mut outcomes: Vec<Outcome> = tracked.iter_mut().filter_map(|t| t.thread.take()?.join().ok()).collect();
+        outcomes.sort_by_key(|o| o.pid);
+        // Areas no recorder took (made in the last moments): their agents
+        // must not wait for one.
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.filter_map(Result::ok) {
+                if let Some(area) = MappedArea::open(&entry.path()) {
+                    area.header().recorder_state.store(shared::RECORDER_GONE, Release);
+                }
+            }
+        }
+        outcomes
+    }
+}
+
+fn discover(dir: &Path, seen: &mut std::collections::HashSet<(PathBuf, u64)>, processes: &Arc<Mutex<HashMap<u32, Tracked>>>, settings: &Settings, trace_path: &Arc<TracePath>) {
+    use std::os::unix::fs::DirEntryExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    // By path and inode: a name is reused once its area was removed.
+    let candidates: Vec<(PathBuf, u64)> = entries
+        .filter_map(Result::ok)
+        .map(|e| (e.path(), e.ino()))
+        .filter(|key| !seen.contains(key) && key.0.to_string_lossy().ends_with(shared::AREA_SUFFIX))
+        .collect();
+    let mut found: Vec<(MappedArea, (PathBuf, u64))> = candidates.into_iter().filter_map(|key| Some((MappedArea::open(&key.0)?, key))).collect();
+    // An exec'd image's area after its predecessor's.
+    found.sort_by_key(|(area, _)| (area.pid, area.header().created_ns.load(Relaxed)));
+    for (mapped, key) in found {
+        seen.insert(key);
+        let pid = mapped.pid;
+        let mut processes = processes.lock().unwrap();
+        if let Some(tracked) = processes.get(&pid).filter(|t| !t.done.load(Acquire)) {
+            // An exec: the same process continues in a new image.
+            if tracked.areas.send(mapped).is_ok() {
+                continue;
+            }
+            return;
+        }
+        let (sender, receiver) = mpsc::channel();
+        let done = Arc::new(AtomicBool::new(false));
+        let give_up = Arc::new(AtomicBool::new(false));
+        let trace = trace_path(pid);
+        let (settings, thread_done, thread_give_up) = (settings.clone(), done.clone(), give_up.clone());
+        let thread = std::thread::Builder::new().name(format!("memgap-rec-{pid}")).spawn(move || {
+            let outcome = record_process(mapped, receiver, trace, &settings, &thread_give_up);
+            thread_done.store(true, Release);
+            outcome
+        });
+        match thread {
+            Ok(thread) => {
+                processes.insert(pid, Tracked { areas: sender, thread: Some(thread), done, give_up });
+            }
+            Err(error) => eprintln!("memgap: cannot record process {pid}: {error}"),
+        }
+    }
+}
+
+/// Records one process (all its images) until it ends; then its trace is whole.
+fn record_process(area: MappedArea, more_areas: Receiver<MappedArea>, trace: PathBuf, settings: &Settings, give_up: &AtomicBool) -> Outcome {
+    let pid = area.pid;
+    let mut outcome = Outcome { pid, trace: None, command: command_of(pid), given_up: false };
+    let made = (pid == settings.top_pid).then_some(settings.top_identity).flatten();
+    let file = match create_trace(&trace, settings.run_id, made) {
+        Ok(file) => file,
+        Err(error) => {
+            eprintln!("memgap: not recording: cannot create {}: {error}", trace.display());
+            area.header().recorder_state.store(shared::RECORDER_GONE, Release);
+            return outcome;
+        }
+    };
+    write_trace_path(&area, &trace);
+    area.header().recorder_state.store(shared::RECORDER_ATTACHED, Release);
+    outcome.trace = Some(trace.clone());
+    let mut process = ProcessRecorder::new(area, file, trace, settings);
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    let pidfd = (pidfd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) });
+    let exited = || match &pidfd {
+        Some(fd) => {
+            let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            (unsafe { libc::poll(&mut poll, 1, 0) }) > 0
+        }
+        None => (unsafe { libc::kill(pid as libc::pid_t, 0) }) != 0,
+    };
+    let interval_ns = settings.interval.as_nanos() as u64;
+    let mut caught_up = true;
+    loop {
+        if caught_up {
+            let wake = &process.area.header().wake.0;
+            let seen = wake.load(Acquire);
+            if !process.has_work() {
+                futex_wait(wake, seen, interval_ns);
+            }
+        }
+        // A new image of this process (an exec): the old one is gone.
+        if let Ok(next) = more_areas.try_recv() {
+            process.round(true);
+            process.switch_image(next);
+            continue;
+        }
+        caught_up = process.round(false);
+        process.answer_requests();
+        let state = process.area.header().agent_state.load(Acquire);
+        if state == shared::AGENT_FINISHED {
+            process.end();
+            break;
+        }
+        if exited() {
+            // Killed, or ended without our exit hook: keep every committed
+            // event; no END record, so readers say the trace was cut short.
+            process.round(true);
+            process.flush();
+            break;
+        }
+        if give_up.load(Acquire) {
+            process.round(true);
+            process.push(&Record::Note { time: process.now(), text: "memgap run ended while this process was still running: its trace stops here".into() });
+            process.flush();
+            process.area.header().recorder_state.store(shared::RECORDER_GONE, Release);
+            outcome.given_up = true;
+            break;
+        }
+    }
+    if let Some(reason) = process.stopped_reason() {
+        if !settings.quiet {
+            eprintln!("memgap: {reason}");
+        }
+    }
+    outcome
+}
+
+fn write_trace_path(area: &MappedArea, trace: &Path) {
+    let bytes = trace.as_os_str().as_bytes();
+    let field = &area.header().trace_path as *const [u8; 1024] as *mut u8;
+    let n = bytes.len().min(1023);
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), field, n);
+        *field.add(n) = 0;
+    }
+}
+
+/// The command line of `pid`, for messages.
+pub fn command_of(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let words: Vec<String> = cmdline.split(|&b| b == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect();
+    words.join(" ")
+}
+
+/// Opens the top trace memgap made before the program started (`made`: it
+/// must still be that very file, empty), or creates another process's trace
+/// exclusively, mode 0600, never through a symlink. An existing file is
+/// never written over.
+fn create_trace(path: &Path, run_id: u64, made: Option<memgap_trace::files::FileIdentity>) -> std::io::Result<File> {
+    let mut file = match made {
+        Some(identity) => {
+            let file = memgap_trace::files::open_created(path, identity)?;
+            if file.metadata()?.len() != 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "it is no longer the empty file memgap made"));
+            }
+            file
+        }
+        None => memgap_trace::files::create_new(path)?.0,
+    };
+    file.write_all(&FileHeader::new(run_id).encode())?;
+    Ok(file)
+}
+
+/// How far a round took one thread's chunks.
+#[derive(Debug, PartialEq, Eq)]
+enum Drained {
+    /// To the end of what the thread has committed.
+    CaughtUp,
+    /// To a chunk the thread took during the round.
+    Behind,
+    /// The thread has ended and all of it was written.
+    Ended,
+}
+
+/// The recorder's side of one traced thread.
+#[derive(Default, Clone, Copy)]
+struct SlotState {
+    /// The chunk being drained, once the slot was seen live.
+    head: Option<u32>,
+}
+
+struct ProcessRecorder {
+    area: MappedArea,
+    pid: u32,
+    file: File,
+    path: PathBuf,
+    image: u32,
+    raw: Vec<u8>,
+    framed: Vec<u8>,
+    encoder: framing::ChunkEncoder,
+    last_flush_ns: u64,
+    slots: Vec<SlotState>,
+    records_head: Option<u32>,
+    records_pending: Vec<u8>,
+    status: Option<File>,
+    vm_hwm: u64,
+    failed: Option<String>,
+    placer: Placer,
+    smaps: Vec<u8>,
+    pagemap_entries: Vec<u8>,
+    snapshot_interval_ns: u64,
+    last_snapshot_ns: u64,
+    last_snapshot_cost_ns: u64,
+    snapshot_peak_rss: u64,
+    trims_seen: u32,
+    /// The last snapshot was taken because of a trim.
+    last_snapshot_after_trim: bool,
+    trim_snapshot_pending: bool,
+    stopped_noted: bool,
+}
+
+impl ProcessRecorder {
+    fn new(area: MappedArea, file: File, path: PathBuf, settings: &Settings) -> ProcessRecorder {
+        let pid = area.pid;
+        let now = monotonic_ns();
+        ProcessRecorder {
+            status: File::open(format!("/proc/{pid}/status")).ok(),
+            area,
+            pid,
+            file,
+            path,
+            image: 0,
+            raw: Vec::with_capacity(FLUSH_BYTES + 128 * 1024),
+            framed: Vec::new(),
+            encoder: framing::ChunkEncoder::default(),
+            last_flush_ns: now,
+            slots: vec![SlotState::default(); shared::THREAD_SLOTS],
+            records_head: None,
+            records_pending: Vec::new(),
+            vm_hwm: 0,
+            failed: None,
+            placer: Placer::new(pid),
+            smaps: Vec::with_capacity(1 << 20),
+            pagemap_entries: Vec::new(),
+            snapshot_interval_ns: settings.snapshot_interval_ns,
+            last_snapshot_ns: now,
+            last_snapshot_cost_ns: 0,
+            snapshot_peak_rss: 0,
+            trims_seen: 0,
+            last_snapshot_after_trim: false,
+            trim_snapshot_pending: false,
+            stopped_noted: false,
+        }
+    }
+
+    fn header(&self) -> &Header {
+        self.area.header()
+    }
+
+    fn now(&self) -> u64 {
+        self.header().clock.0.load(Acquire)
+    }
+
+    fn push(&mut self, record: &Record) {
+        record.encode(&mut self.raw);
+    }
+
+    fn beat(&self) {
+        self.header().heartbeat.0.fetch_add(1, Release);
+    }
+
+    /// Requests are waiting, or the process ended.
+    fn has_work(&self) -> bool {
+        let header = self.header();
+        header.request_seq.load(Acquire) != header.answered.0.load(Acquire)
+            || header.snap_requests.load(Acquire) != header.snap_answered.load(Acquire)
+            || header.agent_state.load(Acquire) == shared::AGENT_FINISHED
+    }
+
+    /// Copies out what the threads committed before the round began (all
+    /// of it in the `last` round) and samples RSS. False when a thread took
+    /// chunks during the round: they are due at once, in the next round.
+    fn round(&mut self, last: bool) -> bool {
+        self.beat();
+        self.area.grow_if_wanted();
+        let area = self.area.area;
+        let header = area.header();
+        // The chunks taken from here on wait for the next round, except in
+        // the last, which takes everything. That keeps the CLOCK promise:
+        // an event stamped before the previous round began was committed
+        // (one round of slack) in a chunk taken before this one began.
+        let round = header.writer_round.0.fetch_add(1, AcqRel) + 1;
+        let taken_before = if last { u64::MAX } else { round };
+        let watermark = header.clock.0.fetch_add(1, AcqRel) + 1;
+        self.drain_records();
+        let mut caught_up = true;
+        let used = (header.threads_used.load(Acquire) as usize).min(shared::THREAD_SLOTS);
+        for index in 0..used {
+            match self.drain_slot(index, taken_before) {
+                Some(Drained::Behind) => caught_up = false,
+                _ => {}
+            }
+        }
+        self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: monotonic_ns() }));
+        let rss = self.sample_rss();
+        if !last {
+            if let Some(reason) = self.snapshot_due(&rss) {
+                self.snapshot(reason, rss);
+            }
+        }
+        if last || self.raw.len() >= FLUSH_BYTES || monotonic_ns() - self.last_flush_ns >= FLUSH_INTERVAL_NS {
+            self.flush();
+        }
+        caught_up
+    }
+
+    /// The agent's records: PROCESS (its image number set here), MODULES,
+    /// NOTE, METRICS; only whole ones are passed on.
+    fn drain_records(&mut self) {
+        let capacity = self.area.capacity();
+        let first = self.header().records_first_chunk.load(Acquire);
+        let mut head = match self.records_head {
+            Some(head) => head,
+            None if first > 0 && first - 1 < capacity => first - 1,
+            None => return,
+        };
+        self.records_head = Some(head);
+        loop {
+            let chunk = self.area.area.chunk(head);
+            let next = chunk.next.load(Acquire);
+            let len = (chunk.len.load(Acquire) as usize).min(CHUNK_DATA);
+            let emitted = (chunk.emitted.load(Relaxed) as usize).min(len);
+            let data = unsafe { std::slice::from_raw_parts(self.area.area.chunk_data(head).add(emitted), len - emitted) };
+            self.records_pending.extend_from_slice(data);
+            chunk.emitted.store(len as u32, Relaxed);
+            if next == 0 || next - 1 >= capacity {
+                break;
+            }
+            chunk.state.store(CHUNK_FREE, Release);
+            head = next - 1;
+            self.records_head = Some(head);
+        }
+        let complete = shared::complete_records_len(&self.records_pending);
+        let pending = std::mem::take(&mut self.records_pending);
+        for record in Records::new(&pending[..complete]) {
+            match record {
+                Ok(Record::Process(mut process)) => {
+                    process.image = self.image;
+                    self.push(&Record::Process(process));
+                }
+                Ok(record) => self.push(&record),
+                Err(_) => {}
+            }
+        }
+        self.records_pending = pending[complete..].to_vec();
+    }
+
+    /// Emits the committed bytes of one thread's chunks taken before round
+    /// `taken_before`.
+    fn drain_slot(&mut self, index: usize, taken_before: u64) -> Option<Drained> {
+        let capacity = self.area.capacity();
+        let area = self.area.area;
+        let slot = &area.header().slots[index];
+        let head = match self.slots[index].head {
+            Some(head) => head,
+            None => {
+                if slot.state.load(Acquire) != SLOT_LIVE {
+                    return None;
+                }
+                let first = slot.first_chunk.load(Relaxed);
+                if first == 0 || first - 1 >= capacity {
+                    return None;
+                }
+                let (thread, tid, stack_hint) = (slot.thread.load(Relaxed), slot.tid.load(Relaxed), slot.stack_hint.load(Relaxed));
+                self.push(&Record::Thread(Thread { thread, tid, stack_hint }));
+                first - 1
+            }
+        };
+        let mut head = head;
+        self.slots[index].head = Some(head);
+        // Bounded: a chain can be no longer than the area has chunks.
+        for _ in 0..=capacity {
+            let chunk = area.chunk(head);
+            let next = chunk.next.load(Acquire);
+            let closed = chunk.closed.load(Acquire);
+            // Loaded after `next`/`closed`: final if either was set.
+            let len = chunk.len.load(Acquire);
+            self.emit(head, len);
+            if next != 0 && next - 1 < capacity {
+                chunk.state.store(CHUNK_FREE, Release);
+                head = next - 1;
+                self.slots[index].head = Some(head);
+                if area.chunk(head).taken_in_round.load(Relaxed) >= taken_before {
+                    return Some(Drained::Behind);
+                }
+                continue;
+            }
+            if closed != 0 {
+                chunk.state.store(CHUNK_FREE, Release);
+                self.slots[index].head = None;
+                slot.state.store(SLOT_FREE, Release);
+                return Some(Drained::Ended);
+            }
+            return Some(Drained::CaughtUp);
+        }
+        Some(Drained::CaughtUp)
+    }
+
+    fn emit(&mut self, index: u32, len: u32) {
+        let area = self.area.area;
+        let chunk = area.chunk(index);
+        let len = len.min(CHUNK_DATA as u32);
+        let emitted = chunk.emitted.load(Relaxed);
+        if len <= emitted {
+            return;
+        }
+        let bytes = unsafe { std::slice::from_raw_parts(area.chunk_data(index).add(emitted as usize), (len - emitted) as usize) };
+        let (thread, tid, seq) = (chunk.thread.load(Relaxed), chunk.tid.load(Relaxed), chunk.seq.load(Relaxed));
+        Record::encode_events(&mut self.raw, thread, tid, seq, emitted, bytes);
+        chunk.emitted.store(len, Relaxed);
+        // A thread may have filled many buffers since the last round; a
+        // chunk must stay under the readers' limit (16 MiB).
+        if self.raw.len() >= FLUSH_BYTES {
+            self.flush();
+        }
+    }
+
+    fn answer_requests(&mut self) {
+        let area = self.area.area;
+        let header = area.header();
+        let seq = header.request_seq.load(Acquire);
+        if seq != header.answered.0.load(Acquire) {
+            let kind = header.request_kind.load(Acquire);
+            let mut value = 0;
+            match kind {
+                shared::REQUEST_SNAPSHOT | shared::REQUEST_EXIT_SNAPSHOT => {
+                    self.round(false);
+                    let rss = self.sample_rss();
+                    let reason = if kind == shared::REQUEST_SNAPSHOT { SnapshotReason::Program } else { SnapshotReason::Exit };
+                    self.snapshot(reason, rss);
+                }
+                shared::REQUEST_RSS => value = self.read_status().vm_rss,
+                _ => {}
+            }
+            header.answer_value.store(value, Release);
+            header.answered.0.store(seq, Release);
+            futex_wake(&header.answered.0);
+        }
+        let snap = header.snap_requests.load(Acquire);
+        if snap != header.snap_answered.load(Acquire) {
+            let rss = self.sample_rss();
+            self.snapshot(SnapshotReason::Requested, rss);
+            header.snap_answered.store(snap, Release);
+            futex_wake(&header.snap_answered);
+        }
+    }
+
+    fn snapshot_due(&mut self, rss: &Rss) -> Option<SnapshotReason> {
+        if rss.vm_rss * 100 > self.snapshot_peak_rss * 105 && rss.vm_rss > 0 {
+            return Some(SnapshotReason::RssPeak);
+        }
+        // The program asked for it by trimming: the same reason as its
+        // memgap_snapshot() (the trace format has no reason of its own for it).
+        let since_last = monotonic_ns() - self.last_snapshot_ns;
+        // Only snapshots after trims wait ten times their cost: a program
+        // trimming in a loop must not keep the recorder snapshotting.
+        let trims = self.header().trims.load(Acquire);
+        let gap = if self.last_snapshot_after_trim { TRIM_SNAPSHOT_GAP_NS.max(self.last_snapshot_cost_ns * 10) } else { TRIM_SNAPSHOT_GAP_NS };
+        if trims != self.trims_seen && since_last >= gap {
+            self.trim_snapshot_pending = true;
+            return Some(SnapshotReason::Program);
+        }
+        let periodic = self.snapshot_interval_ns > 0 && since_last >= self.snapshot_interval_ns;
+        periodic.then_some(SnapshotReason::Periodic)
+    }
+
+    /// Takes a snapshot now, from outside, and writes it out at once.
+    fn snapshot(&mut self, reason: SnapshotReason, rss: Rss) {
+        // Any snapshot from here on shows what an earlier trim did.
+        self.trims_seen = self.header().trims.load(Acquire);
+        self.last_snapshot_after_trim = std::mem::take(&mut self.trim_snapshot_pending);
+        let started_ns = monotonic_ns();
+        // Events from here on are later than the snapshot; those stamped
+        // before the advance, earlier.
+        let time = self.header().clock.0.fetch_add(1, AcqRel);
+        let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        self.read_smaps();
+        let mut mappings = memgap_trace::smaps::parse_smaps(&self.smaps);
+        let pagemap = File::open(format!("/proc/{}/pagemap", self.pid)).ok();
+        for mapping in mappings.iter_mut().filter(|m| m.is_private_writable_anonymous()) {
+            self.beat();
+            mapping.residency = match &pagemap {
+                Some(pagemap) => residency_of(pagemap, mapping.start, mapping.end, page_size, &mut self.pagemap_entries),
+                None => Residency::Unknown,
+            };
+        }
+        let agent_ranges = self.agent_ranges();
+        let vm_rss_after = self.read_status().vm_rss;
+        let snapshot = Snapshot { time, reason, rss: Rss { time, ..rss }, vm_rss_after, page_size, mappings, agent_ranges, cost_ns: monotonic_ns() - started_ns };
+        self.last_snapshot_ns = monotonic_ns();
+        self.last_snapshot_cost_ns = snapshot.cost_ns;
+        self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
+        let placement = self.placer.place(&snapshot);
+        self.push(&Record::Snapshot(snapshot));
+        self.push(&Record::Placement(placement));
+        self.flush();
+    }
+
+    /// The agent's own mappings, as it published them (a consistent copy).
+    fn agent_ranges(&self) -> Vec<(u64, u64)> {
+        let header = self.header();
+        for _ in 0..1000 {
+            let before = header.ranges_seq.0.load(Acquire);
+            if before % 2 == 1 {
+                std::thread::yield_now();
+                continue;
+            }
+            let len = (header.ranges_len.load(Relaxed) as usize).min(shared::AGENT_RANGES);
+            let ranges: Vec<(u64, u64)> = header.ranges[..len].iter().map(|r| (r[0].load(Relaxed), r[1].load(Relaxed))).collect();
+            std::sync::atomic::fence(Acquire);
+            if header.ranges_seq.0.load(Relaxed) == before {
+                return ranges;
+            }
+        }
+        Vec::new()
+    }
+
+    fn read_smaps(&mut self) {
+        use std::io::Read;
+        self.smaps.clear();
+        if let Ok(mut file) = File::open(format!("/proc/{}/smaps", self.pid)) {
+            let _ = file.read_to_end(&mut self.smaps);
+        }
+    }
+
+    /// The current RSS; also recorded as an RSS sample.
+    fn sample_rss(&mut self) -> Rss {
+        let rss = self.read_status();
+        // Zero: the process is gone (its status unreadable), not a sample.
+        if rss.vm_rss > 0 {
+            self.push(&Record::Rss(rss));
+        }
+        rss
+    }
+
+    /// VmRSS, RssAnon, RssFile and RssShmem from /proc/PID/status, and VmHWM.
+    fn read_status(&mut self) -> Rss {
+        let mut rss = Rss { time: self.now(), ..Rss::default() };
+        let Some(status) = &self.status else { return rss };
+        let mut buf = [0u8; 4096];
+        let n = match status.read_at(&mut buf, 0) {
+            Ok(n) => n,
+            Err(_) => return rss,
+        };
+        for line in buf[..n].split(|&b| b == b'\n') {
+            let kib = || -> u64 {
+                let digits = line.iter().skip_while(|b| !b.is_ascii_digit()).take_while(|b| b.is_ascii_digit());
+                digits.fold(0u64, |acc, &d| acc.saturating_mul(10).saturating_add(u64::from(d - b'0'))).saturating_mul(1024)
+            };
+            match line.split(|&b| b == b':').next() {
+                Some(b"VmRSS") => rss.vm_rss = kib(),
+                Some(b"RssAnon") => rss.rss_anon = kib(),
+                Some(b"RssFile") => rss.rss_file = kib(),
+                Some(b"RssShmem") => rss.rss_shmem = kib(),
+                Some(b"VmHWM") => self.vm_hwm = self.vm_hwm.max(kib()),
+                _ => {}
+            }
+        }
+        rss
+    }
+
+    fn flush(&mut self) {
+        self.last_flush_ns = monotonic_ns();
+        if self.raw.is_empty() {
+            return;
+        }
+        if self.failed.is_none() {
+            self.encoder.encode(&self.raw, &mut self.framed);
+            if let Err(error) = self.file.write_all(&self.framed) {
+                self.failed = Some(format!(
+                    "recording stopped: cannot write {}: {} (the program continues; the trace keeps what was written)",
+                    self.path.display(),
+                    std::io::Error::from_raw_os_error(error.raw_os_error().unwrap_or(libc::EIO))
+                ));
+                // The agent stops at its next chunk; the program runs on.
+                self.header().recorder_state.store(shared::RECORDER_GONE, Release);
+            }
+        }
+        self.raw.clear();
+    }
+
+    /// The process exited through its exit hook: the last events, the END record.
+    fn end(&mut self) {
+        self.round(true);
+        let area = self.area.area;
+        let header = area.header();
+        let exit_code = (header.has_exit_code.load(Acquire) != 0).then(|| header.exit_code.load(Relaxed));
+        let end = End { time: self.now(), reason: EndReason::Exit, dropped_events: header.dropped.load(Relaxed), vm_hwm: self.vm_hwm, exit_code };
+        self.push(&Record::End(end));
+        self.flush();
+    }
+
+    /// An exec: the next image's area, and the trace goes on with it.
+    fn switch_image(&mut self, next: MappedArea) {
+        self.area = next;
+        self.image += 1;
+        write_trace_path(&self.area, &self.path);
+        self.area.header().recorder_state.store(shared::RECORDER_ATTACHED, Release);
+        self.slots.iter_mut().for_each(|s| *s = SlotState::default());
+        self.records_head = None;
+        self.records_pending.clear();
+    }
+
+    /// Why recording stopped early, if it did (said once by the caller).
+    fn stopped_reason(&mut self) -> Option<String> {
+        if let Some(failed) = self.failed.take() {
+            return Some(failed);
+        }
+        let area = self.area.area;
+        let dropped = area.header().dropped.load(Relaxed);
+        if area.header().agent_state.load(Acquire) == shared::AGENT_STOPPED && !self.stopped_noted {
+            self.stopped_noted = true;
+            return Some(format!("process {}: the recorder fell behind for over a second; recording stopped there ({dropped} events not recorded; the program ran on)", self.pid));
+        }
+        None
+    }
+}
+
+/// Residency of `[start, end)` from /proc/PID/pagemap's present bits.
+fn residency_of(pagemap: &File, start: u64, end: u64, page_size: u64, entries: &mut Vec<u8>) -> Residency {
+    let pages = ((end - start) / page_size) as usize;
+    // In pieces: a huge reservation must not cost a huge buffer.
+    const PIECE: usize = 1 << 16;
+    let mut bits = vec![0u8; pages.div_ceil(8)];
+    let mut resident = 0usize;
+    let mut page = 0usize;
+    while page < pages {
+        let count = PIECE.min(pages - page);
+        entries.resize(count * 8, 0);
+        if pagemap.read_exact_at(entries, (start / page_size + page as u64) * 8).is_err() {
+            // Unmapped meanwhile: those pages are not resident now.
+            page += count;
+            continue;
+        }
+        for (i, entry) in entries.chunks_exact(8).enumerate() {
+            if u64::from_le_bytes(entry.try_into().unwrap()) & PAGEMAP_PRESENT != 0 {
+                let p = page + i;
+                bits[p / 8] |= 1 << (p % 8);
+                resident += 1;
+            }
+        }
+        page += count;
+    }
+    match resident {
+        0 => Residency::None,
+        n if n == pages => Residency::All,
+        _ => Residency::Bitmap(bits),
+    }
+}
+
+/// Shared futexes: the word is in memory the traced process maps too.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as i64, tv_nsec: (timeout_ns % 1_000_000_000) as i64 };
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts) };
+}
+
+pub fn futex_wake(word: &AtomicU32) {
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residency_of_our_own_pages() {
+        let page = 4096usize;
+        let mem = unsafe { libc::mmap(std::ptr::null_mut(), 64 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+        for i in (0..64).step_by(4) {
+            unsafe { *mem.add(i * page) = 1 };
+        }
+        let pagemap = File::open("/proc/self/pagemap").unwrap();
+        let residency = residency_of(&pagemap, mem as u64, mem as u64 + 64 * page as u64, page as u64, &mut Vec::new());
+        for i in 0..64 {
+            assert_eq!(residency.is_resident(i), i % 4 == 0, "page {i}");
+        }
+        unsafe { libc::munmap(mem as *mut libc::c_void, 64 * page) };
+    }
+}

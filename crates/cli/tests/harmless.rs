@@ -1,0 +1,230 @@
+//! The agent cannot harm: nothing of memgap's stays in the program but the
+//! hooks and the shared buffers (no thread, no file descriptor), so programs
+//! that close or reuse every descriptor, end `main` with `pthread_exit`,
+//! sandbox themselves with seccomp, enter namespaces or live under tight
+//! limits behave under `memgap run` exactly as they do plain. Each test
+//! compares a plain run with a traced one (exit code, stdout, stderr, the
+//! files the program wrote) and checks the trace reads back.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Runs tests/programs/harmless.c in `mode`, plain and traced, each in a
+/// fresh directory of its own; returns (plain, traced, plain dir, traced dir).
+fn both(mode: &[&str]) -> (std::process::Output, std::process::Output, tempfile::TempDir, tempfile::TempDir) {
+    let (plain_tmp, plain_dir) = tempdir();
+    let (traced_tmp, traced_dir) = tempdir();
+    let prog = compile(&plain_dir, "harmless.c");
+    let plain = run_plain(&plain_dir, arg(&prog), mode);
+    let trace = traced_dir.join("t.mgt");
+    let mut run = vec!["run", "--quiet", "-o", arg(&trace), "--", arg(&prog)];
+    run.extend_from_slice(mode);
+    let traced = memgap(&traced_dir, &run);
+    (plain, traced, plain_tmp, traced_tmp)
+}
+
+/// The trace of a traced run reads back and holds the program's calls.
+fn assert_recorded(dir: &Path) -> Value {
+    let s = summary_json(&dir.join("t.mgt"));
+    assert!(events(&s, "malloc") >= 10_000, "{s:#}");
+    s
+}
+
+fn same_file(plain_dir: &Path, traced_dir: &Path, name: &str) {
+    let plain = fs::read(plain_dir.join(name)).unwrap_or_else(|e| panic!("plain {name}: {e}"));
+    let traced = fs::read(traced_dir.join(name)).unwrap_or_else(|e| panic!("traced {name}: {e}"));
+    assert_eq!(text(&traced), text(&plain), "{name} differs under memgap");
+}
+
+#[test]
+fn closefrom_then_open_and_write() {
+    let (plain, traced, p, t) = both(&["closefrom"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stdout));
+    assert_same_behaviour(&plain, &traced);
+    same_file(p.path(), t.path(), "data.log");
+    assert_recorded(t.path());
+}
+
+#[test]
+fn dup2_over_every_descriptor() {
+    let (plain, traced, p, t) = both(&["dup2"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stdout));
+    assert_same_behaviour(&plain, &traced);
+    same_file(p.path(), t.path(), "data.log");
+    assert_recorded(t.path());
+}
+
+#[test]
+fn main_ends_with_pthread_exit_while_workers_run() {
+    let (plain, traced, _p, t) = both(&["pthread-exit"]);
+    assert_eq!(plain.status.code(), Some(0));
+    assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+    // The workers finish in any order.
+    let sorted = |out: &[u8]| {
+        let mut lines: Vec<String> = text(out).lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(sorted(&traced.stdout), sorted(&plain.stdout));
+    assert_eq!(traced.stderr, plain.stderr);
+    let s = assert_recorded(t.path());
+    assert!(number(&s, "threads") >= 5, "{s:#}");
+}
+
+#[test]
+fn seccomp_strict_mode() {
+    let (plain, traced, _p, t) = both(&["strict"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stdout));
+    assert_same_behaviour(&plain, &traced);
+    // It ends with a raw exit: no END record, the trace reads up to its end.
+    let s = summary_json(&t.path().join("t.mgt"));
+    assert!(events(&s, "malloc") >= 1000, "{s:#}");
+}
+
+#[test]
+fn seccomp_filter_killing_open_and_write_above_fd_2() {
+    let (plain, traced, _p, t) = both(&["filter"]);
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stdout));
+    assert_same_behaviour(&plain, &traced);
+    let s = assert_recorded(t.path());
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+}
+
+#[test]
+fn unshare_of_a_user_namespace_in_the_program() {
+    let (plain, traced, _p, t) = both(&["unshare"]);
+    if plain.status.code() != Some(0) {
+        eprintln!("skipped: unshare(CLONE_NEWUSER) fails here plain too: {}", text(&plain.stdout));
+        return;
+    }
+    assert_same_behaviour(&plain, &traced);
+    assert_recorded(t.path());
+}
+
+/// `unshare -U -r sh -c 'id -u'` and `nsenter` into a user namespace: the
+/// kernel refuses both to a multithreaded process.
+#[test]
+fn unshare_and_nsenter_commands() {
+    let (_tmp, dir) = tempdir();
+    let unshare = ["-U", "-r", "sh", "-c", "id -u; echo entered"];
+    let plain = run_plain(&dir, "unshare", &unshare);
+    if plain.status.code() != Some(0) {
+        eprintln!("skipped: unshare -U -r fails here plain too: {}", text(&plain.stderr));
+        return;
+    }
+    let trace = dir.join("u.mgt");
+    let mut run = vec!["run", "--quiet", "-o", arg(&trace), "--", "unshare"];
+    run.extend_from_slice(&unshare);
+    let traced = memgap(&dir, &run);
+    assert_same_behaviour(&plain, &traced);
+    summary_json(&trace);
+
+    // A process in a user namespace of its own to enter.
+    let mut target = Command::new("unshare").args(["-U", "-r", "sleep", "30"]).stdin(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = target.id().to_string();
+    let nsenter = ["-t", &pid, "-U", "--preserve-credentials", "sh", "-c", "id -u; echo entered"];
+    let plain = run_plain(&dir, "nsenter", &nsenter);
+    if plain.status.code() == Some(0) {
+        let trace = dir.join("n.mgt");
+        let mut run = vec!["run", "--quiet", "-o", arg(&trace), "--", "nsenter"];
+        run.extend_from_slice(&nsenter);
+        let traced = memgap(&dir, &run);
+        assert_same_behaviour(&plain, &traced);
+        summary_json(&trace);
+    } else {
+        eprintln!("skipped nsenter: it fails here plain too: {}", text(&plain.stderr));
+    }
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+/// A daemon that drops root for uid 65534 and lives under RLIMIT_NPROC 2: a
+/// thread of memgap's in it would take the slot its own thread needs.
+#[test]
+fn rlimit_nproc_small() {
+    let (plain, traced, _p, t) = both(&["nproc"]);
+    if plain.status.code() != Some(0) {
+        eprintln!("skipped: {}", text(&plain.stdout).trim());
+        return;
+    }
+    assert_same_behaviour(&plain, &traced);
+    assert_recorded(t.path());
+}
+
+/// The recorder (memgap run) killed while the program runs: the program
+/// finishes unharmed (its output, its files, its exit), at most a second
+/// later than it would have.
+#[test]
+fn recorder_sigkilled_mid_run() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "harmless.c");
+    let plain = run_plain(&dir, arg(&prog), &["slow", "1.5"]);
+    assert_eq!(plain.status.code(), Some(0));
+    fs::remove_file(dir.join("done.txt")).unwrap();
+    let trace = dir.join("t.mgt");
+    let mut memgap_run = memgap_cmd(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "slow", "1.5"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut stdout = memgap_run.stdout.take().unwrap();
+    let mut stderr = memgap_run.stderr.take().unwrap();
+    let started = Instant::now();
+    let program = loop {
+        if let Some(pid) = children_of(memgap_run.id()).into_iter().next() {
+            break pid;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the program did not start");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    std::thread::sleep(Duration::from_millis(400));
+    sigkill(memgap_run.id() as i32);
+    let _ = memgap_run.wait();
+    // The program now has no parent but init; its output still comes here.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    stdout.read_to_end(&mut out).unwrap();
+    stderr.read_to_end(&mut err).unwrap();
+    assert_eq!(text(&out), text(&plain.stdout), "stderr: {}", text(&err));
+    assert_eq!(text(&err), text(&plain.stderr));
+    assert_eq!(fs::read(dir.join("done.txt")).unwrap(), b"done\n");
+    let _ = program;
+    assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
+    // What the recorder wrote before it died reads back.
+    let s = summary_json(&trace);
+    assert!(events(&s, "malloc") > 0, "{s:#}");
+}
+
+/// A single-threaded program whose SIGALRM handler allocates while the code
+/// it interrupts may be allocating: with no thread of memgap's, glibc stays
+/// in its single-thread mode (no arena lock to take twice), so no run hangs.
+#[test]
+fn a_signal_handler_allocating_anywhere_never_hangs() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "signals.c");
+    let plain = run_plain(&dir, arg(&prog), &["alarm-anywhere"]);
+    if plain.status.code() != Some(0) {
+        eprintln!("skipped: the program fails plain too ({:?})", plain.status);
+        return;
+    }
+    for run in 0..50 {
+        let trace = dir.join(format!("t{run}.mgt"));
+        let started = Instant::now();
+        // output_of fails the test if the run outlives its timeout.
+        let traced = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "alarm-anywhere"]);
+        assert_eq!(traced.status.code(), Some(0), "run {run} after {:?}: {}", started.elapsed(), text(&traced.stderr));
+        assert_eq!(text(&traced.stdout), "pairs 300000\n", "run {run}");
+        let _ = fs::remove_file(&trace);
+    }
+}
