@@ -13,6 +13,8 @@
  *   harmless nproc          drops to uid/gid 65534 (as a daemon drops root),
  *                           sets RLIMIT_NPROC to 2 and starts one thread
  *   harmless slow SECONDS   allocates for SECONDS, then writes done.txt
+ *   harmless fork-child     forks a child that prints "child PID" and
+ *                           allocates for 1.5 s; the parent waits for it
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +30,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -158,6 +161,21 @@ int main(int argc, char **argv) {
         puts("threads ok");
         return 0;
     }
+    if (!strcmp(mode, "fork-child")) {
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            printf("child %d\n", (int)getpid());
+            fflush(stdout);
+            double until = seconds_now() + 1.5;
+            while (seconds_now() < until) churn(50);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        printf("parent done, child exit %d\n", WEXITSTATUS(status));
+        return 0;
+    }
     if (!strcmp(mode, "slow")) {
         double until = seconds_now() + (argc > 2 ? atof(argv[2]) : 1.0);
         long rounds = 0;
@@ -172,6 +190,6 @@ int main(int argc, char **argv) {
         puts("slow ok");
         return 0;
     }
-    fprintf(stderr, "usage: harmless closefrom|dup2|pthread-exit|strict|filter|unshare|nproc|threads N|slow SECONDS\n");
+    fprintf(stderr, "usage: harmless closefrom|dup2|pthread-exit|strict|filter|unshare|nproc|threads N|slow SECONDS|fork-child\n");
     return 64;
 }
