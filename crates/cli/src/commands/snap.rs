@@ -45,7 +45,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if header.magic.load(Acquire) != shared::AREA_MAGIC || header.pid.load(Relaxed) != args.pid {
         bail!("process {} is not being recorded by memgap (start it with `memgap run`)", args.pid);
     }
-    let trace = String::from_utf8_lossy(area.trace_path()).into_owned();
     let mine = header.snap_requests.fetch_add(1, AcqRel).wrapping_add(1);
     header.wake.0.fetch_add(1, Release);
     // A futex shared with the recorder's process.
@@ -56,6 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    // Read once answered: a recorder that just found the area names its trace then.
+    let trace = String::from_utf8_lossy(area.trace_path()).into_owned();
     unsafe { libc::munmap(base, shared::HEADER_BYTES) };
     eprintln!("memgap: snapshot of process {} added to {trace}", args.pid);
     Ok(ExitCode::SUCCESS)
