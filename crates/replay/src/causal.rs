@@ -39,6 +39,9 @@ pub(crate) struct RoundOrder {
     constrained: Vec<Vec<usize>>,
     /// Per event: an allocation its thread does not free again in the round.
     keeps: Vec<bool>,
+    /// Shared address → (thread, index in `constrained[thread]`) of every
+    /// constrained event on it, by thread and then in the thread's order.
+    uses: FxHashMap<u64, Vec<(usize, usize)>>,
     ordered: Vec<ThreadEvent>,
 }
 
@@ -164,6 +167,45 @@ impl RoundOrder {
             }
             list.reverse();
         }
+        self.uses.clear();
+        for (t, list) in self.constrained.iter().enumerate() {
+            for (k, &i) in list.iter().enumerate() {
+                for addr in freed_and_allocated(&events[i].event).into_iter().flatten() {
+                    if self.live.contains_key(&addr) {
+                        self.uses.entry(addr).or_default().push((t, k));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether thread `t`'s next constrained event is the only one that can
+    /// come next on each shared address it uses: no other thread's next
+    /// event on that address could go in its place. Such an event can go
+    /// now without loss: any order that runs it later runs no other event
+    /// on its addresses before it, so it can be moved up to now.
+    fn forced(&self, events: &[ThreadEvent], t: usize, position: &[usize]) -> bool {
+        let i = self.constrained[t][position[t]];
+        freed_and_allocated(&events[i].event).into_iter().flatten().all(|addr| {
+            let Some(&live) = self.live.get(&addr) else { return true };
+            let uses = &self.uses[&addr];
+            let mut u = 0;
+            while u < uses.len() {
+                let thread = uses[u].0;
+                let run = uses[u..].partition_point(|&(other, _)| other == thread);
+                if thread != t
+                    && let Some(&(_, k)) = uses[u..u + run].iter().find(|&&(_, k)| k >= position[thread])
+                {
+                    let [freed, _] = freed_and_allocated(&events[self.constrained[thread][k]].event);
+                    // A free (or a realloc in place) needs the block live, an allocation needs it gone.
+                    if (freed == Some(addr)) == live {
+                        return false;
+                    }
+                }
+                u += run;
+            }
+            true
+        })
     }
 
     fn ready(&self, e: &Event) -> bool {
@@ -228,7 +270,10 @@ impl RoundOrder {
                 }
             }
             candidates.sort_unstable();
-            let mut candidates: Vec<usize> = candidates.into_iter().map(|(_, t)| t).collect();
+            let mut candidates: Vec<usize> = match candidates.iter().find(|&&(_, t)| self.forced(events, t, &position)) {
+                Some(&(_, t)) => vec![t],
+                None => candidates.into_iter().map(|(_, t)| t).collect(),
+            };
             visits += 1;
             if candidates.is_empty() || dead_ends.contains(&position) {
                 if budget == 0 {
