@@ -123,6 +123,29 @@ fn blocks_handed_between_threads_replay_in_causal_order() {
     assert_eq!(live - base, kept + 4 * 500 * 8);
 }
 
+/// Sixty-four threads on two cores hand blocks to each other through one
+/// shared ring: each address passes through many threads between two
+/// writer rounds, in an order only the threads' own clock ticks and the
+/// blocks' causality can rebuild. Every call was recorded, so the replay
+/// must find no free of a dead block and no allocation over a live one.
+#[test]
+fn sixty_four_threads_sharing_blocks_replay_exactly() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "ring_threads.c");
+    let trace = dir.join("t.mgt");
+    let out = run_traced(&dir, &trace, &prog, &["64", "20000"]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let printed: Vec<u64> = text(&out.stdout).split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let [mallocs, frees, ring_blocks] = printed[..] else { panic!("unexpected output: {}", text(&out.stdout)) };
+    let s = summary_json(&trace);
+    assert_eq!(number(&s, "dropped_events"), 0, "{s:#}");
+    assert_eq!((number(&s, "untracked_frees"), number(&s, "overlapping_allocations")), (0, 0), "{s:#}");
+    assert!(events(&s, "malloc") >= mallocs && events(&s, "free") >= frees, "{s:#}");
+    assert_eq!(number(&s, "allocations") - events(&s, "free"), number(&s, "live_blocks_at_end"), "{s:#}");
+    // The ring's blocks, and the few the C library and the threads keep.
+    assert!((ring_blocks..ring_blocks + 100).contains(&number(&s, "live_blocks_at_end")), "{s:#}");
+}
+
 #[test]
 fn a_signal_handler_that_allocates() {
     let (_tmp, dir) = tempdir();

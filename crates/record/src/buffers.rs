@@ -20,8 +20,11 @@ use crate::area;
 use crate::stacks::ThreadStacks;
 use crate::sys::{self, SpinLock};
 
-/// Chunks a thread fills between two clock advances of its own (~40 k events).
-const CHUNKS_PER_TICK: u32 = 4;
+/// Bytes of events a thread writes between two clock advances of its own
+/// (a few hundred events): the replay orders one round's events across
+/// threads by causality alone, which many threads handing blocks to each
+/// other make ambiguous in long rounds.
+const TICK_BYTES: usize = 2048;
 
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 /// Where the next search for a free chunk starts.
@@ -93,14 +96,6 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
     chunk.tid.store(tid, Relaxed);
     chunk.seq.store(seq, Relaxed);
     chunk.taken_in_round.store(header.writer_round.0.load(Acquire), Relaxed);
-    // A thread that filled a few chunks since moves the clock on: events
-    // after it are later than those before, so a round in which the recorder
-    // fell behind (millions of events when threads outnumber cores) comes
-    // in pieces a reader can order and hand on one at a time, instead of
-    // one time it must hold whole.
-    if seq % CHUNKS_PER_TICK == CHUNKS_PER_TICK - 1 {
-        crate::clock::advance();
-    }
     Some(index)
 }
 
@@ -338,7 +333,9 @@ pub fn current_state() -> *mut ThreadState {
 
 pub struct ThreadState {
     cursor: *mut u8,
-    /// End of the chunk's data: a record is written only with room for it.
+    /// Where the thread next moves the clock on, or the end of the chunk's
+    /// data if that comes first: a record is written only with room
+    /// before it, so the hot path makes one comparison for both.
     end: *mut u8,
     data: *mut u8,
     /// The current chunk's header in the area, and its index.
@@ -372,7 +369,7 @@ impl ThreadState {
         }
         let state = Box::into_raw(Box::new(ThreadState {
             cursor: data,
-            end: unsafe { data.add(CHUNK_DATA) },
+            end: unsafe { data.add(TICK_BYTES) },
             data,
             chunk: area.chunk(index),
             chunk_index: index,
@@ -392,11 +389,29 @@ impl ThreadState {
     /// one if not; false (the event is dropped and counted) if none can be had.
     #[inline(always)]
     fn room(&mut self, len: usize) -> bool {
-        if (self.end as usize - self.cursor as usize) >= len || self.next_chunk() {
+        if (self.end as usize - self.cursor as usize) >= len || self.tick_or_next_chunk(len) {
             return true;
         }
         count_dropped(1);
         false
+    }
+
+    /// The thread wrote [`TICK_BYTES`] since it last moved the clock on, or
+    /// filled its chunk. Moving the clock on makes its later events later
+    /// than those before, so a round in which the recorder fell behind (as
+    /// it does when threads outnumber cores) comes in short pieces a reader
+    /// can order: a thread's events between two of its ticks, and what the
+    /// other threads did meanwhile.
+    #[cold]
+    fn tick_or_next_chunk(&mut self, len: usize) -> bool {
+        crate::clock::advance();
+        let chunk_end = unsafe { self.data.add(CHUNK_DATA) };
+        if (chunk_end as usize - self.cursor as usize) < len && !self.next_chunk() {
+            return false;
+        }
+        let chunk_end = unsafe { self.data.add(CHUNK_DATA) };
+        self.end = chunk_end.min(unsafe { self.cursor.add(TICK_BYTES) });
+        true
     }
 
     /// Makes the bytes written so far visible to the recorder.
@@ -419,7 +434,6 @@ impl ThreadState {
         self.chunk_index = index;
         self.data = area.chunk_data(index);
         self.cursor = self.data;
-        self.end = unsafe { self.data.add(CHUNK_DATA) };
         self.delta = DeltaState::default();
         true
     }
