@@ -132,3 +132,65 @@ fn trim_with_cap_sys_ptrace_still_refuses_another_users_process() {
     assert!(line.contains("belongs to uid 0") && line.contains("uid 65534") && line.contains("only on your own processes"), "{line}");
     assert_eq!(proc_status(target.pid, "TracerPid").as_deref(), Some("0"));
 }
+
+/// Someone with an ordinary account plants symlinks, in a shared sticky
+/// directory such as /tmp, at every name memgap would use, pointing at a
+/// file of root's; root then runs memgap there. Nothing outside the run
+/// changes, and a taken name stops memgap in one line with exit status 1.
+#[test]
+fn symlinks_planted_by_another_user_in_a_sticky_directory() {
+    if proc_status(std::process::id(), "Uid").and_then(|u| u.split_whitespace().next().map(str::to_string)).as_deref() != Some("0") {
+        eprintln!("not root: cannot create another user to plant symlinks; skipped");
+        return;
+    }
+    let user = format!("mgatk{}", std::process::id() % 100_000);
+    let made = output_of(&mut command("useradd", ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &user]));
+    if !made.status.success() {
+        eprintln!("useradd failed ({}); skipped", text(&made.stderr).trim());
+        return;
+    }
+    let uid = output_of(&mut command("id", ["-u", &user]));
+    let uid = text(&uid.stdout).trim().to_string();
+    let (_tmp, base) = tempdir();
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = base.join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = base.join("root-owned");
+    fs::write(&victim, b"precious").unwrap();
+    let prog = compile(&base, "fork_exec.c");
+    let made_by_program = base.join("ran");
+    let first_pid = fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(1000);
+    // As the other user: a symlink at every name memgap would use.
+    let mut names: Vec<String> = ["t.mgt", "u.html", "v.mgt.snap", "planted.html", "planted.pb.gz", "planted.folded", "planted.svg", "v.partial", "v.html.partial"].map(String::from).to_vec();
+    names.extend((first_pid..first_pid + 3000).map(|pid| format!("v.{pid}.mgt")));
+    let script = format!("for n in {}; do ln -s '{}' \"$n\" || exit 1; done", names.join(" "), victim.display());
+    let planted = output_of(command("setpriv", [format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "sh".into(), "-c".into(), script]).current_dir(&shared));
+    let _ = output_of(&mut command("userdel", [&user]));
+    assert!(planted.status.success(), "{}", text(&planted.stderr));
+
+    // The trace's name is taken: refused before the program runs.
+    let run_then_touch = format!("touch '{}'", made_by_program.display());
+    let line = assert_one_line_failure(&memgap(&shared, &["run", "-o", "t.mgt", "--", "sh", "-c", &run_then_touch]));
+    assert!(line.contains("t.mgt") && line.contains("already exists"), "{line}");
+    assert!(!made_by_program.exists(), "the program ran");
+    // The report's name is taken.
+    let line = assert_one_line_failure(&memgap(&shared, &["run", "--report", "-o", "u.mgt", "--", "sh", "-c", &run_then_touch]));
+    assert!(line.contains("u.html"), "{line}");
+    assert!(!made_by_program.exists(), "the program ran");
+    // The fork child's names are all taken: the child goes untraced, the run goes on.
+    let out = memgap(&shared, &["run", "-o", "v.mgt", "--", arg(&prog)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Outputs at taken names: one line each, exit 1.
+    for args in [&["report", "v.mgt", "-o", "planted.html"][..], &["export", "v.mgt", "--pprof", "planted.pb.gz"], &["export", "v.mgt", "--folded", "planted.folded"], &["flamegraph", "v.mgt", "-o", "planted.svg"]] {
+        let line = assert_one_line_failure(&memgap(&shared, args));
+        assert!(line.contains("planted") && line.contains("symlink"), "{}: {line}", args.join(" "));
+    }
+    // A report at a free name is written, and no .partial is left.
+    let out = memgap(&shared, &["report", "v.mgt", "-o", "fine.html"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fs::read(&victim).unwrap(), b"precious", "a file outside the run changed");
+    let mut outside: Vec<String> = fs::read_dir(&base).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    outside.sort();
+    assert_eq!(outside, ["fork_exec", "root-owned", "shared"], "files outside the shared directory");
+}
