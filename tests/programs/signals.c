@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(mode, "alarm-anywhere") == 0) {
+        free(malloc(1));
         struct sigaction action;
         memset(&action, 0, sizeof action);
         action.sa_handler = on_alarm;
