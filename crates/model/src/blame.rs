@@ -111,6 +111,8 @@ pub struct BlameOptions {
 #[derive(Default)]
 pub(crate) struct BlameVisitor {
     pub(crate) state: HeapState,
+    /// Only for blame's own replay (the report keeps its own).
+    owners: crate::owners::Owners,
     wanted: usize,
     seen: usize,
     ledger: Option<(u64, Ledger)>,
@@ -154,10 +156,12 @@ impl Visitor for BlameVisitor {
 
     fn allocator(&mut self, path: &str) {
         self.state.allocator = path.to_string();
+        self.owners.allocator(path);
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
         self.state.metrics(metrics);
+        self.owners.metrics(metrics);
     }
 
     fn thread(&mut self, thread: &Thread) {
@@ -174,7 +178,7 @@ impl Visitor for BlameVisitor {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if self.seen == self.wanted {
-            self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() })));
+            self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list)));
         } else {
             self.state.pass_snapshot(snapshot);
         }

@@ -28,7 +28,7 @@ use std::path::Path;
 use memgap_replay::Timeline;
 use memgap_trace::records::{Metrics, Record, Records};
 use memgap_trace::{TraceError, TraceFile};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const MIB: f64 = 1024.0 * 1024.0;
 /// Usable blocks per 1 MiB megablock (the first 16 KiB hold descriptors).
@@ -50,7 +50,7 @@ pub struct GhcInput {
     pub origin_ns: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GhcRows {
     pub live: u64,
     pub heap_blocks_not_live: i64,
@@ -76,7 +76,7 @@ impl GhcRows {
 }
 
 /// The ledger after one garbage collection.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GhcPoint {
     pub seconds: f64,
     pub generation: Option<u32>,
@@ -102,7 +102,7 @@ pub struct GhcPoint {
     pub rows: GhcRows,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapabilityGcs {
     /// None for collections logged outside any capability's buffer.
     pub capability: Option<u32>,
@@ -112,7 +112,7 @@ pub struct CapabilityGcs {
 
 /// One -hT census: how much of the profiled heap is ARR_WORDS (byte arrays,
 /// where pinned ones count whole pinned blocks).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PinnedShare {
     pub seconds: f64,
     pub arr_words_bytes: u64,
@@ -120,7 +120,7 @@ pub struct PinnedShare {
     pub share: f64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GhcVerdict {
     pub pinned_fragmentation: bool,
     pub lazy_free: bool,
@@ -129,7 +129,7 @@ pub struct GhcVerdict {
     pub at_seconds: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GhcReport {
     pub ghc_version: Option<String>,
     pub collections: u64,
@@ -437,6 +437,210 @@ pub fn report_of_trace(path: &Path) -> Result<Option<GhcReport>, TraceError> {
     };
     let input = GhcInput { metrics, rss: convert(rss_times), lazy_free: convert(lazy_times), origin_ns };
     Ok(report(&input))
+}
+
+pub const NAME: &str = "ghc";
+/// The RTS reserves its whole heap address space up front (1 TiB by
+/// default, `-xr`), and commits megablocks inside it: a run of adjacent
+/// anonymous mappings at least this large is the GHC heap.
+const RESERVATION_MIN: u64 = 64 << 30;
+/// Below this a remedy is not worth a run.
+const WORTH_TRYING: u64 = 1 << 20;
+
+/// The GHC RTS as a heap owner. Its figures (the eventlog) are appended to
+/// the trace after the program ends, so it takes its megablocks back from
+/// `other` after the replay and splits them by the GC before each snapshot.
+#[derive(Debug, Default)]
+pub struct GhcOwner {
+    metrics: Vec<Metrics>,
+    rss: Vec<(u64, u64)>,
+    lazy_free: Vec<(u64, u64)>,
+    origin_ns: Option<u64>,
+    report: Option<GhcReport>,
+}
+
+impl crate::ledger::HeapOwner for GhcOwner {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn present(&self) -> bool {
+        !self.metrics.is_empty()
+    }
+
+    fn process(&mut self, process: &memgap_trace::records::Process) {
+        self.origin_ns.get_or_insert(process.start_monotonic_ns);
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        if metrics.source == NAME {
+            self.metrics.push(metrics.clone());
+        }
+    }
+
+    fn rss(&mut self, rss: &memgap_trace::records::Rss) {
+        self.rss.push((rss.time, rss.vm_rss));
+    }
+
+    fn snapshot_seen(&mut self, snapshot: &memgap_trace::records::Snapshot) {
+        self.lazy_free.push((snapshot.time, snapshot.mappings.iter().map(|m| m.lazy_free).sum()));
+    }
+
+    fn replayed(&mut self, timeline: &Timeline) {
+        if self.metrics.is_empty() {
+            return;
+        }
+        let convert = |series: &[(u64, u64)]| {
+            let mut out: Vec<(u64, u64)> = series.iter().map(|&(t, v)| (timeline.monotonic_ns(t), v)).collect();
+            out.sort_by_key(|&(t, _)| t);
+            out
+        };
+        let input = GhcInput { metrics: std::mem::take(&mut self.metrics), rss: convert(&self.rss), lazy_free: convert(&self.lazy_free), origin_ns: self.origin_ns.unwrap_or(0) };
+        self.report = report(&input);
+        self.metrics = input.metrics;
+    }
+
+    fn summary(&self) -> Option<crate::ledger::RuntimeSummary> {
+        let report = self.report.as_ref()?;
+        let peak = report.timeline.iter().max_by_key(|p| p.live_bytes)?;
+        let capabilities = report.gcs_per_capability.iter().filter(|c| c.capability.is_some()).count() as u32;
+        Some(crate::ledger::RuntimeSummary {
+            owner: NAME,
+            source: "eventlog".into(),
+            peak_live_bytes: peak.live_bytes,
+            peak_live_seconds: peak.seconds,
+            live_bytes_at_end: report.timeline.last().map_or(0, |p| p.live_bytes),
+            threads: (capabilities > 0).then_some(capabilities),
+            threads_kind: "capabilities",
+        })
+    }
+
+    fn gc_marks(&self, start_ns: u64) -> Vec<crate::ledger::GcMark> {
+        self.metrics
+            .iter()
+            .filter(|m| m.kind == "gc")
+            .map(|m| crate::ledger::GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: m.get("generation").is_some_and(|g| g >= 1.0) })
+            .collect()
+    }
+
+    fn annotate(&self, ledger: &mut crate::ledger::Ledger, monotonic_ns: u64) {
+        let Some(report) = &self.report else { return };
+        ledger.set_section(NAME, report);
+        let seconds = monotonic_ns.saturating_sub(self.origin_ns.unwrap_or(0)) as f64 / 1e9;
+        // The GC before the snapshot (the heap's state until the next one).
+        let point = report.timeline.iter().rev().find(|p| p.seconds <= seconds).or(report.timeline.first());
+        let (mut counted, mut lazy) = (0, 0);
+        for index in heap_mappings(&ledger.mappings) {
+            if let Some((c, l)) = ledger.reclaim(index, "ghc heap") {
+                counted += c;
+                lazy += l;
+            }
+        }
+        let mut rows = crate::ledger::Rows { lazy_free: lazy, ..crate::ledger::Rows::default() };
+        let estimated = match point {
+            Some(p) => {
+                let mut left = counted;
+                let mut take = |bytes: u64| {
+                    let taken = bytes.min(left);
+                    left -= taken;
+                    taken
+                };
+                rows.live = take(p.live_bytes);
+                rows.fragmented = take(p.blocks_size_bytes.saturating_sub(p.live_bytes));
+                rows.runtime = take(p.rows.block_descriptors);
+                rows.retained = left;
+                None
+            }
+            None => {
+                rows.retained = counted;
+                Some("no GC was logged: the RTS's resident megablocks are all counted as retained".to_string())
+            }
+        };
+        ledger.owners.push(crate::ledger::OwnerShare { owner: NAME, rows, released_bytes: 0, estimated });
+    }
+
+    fn findings(&self, ledger: &crate::ledger::Ledger) -> Vec<crate::ledger::Finding> {
+        let mut out = crate::owners::malloc::row_findings(ledger, NAME);
+        let (Some(report), Some(part)) = (&self.report, ledger.share(NAME)) else { return out };
+        if report.verdict.pinned_fragmentation {
+            let bytes = part.rows.fragmented + part.rows.retained;
+            out.push(crate::ledger::Finding { kind: "pinned_fragmentation", owner: NAME, bytes, share: crate::ledger::owner::share(bytes, ledger.rss_bytes) });
+        }
+        out
+    }
+
+    fn remedies(&self, _ledger: &crate::ledger::Ledger, findings: &[crate::ledger::Finding]) -> Vec<crate::ledger::Remedy> {
+        use crate::ledger::Remedy;
+        let bytes = |kind: &str| crate::owners::malloc::finding_bytes(findings, NAME, kind);
+        let mut out = Vec::new();
+        let lazy = bytes("lazy_free");
+        if lazy >= WORTH_TRYING {
+            out.push(Remedy::new(
+                "ghc-return-memory-at-once",
+                NAME,
+                "return freed megablocks with MADV_DONTNEED, so RSS falls at once: GHCRTS=--disable-delayed-os-memory-return",
+                &[("GHCRTS", "--disable-delayed-os-memory-return")],
+                lazy,
+            ));
+        }
+        let retained = bytes("retained");
+        if retained >= WORTH_TRYING {
+            // The RTS keeps free megablocks in proportion to live data
+            // (-F, default 2): -F1.2 keeps (1.2 + 1) / (2 + 1) of them.
+            out.push(Remedy::new("ghc-smaller-factor", NAME, "keep fewer free megablocks after a major GC: GHCRTS=-F1.2", &[("GHCRTS", "-F1.2")], retained * 4 / 15));
+        }
+        let pinned = bytes("pinned_fragmentation");
+        if pinned >= WORTH_TRYING {
+            out.push(Remedy::new(
+                "ghc-unpin-survivors",
+                NAME,
+                "keep long-lived byte strings unpinned (ShortByteString, Data.Text >= 2) or copy the retained slices (Data.ByteString.copy)",
+                &[],
+                pinned,
+            ));
+        }
+        out
+    }
+
+    fn verdict(&self, ledger: &crate::ledger::Ledger) -> Option<String> {
+        let report = self.report.as_ref()?;
+        let part = ledger.share(NAME)?;
+        let b = crate::human_bytes;
+        let r = &part.rows;
+        let opening = format!(
+            "The GHC heap holds {} of live data (last major GC); its megablocks take {} of the {} RSS: fragmented {} (blocks not live: nursery, slop, dead neighbours in pinned blocks), retained {} (free megablocks), lazy_free {}.",
+            b(r.live),
+            b(r.total()),
+            b(ledger.rss_bytes),
+            b(r.fragmented),
+            b(r.retained),
+            b(r.lazy_free)
+        );
+        Some(format!("{opening} {}{}", report.verdict.text, crate::ledger::remedies_sentence(ledger)))
+    }
+}
+
+/// Indexes of the GHC heap's committed mappings: the read-write parts of a
+/// run of adjacent anonymous mappings spanning at least [`RESERVATION_MIN`].
+fn heap_mappings(mappings: &[crate::ledger::MappingLedger]) -> Vec<usize> {
+    let anonymous = |m: &crate::ledger::MappingLedger| m.name.is_empty() && m.perms.ends_with('p') && matches!(m.class, "program mmap" | "unclassified" | "other");
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < mappings.len() {
+        if !anonymous(&mappings[i]) {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < mappings.len() && anonymous(&mappings[j]) && mappings[j].start == mappings[j - 1].end {
+            j += 1;
+        }
+        if mappings[j - 1].end - mappings[i].start >= RESERVATION_MIN {
+            out.extend((i..j).filter(|&k| mappings[k].perms.starts_with("rw")));
+        }
+        i = j;
+    }
+    out
 }
 
 #[cfg(test)]

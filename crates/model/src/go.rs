@@ -26,9 +26,14 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use memgap_trace::records::{Mapping, Metrics, Residency, Snapshot};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::ledger::{Ledger, MappingLedger, Rows, reason_name};
+use crate::ledger::owner::share;
+use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, MappingLedger, OwnerShare, Remedy, Rows};
+
+pub const NAME: &str = "go";
+/// Below this a remedy is not worth a run.
+const WORTH_TRYING: u64 = 1 << 20;
 
 const N_HEAP_OBJECTS: &str = "/memory/classes/heap/objects:bytes";
 const N_HEAP_UNUSED: &str = "/memory/classes/heap/unused:bytes";
@@ -44,6 +49,8 @@ const N_GOAL: &str = "/gc/heap/goal:bytes";
 const N_GCTRACE_LIVE: &str = "gctrace/live:bytes";
 const N_GCTRACE_CYCLE: &str = "gctrace/cycle";
 const N_GCTRACE_GOAL: &str = "gctrace/goal:bytes";
+const N_GCTRACE_HEAP_END: &str = "gctrace/heap_end:bytes";
+const N_GCTRACE_PROCS: &str = "gctrace/procs";
 /// The Go heap grows in page-allocator chunks of 4 MiB (pallocChunkBytes).
 const HEAP_CHUNK: u64 = 4 << 20;
 /// A class counts as pathological when its spans are on average at most
@@ -167,7 +174,7 @@ fn live_by_class(values: &BTreeMap<String, f64>) -> BTreeMap<u64, u64> {
 }
 
 /// One size class at a snapshot.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct GoSizeClass {
     pub size: u64,
     pub span_bytes: u64,
@@ -188,15 +195,18 @@ pub struct GoSizeClass {
 }
 
 /// What the Go runtime said, at a snapshot.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct GoLedger {
     /// As runtime.Version() spells it, when known.
     pub version: Option<String>,
     /// "runtime/metrics" (the helper package), "memstats" (attach over
     /// HTTP), "gctrace" (only GODEBUG=gctrace=1 lines), or "none".
-    pub source: &'static str,
+    pub source: String,
     /// The runtime's own split of its heap is known (not gctrace only).
     pub exact: bool,
+    /// Without the runtime's split: which rows are estimated, and from what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated: Option<String>,
     /// How old the runtime's figures are at the snapshot.
     pub figures_age_seconds: Option<f64>,
     pub heap_objects_bytes: u64,
@@ -242,51 +252,192 @@ fn resident_bytes(mapping: &Mapping, page: u64) -> u64 {
     }
 }
 
-/// The ledger of a Go program at `snapshot` (the state must have caught up to it).
-pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
+/// The Go runtime as a heap owner: it claims the Go heap and the runtime's
+/// own anonymous mappings, and splits them by what the runtime reported.
+#[derive(Debug, Default)]
+pub struct GoOwner {
+    state: GoState,
+    gc_times: Vec<u64>,
+    start_ns: u64,
+    summary: crate::ledger::RuntimeSummary,
+    /// The live figure at end: (time, bytes, from runtime/metrics).
+    last_live: Option<(u64, u64, bool)>,
+}
+
+impl GoOwner {
+    /// Live heap and threads as the figures come (for the summary): heap
+    /// objects from runtime/metrics, else what gctrace's GCs marked.
+    fn count(&mut self, metrics: &Metrics) {
+        let exact = metrics.get(N_HEAP_OBJECTS);
+        let marked = if metrics.kind == "gc" { metrics.get(N_GCTRACE_LIVE) } else { None };
+        let have_exact = self.last_live.is_some_and(|(_, _, exact)| exact);
+        let live = match (exact, marked) {
+            (Some(bytes), _) => Some((bytes, true)),
+            (None, Some(bytes)) if !have_exact => Some((bytes, false)),
+            _ => None,
+        };
+        if let Some((bytes, exact)) = live {
+            let bytes = bytes.max(0.0) as u64;
+            let s = &mut self.summary;
+            if bytes >= s.peak_live_bytes || (exact && s.source != "runtime/metrics") {
+                if exact && s.source != "runtime/metrics" {
+                    s.peak_live_bytes = 0;
+                }
+                if bytes >= s.peak_live_bytes {
+                    s.peak_live_bytes = bytes;
+                    s.peak_live_seconds = crate::owners::seconds_since(self.start_ns, metrics.monotonic_ns);
+                }
+            }
+            s.source = if exact { "runtime/metrics" } else { "gctrace" }.into();
+            self.last_live = Some((metrics.monotonic_ns, bytes, exact));
+            s.live_bytes_at_end = bytes;
+        }
+        let threads = metrics.get(N_GOROUTINES).map(|g| (g, "goroutines")).or_else(|| metrics.get(N_GCTRACE_PROCS).map(|p| (p, "procs (GOMAXPROCS)")));
+        if let Some((count, kind)) = threads {
+            let count = count.max(0.0) as u32;
+            if self.summary.threads_kind != "goroutines" || kind == "goroutines" {
+                let previous = if self.summary.threads_kind == kind { self.summary.threads.unwrap_or(0) } else { 0 };
+                self.summary.threads = Some(previous.max(count));
+                self.summary.threads_kind = kind;
+            }
+        }
+    }
+}
+
+impl HeapOwner for GoOwner {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn present(&self) -> bool {
+        self.state.is_go()
+    }
+
+    fn process(&mut self, process: &memgap_trace::records::Process) {
+        if self.start_ns == 0 {
+            self.start_ns = process.start_monotonic_ns;
+        }
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        if metrics.source != NAME {
+            return;
+        }
+        if metrics.kind == "gc" {
+            self.gc_times.push(metrics.monotonic_ns);
+        }
+        self.count(metrics);
+        self.state.add(metrics);
+    }
+
+    fn summary(&self) -> Option<crate::ledger::RuntimeSummary> {
+        self.last_live.map(|_| crate::ledger::RuntimeSummary { owner: NAME, ..self.summary.clone() })
+    }
+
+    fn claim(&mut self, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
+        self.state.catch_up(snapshot.time);
+        claim(&self.state, snapshot, ledger)
+    }
+
+    fn gc_marks(&self, start_ns: u64) -> Vec<GcMark> {
+        // Go's collector is not generational: every cycle is a full one.
+        self.gc_times.iter().map(|&ns| GcMark { seconds: crate::owners::seconds_since(start_ns, ns), source: NAME.into(), major: true }).collect()
+    }
+
+    fn findings(&self, ledger: &Ledger) -> Vec<Finding> {
+        let mut out = crate::owners::malloc::row_findings(ledger, NAME);
+        if let Some(g) = ledger.section::<GoLedger>(NAME) {
+            let sparse: u64 = sparse_saving(&g);
+            if sparse > 0 {
+                out.push(Finding { kind: "sparse_size_classes", owner: NAME, bytes: sparse, share: share(sparse, ledger.rss_bytes) });
+            }
+        }
+        out
+    }
+
+    fn remedies(&self, ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
+        remedies(ledger, findings)
+    }
+
+    fn verdict(&self, ledger: &Ledger) -> Option<String> {
+        Some(verdict(ledger))
+    }
+}
+
+/// What copying the survivors of sparse classes would give back.
+fn sparse_saving(g: &GoLedger) -> u64 {
+    g.sparse_classes.iter().filter_map(|s| g.size_classes.iter().find(|c| c.size == *s)).map(|c| (c.spans_estimate - c.spans_needed) * c.span_bytes).sum()
+}
+
+fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
+    let Some(g) = ledger.section::<GoLedger>(NAME) else { return Vec::new() };
+    let bytes = |kind: &str| crate::owners::malloc::finding_bytes(findings, NAME, kind);
+    let (retained, fragmented, lazy) = (bytes("retained"), bytes("fragmented"), bytes("lazy_free"));
+    let mut out = Vec::new();
+    let live = ledger.share(NAME).map_or(0, |s| s.rows.live);
+    if retained >= WORTH_TRYING {
+        // A soft limit a little above what the heap uses makes the
+        // scavenger return free spans as the heap nears it.
+        let in_use = live + ledger.share(NAME).map_or(0, |s| s.rows.fragmented + s.rows.runtime);
+        let limit = (in_use + in_use / 4).max(8 << 20).next_multiple_of(1 << 20);
+        let limit_text = format!("{}MiB", limit >> 20);
+        out.push(Remedy::new(
+            "go-memlimit",
+            NAME,
+            format!("a soft memory limit, so the scavenger returns free spans: GOMEMLIMIT={limit_text}"),
+            &[("GOMEMLIMIT", &limit_text)],
+            retained,
+        ));
+        out.push(Remedy::new("go-free-os-memory", NAME, "return free spans at once from the program after a burst: debug.FreeOSMemory()", &[], retained));
+    }
+    let goal_room = g.heap_goal_bytes.map_or(0, |goal| goal.saturating_sub(live));
+    if retained + fragmented >= WORTH_TRYING && goal_room >= WORTH_TRYING {
+        // GOGC=50 halves the room the heap grows into between collections.
+        out.push(Remedy::new("go-gogc", NAME, "collect more often, so the heap grows less past its live data: GOGC=50", &[("GOGC", "50")], goal_room / 2));
+    }
+    let sparse = sparse_saving(&g);
+    if sparse >= WORTH_TRYING {
+        out.push(Remedy::new(
+            "go-compact-survivors",
+            NAME,
+            "copy the survivors of sparse size classes into new objects (or use []T instead of []*T) so their spans empty out",
+            &[],
+            sparse,
+        ));
+    }
+    if lazy >= WORTH_TRYING {
+        out.push(Remedy::new("go-madvdontneed", NAME, "return memory with MADV_DONTNEED, so RSS falls at once: GODEBUG=madvdontneed=1", &[("GODEBUG", "madvdontneed=1")], lazy));
+    }
+    out
+}
+
+/// Takes the Go heap and the runtime's own mappings of `snapshot` (the
+/// state must have caught up to it) into the ledger; returns their indexes.
+fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
     let page = snapshot.page_size.max(1);
-    let mut ledger = Ledger {
-        rss_bytes: if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss },
-        snapshot_reason: reason_name(snapshot.reason),
-        allocator: "go".into(),
-        snapshot_cost_ms: snapshot.cost_ns as f64 / 1e6,
-        ..Ledger::default()
-    };
     let named = snapshot.mappings.iter().any(|m| m.name == "[anon: Go: heap]");
+    let mut claimed = Vec::new();
     let (mut heap_resident, mut heap_lazy, mut heap_mappings, mut runtime_mapped) = (0, 0, 0u32, 0);
-    for mapping in &snapshot.mappings {
+    for (index, mapping) in snapshot.mappings.iter().enumerate() {
         let mut entry = MappingLedger::of(mapping);
-        let other = &mut ledger.other_breakdown;
         entry.class = if is_go_heap(mapping, named) {
             entry.resident_bytes = resident_bytes(mapping, page);
             heap_resident += entry.resident_bytes;
             heap_lazy += mapping.lazy_free;
             heap_mappings += 1;
             "heap"
-        } else if mapping.name == "[stack]" {
-            ledger.stacks_bytes += mapping.rss;
-            "stack"
-        } else if mapping.perms.ends_with('s') {
-            other.shmem += mapping.rss;
-            "shmem"
-        } else if mapping.inode != 0 {
-            other.file += mapping.rss;
-            "file"
-        } else if mapping.name == "[heap]" {
-            // malloc's heap: cgo code, which the Go runtime does not count.
-            other.unclassified += mapping.rss;
-            "other"
-        } else if mapping.is_private_writable_anonymous() {
+        } else if mapping.is_private_writable_anonymous() && mapping.name != "[heap]" && mapping.name != "[stack]" {
             // The runtime's own structures (spans, GC bits, page allocator…).
             entry.resident_bytes = resident_bytes(mapping, page);
             runtime_mapped += entry.resident_bytes;
             "runtime"
         } else {
-            other.unclassified += mapping.rss;
-            "other"
+            continue;
         };
+        claimed.push(index);
         ledger.mappings.push(entry);
     }
+    ledger.allocator = NAME.into();
 
     let mut g = GoLedger {
         version: go.version.clone(),
@@ -301,7 +452,7 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
     let mut rows = Rows::default();
     let heap_stacks;
     if let Some(objects) = go.get(N_HEAP_OBJECTS) {
-        g.source = if go.values_kind == "memstats" { "memstats" } else { "runtime/metrics" };
+        g.source = if go.values_kind == "memstats" { "memstats" } else { "runtime/metrics" }.into();
         g.exact = true;
         g.figures_age_seconds = Some(snapshot.time.saturating_sub(go.values_ns) as f64 / 1e9);
         g.heap_objects_bytes = objects;
@@ -312,14 +463,14 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
         g.total_bytes = go.get(N_TOTAL).unwrap_or(0);
         g.heap_usage_bytes = g.heap_objects_bytes + g.heap_unused_bytes + g.heap_free_bytes;
         let mut parts = [g.heap_stacks_bytes, g.heap_unused_bytes, g.heap_objects_bytes, g.heap_free_bytes];
-        let claimed: u64 = parts.iter().sum();
-        if heap_resident < claimed {
+        let claimed_bytes: u64 = parts.iter().sum();
+        if heap_resident < claimed_bytes {
             // What the runtime never touched: the deep end of goroutine stacks
             // (a stack grows down into pages it may never reach), the
             // untouched tails of fresh spans (unused: fresh spans are known to
             // be zero and not written), objects never written (live), then
             // free pages.
-            let mut deficit = claimed - heap_resident;
+            let mut deficit = claimed_bytes - heap_resident;
             g.untouched_bytes = deficit;
             for part in parts.iter_mut() {
                 let cut = deficit.min(*part);
@@ -332,18 +483,39 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
         rows.fragmented = unused;
         rows.retained = free;
         heap_stacks = stacks;
-        let extra = heap_resident.saturating_sub(claimed);
+        let extra = heap_resident.saturating_sub(claimed_bytes);
         g.unaccounted_heap_bytes = extra;
         rows.lazy_free = extra.min(heap_lazy);
         rows.retained += extra - rows.lazy_free;
     } else {
-        // gctrace only: the live heap at the last GC; the rest of the
-        // heap's resident pages cannot be split into fragmented and retained.
-        g.source = if go.last_gc.is_some() { "gctrace" } else { "none" };
-        rows.live = g.last_gc_live_bytes.unwrap_or(0).min(heap_resident);
-        rows.lazy_free = heap_lazy.min(heap_resident - rows.live);
-        rows.retained = heap_resident - rows.live - rows.lazy_free;
         heap_stacks = 0;
+        rows.lazy_free = heap_lazy.min(heap_resident);
+        let resident = heap_resident - rows.lazy_free;
+        match (&go.last_gc, g.last_gc_live_bytes) {
+            (Some(gc), Some(live)) => {
+                // gctrace only: the live heap the last GC marked, and the heap
+                // in use when it ended (live + what was allocated during the
+                // cycle + garbage in spans not yet swept); the rest of the
+                // resident heap is free spans.
+                g.source = "gctrace".into();
+                let in_use = gc.get(N_GCTRACE_HEAP_END).map_or(live, |v| v as u64).max(live).min(resident);
+                rows.live = live.min(resident);
+                rows.fragmented = in_use - rows.live;
+                rows.retained = resident - in_use;
+                g.estimated = Some(format!(
+                    "estimated from gctrace: live is what GC {} marked ({} MB, whole MB), fragmented the rest of the heap in use at that GC's end (unused slots and garbage not yet swept), retained the rest of the resident heap (free spans)",
+                    g.gc_cycles.unwrap_or(0),
+                    live >> 20
+                ));
+            }
+            _ => {
+                // No collection yet: nothing was freed, so every resident heap
+                // page holds objects allocated since the start.
+                g.source = "none".into();
+                rows.live = resident;
+                g.estimated = Some("estimated: no GC had run, so every resident heap page holds objects allocated since the start (live, or garbage not yet collected)".into());
+            }
+        }
     }
     g.size_classes = size_classes(go, g.heap_unused_bytes);
     let mut sparse: Vec<&GoSizeClass> = g
@@ -354,16 +526,10 @@ pub fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
     sparse.sort_by_key(|c| std::cmp::Reverse(c.unused_bytes_estimate));
     g.sparse_classes = sparse.iter().map(|c| c.size).collect();
 
-    rows.runtime = heap_stacks + runtime_mapped + ledger.stacks_bytes;
-    let other = &ledger.other_breakdown;
-    rows.other = other.file + other.shmem + other.unclassified;
-    ledger.rows = rows;
-    ledger.released_bytes = g.heap_released_bytes;
-    ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
-    ledger.heaps = Vec::new();
-    ledger.go = Some(g);
-    ledger.verdict = verdict(&ledger);
-    ledger
+    rows.runtime = heap_stacks + runtime_mapped;
+    ledger.owners.push(OwnerShare { owner: NAME, rows, released_bytes: g.heap_released_bytes, estimated: g.estimated.clone() });
+    ledger.set_section(NAME, &g);
+    claimed
 }
 
 /// Per class: live objects, spans needed and estimated, occupancy.
@@ -418,7 +584,7 @@ fn percent(part: u64, whole: u64) -> f64 {
 /// One paragraph for a Go program: the dominant row besides live, and the
 /// remedies for it, with the numbers.
 pub fn verdict(l: &Ledger) -> String {
-    let Some(g) = &l.go else { return String::new() };
+    let Some(g) = l.section::<GoLedger>(NAME) else { return String::new() };
     let r = &l.rows;
     let rss = l.rss_bytes.max(1);
     let opening = format!(
@@ -428,15 +594,20 @@ pub fn verdict(l: &Ledger) -> String {
         l.rss_bytes as f64 / r.live.max(1) as f64
     );
     if !g.exact {
-        let why = match g.source {
+        let why = match g.source.as_str() {
             "gctrace" => format!(
-                "Only gctrace is known: the last GC marked {} live; the Go heap's other {} resident cannot be split into fragmented and retained.",
-                mib(g.last_gc_live_bytes.unwrap_or(0)),
-                mib(r.retained + r.lazy_free)
+                "Only gctrace is known, so the split is {}: live {}, fragmented {}, retained {}.",
+                g.estimated.as_deref().unwrap_or("estimated"),
+                mib(r.live),
+                mib(r.fragmented),
+                mib(r.retained)
             ),
-            _ => "The runtime reported nothing yet (no GC had run).".to_string(),
+            _ => format!("The runtime reported nothing yet; {}.", g.estimated.as_deref().unwrap_or("no GC had run")),
         };
-        return format!("{opening} {why} For the exact split, import memgap.dev/go/memgap (it reports runtime/metrics to memgap run).");
+        return format!(
+            "{opening} {why}{} For the exact split, import memgap.dev/go/memgap (it reports runtime/metrics to memgap run).",
+            crate::ledger::remedies_sentence(l)
+        );
     }
     let mut gap = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("runtime", r.runtime), ("other", r.other)];
     gap.sort_by_key(|row| std::cmp::Reverse(row.1));
@@ -510,6 +681,11 @@ mod tests {
         Metrics { monotonic_ns: ns, source: "go".into(), kind: kind.into(), values: values.iter().map(|(n, v)| (n.to_string(), *v)).collect() }
     }
 
+    fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
+        let mut owners: Vec<Box<dyn HeapOwner>> = vec![Box::new(GoOwner { state: go.clone(), ..GoOwner::default() })];
+        crate::ledger::compute(&mut crate::HeapState::default(), snapshot, crate::ledger::Detail::default(), &mut owners)
+    }
+
     fn snapshot(time: u64, heap_pages: u64, resident_pages: u64, rss: u64) -> Snapshot {
         let mut bits = vec![0u8; (heap_pages as usize).div_ceil(8)];
         for i in 0..resident_pages as usize {
@@ -566,8 +742,8 @@ mod tests {
         assert_eq!(l.rows.runtime, 65536 + MIB);
         assert_eq!(l.rows.other, MIB);
         assert_eq!(l.residual_bytes, 0);
-        let g = l.go.as_ref().unwrap();
-        assert_eq!((g.source, g.exact, g.version.as_deref()), ("runtime/metrics", true, Some("go1.26.8")));
+        let g = l.section::<GoLedger>(NAME).unwrap();
+        assert_eq!((g.source.as_str(), g.exact, g.version.as_deref()), ("runtime/metrics", true, Some("go1.26.8")));
         let class = &g.size_classes[0];
         assert_eq!((class.size, class.live_objects, class.peak_live_objects, class.spans_needed), (16, 2048, 1048576, 5));
         assert_eq!(class.spans_estimate, 2048, "one span per survivor: {class:?}");
@@ -581,7 +757,7 @@ mod tests {
         go.catch_up(10);
         // Only 1 MiB of the heap is resident.
         let l = ledger(&go, &snapshot(10, 8192, 256, 3 * MIB));
-        let g = l.go.as_ref().unwrap();
+        let g = l.section::<GoLedger>(NAME).unwrap();
         assert_eq!(l.rows.live + l.rows.fragmented + l.rows.retained + l.rows.lazy_free + l.rows.runtime - MIB, MIB);
         assert!(g.untouched_bytes > 15 * MIB);
         assert_eq!(l.residual_bytes, 0);
@@ -603,8 +779,8 @@ mod tests {
         go.catch_up(5);
         let l = ledger(&go, &snapshot(5, 2048, 1024, 6 * MIB));
         assert_eq!((l.rows.live, l.rows.retained), (2 * MIB, 2 * MIB));
-        let g = l.go.as_ref().unwrap();
-        assert_eq!((g.source, g.exact, g.gc_cycles), ("gctrace", false, Some(3)));
+        let g = l.section::<GoLedger>(NAME).unwrap();
+        assert_eq!((g.source.as_str(), g.exact, g.gc_cycles), ("gctrace", false, Some(3)));
         assert!(l.verdict.contains("memgap.dev/go/memgap"), "{}", l.verdict);
     }
 }

@@ -26,9 +26,6 @@ pub struct HeapState {
     /// 0 for none): inserting each allocation's region into the set cost
     /// 38 instructions an allocation on a heap spread over a few regions.
     recent_regions: [u64; RECENT_REGIONS],
-    /// What the Go runtime reported (METRICS of source `go`), taken in as
-    /// snapshots are reached.
-    pub go: std::cell::RefCell<crate::go::GoState>,
     /// What glibc's malloc_trim would find: tcaches, arenas' heaps, the
     /// program's own trims.
     pub glibc_trim: crate::glibc_trim::GlibcTrimModel,
@@ -49,12 +46,12 @@ impl HeapState {
         self.allocator.ends_with("/libc.so.6")
     }
 
+    /// The program's own malloc_trim calls, for the trim forecast.
     pub fn metrics(&mut self, metrics: &memgap_trace::records::Metrics) {
         if metrics.source == crate::trim_marks::SOURCE && metrics.kind == crate::trim_marks::KIND {
             let bytes = |name: &str| metrics.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
             self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
         }
-        self.go.get_mut().add(metrics);
     }
 
     pub fn thread(&mut self, thread: &Thread) {
@@ -66,7 +63,7 @@ impl HeapState {
     /// malloc_trim still tells what that trim left.
     pub fn pass_snapshot(&mut self, snapshot: &memgap_trace::records::Snapshot) {
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
-            let live: Vec<(u64, u64)> = self.live.in_address_order().iter().map(|&(addr, block)| (addr.saturating_sub(crate::ledger::GLIBC_HEADER), addr + block.usable())).collect();
+            let live: Vec<(u64, u64)> = self.live.in_address_order().iter().map(|&(addr, block)| (addr.saturating_sub(crate::owners::glibc::GLIBC_HEADER), addr + block.usable())).collect();
             let page = crate::ledger::plausible_page_size(snapshot.page_size);
             crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| crate::ledger::countable_by_page(m, page));
         }

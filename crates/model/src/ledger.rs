@@ -8,15 +8,16 @@
 //! (retained, of which smaps LazyFree is moved to lazy_free). The rows are
 //! then checked against VmRSS read at the same instant: the residual.
 
+use std::collections::BTreeMap;
+
 use memgap_trace::records::{Mapping, Snapshot, SnapshotReason};
 use serde::Serialize;
 
 use crate::heap_state::HeapState;
 
-/// glibc keeps each heap in 64 MiB-aligned reservations (HEAP_MAX_SIZE).
-pub(crate) const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
-/// The size word in front of a glibc block belongs to it.
-pub(crate) const GLIBC_HEADER: u64 = 8;
+pub mod owner;
+
+pub use owner::{Finding, GcMark, HeapOwner, MallocLayout, OwnerShare, Remedy, RuntimeSummary};
 
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct Rows {
@@ -222,12 +223,20 @@ pub struct Ledger {
     pub mappings: Vec<MappingLedger>,
     pub snapshot_cost_ms: f64,
     pub verdict: String,
-    /// The Ruby layer, when the process was a Ruby that memgap's sampler saw.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ruby: Option<crate::ruby::RubyLayer>,
-    /// What the Go runtime said (Go programs only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub go: Option<crate::go::GoLedger>,
+    /// Each heap owner's part of the rows (the allocator, the runtime).
+    pub owners: Vec<OwnerShare>,
+    /// The owner holding most of the gap (RSS − live), whose verdict this is.
+    pub gap_owner: Option<&'static str>,
+    /// Where the gap sits, largest first.
+    pub findings: Vec<Finding>,
+    /// What to try, for the allocators and runtimes in use, best first.
+    pub remedies: Vec<Remedy>,
+    /// Each owner's own figures, under its name (`go`, `ghc`, `ruby`…).
+    #[serde(flatten)]
+    pub sections: BTreeMap<&'static str, serde_json::Value>,
+    /// LazyFree of mappings no owner took: in the lazy_free row, in no share.
+    #[serde(skip)]
+    pub unowned_lazy_free_bytes: u64,
     #[serde(skip)]
     pub page_maps: Vec<PageMap>,
     /// Per call stack (when asked for): what its live blocks take and cost.
@@ -282,34 +291,19 @@ pub fn reason_name(reason: SnapshotReason) -> &'static str {
     }
 }
 
-/// The ledger of `snapshot`, given the heap as replayed up to its instant.
-pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Ledger {
-    if state.go.borrow().is_go() {
-        let mut go = state.go.borrow_mut();
-        go.catch_up(snapshot.time);
-        return crate::go::ledger(&go, snapshot);
-    }
-    let want_pages = detail.pages;
-    let glibc = state.is_glibc();
-    let header = if glibc { GLIBC_HEADER } else { 0 };
-    let blocks: Vec<BlockExtent> = state
-        .live
-        .in_address_order()
-        .iter()
-        .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable(), addr, size: b.size, stack: b.stack })
-        .collect();
-    let page = plausible_page_size(snapshot.page_size);
-    // Which free pages glibc's malloc_trim(0) would release.
-    let trim = if glibc {
-        let live: Vec<(u64, u64)> = blocks.iter().map(|b| (b.start, b.end)).collect();
-        crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, &live, page, |m| countable_by_page(m, page))
-    } else {
-        crate::glibc_trim::TrimForecast::default()
-    };
-    let state = &*state;
-    let mut agent_ranges = snapshot.agent_ranges.clone();
-    agent_ranges.sort_unstable();
+/// How blocks sit in memory when no registered owner recognised the
+/// program's malloc: no header, no trim.
+struct UnknownMalloc;
 
+impl MallocLayout for UnknownMalloc {}
+
+/// The owner name of the malloc nobody recognised.
+const UNKNOWN_MALLOC: &str = "malloc";
+
+/// The ledger of `snapshot`, given the heap as replayed up to its instant
+/// and the heap owners as they have seen the trace so far.
+pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owners: &mut [Box<dyn HeapOwner>]) -> Ledger {
+    let page = plausible_page_size(snapshot.page_size);
     // A program allocating fast moves RSS while the snapshot is taken. The
     // anonymous mappings, most of the sum, are read last (mincore), right
     // before VmRSS is read again: compare the rows with that reading.
@@ -317,10 +311,40 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         rss_bytes: if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss },
         snapshot_reason: reason_name(snapshot.reason),
         allocator: state.allocator.clone(),
-        live_blocks: blocks.len() as u64,
         snapshot_cost_ms: snapshot.cost_ns as f64 / 1e6,
         ..Ledger::default()
     };
+    // Owners that know their mappings take them first.
+    let mut claimed = vec![false; snapshot.mappings.len()];
+    for owner in owners.iter_mut().filter(|o| o.present()) {
+        for index in owner.claim(snapshot, &mut ledger) {
+            if let Some(taken) = claimed.get_mut(index) {
+                *taken = true;
+            }
+        }
+    }
+    let owners = &*owners;
+    let malloc_owner = owners.iter().filter(|o| o.present()).find_map(|o| o.malloc_layout().map(|layout| (o.name(), layout)));
+    // A trace with blocks or an allocator no owner recognised is still a malloc's.
+    let has_malloc = malloc_owner.is_some() || !state.allocator.is_empty() || state.live.len() > 0;
+    let (malloc_name, layout): (&'static str, &dyn MallocLayout) = malloc_owner.unwrap_or((UNKNOWN_MALLOC, &UnknownMalloc));
+    let want_pages = detail.pages;
+    let header = layout.block_header();
+    let blocks: Vec<BlockExtent> = state
+        .live
+        .in_address_order()
+        .iter()
+        .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable(), addr, size: b.size, stack: b.stack })
+        .collect();
+    // Which free pages the allocator's trim would release.
+    let trim = {
+        let live: Vec<(u64, u64)> = blocks.iter().map(|b| (b.start, b.end)).collect();
+        layout.trim_forecast(state, snapshot, &live, page)
+    };
+    let state = &*state;
+    let mut agent_ranges = snapshot.agent_ranges.clone();
+    agent_ranges.sort_unstable();
+    ledger.live_blocks = blocks.len() as u64;
     let mut buckets: Vec<SizeBucket> = Vec::new();
     // Per stack: its share, and the last page counted (mapping start, page index).
     let mut stacks: rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)> = rustc_hash::FxHashMap::default();
@@ -334,7 +358,10 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         0
     };
 
-    for mapping in &snapshot.mappings {
+    for (index, mapping) in snapshot.mappings.iter().enumerate() {
+        if claimed[index] {
+            continue;
+        }
         // The .bss of an ELF object: anonymous, right after its data segment.
         let bss_of = previous.filter(|p| p.inode != 0 && p.end == mapping.start && p.perms.starts_with("rw")).map(|p| p.name.clone());
         previous = Some(mapping);
@@ -368,10 +395,10 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
         let first = blocks.partition_point(|b| b.end <= mapping.start);
         let last = blocks.partition_point(|b| b.start < mapping.end);
         let mapping_blocks = &blocks[first..last.max(first)];
-        let allocator_owned = mapping.name == "[heap]" || !mapping_blocks.is_empty() || (bss_of.is_none() && state.ever_held_blocks(mapping.start, mapping.end));
+        let allocator_owned = has_malloc && (mapping.name == "[heap]" || !mapping_blocks.is_empty() || (bss_of.is_none() && state.ever_held_blocks(mapping.start, mapping.end)));
         let mut heap = HeapLedger {
-            name: heap_name(mapping, glibc),
-            kind: heap_kind(mapping, glibc),
+            name: heap_name(mapping, layout),
+            kind: layout.heap_kind(mapping),
             start: mapping.start,
             end: mapping.end,
             mappings: 1,
@@ -462,27 +489,113 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail) -> Le
     for heap in &ledger.heaps {
         add_heap(&mut heap_total, heap);
     }
-    ledger.released_bytes = heap_total.released;
     ledger.trim_would_return_bytes = heap_total.trimmable;
-    let other = &ledger.other_breakdown;
-    let rows = Rows {
-        live: heap_total.live,
-        slack: heap_total.slack,
-        fragmented: heap_total.fragmented,
-        retained: heap_total.retained,
-        lazy_free: heap_total.lazy_free + lazy_outside_heap,
-        runtime: ledger.stacks_bytes,
-        other: other.file + other.shmem + other.program_mmap + other.agent + other.static_data + other.unclassified,
-    };
-    ledger.rows = rows;
-    ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
-    ledger.retained_not_trimmable_bytes = rows.retained - ledger.trim_would_return_bytes;
-    ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
+    ledger.retained_not_trimmable_bytes = heap_total.retained - heap_total.trimmable;
+    if has_malloc {
+        let rows = Rows {
+            live: heap_total.live,
+            slack: heap_total.slack,
+            fragmented: heap_total.fragmented,
+            retained: heap_total.retained,
+            lazy_free: heap_total.lazy_free,
+            ..Rows::default()
+        };
+        ledger.owners.insert(0, OwnerShare { owner: malloc_name, rows, released_bytes: heap_total.released, estimated: None });
+    }
+    // MADV_FREE'd pages of mappings nobody owns: counted, but in no owner's share.
+    ledger.unowned_lazy_free_bytes = lazy_outside_heap;
+    ledger.arenas = layout.arenas(&ledger.heaps);
     buckets.retain(|b| b.blocks > 0);
     ledger.fragmentation_by_size = buckets;
     ledger.by_stack = stacks.into_values().map(|(share, _)| share).collect();
-    ledger.verdict = verdict(&ledger);
+    ledger.mappings.sort_by_key(|m| m.start);
+    finish(&mut ledger, owners);
     ledger
+}
+
+/// Sums the owners' shares, thread stacks and `other` into the rows, checks
+/// them against VmRSS, and asks the owners for findings, remedies and the
+/// verdict. Called again after an owner lays a layer over the ledger.
+pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
+    let other = &ledger.other_breakdown;
+    let mut rows = Rows {
+        lazy_free: ledger.unowned_lazy_free_bytes,
+        runtime: ledger.stacks_bytes,
+        other: other.file + other.shmem + other.program_mmap + other.agent + other.static_data + other.unclassified,
+        ..Rows::default()
+    };
+    let mut released = 0;
+    for share in &ledger.owners {
+        rows.add(&share.rows);
+        released += share.released_bytes;
+    }
+    ledger.rows = rows;
+    ledger.released_bytes = released;
+    ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
+    let present: Vec<&dyn HeapOwner> = owners.iter().filter(|o| o.present()).map(|o| o.as_ref()).collect();
+    let mut findings: Vec<Finding> = present.iter().flat_map(|o| o.findings(ledger)).collect();
+    findings.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.kind.cmp(b.kind)));
+    let mut remedies: Vec<Remedy> = present.iter().flat_map(|o| o.remedies(ledger, &findings)).collect();
+    remedies.sort_by(|a, b| b.expected_savings_bytes.cmp(&a.expected_savings_bytes).then(a.id.cmp(b.id)));
+    ledger.findings = findings;
+    ledger.remedies = remedies;
+    // The verdict is the one of the owner holding most of the gap; rows no
+    // owner holds (other, stacks) are the core's.
+    let gap_owner = ledger.owners.iter().filter(|s| s.gap() > 0 || s.rows.live > 0).max_by_key(|s| (s.gap(), s.rows.live)).map(|s| s.owner);
+    ledger.gap_owner = gap_owner;
+    let owner = gap_owner.and_then(|name| present.iter().find(|o| o.name() == name));
+    let body = owner.and_then(|o| o.verdict(ledger)).unwrap_or_else(|| verdict(ledger));
+    let headlines: Vec<String> = present.iter().filter_map(|o| o.headline(ledger)).collect();
+    ledger.verdict = if headlines.is_empty() { body } else { format!("{} {body}", headlines.join(" ")) };
+}
+
+impl Ledger {
+    /// An owner's part of the rows.
+    pub fn share(&self, owner: &str) -> Option<&OwnerShare> {
+        self.owners.iter().find(|s| s.owner == owner)
+    }
+
+    /// An owner's section, read back as its type.
+    pub fn section<T: serde::de::DeserializeOwned>(&self, owner: &str) -> Option<T> {
+        self.sections.get(owner).and_then(|value| serde_json::from_value(value.clone()).ok())
+    }
+
+    pub fn set_section<T: Serialize>(&mut self, owner: &'static str, value: &T) {
+        self.sections.insert(owner, serde_json::to_value(value).expect("model structs always serialize"));
+    }
+
+    /// Takes mapping `index` (of `self.mappings`) back from the row the core
+    /// put it in (`other`, or lazy_free for its MADV_FREE'd pages), for an
+    /// owner whose figures came after the snapshot. Returns its resident
+    /// bytes not lazily freed, and its lazily freed ones; the owner must put
+    /// both into its share, then call [`finish`].
+    pub fn reclaim(&mut self, index: usize, class: &'static str) -> Option<(u64, u64)> {
+        let entry = self.mappings.get_mut(index)?;
+        let other = &mut self.other_breakdown;
+        let part = match entry.class {
+            "program mmap" => &mut other.program_mmap,
+            "unclassified" | "other" => &mut other.unclassified,
+            _ => return None,
+        };
+        let lazy = entry.lazy_free_bytes.min(entry.resident_bytes).min(self.unowned_lazy_free_bytes);
+        let counted = (entry.resident_bytes - lazy).min(*part);
+        *part -= counted;
+        self.unowned_lazy_free_bytes -= lazy;
+        entry.class = class;
+        Some((counted, lazy))
+    }
+}
+
+impl Rows {
+    pub fn add(&mut self, other: &Rows) {
+        self.live += other.live;
+        self.slack += other.slack;
+        self.fragmented += other.fragmented;
+        self.retained += other.retained;
+        self.lazy_free += other.lazy_free;
+        self.runtime += other.runtime;
+        self.other += other.other;
+    }
 }
 
 fn add_heap(total: &mut HeapLedger, heap: &HeapLedger) {
@@ -495,18 +608,8 @@ fn add_heap(total: &mut HeapLedger, heap: &HeapLedger) {
     total.trimmable += heap.trimmable;
 }
 
-fn heap_kind(mapping: &Mapping, glibc: bool) -> &'static str {
-    if mapping.name == "[heap]" {
-        "brk heap"
-    } else if glibc && mapping.start % GLIBC_HEAP_ALIGN == 0 {
-        "arena"
-    } else {
-        "mapping"
-    }
-}
-
-fn heap_name(mapping: &Mapping, glibc: bool) -> String {
-    match heap_kind(mapping, glibc) {
+fn heap_name(mapping: &Mapping, layout: &dyn MallocLayout) -> String {
+    match layout.heap_kind(mapping) {
         "brk heap" => "main arena ([heap])".to_string(),
         "arena" => format!("arena heap @{:#x}", mapping.start),
         _ => format!("mapping @{:#x}", mapping.start),
@@ -688,7 +791,9 @@ fn mib(bytes: u64) -> String {
     crate::human_bytes(bytes)
 }
 
-/// One paragraph: the dominant row besides live, and what usually fixes it.
+/// One paragraph when no owner holds the gap (it sits in `other` or in
+/// thread stacks), or for an owner without a verdict of its own: the
+/// dominant row besides live, and the remedies that apply.
 pub fn verdict(l: &Ledger) -> String {
     let rss = l.rss_bytes.max(1);
     let r = &l.rows;
@@ -707,42 +812,40 @@ pub fn verdict(l: &Ledger) -> String {
         return format!("{opening} Most of it is live data: the allocator and runtime add little. Shrinking RSS means holding less.");
     }
     let body = match dominant {
-        "fragmented" => format!(
-            "{share:.0}% of RSS ({}) is free space on pages that still hold live blocks: fragmentation. The allocator cannot return a page while one block on it lives. \
-             It usually comes from long-lived objects allocated among short-lived ones; separating them (arenas or pools per lifetime), fewer and larger \
-             objects, or an allocator with size-segregated slabs (jemalloc, mimalloc) helps. `memgap blame` names the call sites whose survivors pin the pages.",
-            mib(bytes)
-        ),
-        "retained" => format!(
-            "{share:.0}% of RSS ({}) is free pages the allocator keeps{}. malloc_trim(0) would return about {} of it now{}. \
-             Calling malloc_trim periodically (`memgap run --trim-only` does it without code changes), MALLOC_ARENA_MAX=2, or a lower \
-             glibc.malloc.trim_threshold usually fixes this.",
-            mib(bytes),
-            if l.arenas > 1 { format!(" in {} glibc arenas", l.arenas) } else { String::new() },
-            mib(l.trim_would_return_bytes),
-            if l.retained_not_trimmable_bytes > 0 { format!("; {} sits where trim cannot reach (arena tops, tcache)", mib(l.retained_not_trimmable_bytes)) } else { String::new() }
-        ),
+        "fragmented" => format!("{share:.0}% of RSS ({}) is free space on pages that still hold live blocks: fragmentation.", mib(bytes)),
+        "retained" => format!("{share:.0}% of RSS ({}) is free pages the allocator or runtime keeps.", mib(bytes)),
         "lazy_free" => format!(
-            "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under \
-             pressure. To see it leave RSS at once: jemalloc's muzzy_decay_ms:0, GHC's --disable-delayed-os-memory-return.",
+            "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under pressure.",
             mib(bytes)
         ),
-        "slack" => format!(
-            "{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.",
-            mib(bytes)
-        ),
+        "slack" => format!("{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.", mib(bytes)),
         "runtime" => format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", mib(bytes)),
-        _ => format!(
-            "{share:.0}% of RSS ({}) is outside the malloc heap: code and file mappings {}, the program's own anonymous mmaps {}, static data {}, memgap's buffers {}, unclassified {}.",
-            mib(bytes),
-            mib(l.other_breakdown.file + l.other_breakdown.shmem),
-            mib(l.other_breakdown.program_mmap),
-            mib(l.other_breakdown.static_data),
-            mib(l.other_breakdown.agent),
-            mib(l.other_breakdown.unclassified)
-        ),
+        _ => other_sentence(l, share, bytes),
     };
-    format!("{opening} {body}")
+    let tries = remedies_sentence(l);
+    format!("{opening} {body}{tries}")
+}
+
+/// "X% of RSS is outside every heap: …" with `other`'s parts.
+pub fn other_sentence(l: &Ledger, share: f64, bytes: u64) -> String {
+    format!(
+        "{share:.0}% of RSS ({}) is outside the heap: code and file mappings {}, the program's own anonymous mmaps {}, static data {}, memgap's buffers {}, unclassified {}.",
+        mib(bytes),
+        mib(l.other_breakdown.file + l.other_breakdown.shmem),
+        mib(l.other_breakdown.program_mmap),
+        mib(l.other_breakdown.static_data),
+        mib(l.other_breakdown.agent),
+        mib(l.other_breakdown.unclassified)
+    )
+}
+
+/// " To try: …" with the ledger's remedies, best first (empty without).
+pub fn remedies_sentence(l: &Ledger) -> String {
+    if l.remedies.is_empty() {
+        return String::new();
+    }
+    let tries: Vec<String> = l.remedies.iter().take(3).map(|r| r.description.clone()).collect();
+    format!(" To try: {}.", tries.join("; "))
 }
 
 #[cfg(test)]
@@ -754,6 +857,12 @@ mod tests {
 
     const PAGE: u64 = 4096;
     const HEAP: u64 = 0x5555_0000_0000;
+
+    fn glibc() -> Vec<Box<dyn HeapOwner>> {
+        let mut owners = crate::owners::registered();
+        owners.iter_mut().for_each(|o| o.allocator("/lib/x86_64-linux-gnu/libc.so.6"));
+        owners
+    }
 
     fn state_with(blocks: &[(u64, u64)]) -> HeapState {
         let mut state = HeapState::default();
@@ -779,13 +888,13 @@ mod tests {
     fn page_objects_list_each_pages_blocks_and_spanning_blocks_on_every_page() {
         // A block over pages 0-2, then two small blocks on page 2.
         let blocks = [(HEAP + 16, 2 * PAGE + 100), (HEAP + 2 * PAGE + 200, 40), (HEAP + 2 * PAGE + 300, 50)];
-        let ledger = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, objects: true, ..Detail::default() });
+        let ledger = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, objects: true, ..Detail::default() }, &mut glibc());
         let objects = ledger.page_maps[0].objects.as_ref().expect("objects asked for");
         assert_eq!(objects.blocks, vec![1, 1, 3, 0]);
         assert_eq!(objects.live_bytes, vec![(PAGE - 16) as u32, PAGE as u32, (16 + 100 + 40 + 50) as u32, 0]);
         let listed: Vec<(u32, u64)> = objects.listed.iter().map(|b| (b.page, b.addr)).collect();
         assert_eq!(listed, vec![(0, HEAP + 16), (1, HEAP + 16), (2, HEAP + 16), (2, HEAP + 2 * PAGE + 200), (2, HEAP + 2 * PAGE + 300)]);
-        let plain = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, ..Detail::default() });
+        let plain = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, ..Detail::default() }, &mut glibc());
         assert!(plain.page_maps[0].objects.is_none());
     }
 
@@ -793,7 +902,7 @@ mod tests {
     fn one_block_per_page_is_fragmented_and_rows_add_up() {
         // 16 pages, one 64-byte block at the start of each.
         let blocks: Vec<(u64, u64)> = (0..16).map(|i| (HEAP + 16 + i * PAGE, 64)).collect();
-        let ledger = compute(&mut state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true, objects: true });
+        let ledger = compute(&mut state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true, objects: true }, &mut glibc());
         assert_eq!(ledger.rows.live, 16 * 64);
         assert_eq!(ledger.rows.slack, 16 * 8 + 16 * 8, "8 bytes of header + 8 of rounding per block");
         assert_eq!(ledger.rows.fragmented, 16 * (PAGE - 80));
@@ -814,7 +923,7 @@ mod tests {
         // A 7-page block with pages 1, 3 and 4 not resident, then a small block.
         let blocks = [(HEAP + 16, 7 * PAGE - 100), (HEAP + 7 * PAGE + 16, 64)];
         let residency = Residency::Bitmap(vec![0b1110_0101]);
-        let ledger = compute(&mut state_with(&blocks), &snapshot(8, residency, 5 * PAGE), Detail { stacks: true, ..Detail::default() });
+        let ledger = compute(&mut state_with(&blocks), &snapshot(8, residency, 5 * PAGE), Detail { stacks: true, ..Detail::default() }, &mut glibc());
         // Pages 0, 2, 5 and 6 of the big block: its first 16 bytes are its header, its last 84 are past its end.
         assert_eq!(ledger.rows.live, (PAGE - 16) + PAGE + PAGE + (PAGE - 84) + 64);
         assert_eq!(ledger.by_stack.iter().map(|s| s.live_bytes).sum::<u64>(), ledger.rows.live);
@@ -827,12 +936,12 @@ mod tests {
         // starts within 40 bytes of the first block's end? No: the block ends
         // early in page 0, so pages 1..=8 are all trimmable.
         let blocks = [(HEAP + 16, 64), (HEAP + 9 * PAGE + 16, 64)];
-        let ledger = compute(&mut state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), Detail::default());
+        let ledger = compute(&mut state_with(&blocks), &snapshot(10, Residency::All, 10 * PAGE), Detail::default(), &mut glibc());
         assert_eq!(ledger.rows.retained, 8 * PAGE);
         assert_eq!(ledger.trim_would_return_bytes, 8 * PAGE);
         // Pages not resident are released, not in RSS.
         let bits = vec![0b0000_0011, 0b10];
-        let ledger = compute(&mut state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), Detail::default());
+        let ledger = compute(&mut state_with(&blocks), &snapshot(10, Residency::Bitmap(bits), 3 * PAGE), Detail::default(), &mut glibc());
         assert_eq!(ledger.rows.retained, PAGE);
         assert_eq!(ledger.released_bytes, 7 * PAGE);
         assert_eq!(ledger.residual_bytes, 0);
@@ -843,7 +952,7 @@ mod tests {
         let blocks = [(HEAP + 16, 64)];
         let mut snap = snapshot(4, Residency::All, 4 * PAGE);
         snap.mappings[0].lazy_free = 2 * PAGE;
-        let ledger = compute(&mut state_with(&blocks), &snap, Detail::default());
+        let ledger = compute(&mut state_with(&blocks), &snap, Detail::default(), &mut glibc());
         assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
         assert_eq!(ledger.residual_bytes, 0);
     }
@@ -864,7 +973,7 @@ mod tests {
             mappings: vec![Mapping { start: heap, end: heap + pages * PAGE, perms: "rw-p".into(), name: "[heap]".into(), rss: pages * PAGE, residency: Residency::All, ..Mapping::default() }],
             ..Snapshot::default()
         };
-        let ledger = compute(&mut state, &snapshot, Detail::default());
+        let ledger = compute(&mut state, &snapshot, Detail::default(), &mut glibc());
         let used_pages = (ledger.rows.live + ledger.rows.slack + ledger.rows.fragmented) / PAGE;
         assert!(used_pages <= 1020, "{used_pages} pages used by 1000 blocks: {:?}", ledger.rows);
     }

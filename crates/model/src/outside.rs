@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use memgap_trace::records::{Mapping, Rss};
 use serde::Serialize;
 
-use crate::ledger::{GLIBC_HEAP_ALIGN, MappingLedger};
+use crate::ledger::MappingLedger;
+use crate::owners::glibc::GLIBC_HEAP_ALIGN;
 
 /// The rows of the recorded ledger a snapshot from outside cannot fill.
 pub const UNKNOWN_ROWS: [&str; 4] = ["live", "slack", "fragmented", "retained"];

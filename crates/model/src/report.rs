@@ -12,7 +12,7 @@ use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, 
 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
-use crate::runtimes::RuntimeFigures;
+use crate::owners::Owners;
 use crate::trim_marks::{TrimMark, TrimMarks};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::snapshots::{At, choose, list};
@@ -47,7 +47,7 @@ pub struct Report {
     /// Blame at the peak, every site (unsorted beyond fragmentation order).
     pub blame: Option<Blame>,
     /// The runtime's garbage collections (Go, GHC, Ruby), at most 2000.
-    pub gc_marks: Vec<crate::runtimes::GcMark>,
+    pub gc_marks: Vec<crate::ledger::GcMark>,
     /// The program's own malloc_trim calls, at most 2000, in time order.
     pub trim_marks: Vec<TrimMark>,
     /// How many malloc_trim calls the program made, kept in `trim_marks` or not.
@@ -69,7 +69,7 @@ struct ReportVisitor {
     ledgers: Vec<(u64, Ledger)>,
     peak_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
-    runtimes: RuntimeFigures,
+    owners: Owners,
     trims: TrimMarks,
     numa: NumaVisitor,
 }
@@ -80,13 +80,14 @@ impl Visitor for ReportVisitor {
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
-        self.runtimes.metrics(metrics);
+        self.owners.metrics(metrics);
+        self.summary.metrics(metrics);
         self.trims.metrics(metrics);
         self.blame.metrics(metrics);
     }
 
     fn process(&mut self, process: &Process) {
-        self.runtimes.process(process);
+        self.owners.process(process);
         self.trims.process(process);
         self.summary.process(process);
         self.blame.process(process);
@@ -128,6 +129,7 @@ impl Visitor for ReportVisitor {
 
     fn rss(&mut self, rss: &Rss) {
         self.summary.rss(rss);
+        self.owners.rss(rss);
         self.rss.push((rss.time, rss.vm_rss));
     }
 
@@ -139,7 +141,8 @@ impl Visitor for ReportVisitor {
         let always = is_peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         let detail = Detail { pages: always || spaced, stacks: is_peak, objects: is_peak };
-        let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail);
+        self.owners.snapshot_seen(snapshot);
+        let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
@@ -158,6 +161,7 @@ impl Visitor for ReportVisitor {
     fn allocator(&mut self, path: &str) {
         self.summary.allocator(path);
         self.blame.allocator(path);
+        self.owners.allocator(path);
     }
 
     fn stack(&mut self, id: u32, frames: &[u64]) {
@@ -167,7 +171,7 @@ impl Visitor for ReportVisitor {
     }
 
     fn note(&mut self, time: u64, text: &str) {
-        self.runtimes.note(text);
+        self.owners.note(text);
         self.summary.note(time, text);
         self.blame.note(time, text);
     }
@@ -231,18 +235,19 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
         ledgers: Vec::new(),
         peak_ledger: None,
         rss: Vec::new(),
-        runtimes: RuntimeFigures::default(),
+        owners: Owners::default(),
         trims: TrimMarks::new(TRIM_MARKS),
         numa: NumaVisitor::embedded(Some(peak)),
     };
     let outcome = replay(path, &mut v)?;
     let timeline = &outcome.timeline;
+    v.owners.replayed(timeline);
     let snapshots: Vec<Ledger> = v
         .ledgers
         .drain(..)
         .map(|(time, mut ledger)| {
             ledger.at_seconds = timeline.seconds(time);
-            v.runtimes.annotate(&mut ledger, timeline.monotonic_ns(time));
+            v.owners.annotate(&mut ledger, timeline.monotonic_ns(time));
             ledger
         })
         .collect();
@@ -253,7 +258,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     v.summary.live = std::mem::take(&mut v.blame.state.live);
-    let gc_marks = v.runtimes.gc_marks(2000);
+    let gc_marks = v.owners.gc_marks(2000);
     let trim_calls = v.trims.calls;
     let trim_marks = v.trims.finish();
     let summary = v.summary.finish(&outcome, path);

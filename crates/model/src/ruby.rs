@@ -2,15 +2,16 @@
 //! and the malloc'd data its objects own), laid over the malloc layer the
 //! agent measures, so the verdict can say at which layer the bytes are lost.
 
-use memgap_trace::records::Metrics;
-use serde::Serialize;
+use memgap_trace::records::{Metrics, Process};
+use serde::{Deserialize, Serialize};
 
-use crate::ledger::Ledger;
+use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
 
 pub const SOURCE: &str = "ruby";
+pub const NAME: &str = "ruby";
 
 /// Ruby's figures at one snapshot (its last sample before it).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RubyLayer {
     pub version: String,
     /// When Ruby's figures were taken, seconds since the process started.
@@ -84,19 +85,98 @@ pub fn layer_at(metrics: &[&Metrics], version: &str, start_monotonic_ns: u64, mo
     })
 }
 
-/// Adds the layer to the ledger and puts Ruby's headline in front of the
-/// verdict: what Ruby knows against what the kernel charges, and which layer
-/// holds the difference.
-pub fn attach(ledger: &mut Ledger, layer: RubyLayer) {
-    ledger.verdict = format!("{} {}", headline(ledger, &layer), ledger.verdict);
-    ledger.ruby = Some(layer);
+/// Ruby as a heap owner: a layer over the malloc owner. Its samples are
+/// appended to the trace at exit, so it lays its layer over each ledger
+/// after the replay: its object pages (anonymous mmaps the program made,
+/// which the core counts as `other`) become its share, and its headline
+/// (what Ruby knows against what the kernel charges) opens the verdict.
+#[derive(Debug, Default)]
+pub struct RubyOwner {
+    metrics: Vec<Metrics>,
+    version: Option<String>,
+    start_monotonic_ns: Option<u64>,
+}
+
+impl HeapOwner for RubyOwner {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn present(&self) -> bool {
+        !self.metrics.is_empty()
+    }
+
+    fn process(&mut self, process: &Process) {
+        self.start_monotonic_ns.get_or_insert(process.start_monotonic_ns);
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        if metrics.source == SOURCE {
+            self.metrics.push(metrics.clone());
+        }
+    }
+
+    fn note(&mut self, text: &str) {
+        if let Some(version) = text.strip_prefix("ruby ") {
+            self.version = Some(version.to_string());
+        }
+    }
+
+    fn gc_marks(&self, start_ns: u64) -> Vec<GcMark> {
+        self.metrics.iter().filter(|m| m.kind == "major_gc").map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true }).collect()
+    }
+
+    fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
+        let refs: Vec<&Metrics> = self.metrics.iter().collect();
+        let Some(layer) = layer_at(&refs, self.version.as_deref().unwrap_or(""), self.start_monotonic_ns.unwrap_or(0), monotonic_ns) else { return };
+        attach(ledger, &layer);
+    }
+
+    fn findings(&self, ledger: &Ledger) -> Vec<Finding> {
+        let Some(part) = ledger.share(NAME) else { return Vec::new() };
+        let bytes = part.rows.fragmented;
+        if bytes == 0 {
+            return Vec::new();
+        }
+        vec![Finding { kind: "free_slots", owner: NAME, bytes, share: crate::ledger::owner::share(bytes, ledger.rss_bytes) }]
+    }
+
+    fn remedies(&self, _ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
+        let free = crate::owners::malloc::finding_bytes(findings, NAME, "free_slots");
+        if free < 1 << 20 {
+            return Vec::new();
+        }
+        vec![Remedy::new("ruby-compact", NAME, "move surviving objects together so whole object pages free up: GC.compact after a burst, or GC.auto_compact = true", &[], free)]
+    }
+
+    fn headline(&self, ledger: &Ledger) -> Option<String> {
+        let layer: RubyLayer = ledger.section(NAME)?;
+        Some(headline(ledger, &layer))
+    }
+}
+
+/// Adds the layer to the ledger: its section, and its object pages (out of
+/// the program's anonymous mmaps in `other`) as its share: live slots,
+/// free slots (fragmented) and page overhead (slack), in proportion to what
+/// of the pages is resident.
+pub fn attach(ledger: &mut Ledger, layer: &RubyLayer) {
+    let resident = layer.object_pages_bytes.min(ledger.other_breakdown.program_mmap);
+    ledger.other_breakdown.program_mmap -= resident;
+    let whole = layer.object_pages_bytes.max(1);
+    let part = |bytes: u64| (bytes as u128 * resident as u128 / whole as u128) as u64;
+    let live = part(layer.live_slots_bytes);
+    let fragmented = part(layer.free_slots_bytes).min(resident - live);
+    let rows = Rows { live, fragmented, slack: resident - live - fragmented, ..Rows::default() };
+    ledger.owners.push(OwnerShare { owner: NAME, rows, released_bytes: 0, estimated: None });
+    ledger.set_section(NAME, layer);
 }
 
 fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
     let b = crate::human_bytes;
     let rss = l.rss_bytes.max(1);
     let gap = l.rss_bytes.saturating_sub(ruby.known_bytes);
-    let malloc_lost = l.rows.retained + l.rows.fragmented + l.rows.lazy_free;
+    let ruby_rows = l.share(NAME).map_or(0, |s| s.rows.retained + s.rows.fragmented + s.rows.lazy_free);
+    let malloc_lost = (l.rows.retained + l.rows.fragmented + l.rows.lazy_free).saturating_sub(ruby_rows);
     let ruby_lost = ruby.free_slots_bytes + ruby.page_overhead_bytes;
     let opening = format!(
         "Ruby {} knows of {} (its live objects and the data they own); the kernel charges {} ({:.1}x), {} more.",
@@ -168,12 +248,30 @@ mod tests {
     fn headline_names_the_layer_that_holds_the_gap() {
         let all = samples();
         let refs: Vec<&Metrics> = all.iter().collect();
-        let mut malloc_heavy = Ledger { rss_bytes: 200 << 20, rows: Rows { retained: 150 << 20, ..Rows::default() }, verdict: "v".into(), ..Ledger::default() };
-        attach(&mut malloc_heavy, layer_at(&refs, "3.1.2", 0, 25).unwrap());
-        assert!(malloc_heavy.verdict.contains("malloc layer"), "{}", malloc_heavy.verdict);
-        assert!(malloc_heavy.verdict.ends_with(" v"));
+        let layer = layer_at(&refs, "3.1.2", 0, 25).unwrap();
+        let mut malloc_heavy = Ledger { rss_bytes: 200 << 20, rows: Rows { retained: 150 << 20, ..Rows::default() }, ..Ledger::default() };
+        attach(&mut malloc_heavy, &layer);
+        let text = headline(&malloc_heavy, &layer);
+        assert!(text.contains("malloc layer"), "{text}");
         let mut ruby_heavy = Ledger { rss_bytes: 4 << 20, rows: Rows { retained: 4096, ..Rows::default() }, ..Ledger::default() };
-        attach(&mut ruby_heavy, layer_at(&refs, "3.1.2", 0, 25).unwrap());
-        assert!(ruby_heavy.verdict.contains("GC.compact"), "{}", ruby_heavy.verdict);
+        attach(&mut ruby_heavy, &layer);
+        let text = headline(&ruby_heavy, &layer);
+        assert!(text.contains("GC.compact"), "{text}");
+    }
+
+    #[test]
+    fn object_pages_leave_other_for_rubys_share() {
+        let all = samples();
+        let refs: Vec<&Metrics> = all.iter().collect();
+        let layer = layer_at(&refs, "3.1.2", 0, 25).unwrap();
+        let mut ledger = Ledger { rss_bytes: 4 << 20, ..Ledger::default() };
+        ledger.other_breakdown.program_mmap = 3 << 20;
+        attach(&mut ledger, &layer);
+        let part = ledger.share(NAME).unwrap();
+        // 100 pages of 16 KiB: all of them resident, out of the 3 MiB of program mmaps.
+        assert_eq!(part.rows.total(), 100 * 16384);
+        assert_eq!(ledger.other_breakdown.program_mmap, (3 << 20) - 100 * 16384);
+        assert_eq!(part.rows.live, 400 * 40);
+        assert_eq!(part.rows.fragmented, 40500 * 40);
     }
 }

@@ -9,7 +9,7 @@ use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, S
 
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Ledger};
-use crate::runtimes::RuntimeFigures;
+use crate::owners::Owners;
 use crate::summary::{Builder, Summary};
 
 /// Which snapshot to look at.
@@ -90,7 +90,7 @@ struct LedgerVisitor<'a> {
     want_pages: bool,
     seen: usize,
     ledgers: Vec<(u64, Ledger)>,
-    runtimes: RuntimeFigures,
+    owners: Owners,
     /// The summary too, counted from the same live set: `memgap run`
     /// prints both, and two replays took twice as long.
     summary: Option<Builder>,
@@ -103,19 +103,22 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn process(&mut self, process: &Process) {
         self.state.start_image();
-        self.runtimes.process(process);
+        self.owners.process(process);
         if let Some(summary) = &mut self.summary {
             summary.process(process);
         }
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
-        self.runtimes.metrics(metrics);
         self.state.metrics(metrics);
+        self.owners.metrics(metrics);
+        if let Some(summary) = &mut self.summary {
+            summary.metrics(metrics);
+        }
     }
 
     fn note(&mut self, time: u64, text: &str) {
-        self.runtimes.note(text);
+        self.owners.note(text);
         if let Some(summary) = &mut self.summary {
             summary.note(time, text);
         }
@@ -123,6 +126,7 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn allocator(&mut self, path: &str) {
         self.state.allocator = path.to_string();
+        self.owners.allocator(path);
     }
 
     fn thread(&mut self, thread: &Thread) {
@@ -137,6 +141,7 @@ impl Visitor for LedgerVisitor<'_> {
     }
 
     fn rss(&mut self, rss: &Rss) {
+        self.owners.rss(rss);
         if let Some(summary) = &mut self.summary {
             summary.rss(rss);
         }
@@ -155,8 +160,9 @@ impl Visitor for LedgerVisitor<'_> {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
+        self.owners.snapshot_seen(snapshot);
         if (self.wanted)(self.seen) {
-            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() })));
+            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() }, &mut self.owners.list)));
         } else {
             self.state.pass_snapshot(snapshot);
         }
@@ -169,19 +175,20 @@ fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Res
 }
 
 fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool, summary: Option<Builder>) -> Result<(Vec<Ledger>, Option<Summary>), TraceError> {
-    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), runtimes: RuntimeFigures::default(), summary };
+    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), owners: Owners::default(), summary };
     let outcome = replay(path, &mut visitor)?;
     let summary = visitor.summary.take().map(|mut summary| {
         summary.live = std::mem::take(&mut visitor.state.live);
         summary.finish(&outcome, path)
     });
-    let runtimes = visitor.runtimes;
+    let mut owners = visitor.owners;
+    owners.replayed(&outcome.timeline);
     let ledgers = visitor
         .ledgers
         .into_iter()
         .map(|(time, mut ledger)| {
             ledger.at_seconds = outcome.timeline.seconds(time);
-            runtimes.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
+            owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
             ledger
         })
         .collect();

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use memgap_replay::{Change, LiveSet, ThreadEvent, Visitor, replay};
-use memgap_trace::records::{End, EndReason, Exit, Module, Process, Rss};
+use memgap_trace::records::{End, EndReason, Exit, Metrics, Module, Process, Rss};
+
+use crate::ledger::RuntimeSummary;
 use memgap_trace::{EventKind, TraceError};
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
@@ -54,9 +56,26 @@ pub struct Summary {
     pub overlapping_allocations: u64,
     pub notes: Vec<String>,
     pub trace_bytes: u64,
+    /// The runtime's own live heap and threads (Go, GHC), when it reported them.
+    pub runtime: Option<RuntimeSummary>,
 }
 
 impl Summary {
+    /// A runtime that keeps its own heap (Go, GHC) holds the program's live
+    /// heap: its figures stand in the live heap's place (the malloc layer's
+    /// are what the agent counted), and its threads where the agent saw none.
+    fn with_runtime(mut self, runtime: Option<RuntimeSummary>) -> Summary {
+        let Some(r) = runtime else { return self };
+        self.peak_live_bytes = r.peak_live_bytes;
+        self.peak_live_seconds = r.peak_live_seconds;
+        self.live_bytes_at_end = r.live_bytes_at_end;
+        if self.threads == 0 {
+            self.threads = r.threads.unwrap_or(0);
+        }
+        self.runtime = Some(r);
+        self
+    }
+
     pub fn of_trace(path: &Path) -> Result<Summary, TraceError> {
         let mut builder = Builder::default();
         let outcome = replay(path, &mut builder)?;
@@ -67,8 +86,10 @@ impl Summary {
 impl Builder {
     /// The summary, once the replay is over (also used by report.rs).
     pub(crate) fn finish(self, outcome: &memgap_replay::Outcome, path: &Path) -> Summary {
-        let b = self;
+        let mut b = self;
         let timeline = &outcome.timeline;
+        b.owners.replayed(timeline);
+        let runtime = b.owners.summary();
         let process = b.process.unwrap_or_default();
         let mut top_sizes: Vec<SizeCount> = b.sizes.counts().map(|(size, count)| SizeCount { size, count, bytes: size * count }).collect();
         top_sizes.sort_by(|a, b| b.count.cmp(&a.count).then(a.size.cmp(&b.size)));
@@ -119,7 +140,9 @@ impl Builder {
             overlapping_allocations: b.live.overlapping_allocations,
             notes: b.notes,
             trace_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            runtime: None,
         }
+        .with_runtime(runtime)
     }
 }
 
@@ -142,6 +165,8 @@ pub(crate) struct Builder {
     end: Option<End>,
     exit: Option<Exit>,
     notes: Vec<String>,
+    /// Runtimes keep their own live heap (Go, GHC).
+    owners: crate::owners::Owners,
 }
 
 impl Builder {
@@ -206,7 +231,12 @@ impl Visitor for Builder {
         Some(&self.live)
     }
 
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.owners.metrics(metrics);
+    }
+
     fn process(&mut self, process: &Process) {
+        self.owners.process(process);
         self.images += 1;
         self.live.clear();
         self.end = None;

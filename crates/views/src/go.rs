@@ -16,7 +16,7 @@ pub const PANEL: &str = include_str!("report/go.html");
 /// Lines for the terminal ledger, after the rows.
 pub fn section(g: &GoLedger) -> String {
     let mut out = String::new();
-    let source = match g.source {
+    let source = match g.source.as_str() {
         "runtime/metrics" => "runtime/metrics from the helper package",
         "memstats" => "runtime.MemStats over HTTP",
         "gctrace" => "gctrace lines only",
@@ -93,7 +93,7 @@ mod tests {
     fn lists_the_sparse_class_first() {
         let g = GoLedger {
             version: Some("go1.26.8".into()),
-            source: "runtime/metrics",
+            source: "runtime/metrics".into(),
             exact: true,
             heap_unused_bytes: 16 << 20,
             size_classes: vec![

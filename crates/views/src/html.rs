@@ -72,7 +72,7 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         pages.push_str(&format!("<script type=\"application/octet-stream\" id=\"pages-{index}\">{blob}</script>\n"));
     }
     // The data goes in last: no string from the trace is searched for a placeholder.
-    let go_panel = if report.snapshots.iter().any(|l| l.go.is_some()) { crate::go::PANEL } else { "" };
+    let go_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("go")) { crate::go::PANEL } else { "" };
     TEMPLATE
         .replace("<!--GO-->", go_panel)
         .replace("/*STYLE*/", STYLE)
@@ -173,9 +173,11 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "other": l.other_breakdown,
         "heaps": l.heaps,
         "verdict": l.verdict,
-        "go": l.go,
+        "go": l.sections.get("go"),
         "pagemap": maps,
-        "ruby": l.ruby,
+        "ruby": l.sections.get("ruby"),
+        "owners": l.owners,
+        "remedies": l.remedies,
     })
 }
 

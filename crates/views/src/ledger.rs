@@ -60,15 +60,17 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
         percent(l.residual_bytes.unsigned_abs(), l.rss_bytes)
     );
     let _ = writeln!(out);
-    match &l.go {
-        Some(go) => out.push_str(&crate::go::section(go)),
+    match l.section::<memgap_model::GoLedger>("go") {
+        Some(go) => out.push_str(&crate::go::section(&go)),
         None => {
+            let retained: u64 = l.heaps.iter().map(|h| h.retained).sum();
+            let released: u64 = l.heaps.iter().map(|h| h.released).sum();
             let _ = writeln!(
                 out,
-                "  malloc_trim(0) would return {} of the {} retained; {} of allocator address space is already released.",
+                "  malloc_trim(0) would return {} of the {} the allocator retains; {} of allocator address space is already released.",
                 bytes(l.trim_would_return_bytes),
-                bytes(l.rows.retained),
-                bytes(l.released_bytes)
+                bytes(retained),
+                bytes(released)
             );
         }
     }
@@ -107,11 +109,48 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
             let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", format!("{}–{} B", b.min_size, b.max_size), count(b.blocks), bytes(b.live_bytes), bytes(b.fragmented_bytes));
         }
     }
-    if let Some(ruby) = &l.ruby {
-        out.push_str(&ruby_layer(ruby));
+    if let Some(ruby) = l.section::<memgap_model::ruby::RubyLayer>("ruby") {
+        out.push_str(&ruby_layer(&ruby));
     }
+    out.push_str(&owners_table(l));
     let _ = writeln!(out);
     out.push_str(&wrap(&l.verdict, 78, "  "));
+    out.push_str(&remedies(l));
+    out
+}
+
+/// Each owner's part of the rows, when more than one owner holds memory or
+/// a part is estimated.
+fn owners_table(l: &Ledger) -> String {
+    let mut out = String::new();
+    if l.owners.len() < 2 && l.owners.iter().all(|o| o.estimated.is_none()) {
+        return out;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}", "owner", "live", "slack", "fragmented", "retained", "lazy_free", "runtime");
+    for o in &l.owners {
+        let r = &o.rows;
+        let _ = writeln!(out, "  {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}", o.owner, bytes(r.live), bytes(r.slack), bytes(r.fragmented), bytes(r.retained), bytes(r.lazy_free), bytes(r.runtime));
+    }
+    for o in l.owners.iter().filter(|o| o.estimated.is_some()) {
+        out.push_str(&wrap(&format!("{}: {}.", o.owner, o.estimated.as_deref().unwrap_or("")), 78, "  "));
+    }
+    out
+}
+
+/// The remedies, best first, with the environment to run the program with.
+fn remedies(l: &Ledger) -> String {
+    let mut out = String::new();
+    if l.remedies.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  remedies, best first (expected savings):");
+    for r in &l.remedies {
+        let env: Vec<String> = r.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let how = if env.is_empty() { "a change to the program".to_string() } else { env.join(" ") };
+        let _ = writeln!(out, "  {:>10}  {} [{}]", bytes(r.expected_savings_bytes), r.id, how);
+    }
     out
 }
 

@@ -19,14 +19,22 @@ pub fn summary(s: &Summary) -> String {
     };
     let mut facts = Table::new();
     facts.load_style(NOTHING);
+    // A runtime with a heap of its own (Go, GHC) says what its heap holds.
+    let (live_at_end, runtime_threads) = match &s.runtime {
+        Some(r) => (
+            format!("{} ({} heap, from {})", bytes(s.live_bytes_at_end), r.owner, r.source),
+            r.threads.map(|t| format!("; {} {}", count(t.into()), r.threads_kind)).unwrap_or_default(),
+        ),
+        None => (format!("{} in {} blocks", bytes(s.live_bytes_at_end), count(s.live_blocks_at_end)), String::new()),
+    };
     let rows: Vec<(&str, String)> = vec![
         ("duration", seconds(s.duration_seconds)),
         ("exit", exit),
-        ("threads", count(s.threads.into())),
+        ("threads", format!("{}{runtime_threads}", count(s.threads.into()))),
         ("peak RSS", bytes(s.peak_rss_bytes)),
         ("RSS at exit", bytes(s.rss_at_end_bytes)),
-        ("peak live heap", format!("{} at {}", bytes(s.peak_live_bytes), seconds(s.peak_live_seconds))),
-        ("live at end", format!("{} in {} blocks", bytes(s.live_bytes_at_end), count(s.live_blocks_at_end))),
+        ("peak live heap", format!("{} at {}{}", bytes(s.peak_live_bytes), seconds(s.peak_live_seconds), s.runtime.as_ref().map(|r| format!(" ({} heap)", r.owner)).unwrap_or_default())),
+        ("live at end", live_at_end),
         ("allocated", format!("{} in {} allocations", bytes(s.allocated_bytes), count(s.allocations))),
     ];
     for (name, value) in rows {

@@ -28,9 +28,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at, false).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot (was it recorded with --snapshot-interval 0 and killed before exit?)");
     };
-    let ghc = super::ghc::of_trace(&args.trace);
+    // The GHC owner put the RTS's whole report in the ledger.
+    let ghc: Option<memgap_model::ghc::GhcReport> = ledger.section(memgap_model::ghc::NAME);
     if args.json {
-        output::print(&(memgap_views::ghc::json_with_ghc(&ledger, ghc.as_ref()) + "\n"))?;
+        output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
     } else {
         output::print(&memgap_views::ledger::ledger(&ledger, &name))?;
         if let Some(ghc) = &ghc {

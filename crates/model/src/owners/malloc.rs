@@ -1,0 +1,119 @@
+//! What every malloc owner shares: it is present when the agent found it
+//! serving the program, its mappings are accounted page by page by the core
+//! ledger from the live blocks, and its findings are the rows of its share.
+//! Each allocator (glibc.rs, jemalloc.rs…) says how to recognise it, how its
+//! blocks sit in memory, and which of its own knobs address each finding.
+
+use crate::human_bytes;
+use crate::ledger::owner::share;
+use crate::ledger::{Finding, HeapOwner, Ledger, MallocLayout, Remedy};
+
+/// A finding smaller than this share of RSS is left out.
+const FINDING_MIN_SHARE: f64 = 0.01;
+
+/// One malloc implementation.
+pub trait Allocator: MallocLayout + Default {
+    const NAME: &'static str;
+    /// Whether the library at `path` (the agent's ALLOCATOR record) is this malloc.
+    fn serves(path: &str) -> bool;
+    /// Its own remedies for the findings (only knobs of this allocator).
+    fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy>;
+}
+
+#[derive(Default)]
+pub struct MallocOwner<A: Allocator> {
+    allocator: A,
+    present: bool,
+}
+
+impl<A: Allocator> HeapOwner for MallocOwner<A> {
+    fn name(&self) -> &'static str {
+        A::NAME
+    }
+
+    fn present(&self) -> bool {
+        self.present
+    }
+
+    fn allocator(&mut self, path: &str) {
+        self.present = A::serves(path);
+    }
+
+    fn malloc_layout(&self) -> Option<&dyn MallocLayout> {
+        Some(&self.allocator)
+    }
+
+    fn findings(&self, ledger: &Ledger) -> Vec<Finding> {
+        row_findings(ledger, A::NAME)
+    }
+
+    fn remedies(&self, ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
+        A::remedies(ledger, findings)
+    }
+
+    fn verdict(&self, ledger: &Ledger) -> Option<String> {
+        Some(verdict(ledger, A::NAME))
+    }
+}
+
+/// An owner's gap rows as findings, each at least 1 % of RSS.
+pub fn row_findings(ledger: &Ledger, owner: &'static str) -> Vec<Finding> {
+    let Some(part) = ledger.share(owner) else { return Vec::new() };
+    let r = &part.rows;
+    [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("runtime", r.runtime)]
+        .into_iter()
+        .map(|(kind, bytes)| Finding { kind, owner, bytes, share: share(bytes, ledger.rss_bytes) })
+        .filter(|f| f.bytes > 0 && f.share >= FINDING_MIN_SHARE)
+        .collect()
+}
+
+/// The bytes of `owner`'s finding of `kind` (0 without one).
+pub fn finding_bytes(findings: &[Finding], owner: &str, kind: &str) -> u64 {
+    findings.iter().find(|f| f.owner == owner && f.kind == kind).map_or(0, |f| f.bytes)
+}
+
+/// The malloc's verdict: the dominant row besides live, what it is, and its
+/// remedies (only this allocator's).
+pub fn verdict(l: &Ledger, owner: &str) -> String {
+    let rss = l.rss_bytes.max(1);
+    let r = &l.rows;
+    let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
+    let mut gap_rows = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("other", r.other), ("runtime", r.runtime)];
+    gap_rows.sort_by(|a, b| b.1.cmp(&a.1));
+    let (dominant, bytes) = gap_rows[0];
+    let b = human_bytes;
+    let opening = format!("The program holds {} of live heap; the kernel charges {} of RSS ({:.1}x).", b(r.live), b(l.rss_bytes), l.rss_bytes as f64 / r.live.max(1) as f64);
+    let share = bytes as f64 * 100.0 / rss as f64;
+    if bytes < r.live / 4 && r.live > heap_total / 2 {
+        return format!("{opening} Most of it is live data: the allocator and runtime add little. Shrinking RSS means holding less.");
+    }
+    let body = match dominant {
+        "fragmented" => format!(
+            "{share:.0}% of RSS ({}) is free space on pages that still hold live blocks: fragmentation. The allocator cannot return a page while one block on it lives. \
+             It usually comes from long-lived objects allocated among short-lived ones; separating them (arenas or pools per lifetime) or fewer and larger \
+             objects helps. `memgap blame` names the call sites whose survivors pin the pages.",
+            b(bytes)
+        ),
+        "retained" => {
+            let arenas = if l.arenas > 1 { format!(" in {} {owner} arenas", l.arenas) } else { String::new() };
+            let trim = if owner == super::glibc::NAME {
+                format!(
+                    " malloc_trim(0) would return about {} of it now{}.",
+                    b(l.trim_would_return_bytes),
+                    if l.retained_not_trimmable_bytes > 0 { format!("; {} sits where trim cannot reach (arena tops, tcache)", b(l.retained_not_trimmable_bytes)) } else { String::new() }
+                )
+            } else {
+                String::new()
+            };
+            format!("{share:.0}% of RSS ({}) is free pages the allocator ({owner}) keeps{arenas}.{trim}", b(bytes))
+        }
+        "lazy_free" => format!(
+            "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under pressure.",
+            b(bytes)
+        ),
+        "slack" => format!("{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.", b(bytes)),
+        "runtime" => format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", b(bytes)),
+        _ => crate::ledger::other_sentence(l, share, bytes),
+    };
+    format!("{opening} {body}{}", crate::ledger::remedies_sentence(l))
+}
