@@ -49,7 +49,6 @@ const N_GOAL: &str = "/gc/heap/goal:bytes";
 const N_GCTRACE_LIVE: &str = "gctrace/live:bytes";
 const N_GCTRACE_CYCLE: &str = "gctrace/cycle";
 const N_GCTRACE_GOAL: &str = "gctrace/goal:bytes";
-const N_GCTRACE_HEAP_END: &str = "gctrace/heap_end:bytes";
 const N_GCTRACE_PROCS: &str = "gctrace/procs";
 /// The Go heap grows in page-allocator chunks of 4 MiB (pallocChunkBytes).
 const HEAP_CHUNK: u64 = 4 << 20;
@@ -492,20 +491,19 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
         rows.lazy_free = heap_lazy.min(heap_resident);
         let resident = heap_resident - rows.lazy_free;
         match (&go.last_gc, g.last_gc_live_bytes) {
-            (Some(gc), Some(live)) => {
-                // gctrace only: the live heap the last GC marked, and the heap
-                // in use when it ended (live + what was allocated during the
-                // cycle + garbage in spans not yet swept); the rest of the
-                // resident heap is free spans.
+            (Some(_), Some(live)) => {
+                // gctrace only: the live heap the last GC marked; the rest
+                // of the resident heap cannot be split, and is counted as
+                // free spans (retained), though part of it may hold objects
+                // allocated since that GC, up to the heap goal.
                 g.source = "gctrace".into();
-                let in_use = gc.get(N_GCTRACE_HEAP_END).map_or(live, |v| v as u64).max(live).min(resident);
                 rows.live = live.min(resident);
-                rows.fragmented = in_use - rows.live;
-                rows.retained = resident - in_use;
+                rows.retained = resident - rows.live;
                 g.estimated = Some(format!(
-                    "estimated from gctrace: live is what GC {} marked ({} MB, whole MB), fragmented the rest of the heap in use at that GC's end (unused slots and garbage not yet swept), retained the rest of the resident heap (free spans)",
+                    "estimated from gctrace: live is what GC {} marked ({} MB, whole MB); the rest of the resident heap is counted as retained (free spans), though part of it may hold objects allocated since that GC (the heap goal was {} MB)",
                     g.gc_cycles.unwrap_or(0),
-                    live >> 20
+                    live >> 20,
+                    g.heap_goal_bytes.unwrap_or(0) >> 20
                 ));
             }
             _ => {

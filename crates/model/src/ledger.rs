@@ -536,7 +536,8 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     let mut findings: Vec<Finding> = present.iter().flat_map(|o| o.findings(ledger)).collect();
     findings.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.kind.cmp(b.kind)));
     let mut remedies: Vec<Remedy> = present.iter().flat_map(|o| o.remedies(ledger, &findings)).collect();
-    remedies.sort_by(|a, b| b.expected_savings_bytes.cmp(&a.expected_savings_bytes).then(a.id.cmp(b.id)));
+    // Best first: most saved; on a tie, one that needs no change to the code.
+    remedies.sort_by(|a, b| b.expected_savings_bytes.cmp(&a.expected_savings_bytes).then(a.env.is_empty().cmp(&b.env.is_empty())).then(a.id.cmp(b.id)));
     ledger.findings = findings;
     ledger.remedies = remedies;
     // The verdict is the one of the owner holding most of the gap; rows no
