@@ -64,10 +64,9 @@ fn with_remedy(base: &[(String, String)], extra: &Value) -> Vec<(String, String)
     env
 }
 
-/// Records `cmd` under `env`, checks the ledger at exit for `owner`, and
-/// runs its first remedy. `other_heap` is how much of the program's own
-/// anonymous memory `other` may still hold (memgap's buffers aside).
-fn check_owner(dir: &Path, name: &str, cmd: &[String], env: &[(String, String)], owner: &str) {
+/// Records `cmd` under `env`, checks the ledger at exit for `owner`, runs
+/// its first remedy, and returns the ledger.
+fn check_owner(dir: &Path, name: &str, cmd: &[String], env: &[(String, String)], owner: &str) -> Value {
     let trace = dir.join(format!("{name}.mgt"));
     let mut run = memgap_cmd(dir, &["run", "-q", "-o", arg(&trace), "--"]);
     run.args(cmd);
@@ -108,6 +107,7 @@ fn check_owner(dir: &Path, name: &str, cmd: &[String], env: &[(String, String)],
     let remedied = holding_rss(cmd, &with_remedy(env, &first["env"]));
     eprintln!("{name}: {} — RSS {} MiB plain, {} MiB with it (expected savings {} MiB)", first["id"], plain >> 20, remedied >> 20, u(first, "expected_savings_bytes") >> 20);
     assert!(remedied * 10 <= plain * 9, "{name}: {} did not lower RSS: {plain} B plain, {remedied} B with it", first["id"]);
+    l
 }
 
 fn churn(dir: &Path, mode: &str) -> Vec<String> {
@@ -223,4 +223,29 @@ fn ghc_strip() {
     let summary = summary_json(&dir.join("ghc.mgt"));
     assert_eq!(summary["runtime"]["owner"], "ghc", "{summary:#}");
     assert!(u(&summary, "peak_live_bytes") >= 64 << 20, "{summary:#}");
+}
+
+#[test]
+fn ruby_over_glibc() {
+    if Command::new("ruby").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+        eprintln!("ruby is not installed: skipped");
+        return;
+    }
+    let (_tmp, dir) = tempdir();
+    let program = programs_dir().join("ruby/workers.rb");
+    // Ruby's threads free most of what they built: glibc's arenas hold the
+    // gap, under Ruby's own layer.
+    let l = check_owner(&dir, "ruby", &["ruby".to_string(), arg(&program).to_string(), HOLD.into()], &[], "glibc");
+    let ruby = &l["ruby"];
+    assert!(ruby["version"].as_str().is_some_and(|v| v.starts_with('3')), "{ruby:#}");
+    let share = l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "ruby").unwrap_or_else(|| panic!("no ruby share: {:#}", l["owners"]));
+    let rows = &share["rows"];
+    let owned: u64 = rows.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    // Its object pages are Ruby's share, out of the program's mmaps in
+    // `other`: live slots as live, free slots as fragmented.
+    let pages = u(ruby, "object_pages_bytes");
+    assert!(owned * 2 >= pages && owned <= pages, "ruby share {owned} B of {pages} B of object pages: {share:#}");
+    assert!(u(rows, "live") > 0 && u(rows, "fragmented") > 0, "{share:#}");
+    assert!(u(&l["other_breakdown"], "program_mmap") * 50 <= u(&l, "rss_bytes"), "{:#}", l["other_breakdown"]);
+    assert!(l["verdict"].as_str().unwrap().contains("malloc layer"), "{}", l["verdict"]);
 }

@@ -69,7 +69,11 @@ impl Allocator for GlibcMalloc {
                 trimmable,
             ));
         }
-        let in_arenas: u64 = ledger.heaps.iter().filter(|h| h.kind == "arena").map(|h| h.retained + h.fragmented).sum();
+        // What fewer arenas can save that a trim cannot: free pages at the
+        // thread arenas' tops and free space scattered over them. After a
+        // burst, fewer arenas keep the same free pages, so the pages a trim
+        // returns are not counted for it as well.
+        let in_arenas: u64 = ledger.heaps.iter().filter(|h| h.kind == "arena").map(|h| h.retained - h.trimmable.min(h.retained) + h.fragmented).sum();
         if ledger.arenas > 2 && in_arenas >= WORTH_TRYING {
             // Two arenas instead of n: the thread arenas' free space shrinks
             // about in proportion.
