@@ -23,11 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t got;
 static volatile sig_atomic_t alarms;
+static volatile sig_atomic_t mapped;
 
 static void on_signal(int signal) { got = signal; }
 
@@ -37,6 +39,19 @@ static void on_alarm(int signal) {
     if (block != NULL) block[0] = 1;
     free(block);
     alarms++;
+}
+
+/* mmap and munmap are plain system calls, so unlike malloc they are safe
+ * wherever the handler lands; memgap's hooks record them all the same. */
+static void on_alarm_mapping(int signal) {
+    (void)signal;
+    for (int i = 0; i < 2; i++) {
+        char *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (page == MAP_FAILED) continue;
+        page[0] = 1;
+        munmap(page, 4096);
+        mapped++;
+    }
 }
 
 int main(int argc, char **argv) {
@@ -79,6 +94,25 @@ int main(int argc, char **argv) {
         struct itimerval off = {{0, 0}, {0, 0}};
         setitimer(ITIMER_REAL, &off, NULL);
         printf("pairs 300000\n");
+        return 0;
+    }
+    if (strcmp(mode, "alarm-count") == 0) {
+        free(malloc(1));
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_handler = on_alarm_mapping;
+        action.sa_flags = SA_RESTART;
+        sigaction(SIGALRM, &action, NULL);
+        struct itimerval every = {{0, 50}, {0, 50}};
+        setitimer(ITIMER_REAL, &every, NULL);
+        for (long i = 0; i < 200000; i++) {
+            void *block = malloc(16 + i % 500);
+            free(block);
+        }
+        struct itimerval off = {{0, 0}, {0, 0}};
+        setitimer(ITIMER_REAL, &off, NULL);
+        /* The warm-up, the loop, and stdout's buffer. */
+        printf("mallocs %d frees %d mmaps %ld\n", 1 + 200000 + 1, 1 + 200000, (long)mapped);
         return 0;
     }
     if (strcmp(mode, "handlers") == 0) {

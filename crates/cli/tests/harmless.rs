@@ -239,6 +239,34 @@ fn a_signal_handler_allocating_anywhere_never_hangs() {
     assert!(crashed.len() <= 3, "{crashed:?}");
 }
 
+/// A SIGALRM handler that maps and unmaps pages (system calls, safe
+/// wherever it lands) interrupts the program's heap calls and memgap's
+/// hooks around them: each of its calls is in the trace, or counted as
+/// dropped (a handler that lands while its thread waits for a free buffer
+/// chunk), and the replay finds every block where the program left it.
+#[test]
+fn a_signal_handler_interrupting_a_hook_is_recorded() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "signals.c");
+    let mut interrupted = 0;
+    for run in 0..5 {
+        let trace = dir.join(format!("count{run}.mgt"));
+        let traced = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "alarm-count"]);
+        assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
+        let printed = text(&traced.stdout);
+        let counts: Vec<u64> = printed.split_whitespace().filter_map(|word| word.parse().ok()).collect();
+        let [mallocs, frees, mmaps] = counts[..] else { panic!("{printed}") };
+        let s = summary_json(&trace);
+        assert_eq!((events(&s, "malloc"), events(&s, "free")), (mallocs, frees), "{s:#}");
+        let dropped = number(&s, "dropped_events");
+        assert_eq!(events(&s, "mmap") + events(&s, "munmap") + dropped, 2 * mmaps, "{printed} {s:#}");
+        assert!(dropped * 20 <= 2 * mmaps, "{dropped} of {} handler calls dropped", 2 * mmaps);
+        assert_eq!((number(&s, "untracked_frees"), number(&s, "overlapping_allocations")), (0, 0), "{s:#}");
+        interrupted += mmaps;
+    }
+    assert!(interrupted > 0, "the handler never ran");
+}
+
 /// `memgap snap PID` of a forked child snapshots that child, into its own
 /// trace, not its parent.
 #[test]

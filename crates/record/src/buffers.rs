@@ -152,16 +152,20 @@ pub fn push_record(record: &Record) -> bool {
 
 const BUSY: usize = 1;
 const GONE: usize = 2;
+const IN_HOOK: usize = 3;
 
-/// This thread's state; `BUSY` while inside the agent (re-entrant calls
-/// from a signal handler or from libc pass through unrecorded), `GONE`
-/// once the thread's buffers were closed at thread exit.
+/// This thread's state, or what the thread is doing instead: `BUSY` while
+/// the agent's own code runs on it (its calls into libc pass through
+/// unrecorded), `IN_HOOK` from a hook's entry to its exit (a signal
+/// handler's heap calls then wait in the thread's nested events, see
+/// [`Nested`]), `GONE` once the thread's buffers were closed at thread exit.
 ///
 /// On x86-64 it lives at a fixed offset from the thread pointer (the
 /// initial-exec TLS model), read with one load: Rust's `thread_local!` in
 /// a shared library calls `__tls_get_addr` at every access, 11
 /// instructions and a call per event. The agent is only ever preloaded,
-/// and the loader gives preloaded libraries static TLS.
+/// and the loader gives preloaded libraries static TLS. The second word is
+/// the state itself whatever the first says, read only off the hot path.
 mod current {
     use super::ThreadState;
 
@@ -172,14 +176,14 @@ mod current {
         ".globl memgap_current_thread_state",
         ".hidden memgap_current_thread_state",
         ".type memgap_current_thread_state, @tls_object",
-        ".size memgap_current_thread_state, 8",
+        ".size memgap_current_thread_state, 16",
         "memgap_current_thread_state:",
-        ".zero 8",
+        ".zero 16",
         ".popsection",
     );
 
-    /// This thread's slot: the thread pointer plus the offset the loader
-    /// wrote in the GOT.
+    /// This thread's two words: the thread pointer plus the offset the
+    /// loader wrote in the GOT.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn slot() -> *mut *mut ThreadState {
@@ -210,9 +214,22 @@ mod current {
         unsafe { *slot() = value }
     }
 
+    #[cfg(target_arch = "x86_64")]
+    pub fn own() -> *mut ThreadState {
+        // SAFETY: this thread's second 8-byte slot.
+        unsafe { *slot().add(1) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub fn set_own(value: *mut ThreadState) {
+        // SAFETY: this thread's second 8-byte slot.
+        unsafe { *slot().add(1) = value }
+    }
+
     #[cfg(not(target_arch = "x86_64"))]
     thread_local! {
         static CURRENT: core::cell::Cell<*mut ThreadState> = const { core::cell::Cell::new(core::ptr::null_mut()) };
+        static OWN: core::cell::Cell<*mut ThreadState> = const { core::cell::Cell::new(core::ptr::null_mut()) };
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -226,6 +243,112 @@ mod current {
     pub fn set(value: *mut ThreadState) {
         CURRENT.set(value)
     }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn own() -> *mut ThreadState {
+        OWN.get()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn set_own(value: *mut ThreadState) {
+        OWN.set(value)
+    }
+}
+
+/// Whether `state` is a thread's state rather than a marker.
+#[inline(always)]
+fn is_state(state: *mut ThreadState) -> bool {
+    state as usize > IN_HOOK
+}
+
+/// What a hook found on entry, given back on exit.
+#[derive(Clone, Copy)]
+pub struct Hook(*mut ThreadState);
+
+/// A hook begins: from here until [`leave_hook`] the thread's heap calls
+/// from a signal handler that interrupts it (or from the real allocator
+/// itself, such as its mmaps) are kept aside and recorded after the hook's
+/// own event, so a handler's reuse of an address the hook frees comes
+/// after that free.
+#[inline(always)]
+pub fn enter_hook() -> Hook {
+    let state = current::get();
+    if is_state(state) {
+        current::set(IN_HOOK as *mut ThreadState);
+    }
+    Hook(state)
+}
+
+#[inline(always)]
+pub fn leave_hook(hook: Hook) {
+    let state = hook.0;
+    if is_state(state) {
+        current::set(state);
+        // SAFETY: a live state of this thread.
+        if unsafe { (*(*state).nested).len.load(Relaxed) } != 0 {
+            write_nested(state);
+        }
+    }
+}
+
+/// Events of a signal handler that ran while its thread was in a hook,
+/// written to the thread's chunk when the hook ends. Only that thread
+/// touches them (a handler runs to its end before the code it interrupted
+/// goes on), through shared references.
+struct Nested {
+    len: AtomicU32,
+    events: [core::cell::UnsafeCell<Event>; NESTED_EVENTS],
+}
+
+const NESTED_EVENTS: usize = 32;
+
+impl Nested {
+    fn new() -> Nested {
+        Nested { len: AtomicU32::new(0), events: core::array::from_fn(|_| core::cell::UnsafeCell::new(Event::default())) }
+    }
+
+    /// Keeps `event`; false when full. A handler interrupted by another
+    /// handler has taken its place before the other writes.
+    fn push(&self, event: &Event) -> bool {
+        if self.len.load(Relaxed) as usize >= NESTED_EVENTS {
+            return false;
+        }
+        let index = self.len.fetch_add(1, Relaxed) as usize;
+        if index >= NESTED_EVENTS {
+            return false;
+        }
+        // SAFETY: the place at `index` is this call's alone.
+        unsafe { *self.events[index].get() = *event };
+        core::sync::atomic::compiler_fence(Release);
+        true
+    }
+}
+
+/// Writes the nested events, in the order they happened, with the thread
+/// in a hook again so that a handler arriving meanwhile adds to them.
+#[cold]
+#[inline(never)]
+fn write_nested(state: *mut ThreadState) {
+    current::set(IN_HOOK as *mut ThreadState);
+    // SAFETY: this thread's own live state.
+    let st = unsafe { &mut *state };
+    let nested = unsafe { &*st.nested };
+    let mut written = 0;
+    loop {
+        let len = nested.len.load(Acquire);
+        for index in written..(len as usize).min(NESTED_EVENTS) {
+            let event = unsafe { *nested.events[index].get() };
+            st.write(&event);
+        }
+        written = len as usize;
+        if nested.len.compare_exchange(len, 0, AcqRel, Relaxed).is_ok() {
+            break;
+        }
+    }
+    if written > NESTED_EVENTS {
+        count_dropped((written - NESTED_EVENTS) as u64);
+    }
+    current::set(state);
 }
 
 /// Runs `f` with this thread marked busy, so that allocations made by the
@@ -238,23 +361,21 @@ pub fn while_busy<R>(f: impl FnOnce() -> R) -> R {
     result
 }
 
-
 #[inline(always)]
-pub fn append(event: &Event) {
-    append_encoded(|| *event, |delta, out| unsafe { RawEncoder::encode(delta, out, event) });
+pub fn append(hook: Hook, event: &Event) {
+    append_encoded(hook, || *event, |delta, out| unsafe { RawEncoder::encode(delta, out, event) });
 }
 
 /// Appends the record `encode` writes (at most [`MAX_RECORD_LEN`] bytes);
 /// `event` makes the same event for the slow path (the thread's first
-/// event, or one it cannot record). The hooks encode frees and plain
+/// event, or one it cannot record now). The hooks encode frees and plain
 /// allocations from their fields with it, building no [`Event`].
 #[inline(always)]
-pub fn append_encoded(event: impl FnOnce() -> Event, encode: impl FnOnce(&mut DeltaState, *mut u8) -> *mut u8) {
-    let state = current::get();
-    if (state as usize) <= GONE {
+pub fn append_encoded(hook: Hook, event: impl FnOnce() -> Event, encode: impl FnOnce(&mut DeltaState, *mut u8) -> *mut u8) {
+    let state = hook.0;
+    if !is_state(state) {
         return append_slow(state, &event());
     }
-    current::set(BUSY as *mut ThreadState);
     unsafe {
         let st = &mut *state;
         if st.room(MAX_RECORD_LEN) {
@@ -262,23 +383,21 @@ pub fn append_encoded(event: impl FnOnce() -> Event, encode: impl FnOnce(&mut De
             st.publish();
         }
     }
-    current::set(state);
 }
 
 /// Like [`append`], with the call stack of the allocation. Never inlined:
 /// the unwinder skips a fixed number of agent frames (this and the hook).
 #[inline(never)]
-pub fn append_allocation(event: &mut Event) {
-    let mut state = current::get();
+pub fn append_allocation(hook: Hook, event: &mut Event) {
+    let mut state = hook.0;
     if state.is_null() {
         // The thread's first event: make its state here, so the unwinder
         // below still sees the same frames above it.
         state = new_thread_state();
     }
-    if (state as usize) <= GONE {
+    if !is_state(state) {
         return append_slow(state, event);
     }
-    current::set(BUSY as *mut ThreadState);
     unsafe {
         let st = &mut *state;
         let stacks = st.stacks.get_or_insert_with(|| Box::new(ThreadStacks::new()));
@@ -294,22 +413,27 @@ pub fn append_allocation(event: &mut Event) {
             st.publish();
         }
     }
-    current::set(state);
 }
 
 #[cold]
 fn append_slow(state: *mut ThreadState, event: &Event) {
-    if state as usize != 0 {
-        if state as usize == GONE {
-            count_dropped(1);
+    match state as usize {
+        0 => {
+            let state = new_thread_state();
+            if state.is_null() {
+                count_dropped(1);
+            } else {
+                unsafe { (*state).write(event) };
+            }
         }
-        return;
-    }
-    let state = new_thread_state();
-    if state.is_null() {
-        count_dropped(1);
-    } else {
-        append(event);
+        IN_HOOK => {
+            let own = current::own();
+            if own.is_null() || !unsafe { &*(*own).nested }.push(event) {
+                count_dropped(1);
+            }
+        }
+        GONE => count_dropped(1),
+        _ => {}
     }
 }
 
@@ -321,6 +445,7 @@ fn new_thread_state() -> *mut ThreadState {
     let errno = unsafe { *libc::__errno_location() };
     let created = ThreadState::create().unwrap_or(null_mut());
     unsafe { *libc::__errno_location() = errno };
+    current::set_own(created);
     current::set(created);
     created
 }
@@ -328,7 +453,7 @@ fn new_thread_state() -> *mut ThreadState {
 /// The calling thread's state, if it has recorded anything.
 pub fn current_state() -> *mut ThreadState {
     let state = current::get();
-    if (state as usize) <= GONE { null_mut() } else { state }
+    if is_state(state) { state } else { null_mut() }
 }
 
 pub struct ThreadState {
@@ -351,6 +476,7 @@ pub struct ThreadState {
     /// The thread's errno, kept across each capture: asking libc where it
     /// is twice per allocation was 1.4 % of a python3 run's samples.
     errno: *mut i32,
+    nested: *const Nested,
 }
 
 impl ThreadState {
@@ -380,6 +506,7 @@ impl ThreadState {
             destructor_rounds: 0,
             stacks: None,
             errno: unsafe { libc::__errno_location() },
+            nested: Box::into_raw(Box::new(Nested::new())),
         }));
         crate::recorder::on_new_thread(state);
         Some(state)
@@ -414,6 +541,14 @@ impl ThreadState {
         true
     }
 
+    /// Writes `event` with no stack (the slow paths).
+    fn write(&mut self, event: &Event) {
+        if self.room(MAX_RECORD_LEN) {
+            self.cursor = unsafe { RawEncoder::encode(&mut self.delta, self.cursor, event) };
+            self.publish();
+        }
+    }
+
     /// Makes the bytes written so far visible to the recorder.
     #[inline(always)]
     fn publish(&mut self) {
@@ -441,7 +576,15 @@ impl ThreadState {
     /// Thread exit: the recorder copies out the rest; the state is ours to free.
     pub fn close(state: *mut ThreadState) {
         current::set(GONE as *mut ThreadState);
-        unsafe { (*(*state).chunk).closed.store(1, Release) };
+        current::set_own(null_mut());
+        unsafe {
+            let nested = Box::from_raw((*state).nested as *mut Nested);
+            let st = &mut *state;
+            for event in nested.events.iter().take((nested.len.load(Acquire) as usize).min(NESTED_EVENTS)) {
+                st.write(&*event.get());
+            }
+            (*st.chunk).closed.store(1, Release);
+        }
         drop(unsafe { Box::from_raw(state) });
     }
 }
@@ -467,6 +610,7 @@ fn claim_slot(area: Area, thread: u32, tid: u32, stack_hint: u64, first_chunk: u
 /// parent's: forget this thread's buffer and the records channel.
 pub fn reset_after_fork() {
     current::set(null_mut());
+    current::set_own(null_mut());
     CHANNEL_LOCK.reset();
     let channel = unsafe { &mut *CHANNEL.0.get() };
     *channel = Channel { chunk: None, len: 0, seq: 0 };

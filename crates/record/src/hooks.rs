@@ -9,16 +9,20 @@ use core::ffi::c_void;
 use memgap_trace::event::EventKind;
 use memgap_trace::records::EndReason;
 
+use crate::buffers::{enter_hook, leave_hook};
 use crate::real::{self, bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::recorder::{self, record_alloc, record_free, record_mapping, record_realloc, recording};
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let Some(real) = real::real() else { return bootstrap_alloc(size, 16) };
-    let ptr = unsafe { (real.malloc)(size) };
-    if recording() {
-        record_alloc(EventKind::Malloc, ptr, size, core::ptr::null_mut(), 0);
+    if !recording() {
+        return unsafe { (real.malloc)(size) };
     }
+    let hook = enter_hook();
+    let ptr = unsafe { (real.malloc)(size) };
+    record_alloc(hook, EventKind::Malloc, ptr, size, core::ptr::null_mut(), 0);
+    leave_hook(hook);
     ptr
 }
 
@@ -29,9 +33,11 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     }
     let Some(real) = real::real() else { return };
     if recording() {
+        let hook = enter_hook();
         let time = recorder::now();
         unsafe { (real.free)(ptr) };
-        record_free(time, ptr);
+        record_free(hook, time, ptr);
+        leave_hook(hook);
     } else {
         unsafe { (real.free)(ptr) };
     }
@@ -45,10 +51,13 @@ pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
             None => core::ptr::null_mut(),
         };
     };
-    let ptr = unsafe { (real.calloc)(count, size) };
-    if recording() {
-        record_alloc(EventKind::Calloc, ptr, count.saturating_mul(size), core::ptr::null_mut(), 0);
+    if !recording() {
+        return unsafe { (real.calloc)(count, size) };
     }
+    let hook = enter_hook();
+    let ptr = unsafe { (real.calloc)(count, size) };
+    record_alloc(hook, EventKind::Calloc, ptr, count.saturating_mul(size), core::ptr::null_mut(), 0);
+    leave_hook(hook);
     ptr
 }
 
@@ -62,11 +71,14 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         return new;
     }
     let Some(real) = real::real() else { return core::ptr::null_mut() };
+    if !recording() {
+        return unsafe { (real.realloc)(ptr, size) };
+    }
+    let hook = enter_hook();
     let before = recorder::now();
     let new = unsafe { (real.realloc)(ptr, size) };
-    if recording() {
-        record_realloc(EventKind::Realloc, before, new, size, ptr);
-    }
+    record_realloc(hook, EventKind::Realloc, before, new, size, ptr);
+    leave_hook(hook);
     new
 }
 
@@ -82,11 +94,14 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usiz
         return unsafe { realloc(ptr, total) };
     }
     let Some(real) = real::real() else { return core::ptr::null_mut() };
+    if !recording() {
+        return unsafe { (real.realloc)(ptr, total) };
+    }
+    let hook = enter_hook();
     let before = recorder::now();
     let new = unsafe { (real.realloc)(ptr, total) };
-    if recording() {
-        record_realloc(EventKind::Reallocarray, before, new, total, ptr);
-    }
+    record_realloc(hook, EventKind::Reallocarray, before, new, total, ptr);
+    leave_hook(hook);
     new
 }
 
@@ -100,11 +115,14 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
         unsafe { *out = ptr };
         return 0;
     };
-    let result = unsafe { (real.posix_memalign)(out, align, size) };
-    if recording() {
-        let ptr = if result == 0 { unsafe { *out } } else { core::ptr::null_mut() };
-        record_alloc(EventKind::PosixMemalign, ptr, size, core::ptr::null_mut(), align);
+    if !recording() {
+        return unsafe { (real.posix_memalign)(out, align, size) };
     }
+    let hook = enter_hook();
+    let result = unsafe { (real.posix_memalign)(out, align, size) };
+    let ptr = if result == 0 { unsafe { *out } } else { core::ptr::null_mut() };
+    record_alloc(hook, EventKind::PosixMemalign, ptr, size, core::ptr::null_mut(), align);
+    leave_hook(hook);
     result
 }
 
@@ -113,10 +131,13 @@ macro_rules! aligned_hook {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(align: usize, size: usize) -> *mut c_void {
             let Some(real) = real::real() else { return bootstrap_alloc(size, align) };
-            let ptr = unsafe { (real.$name)(align, size) };
-            if recording() {
-                record_alloc($kind, ptr, size, core::ptr::null_mut(), align);
+            if !recording() {
+                return unsafe { (real.$name)(align, size) };
             }
+            let hook = enter_hook();
+            let ptr = unsafe { (real.$name)(align, size) };
+            record_alloc(hook, $kind, ptr, size, core::ptr::null_mut(), align);
+            leave_hook(hook);
             ptr
         }
     };
@@ -130,10 +151,13 @@ macro_rules! page_aligned_hook {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(size: usize) -> *mut c_void {
             let Some(real) = real::real() else { return bootstrap_alloc(size, 4096) };
-            let ptr = unsafe { (real.$name)(size) };
-            if recording() {
-                record_alloc($kind, ptr, size, core::ptr::null_mut(), 0);
+            if !recording() {
+                return unsafe { (real.$name)(size) };
             }
+            let hook = enter_hook();
+            let ptr = unsafe { (real.$name)(size) };
+            record_alloc(hook, $kind, ptr, size, core::ptr::null_mut(), 0);
+            leave_hook(hook);
             ptr
         }
     };
@@ -188,7 +212,9 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i
     let result = raw_syscall(libc::SYS_mmap, [addr as i64, len as i64, prot.into(), flags.into(), fd.into(), offset]);
     if result != -1 && recording() {
         let extra = (u64::from(prot as u32) << 32) | u64::from(flags as u32);
-        record_mapping(recorder::now(), EventKind::Mmap, result as u64, len as u64, 0, extra);
+        let hook = enter_hook();
+        record_mapping(hook, recorder::now(), EventKind::Mmap, result as u64, len as u64, 0, extra);
+        leave_hook(hook);
     }
     result as *mut c_void
 }
@@ -200,11 +226,16 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: i32, flags:
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
+    if !recording() {
+        return raw_syscall(libc::SYS_munmap, [addr as i64, len as i64, 0, 0, 0, 0]) as i32;
+    }
+    let hook = enter_hook();
     let time = recorder::now();
     let result = raw_syscall(libc::SYS_munmap, [addr as i64, len as i64, 0, 0, 0, 0]);
-    if result == 0 && recording() {
-        record_mapping(time, EventKind::Munmap, addr as u64, len as u64, 0, 0);
+    if result == 0 {
+        record_mapping(hook, time, EventKind::Munmap, addr as u64, len as u64, 0, 0);
     }
+    leave_hook(hook);
     result as i32
 }
 
@@ -212,11 +243,17 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
 /// arrives in the same register a fixed fifth parameter would.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, new_addr: *mut c_void) -> *mut c_void {
-    let time = recorder::now();
-    let result = raw_syscall(libc::SYS_mremap, [old as i64, old_len as i64, new_len as i64, flags.into(), new_addr as i64, 0]);
-    if result != -1 && recording() {
-        record_mapping(time, EventKind::Mremap, result as u64, new_len as u64, old as u64, old_len as u64);
+    let call = || raw_syscall(libc::SYS_mremap, [old as i64, old_len as i64, new_len as i64, flags.into(), new_addr as i64, 0]);
+    if !recording() {
+        return call() as *mut c_void;
     }
+    let hook = enter_hook();
+    let time = recorder::now();
+    let result = call();
+    if result != -1 {
+        record_mapping(hook, time, EventKind::Mremap, result as u64, new_len as u64, old as u64, old_len as u64);
+    }
+    leave_hook(hook);
     result as *mut c_void
 }
 
@@ -225,7 +262,9 @@ pub unsafe extern "C" fn brk(addr: *mut c_void) -> i32 {
     let Some(real) = real::real() else { return set_errno_from(-(libc::ENOMEM as i64)) as i32 };
     let result = unsafe { (real.brk)(addr) };
     if result == 0 && recording() {
-        record_mapping(recorder::now(), EventKind::Brk, addr as u64, 0, addr as u64, 0);
+        let hook = enter_hook();
+        record_mapping(hook, recorder::now(), EventKind::Brk, addr as u64, 0, addr as u64, 0);
+        leave_hook(hook);
     }
     result
 }
@@ -235,7 +274,9 @@ pub unsafe extern "C" fn sbrk(increment: isize) -> *mut c_void {
     let Some(real) = real::real() else { return set_errno_from(-(libc::ENOMEM as i64)) as *mut c_void };
     let result = unsafe { (real.sbrk)(increment) };
     if result as isize != -1 && recording() {
-        record_mapping(recorder::now(), EventKind::Sbrk, result as u64, 0, 0, increment as u64);
+        let hook = enter_hook();
+        record_mapping(hook, recorder::now(), EventKind::Sbrk, result as u64, 0, 0, increment as u64);
+        leave_hook(hook);
     }
     result
 }

@@ -10,7 +10,7 @@ use memgap_trace::event::{Event, EventKind, RawEncoder};
 use memgap_trace::records::{EndReason, Record};
 use memgap_trace::shared::{self, AGENT_FINISHED, AGENT_STOPPED, REQUEST_EXIT_SNAPSHOT, REQUEST_SNAPSHOT};
 
-use crate::buffers::{self, ThreadState};
+use crate::buffers::{self, Hook, ThreadState};
 use crate::process::{self, Config};
 use crate::{area, clock, real, sys};
 
@@ -316,20 +316,20 @@ pub fn now() -> u64 {
 /// free that made it available (so now). Then it is recorded as a free and
 /// an allocation.
 #[inline(always)]
-pub fn record_realloc(kind: EventKind, before: u64, new: *mut c_void, size: usize, old: *mut c_void) {
+pub fn record_realloc(hook: Hook, kind: EventKind, before: u64, new: *mut c_void, size: usize, old: *mut c_void) {
     let frees_old = !old.is_null() && new != old && (!new.is_null() || size == 0);
     if frees_old && clock::now() != before {
-        record_free(before, old);
+        record_free(hook, before, old);
         if !new.is_null() {
-            record_alloc(kind, new, size, core::ptr::null_mut(), 0);
+            record_alloc(hook, kind, new, size, core::ptr::null_mut(), 0);
         }
     } else {
-        record_alloc(kind, new, size, old, 0);
+        record_alloc(hook, kind, new, size, old, 0);
     }
 }
 
 #[inline(always)]
-pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *mut c_void, align: usize) {
+pub fn record_alloc(hook: Hook, kind: EventKind, addr: *mut c_void, size: usize, old_addr: *mut c_void, align: usize) {
     let time = clock::now();
     let usable = match USABLE_SIZE.load(Relaxed) {
         _ if addr.is_null() => 0,
@@ -351,22 +351,22 @@ pub fn record_alloc(kind: EventKind, addr: *mut c_void, size: usize, old_addr: *
     };
     // A failed allocation or a realloc that freed (size 0) has no block to blame.
     if crate::stacks::enabled() && !addr.is_null() {
-        buffers::append_allocation(&mut event());
+        buffers::append_allocation(hook, &mut event());
     } else if matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) {
-        buffers::append_encoded(event, |delta, out| unsafe { RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64) });
+        buffers::append_encoded(hook, event, |delta, out| unsafe { RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64) });
     } else {
-        buffers::append(&event());
+        buffers::append(hook, &event());
     }
 }
 
 #[inline(always)]
-pub fn record_free(time: u64, addr: *mut c_void) {
+pub fn record_free(hook: Hook, time: u64, addr: *mut c_void) {
     let cpu = cpu();
     let event = || Event { time, kind: Some(EventKind::Free), cpu, addr: addr as u64, ..Event::default() };
-    buffers::append_encoded(event, |delta, out| unsafe { RawEncoder::encode_free(delta, out, time, cpu, addr as u64) });
+    buffers::append_encoded(hook, event, |delta, out| unsafe { RawEncoder::encode_free(delta, out, time, cpu, addr as u64) });
 }
 
 #[inline]
-pub fn record_mapping(time: u64, kind: EventKind, addr: u64, size: u64, old_addr: u64, extra: u64) {
-    buffers::append(&Event { time, kind: Some(kind), cpu: cpu(), addr, size, old_addr, extra, ..Event::default() });
+pub fn record_mapping(hook: Hook, time: u64, kind: EventKind, addr: u64, size: u64, old_addr: u64, extra: u64) {
+    buffers::append(hook, &Event { time, kind: Some(kind), cpu: cpu(), addr, size, old_addr, extra, ..Event::default() });
 }

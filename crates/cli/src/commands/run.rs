@@ -362,7 +362,7 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
                     if s.truncated { " (cut short)" } else { "" }
                 );
                 if s.dropped_events > 0 {
-                    eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough", memgap_views::format::count(s.dropped_events));
+                    eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough, or signal handlers interrupted memgap's hooks too often", memgap_views::format::count(s.dropped_events));
                 }
                 at_end = ledger;
             }
