@@ -23,6 +23,7 @@ mod clock;
 pub mod hooks;
 mod own_memory;
 mod process;
+mod python;
 mod real;
 mod stacks;
 mod recorder;

@@ -108,6 +108,7 @@ fn open_area(config: &Config) -> bool {
     if area::create(&config.area_dir, config.run_id, shared::chunks_for(config.buffer_bytes)).is_err() {
         return false;
     }
+    crate::python::publish();
     buffers::push_record(&Record::Process(process::describe(config, 0, clock::now())))
 }
 
@@ -140,6 +141,7 @@ pub fn on_load() {
             process::remove_self_from_ld_preload();
         }
         describe_image(real);
+        crate::python::install();
     });
 }
 
@@ -260,6 +262,7 @@ pub fn finish(_reason: EndReason) {
     let errno = unsafe { *libc::__errno_location() };
     buffers::while_busy(|| {
         let Some(area) = area::get() else { return };
+        crate::python::note_allocator();
         area::request(REQUEST_EXIT_SNAPSHOT);
         buffers::push_record(&Record::Modules(process::loaded_modules()));
         PHASE.store(OFF, Release);

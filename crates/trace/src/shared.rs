@@ -132,6 +132,14 @@ pub struct Header {
     /// Number + 1 of the first chunk of the records channel (PROCESS,
     /// MODULES, NOTE and METRICS records the agent makes).
     pub records_first_chunk: AtomicU32,
+    /// CPython's pymalloc, once the agent hooked its arena allocator: the
+    /// address (in the program) of the agent's table of live arenas (one
+    /// address per entry, 0 for none), its entries, and pymalloc's arena
+    /// and pool sizes; all 0 in a process without CPython.
+    pub python_arenas: AtomicU64,
+    pub python_arena_slots: AtomicU32,
+    pub python_pool_bytes: AtomicU32,
+    pub python_arena_bytes: AtomicU64,
     pub slots: [ThreadSlot; THREAD_SLOTS],
 }
 

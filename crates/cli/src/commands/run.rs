@@ -18,6 +18,7 @@ use crate::agent;
 mod go;
 mod numa;
 mod placement;
+mod python;
 mod recorder;
 mod ruby;
 mod traces;

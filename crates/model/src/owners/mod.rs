@@ -12,6 +12,7 @@ pub mod glibc;
 pub mod jemalloc;
 pub mod malloc;
 pub mod mimalloc;
+pub mod python;
 pub mod tcmalloc;
 
 /// Every owner, each starting with nothing seen.
@@ -24,6 +25,7 @@ pub fn registered() -> Vec<Box<dyn HeapOwner>> {
         Box::new(crate::go::GoOwner::default()),
         Box::new(crate::ghc::GhcOwner::default()),
         Box::new(crate::ruby::RubyOwner::default()),
+        Box::new(python::PythonOwner::default()),
     ]
 }
 

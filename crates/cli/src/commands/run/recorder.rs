@@ -725,12 +725,16 @@ impl ProcessRecorder {
             };
         }
         let agent_ranges = self.agent_ranges();
+        let python = super::python::census_of(self.pid, self.header(), time, &mappings, page_size);
         let vm_rss_after = self.read_status().vm_rss;
         let snapshot = Snapshot { time, reason, rss: Rss { time, ..rss }, vm_rss_after, page_size, mappings, agent_ranges, cost_ns: monotonic_ns() - started_ns };
         self.last_snapshot_ns = monotonic_ns();
         self.last_snapshot_cost_ns = snapshot.cost_ns;
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
         let placement = self.placer.place(&snapshot);
+        if let Some(census) = python {
+            self.push(&Record::Metrics(census.to_metrics(monotonic_ns())));
+        }
         self.push(&Record::Snapshot(snapshot));
         self.push(&Record::Placement(placement));
         self.flush();

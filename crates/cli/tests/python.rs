@@ -1,0 +1,140 @@
+//! CPython programs under `memgap run`: the agent hooks pymalloc's arena
+//! allocator, the recorder reads the pools at each snapshot, and the ledger
+//! gets pymalloc's layer (the `python` section and owner), checked against
+//! `sys._debugmallocstats()` printed by the same script at the same instant.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::Value;
+
+const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+/// pyenv's build (libpython as a shared library), where installed.
+const PYENV_PYTHON: &str = "/root/.pyenv/versions/3.11.7/bin/python3";
+
+fn script(name: &str) -> PathBuf {
+    programs_dir().join("python").join(name)
+}
+
+fn u(value: &Value) -> u64 {
+    value.as_u64().unwrap_or_else(|| panic!("not a count: {value}"))
+}
+
+/// The ledger at the snapshot the program asked for (memgap_snapshot).
+fn program_snapshot(dir: &Path, trace: &str) -> Value {
+    let out = memgap(dir, &["timeline", "--json", trace]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    timeline.as_array().unwrap().iter().find(|l| l["snapshot_reason"] == "program").cloned().unwrap_or_else(|| panic!("no program snapshot: {timeline:#}"))
+}
+
+/// A figure of `sys._debugmallocstats()` ("# bytes in allocated blocks = 6,859,696").
+fn malloc_stat(stderr: &str, name: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no '{name}' in:\n{stderr}"));
+    line.rsplit('=').next().unwrap().trim().replace(',', "").parse().unwrap()
+}
+
+fn rows_add_up(l: &Value) {
+    let rss = u(&l["rss_bytes"]) as f64;
+    let rows: u64 = l["rows"].as_object().unwrap().values().map(u).sum();
+    assert!((rows as f64 - rss).abs() <= 0.02 * rss, "rows {rows} against VmRSS {rss}: {l:#}");
+}
+
+/// Runs cache.py under memgap with --stats; returns the ledger at its
+/// snapshot and what `sys._debugmallocstats()` printed.
+fn traced_cache(dir: &Path, trace: &str, command: &[&str]) -> (Value, String) {
+    let cache = script("cache.py");
+    let mut run = vec!["run", "-q", "-o", trace, "--"];
+    run.extend_from_slice(command);
+    run.extend_from_slice(&[arg(&cache), "200000", "20", "--stats"]);
+    let out = memgap(dir, &run);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    (program_snapshot(dir, trace), text(&out.stderr))
+}
+
+#[test]
+fn pymalloc_layer_matches_the_interpreters_own_counts() {
+    let (_tmp, dir) = tempdir();
+    let cache = script("cache.py");
+    // Same output, status and stderr with and without memgap.
+    let plain = run_plain(&dir, DEBIAN_PYTHON, &[arg(&cache), "100000", "10"]);
+    let traced = memgap(&dir, &["run", "-q", "-o", "same.mgt", "--", DEBIAN_PYTHON, arg(&cache), "100000", "10"]);
+    assert_same_behaviour(&plain, &traced);
+
+    let mut pythons = vec![DEBIAN_PYTHON];
+    if Path::new(PYENV_PYTHON).exists() {
+        pythons.push(PYENV_PYTHON);
+    }
+    for (n, python) in pythons.into_iter().enumerate() {
+        let (l, stats) = traced_cache(&dir, &format!("cache{n}.mgt"), &[python]);
+        let py = &l["python"];
+        assert_eq!(py["allocator"], "pymalloc", "{python}: {py:#}");
+        assert!(py["version"].as_str().is_some_and(|v| v.starts_with("3.11")), "{py:#}");
+        let ours = u(&py["allocated_blocks_bytes"]);
+        let theirs = malloc_stat(&stats, "# bytes in allocated blocks");
+        eprintln!("{python}: allocated blocks {ours} (memgap) against {theirs} (sys._debugmallocstats)");
+        assert!((ours as f64 - theirs as f64).abs() <= 0.05 * theirs as f64, "{python}: {ours} against {theirs}: {py:#}");
+        assert_eq!(u(&py["arenas"]), malloc_stat(&stats, "# arenas allocated current"), "{py:#}");
+        assert_eq!(u(&py["free_in_used_pools_bytes"]), malloc_stat(&stats, "# bytes in available blocks"), "{py:#}");
+        rows_add_up(&l);
+        // The arenas are pymalloc's now, not the program's own mmaps.
+        let share = l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "python").unwrap_or_else(|| panic!("no python share: {l:#}"));
+        let held: u64 = share["rows"].as_object().unwrap().values().map(u).sum();
+        assert!(held as f64 >= 0.98 * u(&py["resident_bytes"]) as f64, "{share:#} {py:#}");
+        assert!(u(&l["other_breakdown"]["program_mmap"]) < 1 << 20, "{:#}", l["other_breakdown"]);
+        // 1 entry in 20 kept: most arena bytes are free blocks among survivors.
+        assert_eq!(l["gap_owner"], "python", "{l:#}");
+        assert!(u(&share["rows"]["fragmented"]) > 4 * u(&share["rows"]["live"]), "{share:#}");
+        let finding = &l["findings"][0];
+        assert_eq!((finding["owner"].as_str(), finding["kind"].as_str()), (Some("python"), Some("fragmented")), "{l:#}");
+        assert_eq!(l["remedies"][0]["env"]["PYTHONMALLOC"], "malloc", "{:#}", l["remedies"]);
+        assert!(l["remedies"].as_array().unwrap().iter().filter(|r| r["owner"] == "python").all(|r| r["env"].as_object().unwrap().keys().all(|k| k == "PYTHONMALLOC" || k == "LD_PRELOAD")));
+        assert!(l["verdict"].as_str().unwrap().contains("pymalloc"), "{}", l["verdict"]);
+    }
+}
+
+#[test]
+fn pythonmalloc_malloc_and_dev_mode_are_named() {
+    let (_tmp, dir) = tempdir();
+    // PYTHONMALLOC=malloc: no pymalloc layer; the objects are glibc's blocks.
+    let (l, _) = traced_cache(&dir, "malloc.mgt", &["env", "PYTHONMALLOC=malloc", DEBIAN_PYTHON]);
+    assert_eq!(l["python"]["allocator"], "malloc", "{:#}", l["python"]);
+    assert_eq!(u(&l["python"]["arenas"]), 0);
+    assert!(l["owners"].as_array().unwrap().iter().all(|o| o["owner"] != "python"), "{:#}", l["owners"]);
+    let glibc = l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "glibc").unwrap();
+    assert!(u(&glibc["rows"]["live"]) > 1 << 20, "{glibc:#}");
+    rows_add_up(&l);
+    // -X dev: the debug hooks over pymalloc, named, with their padded blocks counted.
+    let (l, stats) = traced_cache(&dir, "dev.mgt", &[DEBIAN_PYTHON, "-X", "dev"]);
+    let py = &l["python"];
+    assert_eq!((py["allocator"].as_str(), py["allocator_name"].as_str()), (Some("debug"), Some("pymalloc_debug")), "{py:#}");
+    let (ours, theirs) = (u(&py["allocated_blocks_bytes"]), malloc_stat(&stats, "# bytes in allocated blocks"));
+    assert!((ours as f64 - theirs as f64).abs() <= 0.05 * theirs as f64, "{ours} against {theirs}");
+    rows_add_up(&l);
+}
+
+#[test]
+fn multiprocessing_children_are_traced_with_their_layer() {
+    let (_tmp, dir) = tempdir();
+    let children = script("children.py");
+    let out = memgap(&dir, &["run", "-q", "-o", "parent.mgt", "--", DEBIAN_PYTHON, arg(&children), "fork", "spawn"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "4000\nfork 0\n4000\nspawn 0\n");
+    let mut layered = 0;
+    for trace in traces_in(&dir).into_iter().filter(|t| t != "parent.mgt") {
+        let out = memgap(&dir, &["timeline", "--json", &trace]);
+        let timeline: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let Some(l) = timeline.as_array().and_then(|t| t.iter().find(|l| l["snapshot_reason"] == "program")) else { continue };
+        let py = &l["python"];
+        assert!(py["version"].as_str().is_some_and(|v| v.starts_with("3.11")), "{trace}: {py:#}");
+        assert_eq!(py["allocator"], "pymalloc", "{trace}: {py:#}");
+        // 4,000 tuples and strings kept, among the pools of 200,000.
+        assert!(u(&py["allocated_blocks_bytes"]) > 300 << 10, "{trace}: {py:#}");
+        assert!(l["owners"].as_array().unwrap().iter().any(|o| o["owner"] == "python"), "{trace}: {:#}", l["owners"]);
+        rows_add_up(l);
+        layered += 1;
+    }
+    assert_eq!(layered, 2, "a fork child and a spawned child, each with its snapshot: {:?}", traces_in(&dir));
+}

@@ -1,0 +1,233 @@
+//! CPython's pymalloc. When the program is a CPython 3.8+ interpreter (its
+//! API is in the global symbol scope: the executable exports it, or
+//! libpython is loaded), the agent puts itself in front of pymalloc's arena
+//! allocator with `PyObject_SetArenaAllocator` before the interpreter
+//! starts, chaining to the allocator that was there. It keeps a table of
+//! the live arenas and publishes where it is in the shared area; at each
+//! snapshot the recorder reads the pool headers of those arenas from
+//! outside (the counts pymalloc itself keeps), so nothing runs per object
+//! allocation.
+//!
+//! The object and mem domains are left alone on purpose: a wrapper there
+//! makes CPython believe pymalloc is off (`sys._debugmallocstats()` then
+//! prints nothing of it) and costs a hook call per Python object.
+
+use core::ffi::{CStr, c_char, c_void};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+
+use memgap_trace::records::Record;
+
+use crate::{area, buffers, clock};
+
+/// Live arenas the table holds at most (64 GiB of 1 MiB arenas).
+const SLOTS: usize = 1 << 16;
+
+static ARENAS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+/// Entries ever used: the recorder reads this many (mirrored in the area).
+static USED: AtomicUsize = AtomicUsize::new(0);
+static ARENA_BYTES: AtomicU64 = AtomicU64::new(0);
+static POOL_BYTES: AtomicU64 = AtomicU64::new(0);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+static ALLOCATOR_NOTED: AtomicBool = AtomicBool::new(false);
+static CURRENT_ALLOCATOR_NAME: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+
+/// CPython's `PyObjectArenaAllocator`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ArenaAllocator {
+    ctx: *mut c_void,
+    alloc: Option<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>,
+    free: Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize)>,
+}
+
+struct Previous(core::cell::UnsafeCell<ArenaAllocator>);
+// SAFETY: written once in `install`, before the interpreter starts; read after.
+unsafe impl Sync for Previous {}
+static PREVIOUS: Previous = Previous(core::cell::UnsafeCell::new(ArenaAllocator { ctx: core::ptr::null_mut(), alloc: None, free: None }));
+
+fn symbol(name: &CStr) -> *mut c_void {
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+/// "3.11.2 (main, …)" → (3, 11) and "3.11.2".
+fn parse_version(text: &[u8]) -> Option<((u32, u32), &[u8])> {
+    let end = text.iter().position(|&b| b == b' ').unwrap_or(text.len());
+    let number = &text[..end];
+    let mut parts = number.split(|&b| b == b'.');
+    let major: u32 = core::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    let minor_digits: &[u8] = parts.next()?;
+    let digits = minor_digits.iter().take_while(|b| b.is_ascii_digit()).count();
+    let minor: u32 = core::str::from_utf8(&minor_digits[..digits]).ok()?.parse().ok()?;
+    Some(((major, minor), number))
+}
+
+/// Hooks pymalloc's arenas when the process is CPython 3.8 or newer. Called
+/// once, when the agent is loaded (before `main`, so before the first arena).
+pub fn install() {
+    if INSTALLED.load(Relaxed) {
+        return;
+    }
+    let (get, set, version) = (symbol(c"PyObject_GetArenaAllocator"), symbol(c"PyObject_SetArenaAllocator"), symbol(c"Py_GetVersion"));
+    if get.is_null() || set.is_null() || version.is_null() {
+        return;
+    }
+    let version: unsafe extern "C" fn() -> *const c_char = unsafe { core::mem::transmute(version) };
+    let text = unsafe { version() };
+    if text.is_null() {
+        return;
+    }
+    let text = unsafe { CStr::from_ptr(text) }.to_bytes();
+    let Some(((major, minor), number)) = parse_version(text) else { return };
+    if major != 3 || minor < 8 {
+        return;
+    }
+    // 3.10 moved 64-bit builds to 1 MiB arenas of 16 KiB pools; before,
+    // 256 KiB arenas of 4 KiB pools.
+    let (arena, pool) = if minor >= 10 { (1 << 20, 16 << 10) } else { (256 << 10, 4 << 10) };
+    ARENA_BYTES.store(arena, Relaxed);
+    POOL_BYTES.store(pool, Relaxed);
+    let get: unsafe extern "C" fn(*mut ArenaAllocator) = unsafe { core::mem::transmute(get) };
+    let set: unsafe extern "C" fn(*const ArenaAllocator) = unsafe { core::mem::transmute(set) };
+    let mut previous = ArenaAllocator { ctx: core::ptr::null_mut(), alloc: None, free: None };
+    unsafe { get(&mut previous) };
+    if previous.alloc.is_none() || previous.free.is_none() {
+        return;
+    }
+    unsafe { *PREVIOUS.0.get() = previous };
+    CURRENT_ALLOCATOR_NAME.store(symbol(c"_PyMem_GetCurrentAllocatorName"), Relaxed);
+    let ours = ArenaAllocator { ctx: core::ptr::null_mut(), alloc: Some(arena_alloc), free: Some(arena_free) };
+    unsafe { set(&ours) };
+    let version = unsafe { &mut *VERSION.0.get() };
+    let len = number.len().min(version.0.len());
+    version.0[..len].copy_from_slice(&number[..len]);
+    version.1 = len;
+    INSTALLED.store(true, Release);
+    publish();
+}
+
+/// The interpreter's version ("3.11.2"), for each area's note.
+struct Version(core::cell::UnsafeCell<([u8; 64], usize)>);
+// SAFETY: written once in `install` before INSTALLED is set; read after.
+unsafe impl Sync for Version {}
+static VERSION: Version = Version(core::cell::UnsafeCell::new(([0; 64], 0)));
+
+/// Tells the recorder where the arena table is, and notes the version and
+/// allocator (again in each new area: a fork child keeps its parent's
+/// interpreter and arenas).
+pub fn publish() {
+    if !INSTALLED.load(Acquire) {
+        return;
+    }
+    let Some(area) = area::get() else { return };
+    let note = {
+        let version = unsafe { &*VERSION.0.get() };
+        let mut note = alloc::string::String::from("python ");
+        note.push_str(&alloc::string::String::from_utf8_lossy(&version.0[..version.1]));
+        note
+    };
+    buffers::push_record(&Record::Note { time: clock::now(), text: note });
+    if ALLOCATOR_NOTED.swap(false, AcqRel) {
+        note_allocator();
+    }
+    let header = area.header();
+    header.python_arena_bytes.store(ARENA_BYTES.load(Relaxed), Relaxed);
+    header.python_pool_bytes.store(POOL_BYTES.load(Relaxed) as u32, Relaxed);
+    header.python_arena_slots.store(USED.load(Relaxed) as u32, Relaxed);
+    header.python_arenas.store(ARENAS.as_ptr() as u64, Release);
+}
+
+/// Records which allocator CPython runs with (`pymalloc`, `malloc`,
+/// `pymalloc_debug`…: PYTHONMALLOC and `-X dev` choose it before the first
+/// arena), once: at the first arena, or at exit for an interpreter that
+/// never made one.
+pub fn note_allocator() {
+    if !INSTALLED.load(Acquire) || ALLOCATOR_NOTED.swap(true, AcqRel) {
+        return;
+    }
+    let name = CURRENT_ALLOCATOR_NAME.load(Relaxed);
+    let text = if name.is_null() {
+        None
+    } else {
+        let name: unsafe extern "C" fn() -> *const c_char = unsafe { core::mem::transmute(name) };
+        let text = unsafe { name() };
+        (!text.is_null()).then(|| alloc::string::String::from_utf8_lossy(unsafe { CStr::from_ptr(text) }.to_bytes()).into_owned())
+    };
+    let mut note = alloc::string::String::from("python allocator ");
+    note.push_str(text.as_deref().unwrap_or("custom"));
+    buffers::push_record(&Record::Note { time: clock::now(), text: note });
+}
+
+unsafe extern "C" fn arena_alloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
+    let previous = unsafe { *PREVIOUS.0.get() };
+    let Some(alloc) = previous.alloc else { return core::ptr::null_mut() };
+    let address = unsafe { alloc(previous.ctx, size) };
+    // The arena allocator also serves other memory of the interpreter's
+    // (3.11's frame stacks, in 16 KiB chunks and up): only pymalloc's
+    // arenas, of exactly the arena size, hold pools.
+    if !address.is_null() && size as u64 == ARENA_BYTES.load(Relaxed) {
+        let errno = unsafe { *libc::__errno_location() };
+        insert(address as u64);
+        if !ALLOCATOR_NOTED.load(Relaxed) && crate::recorder::is_recording() {
+            buffers::while_busy(note_allocator);
+        }
+        unsafe { *libc::__errno_location() = errno };
+    }
+    address
+}
+
+unsafe extern "C" fn arena_free(_ctx: *mut c_void, address: *mut c_void, size: usize) {
+    let previous = unsafe { *PREVIOUS.0.get() };
+    // Out of the table first: the recorder must not read an arena being unmapped.
+    remove(address as u64);
+    if let Some(free) = previous.free {
+        unsafe { free(previous.ctx, address, size) };
+    }
+}
+
+/// Each arena takes a free entry (compare-and-swap: interpreters with a GIL
+/// each may allocate arenas at once); a full table leaves the arena out.
+fn insert(address: u64) {
+    for (index, slot) in ARENAS.iter().enumerate() {
+        if slot.load(Relaxed) == 0 && slot.compare_exchange(0, address, Release, Relaxed).is_ok() {
+            if USED.fetch_max(index + 1, Relaxed) < index + 1
+                && let Some(area) = area::get()
+            {
+                area.header().python_arena_slots.fetch_max(index as u32 + 1, Relaxed);
+            }
+            return;
+        }
+    }
+}
+
+fn remove(address: u64) {
+    let used = USED.load(Relaxed).min(SLOTS);
+    for slot in &ARENAS[..used] {
+        if slot.load(Relaxed) == address && slot.compare_exchange(address, 0, Release, Relaxed).is_ok() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_interpreter_version() {
+        assert_eq!(parse_version(b"3.11.2 (main, Mar 13 2023, 12:18:29) [GCC 12.2.0]"), Some(((3, 11), &b"3.11.2"[..])));
+        assert_eq!(parse_version(b"3.13.0rc1+ (heads/3.13)"), Some(((3, 13), &b"3.13.0rc1+"[..])));
+        assert_eq!(parse_version(b"2.7.18"), Some(((2, 7), &b"2.7.18"[..])));
+        assert_eq!(parse_version(b"garbage"), None);
+    }
+
+    #[test]
+    fn arenas_come_and_go_in_the_table() {
+        insert(0x7000_0000_0000);
+        insert(0x7000_0010_0000);
+        remove(0x7000_0000_0000);
+        let live: alloc::vec::Vec<u64> = ARENAS[..USED.load(Relaxed)].iter().map(|s| s.load(Relaxed)).filter(|&a| a != 0).collect();
+        assert_eq!(live, [0x7000_0010_0000]);
+        insert(0x7000_0020_0000);
+        assert_eq!(ARENAS[0].load(Relaxed), 0x7000_0020_0000, "a freed entry is reused");
+    }
+}
