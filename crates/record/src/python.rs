@@ -45,8 +45,19 @@ struct Previous(core::cell::UnsafeCell<ArenaAllocator>);
 unsafe impl Sync for Previous {}
 static PREVIOUS: Previous = Previous(core::cell::UnsafeCell::new(ArenaAllocator { ctx: core::ptr::null_mut(), alloc: None, free: None }));
 
+/// `name` in the global scope. A failed lookup leaves an error string
+/// glibc mallocs and frees at the thread's next failed lookup (the
+/// program's, recorded): the second `dlerror` frees it here, unrecorded
+/// like its allocation.
 fn symbol(name: &CStr) -> *mut c_void {
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if found.is_null() {
+        unsafe {
+            libc::dlerror();
+            libc::dlerror();
+        }
+    }
+    found
 }
 
 /// "3.11.2 (main, …)" → (3, 11) and "3.11.2".
