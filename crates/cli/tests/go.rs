@@ -195,6 +195,26 @@ fn gctrace_is_kept_when_the_user_asked_for_it_and_the_helper_is_inert_without_me
     assert_eq!(json_lines(&plain.stdout).len(), 5);
 }
 
+/// The runtime writes each gctrace line in pieces while the program's own
+/// goroutine writes partial lines: the program's stderr is byte for byte
+/// its plain one, and the GCs are in the trace.
+#[test]
+fn stderr_written_in_pieces_during_gcs_is_the_programs_own() {
+    let (_tmp, dir) = tempdir();
+    let exe = go_build(&dir, "chatter");
+    let plain = output_of(Command::new(&exe).env_remove("GODEBUG"));
+    assert!(plain.status.success());
+    assert!(text(&plain.stderr).ends_with("p5999 end-without-newline"), "{}", text(&plain.stderr));
+    for run in 0..3 {
+        let trace = dir.join(format!("chatter{run}.mgt"));
+        let out = memgap_cmd(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&exe)]).env_remove("GODEBUG").output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(out.stderr == plain.stderr, "run {run}: stderr differs:\n{}", text(&out.stderr));
+        let ledger: Value = serde_json::from_slice(&memgap(&dir, &["ledger", arg(&trace), "--at", "end", "--json"]).stdout).unwrap();
+        assert!(u(&ledger["go"], "gc_cycles") >= 3, "{:#}", ledger["go"]);
+    }
+}
+
 #[test]
 fn without_the_helper_the_ledger_comes_from_gctrace() {
     let (_tmp, dir) = tempdir();

@@ -3,7 +3,11 @@
 //! the trace itself, from outside the program:
 //! - GODEBUG=gctrace=1 is added to the user's GODEBUG, and the program's
 //!   stderr goes through memgap, which takes the gctrace lines out (unless
-//!   the user asked for gctrace) and passes everything else on at once;
+//!   the user asked for gctrace) and passes everything else on at once. The
+//!   runtime writes a gctrace line in pieces, one write(2) each, between
+//!   which other threads of the program write too: the pipe is a packet
+//!   pipe (O_DIRECT), so each read is one write of the program and the
+//!   runtime's pieces can be told from the program's own bytes;
 //! - VmRSS every `--rss-interval`, snapshots of page residency (smaps and
 //!   pagemap) every `--snapshot-interval`, at each new RSS peak, when the
 //!   helper package asks, and at exit (the program is held at its exit with
@@ -77,8 +81,9 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
         .args(&args.command[1..])
         .env("GODEBUG", &godebug)
         .env(helper::ENV, format!("{},{}", child_ends[0], child_ends[1]))
-        .env(helper::ENV_INTERVAL, interval_ms.to_string())
-        .stderr(Stdio::piped());
+        .env(helper::ENV_INTERVAL, interval_ms.to_string());
+    let (stderr_read, stderr_write, packets) = stderr_pipe()?;
+    command.stderr(Stdio::from(stderr_write));
     // The child keeps its ends of the two pipes across exec.
     unsafe {
         command.pre_exec(move || {
@@ -98,7 +103,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     let start_ns = monotonic_ns();
     let start_realtime_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     super::forward_signals();
-    let mut child = match command.spawn() {
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(error) => match reservation.spawn_failed(&error, |pid| super::trace_path(pattern, pid, true)) {
             Some(line) => return Ok(super::refuse(&line)),
@@ -111,8 +116,9 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     super::child_started(pid);
 
     let (sender, messages) = mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr is piped");
-    spawn_stderr_filter(stderr, !user_wants_gctrace, sender.clone());
+    // Only the program holds the pipe's write end: its exit ends the filter.
+    command.stderr(Stdio::null());
+    spawn_stderr_filter(File::from(stderr_read), packets, !user_wants_gctrace, sender.clone());
     spawn_helper_reader(helper_read, sender.clone());
     spawn_waiter(pid, sender);
     // The waiter thread reaps the child with waitpid: std's Child must not.
@@ -341,13 +347,27 @@ fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The program's stderr: a packet pipe where the kernel has them (each
+/// read returns one write), else a plain pipe; whether it is a packet pipe.
+fn stderr_pipe() -> anyhow::Result<(OwnedFd, OwnedFd, bool)> {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_DIRECT) } == 0 {
+        return Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]), true) });
+    }
+    let (read, write) = pipe()?;
+    Ok((read, write, false))
+}
+
 /// Passes the program's stderr on as it comes, minus the gctrace lines when
-/// `strip` (they go to the recorder either way).
-fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, strip: bool, sender: Sender<Message>) {
+/// `strip` (they go to the recorder either way). `packets`: each read is
+/// one write of the program's.
+fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, packets: bool, strip: bool, sender: Sender<Message>) {
     std::thread::spawn(move || {
         let mut out = std::io::stderr();
+        // A packet is at most PIPE_BUF bytes; a shorter read would lose the rest.
         let mut buffer = vec![0u8; 64 << 10];
         let mut filter = StderrFilter { strip, ..StderrFilter::default() };
+        let mut pieces = GctracePieces { strip, ..GctracePieces::default() };
         let mut to_write = Vec::new();
         loop {
             let n = match stderr.read(&mut buffer) {
@@ -357,15 +377,140 @@ fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, strip: bool, send
                 Err(_) => break,
             };
             to_write.clear();
-            filter.feed(&buffer[..n], &mut to_write, |gc| {
+            let gc = |gc| {
                 let _ = sender.send(Message::Gc(gc, monotonic_ns()));
-            });
+            };
+            if packets {
+                pieces.feed(&buffer[..n], &mut to_write, gc);
+            } else {
+                filter.feed(&buffer[..n], &mut to_write, gc);
+            }
             let _ = out.write_all(&to_write);
             let _ = out.flush();
         }
         let _ = out.write_all(&filter.line);
+        to_write.clear();
+        pieces.let_go(&mut to_write);
+        let _ = out.write_all(&to_write);
         let _ = sender.send(Message::StderrClosed);
     });
+}
+
+/// A gctrace line as the Go runtime writes it (runtime/mgc.go prints each
+/// argument with its own write(2)): its literal pieces in order, each
+/// with whether a number comes before it and which may follow.
+const GCTRACE_STEPS: &[(&[u8], bool, &[usize])] = &[
+    (b"gc ", false, &[1]),
+    (b" @", true, &[2]),
+    (b"s ", true, &[3, 4]),
+    (b"%: ", true, &[6]),
+    (b"%", true, &[5]),
+    (b": ", false, &[6]),
+    (b"+", true, &[7]),
+    (b"+", true, &[8]),
+    (b" ms clock, ", true, &[9]),
+    (b"+", true, &[10]),
+    (b"/", true, &[11]),
+    (b"/", true, &[12]),
+    (b"+", true, &[13]),
+    (b" ms cpu, ", true, &[14]),
+    (b"->", true, &[15]),
+    (b"->", true, &[16]),
+    (b" MB, ", true, &[17]),
+    (b" MB goal, ", true, &[18, 20]),
+    (b" MB stacks, ", true, &[19]),
+    (b" MB globals, ", true, &[20]),
+    (b" P", true, &[21, 22]),
+    (b" (forced)", false, &[22]),
+    (b"\n", false, &[]),
+];
+
+/// Splits stderr read one write at a time: the runtime's pieces of a
+/// gctrace line, from its "gc " to its newline, are held and parsed
+/// together; every other write passes on at once, in its place among
+/// them. A write fits the line only as its next piece, so the program's
+/// own writes in between (a bare newline included) are told apart.
+#[derive(Default)]
+struct GctracePieces {
+    strip: bool,
+    /// The pieces of the gctrace line being written, if one is.
+    held: Vec<Vec<u8>>,
+    /// The last literal piece's step, and whether a number followed it.
+    step: usize,
+    number_seen: bool,
+    /// Writes since the line began: a line never finished is let go.
+    writes: usize,
+}
+
+impl GctracePieces {
+    const PATIENCE_WRITES: usize = 512;
+
+    fn feed(&mut self, packet: &[u8], out: &mut Vec<u8>, mut gc: impl FnMut(gctrace::GcLine)) {
+        if self.held.is_empty() {
+            // A runtime that writes the whole line at once.
+            if packet.starts_with(b"gc ") && packet.ends_with(b"\n") && !packet[..packet.len() - 1].contains(&b'\n') {
+                if let Some(line) = gctrace::parse(&String::from_utf8_lossy(&packet[..packet.len() - 1])) {
+                    gc(line);
+                    if !self.strip {
+                        out.extend_from_slice(packet);
+                    }
+                    return;
+                }
+            }
+            if packet != b"gc " {
+                out.extend_from_slice(packet);
+                return;
+            }
+            (self.step, self.number_seen, self.writes) = (0, false, 0);
+        } else if !self.fits(packet) {
+            out.extend_from_slice(packet);
+            self.writes += 1;
+            if self.writes > Self::PATIENCE_WRITES {
+                self.let_go(out);
+            }
+            return;
+        }
+        if !self.strip {
+            // The user reads gctrace too: every write in its place, as plain.
+            out.extend_from_slice(packet);
+        }
+        self.held.push(packet.to_vec());
+        if packet == b"\n" {
+            let line = self.held.concat();
+            self.held.clear();
+            match gctrace::parse(&String::from_utf8_lossy(&line[..line.len() - 1])) {
+                Some(parsed) => gc(parsed),
+                None if self.strip => out.extend_from_slice(&line),
+                None => {}
+            }
+        }
+    }
+
+    /// Whether `packet` is the line's next piece; moves on if so.
+    fn fits(&mut self, packet: &[u8]) -> bool {
+        let is_number = !packet.is_empty() && packet.iter().all(|&b| b.is_ascii_digit() || b == b'.');
+        let next = GCTRACE_STEPS[self.step].2;
+        if is_number {
+            let wanted = !self.number_seen && next.iter().any(|&step| GCTRACE_STEPS[step].1);
+            self.number_seen |= wanted;
+            return wanted;
+        }
+        match next.iter().find(|&&step| GCTRACE_STEPS[step].0 == packet && GCTRACE_STEPS[step].1 == self.number_seen) {
+            Some(&step) => {
+                (self.step, self.number_seen) = (step, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives up on a line (its pieces go out as they were, when stripped).
+    fn let_go(&mut self, out: &mut Vec<u8>) {
+        if self.strip {
+            out.extend_from_slice(&self.held.concat());
+        }
+        self.held.clear();
+    }
 }
 
 /// Splits stderr into lines as it comes. Complete lines go out at once
@@ -554,5 +699,52 @@ mod tests {
     fn a_partial_line_that_may_be_gctrace_is_held_until_it_ends() {
         let (out, _, held) = run(true, &["gc 12 @0.5"]);
         assert_eq!((out[0].as_str(), held.as_str()), ("", "gc 12 @0.5"));
+    }
+
+    /// The pieces go1.26's runtime wrote one gctrace line in (strace).
+    const GC_PIECES: &[&str] = &[
+        "gc ", "1", " @", "0.008", "s ", "16", "%", ": ", "2.6", "+", "0.62", "+", "0.005", " ms clock, ", "5.2", "+", "0.008", "/", "0.84", "/", "0", "+",
+        "0.011", " ms cpu, ", "3", "->", "4", "->", "4", " MB, ", "4", " MB goal, ", "0", " MB stacks, ", "0", " MB globals, ", "2", " P", "\n",
+    ];
+
+    fn run_packets(strip: bool, packets: &[&str]) -> (String, Vec<gctrace::GcLine>) {
+        let mut pieces = GctracePieces { strip, ..GctracePieces::default() };
+        let (mut out, mut gcs) = (Vec::new(), Vec::new());
+        for packet in packets {
+            pieces.feed(packet.as_bytes(), &mut out, |gc| gcs.push(gc));
+        }
+        pieces.let_go(&mut out);
+        (String::from_utf8(out).unwrap(), gcs)
+    }
+
+    #[test]
+    fn gctrace_pieces_are_taken_out_from_between_the_programs_own_writes() {
+        // The program's writes, a bare newline and a number among them.
+        let program = ["p108 ", "\n", "p109 ", "Name? ", "gc is fun\n", "12 ", "\n", "done"];
+        let mut packets: Vec<&str> = Vec::new();
+        for (i, piece) in GC_PIECES.iter().enumerate() {
+            packets.push(piece);
+            if i % 4 == 1 && i / 4 < program.len() {
+                packets.push(program[i / 4]);
+            }
+        }
+        let (out, gcs) = run_packets(true, &packets);
+        assert_eq!(out, program.concat());
+        assert_eq!(gcs.len(), 1);
+        assert_eq!((gcs[0].number, gcs[0].heap_start_mb, gcs[0].live_mb, gcs[0].goal_mb, gcs[0].procs), (1, 3, 4, 4, 2));
+    }
+
+    #[test]
+    fn gctrace_pieces_stay_in_place_when_the_user_asked() {
+        let packets = [&["a "][..], &GC_PIECES[..5], &["b "], &GC_PIECES[5..]].concat();
+        let (out, gcs) = run_packets(false, &packets);
+        assert_eq!(out, packets.concat());
+        assert_eq!(gcs.len(), 1);
+    }
+
+    #[test]
+    fn a_gctrace_line_written_at_once_and_a_false_start() {
+        let (out, gcs) = run_packets(true, &["x\n", GC, "gc ", "is fun\n"]);
+        assert_eq!((out.as_str(), gcs.len()), ("x\nis fun\ngc ", 1), "a lone \"gc \" is held until the end");
     }
 }
