@@ -127,7 +127,7 @@ fn a_program_no_remedy_helps_is_within_noise() {
     let (_tmp, dir) = tempdir();
     let program = compile(&dir, "holds_live.c");
     let c = compare_json(&dir, &["--only", "arena-max-2,trim", "--", arg(&program)]);
-    let names: Vec<&str> = c["configs"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = c["configs"].as_array().unwrap().iter().filter(|c| c["available"] == true).map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["glibc", "arena-max-2", "trim"]);
     // All hold the same 32 MiB: the kernel's figure within a few percent.
     for name in names {
@@ -280,4 +280,70 @@ fn no_command_is_a_usage_error() {
     let out = memgap(&dir, &["compare", "--repeat", "2"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("Usage: memgap compare"), "{}", text(&out.stderr));
+}
+
+/// `compare --remedies TRACE` runs the remedies the trace's ledger names
+/// against the program as it is, keeps what each measured beside the trace,
+/// and the trace's ledger then puts the measured ones first and recommends
+/// none that did not measure lower.
+#[test]
+fn remedies_of_a_trace_are_measured_and_rank_the_ledgers_remedies() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "thread_churn.c");
+    let recorded = memgap(&dir, &["run", "-q", "-o", "t.mgt", "--", arg(&program)]);
+    assert!(recorded.status.success(), "{}", text(&recorded.stderr));
+    let ledger = |dir: &Path| -> Value {
+        let out = memgap(dir, &["ledger", "--json", "t.mgt"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let before = ledger(&dir);
+    let offered: Vec<&Value> = before["remedies"].as_array().unwrap().iter().collect();
+    assert!(offered.iter().all(|r| r.get("measured").is_none()), "{before:#}");
+    let runnable: Vec<&str> = offered.iter().filter(|r| r["env"].as_object().is_some_and(|e| !e.is_empty())).map(|r| r["id"].as_str().unwrap()).collect();
+    assert!(runnable.contains(&"glibc-trim"), "{:#}", before["remedies"]);
+
+    let c = compare_json(&dir, &["--repeat", "2", "--remedies", "t.mgt", "--", arg(&program)]);
+    let names: Vec<&str> = c["configs"].as_array().unwrap().iter().filter(|c| c["available"] == true).map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "default");
+    assert_eq!(&names[1..], &runnable[..], "one configuration per remedy, in the ledger's order");
+    let default = steady(config(&c, "default"));
+    // 8 arenas keep ~64 MiB of freed strings; the trim library returns them.
+    assert!(steady(config(&c, "glibc-trim")) < 0.5 * default, "{c:#}");
+
+    let kept = dir.join("t.remedies.json");
+    let mode = std::fs::metadata(&kept).unwrap_or_else(|e| panic!("{}: {e}; notes {:#}", kept.display(), c["notes"]));
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+
+    let after = ledger(&dir);
+    let remedies = after["remedies"].as_array().unwrap();
+    assert_eq!(remedies.len(), offered.len(), "{after:#}");
+    let mut group = 0;
+    for remedy in remedies {
+        let id = remedy["id"].as_str().unwrap();
+        let measured = &remedy["measured"];
+        let this_group = match measured["outcome"].as_str() {
+            Some("lower") => 0,
+            None => 1,
+            Some(_) => 2,
+        };
+        assert!(this_group >= group, "measured-lower remedies first, then those not measured, then the others: {remedies:#?}");
+        group = this_group;
+        if runnable.contains(&id) {
+            // What compare measured, as it measured it.
+            assert_eq!(measured["bytes"].as_f64().unwrap(), steady(config(&c, id)), "{remedy:#}");
+            assert_eq!(measured["default_bytes"].as_f64().unwrap(), default, "{remedy:#}");
+            assert_eq!(measured["metric"], "steady");
+        } else {
+            assert!(measured.is_null(), "{remedy:#}");
+        }
+    }
+    assert_eq!(remedies[0]["measured"]["outcome"], "lower", "{remedies:#?}");
+    let verdict = after["verdict"].as_str().unwrap();
+    let tries = verdict.split(" Measured with memgap compare and not recommended").next().unwrap();
+    for remedy in remedies.iter().filter(|r| r["measured"]["outcome"].as_str().is_some_and(|o| o != "lower")) {
+        assert!(!tries.contains(remedy["description"].as_str().unwrap()), "the verdict recommends {} which measured {}: {verdict}", remedy["id"], remedy["measured"]["outcome"]);
+        assert!(verdict.contains(remedy["id"].as_str().unwrap()), "{verdict}");
+    }
+    assert!(tries.contains("(measured: steady RSS"), "{verdict}");
 }

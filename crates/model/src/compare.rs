@@ -6,6 +6,7 @@
 //! The runs are measured from outside (crate `memgap-measure`); this module
 //! only computes, so every rule here is testable without running anything.
 
+pub mod measured;
 pub mod output;
 
 use serde::Serialize;
@@ -276,7 +277,7 @@ impl ConfigResult {
         }
     }
 
-    fn metric_range(&self, metric: Metric) -> Option<Range> {
+    pub(crate) fn metric_range(&self, metric: Metric) -> Option<Range> {
         self.spread.map(|s| match metric {
             Metric::Peak => s.peak_rss_bytes,
             Metric::Steady => s.steady_rss_bytes,

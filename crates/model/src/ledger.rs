@@ -237,6 +237,9 @@ pub struct Ledger {
     /// LazyFree of mappings no owner took: in the lazy_free row, in no share.
     #[serde(skip)]
     pub unowned_lazy_free_bytes: u64,
+    /// What `memgap compare --remedies` measured of the remedies, if it ran.
+    #[serde(skip)]
+    pub measured_remedies: Option<std::sync::Arc<crate::compare::measured::RemedyMeasurements>>,
     #[serde(skip)]
     pub page_maps: Vec<PageMap>,
     /// Per call stack (when asked for): what its live blocks take and cost.
@@ -538,6 +541,9 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     let mut remedies: Vec<Remedy> = present.iter().flat_map(|o| o.remedies(ledger, &findings)).collect();
     // Best first: most saved; on a tie, one that needs no change to the code.
     remedies.sort_by(|a, b| b.expected_savings_bytes.cmp(&a.expected_savings_bytes).then(a.env.is_empty().cmp(&b.env.is_empty())).then(a.id.cmp(b.id)));
+    if let Some(measured) = &ledger.measured_remedies {
+        crate::compare::measured::rank(&mut remedies, measured);
+    }
     ledger.findings = findings;
     ledger.remedies = remedies;
     // The verdict is the one of the owner holding most of the gap; rows no
@@ -842,11 +848,7 @@ pub fn other_sentence(l: &Ledger, share: f64, bytes: u64) -> String {
 
 /// " To try: …" with the ledger's remedies, best first (empty without).
 pub fn remedies_sentence(l: &Ledger) -> String {
-    if l.remedies.is_empty() {
-        return String::new();
-    }
-    let tries: Vec<String> = l.remedies.iter().take(3).map(|r| r.description.clone()).collect();
-    format!(" To try: {}.", tries.join("; "))
+    crate::compare::measured::remedies_sentence(&l.remedies)
 }
 
 #[cfg(test)]

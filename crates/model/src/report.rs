@@ -242,6 +242,7 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     let outcome = replay(path, &mut v)?;
     let timeline = &outcome.timeline;
     v.owners.replayed(timeline);
+    v.owners.measured_remedies = crate::compare::measured::read_beside(path).map(std::sync::Arc::new);
     let snapshots: Vec<Ledger> = v
         .ledgers
         .drain(..)

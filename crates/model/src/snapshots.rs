@@ -183,6 +183,7 @@ fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: 
     });
     let mut owners = visitor.owners;
     owners.replayed(&outcome.timeline);
+    owners.measured_remedies = crate::compare::measured::read_beside(path).map(std::sync::Arc::new);
     let ledgers = visitor
         .ledgers
         .into_iter()

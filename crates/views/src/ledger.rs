@@ -145,11 +145,15 @@ fn remedies(l: &Ledger) -> String {
         return out;
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "  remedies, best first (expected savings):");
+    let measured = l.remedies.iter().any(|r| r.measured.is_some());
+    let _ = writeln!(out, "  remedies, best first (expected savings{}):", if measured { "; measured with memgap compare" } else { "" });
     for r in &l.remedies {
         let env: Vec<String> = r.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let how = if env.is_empty() { "a change to the program".to_string() } else { env.join(" ") };
         let _ = writeln!(out, "  {:>10}  {} [{}]", bytes(r.expected_savings_bytes), r.id, how);
+        if let Some(m) = &r.measured {
+            let _ = writeln!(out, "  {:>10}  measured: {} RSS {} → {} ({}, {} runs)", "", m.metric, bytes(m.default_bytes), bytes(m.bytes), m.outcome.name(), m.runs);
+        }
     }
     out
 }

@@ -149,12 +149,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !noise.is_empty() {
         comparison.notes.push(format!("text matching --output-regex was left out of the stdout comparison ({})", args.output_regex.join(", ")));
     }
+    if let Some(trace) = &args.remedies {
+        let note = keep_measurements(trace, &comparison);
+        comparison.notes.push(note);
+    }
     if args.json {
         output::print(&(memgap_views::json::to_string(&comparison) + "\n"))?;
     } else {
         output::print(&memgap_views::compare::compare(&comparison, args.show_diff))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes what each remedy did beside the trace, where the trace's ledger
+/// reads it back: its verdict then never recommends one that measured
+/// worse. Returns the note saying where, or why not: a failure to write
+/// does not undo the comparison.
+fn keep_measurements(trace: &std::path::Path, comparison: &compare::Comparison) -> String {
+    let measured = compare::measured::measurements(comparison);
+    let path = compare::measured::path_beside(trace);
+    let text = serde_json::to_string_pretty(&measured).expect("plain structs always serialize");
+    match memgap_trace::files::write_replacing(&path, |file| std::io::Write::write_all(file, text.as_bytes())) {
+        Ok(()) => format!("what each remedy measured is kept in {}: the ledger of {} ranks its remedies by it", path.display(), trace.display()),
+        Err(error) => format!("could not keep the measurements in {}: {error}", path.display()),
+    }
 }
 
 /// The remedies the trace's ledger names at its RSS peak.

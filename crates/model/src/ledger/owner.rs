@@ -51,11 +51,14 @@ pub struct Remedy {
     pub description: String,
     pub env: BTreeMap<String, String>,
     pub expected_savings_bytes: u64,
+    /// What `memgap compare --remedies` measured of it, when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<crate::compare::measured::Measured>,
 }
 
 impl Remedy {
     pub fn new(id: &'static str, owner: &'static str, description: impl Into<String>, env: &[(&str, &str)], expected_savings_bytes: u64) -> Remedy {
-        Remedy { id, owner, description: description.into(), env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), expected_savings_bytes }
+        Remedy { id, owner, description: description.into(), env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), expected_savings_bytes, measured: None }
     }
 }
 

@@ -33,11 +33,13 @@ pub fn registered() -> Vec<Box<dyn HeapOwner>> {
 pub struct Owners {
     pub list: Vec<Box<dyn HeapOwner>>,
     start_monotonic_ns: Option<u64>,
+    /// What `memgap compare --remedies` measured beside the trace.
+    pub measured_remedies: Option<std::sync::Arc<crate::compare::measured::RemedyMeasurements>>,
 }
 
 impl Default for Owners {
     fn default() -> Owners {
-        Owners { list: registered(), start_monotonic_ns: None }
+        Owners { list: registered(), start_monotonic_ns: None, measured_remedies: None }
     }
 }
 
@@ -81,6 +83,7 @@ impl Owners {
         for owner in self.list.iter().filter(|o| o.present()) {
             owner.annotate(ledger, monotonic_ns);
         }
+        ledger.measured_remedies = self.measured_remedies.clone();
         ledger::finish(ledger, &self.list);
     }
 

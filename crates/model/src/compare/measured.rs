@@ -1,0 +1,223 @@
+//! What `memgap compare --remedies TRACE` measured of each remedy, kept
+//! beside the trace (`<stem>.remedies.json`) so the trace's ledger ranks its
+//! remedies by what they did, not only by what they were expected to do,
+//! and its verdict never recommends one that measured worse.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Comparison, ConfigResult, MEANINGFUL_SAVING, Metric, Range};
+
+/// Larger files beside a trace are not ours.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// How a remedy's run compared with the program as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Lower by more than the default's own spread and 5 %.
+    Lower,
+    #[serde(rename = "within noise")]
+    WithinNoise,
+    /// Higher by more than the default's own spread and 5 %.
+    Higher,
+    /// Its output or exit status differs from the default's.
+    Differs,
+    /// It did not run, or gave no figure.
+    Failed,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Lower => "lower",
+            Outcome::WithinNoise => "within noise",
+            Outcome::Higher => "higher",
+            Outcome::Differs => "differs",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// One remedy as measured: the median of the comparison's metric under it
+/// and without it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    pub metric: String,
+    pub default_bytes: u64,
+    pub bytes: u64,
+    pub runs: usize,
+    pub outcome: Outcome,
+}
+
+impl Measured {
+    /// Bytes it saved (0 when it did not lower the metric).
+    pub fn saved_bytes(&self) -> u64 {
+        self.default_bytes.saturating_sub(self.bytes)
+    }
+}
+
+/// The file `memgap compare --remedies` writes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RemedyMeasurements {
+    pub command: Vec<String>,
+    /// Remedy id → what it did.
+    pub remedies: Vec<(String, Measured)>,
+}
+
+impl RemedyMeasurements {
+    pub fn of(&self, id: &str) -> Option<&Measured> {
+        self.remedies.iter().find(|(name, _)| name == id).map(|(_, measured)| measured)
+    }
+}
+
+/// The remedies of a comparison made with `--remedies` (every configuration
+/// but the default, which comes first), judged as `recommend` judges them.
+pub fn measurements(comparison: &Comparison) -> RemedyMeasurements {
+    let metric = comparison.metric;
+    let mut out = RemedyMeasurements { command: comparison.command.clone(), remedies: Vec::new() };
+    let Some(base) = comparison.configs.first() else { return out };
+    let Some(base_value) = base.metric(metric) else { return out };
+    let base_range = base.metric_range(metric).unwrap_or(Range { min: base_value as f64, max: base_value as f64 });
+    let noise = (MEANINGFUL_SAVING * base_value as f64).max(base_range.width());
+    for config in comparison.configs.iter().skip(1).filter(|c| c.available) {
+        out.remedies.push((config.name.clone(), judge(config, metric, base_value, noise)));
+    }
+    out
+}
+
+fn judge(config: &ConfigResult, metric: Metric, base_value: u64, noise: f64) -> Measured {
+    let value = config.metric(metric);
+    let outcome = match value {
+        None => Outcome::Failed,
+        Some(_) if config.output_differs || config.exit_differs => Outcome::Differs,
+        Some(v) if base_value as f64 - v as f64 > noise => Outcome::Lower,
+        Some(v) if v as f64 - base_value as f64 > noise => Outcome::Higher,
+        Some(_) => Outcome::WithinNoise,
+    };
+    Measured { metric: metric.name().to_string(), default_bytes: base_value, bytes: value.unwrap_or(0), runs: config.repeats, outcome }
+}
+
+/// `<trace stem>.remedies.json` beside the trace.
+pub fn path_beside(trace: &Path) -> PathBuf {
+    let stem = trace.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "memgap".into());
+    trace.with_file_name(format!("{stem}.remedies.json"))
+}
+
+/// The measurements kept beside `trace`, if a readable file of ours is there.
+pub fn read_beside(trace: &Path) -> Option<RemedyMeasurements> {
+    let file = memgap_trace::files::open_regular(&path_beside(trace)).ok()?;
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES).read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Puts what was measured on each remedy and orders them: those measured
+/// lower first (most saved first), then those not measured (in their
+/// expected order), then those that measured no gain.
+pub fn rank(remedies: &mut [crate::ledger::Remedy], measurements: &RemedyMeasurements) {
+    for remedy in remedies.iter_mut() {
+        remedy.measured = measurements.of(remedy.id).cloned();
+    }
+    let group = |r: &crate::ledger::Remedy| match &r.measured {
+        Some(m) if m.outcome == Outcome::Lower => 0,
+        None => 1,
+        Some(_) => 2,
+    };
+    remedies.sort_by(|a, b| {
+        group(a).cmp(&group(b)).then_with(|| match (&a.measured, &b.measured) {
+            (Some(x), Some(y)) if group(a) == 0 => y.saved_bytes().cmp(&x.saved_bytes()),
+            _ => std::cmp::Ordering::Equal,
+        })
+    });
+}
+
+/// Whether the verdict may recommend it: not measured, or measured lower.
+pub fn recommendable(remedy: &crate::ledger::Remedy) -> bool {
+    remedy.measured.as_ref().is_none_or(|m| m.outcome == Outcome::Lower)
+}
+
+/// " To try: …" with the best three remedies that did not measure worse,
+/// and what `memgap compare --remedies` measured of them and of the others
+/// (empty without remedies).
+pub fn remedies_sentence(remedies: &[crate::ledger::Remedy]) -> String {
+    let b = crate::human_bytes;
+    let figure = |m: &Measured| format!("{} RSS {} → {}", m.metric, b(m.default_bytes), b(m.bytes));
+    let tries: Vec<String> = remedies
+        .iter()
+        .filter(|r| recommendable(r))
+        .take(3)
+        .map(|r| match &r.measured {
+            Some(m) => format!("{} (measured: {})", r.description, figure(m)),
+            None => r.description.clone(),
+        })
+        .collect();
+    let mut text = if tries.is_empty() { String::new() } else { format!(" To try: {}.", tries.join("; ")) };
+    let rejected: Vec<String> = remedies.iter().filter(|r| !recommendable(r)).filter_map(|r| r.measured.as_ref().map(|m| format!("{} ({}, {})", r.id, figure(m), m.outcome.name()))).collect();
+    if !rejected.is_empty() {
+        text.push_str(&format!(" Measured with memgap compare and not recommended: {}.", rejected.join("; ")));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ConfigSpec, Options, RssSample, Run, Stdout, compare};
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Three runs holding `steady` bytes, printing `output`.
+    fn runs(steady: u64, output: &str) -> Vec<Run> {
+        let samples: Vec<RssSample> = (0..100).map(|i| RssSample { seconds: i as f64 / 100.0, rss_bytes: steady }).collect();
+        let run = Run { samples, wall_seconds: 1.0, cpu_seconds: 1.0, max_rss_bytes: steady, stdout: Stdout::Lines(vec![output.to_string()]), stdout_hash: output.len() as u64, ..Run::default() };
+        vec![run.clone(), run.clone(), run]
+    }
+
+    #[test]
+    fn judged_against_the_defaults_noise() {
+        let configs = [("default", 100 * MIB, "ok"), ("glibc-trim", 20 * MIB, "ok"), ("glibc-arena-max", 110 * MIB, "ok"), ("glibc-trim-threshold", 98 * MIB, "ok"), ("odd", 10 * MIB, "not ok")];
+        let specs = configs.iter().map(|(name, _, _)| ConfigSpec { name: name.to_string(), env: Vec::new(), package: None, available: true, note: None }).collect();
+        let comparison = compare(vec!["prog".into()], specs, configs.iter().map(|&(_, steady, output)| runs(steady, output)).collect(), Options::default());
+        let m = measurements(&comparison);
+        let outcomes: Vec<(&str, Outcome)> = m.remedies.iter().map(|(id, x)| (id.as_str(), x.outcome)).collect();
+        assert_eq!(outcomes, [("glibc-trim", Outcome::Lower), ("glibc-arena-max", Outcome::Higher), ("glibc-trim-threshold", Outcome::WithinNoise), ("odd", Outcome::Differs)]);
+        assert_eq!(m.of("glibc-trim").unwrap().saved_bytes(), 80 * MIB);
+        assert_eq!(m.of("glibc-arena-max").unwrap().saved_bytes(), 0);
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(text.contains("\"within noise\""), "{text}");
+        assert_eq!(serde_json::from_str::<RemedyMeasurements>(&text).unwrap(), m);
+    }
+
+    #[test]
+    fn named_after_the_trace() {
+        assert_eq!(path_beside(Path::new("/tmp/x/t.mgt")), Path::new("/tmp/x/t.remedies.json"));
+        assert_eq!(path_beside(Path::new("run.1234.mgt")), Path::new("run.1234.remedies.json"));
+    }
+
+    #[test]
+    fn the_verdict_never_recommends_what_measured_worse() {
+        use crate::ledger::Remedy;
+        let mut remedies = vec![
+            Remedy::new("glibc-arena-max", "glibc", "fewer arenas", &[("MALLOC_ARENA_MAX", "2")], 120 * MIB),
+            Remedy::new("glibc-trim", "glibc", "trim every second", &[("LD_PRELOAD", "libmemgap_trim.so")], 110 * MIB),
+            Remedy::new("glibc-trim-threshold", "glibc", "fixed thresholds", &[("GLIBC_TUNABLES", "x")], 10 * MIB),
+            Remedy::new("ruby-compact", "ruby", "GC.compact", &[], 5 * MIB),
+        ];
+        let measured = |bytes: u64, outcome: Outcome| Measured { metric: "steady".into(), default_bytes: 180 * MIB, bytes, runs: 3, outcome };
+        let measurements = RemedyMeasurements {
+            command: vec!["prog".into()],
+            remedies: vec![("glibc-arena-max".into(), measured(190 * MIB, Outcome::Higher)), ("glibc-trim".into(), measured(80 * MIB, Outcome::Lower)), ("glibc-trim-threshold".into(), measured(70 * MIB, Outcome::Lower))],
+        };
+        rank(&mut remedies, &measurements);
+        let order: Vec<&str> = remedies.iter().map(|r| r.id).collect();
+        assert_eq!(order, ["glibc-trim-threshold", "glibc-trim", "ruby-compact", "glibc-arena-max"]);
+        let text = remedies_sentence(&remedies);
+        let (tries, rejected) = text.split_once("not recommended").unwrap();
+        assert!(!tries.contains("fewer arenas") && tries.contains("trim every second (measured: steady RSS 180 MiB → 80.0 MiB)"), "{text}");
+        assert!(rejected.contains("glibc-arena-max (steady RSS 180 MiB → 190 MiB, higher)"), "{text}");
+        assert_eq!(remedies_sentence(&[]), "");
+    }
+}
