@@ -89,8 +89,15 @@ fn pymalloc_layer_matches_the_interpreters_own_counts() {
         assert!(u(&share["rows"]["fragmented"]) > 4 * u(&share["rows"]["live"]), "{share:#}");
         let finding = &l["findings"][0];
         assert_eq!((finding["owner"].as_str(), finding["kind"].as_str()), (Some("python"), Some("fragmented")), "{l:#}");
-        assert_eq!(l["remedies"][0]["env"]["PYTHONMALLOC"], "malloc", "{:#}", l["remedies"]);
-        assert!(l["remedies"].as_array().unwrap().iter().filter(|r| r["owner"] == "python").all(|r| r["env"].as_object().unwrap().keys().all(|k| k == "PYTHONMALLOC" || k == "LD_PRELOAD")));
+        // Survivors scattered over every pool: malloc would keep the same
+        // pages (PYTHONMALLOC=malloc measured 94 -> 117 MiB steady RSS with
+        // memgap compare), so the remedy is in the code, not the allocator.
+        let remedies = l["remedies"].as_array().unwrap();
+        assert_eq!((remedies[0]["id"].as_str(), remedies[0]["env"].as_object().map(|e| e.len())), (Some("python-object-lifetimes"), Some(0)), "{:#}", l["remedies"]);
+        let empty_pools = u(&py["empty_pool_bytes"]);
+        for r in remedies.iter().filter(|r| r["env"]["PYTHONMALLOC"] == "malloc") {
+            assert!(u(&r["expected_savings_bytes"]) <= empty_pools + u(&share["rows"]["retained"]), "{r:#} {py:#}");
+        }
         assert!(l["verdict"].as_str().unwrap().contains("pymalloc"), "{}", l["verdict"]);
     }
 }

@@ -51,6 +51,9 @@ pub struct PythonSection {
     pub free_in_used_pools_bytes: u64,
     /// Pools whose header could not be read (their pages count as fragmented).
     pub unreadable_pools: u64,
+    /// Resident bytes of empty pools in arenas that hold a used pool (part of
+    /// the fragmented row): what pymalloc keeps and malloc could give back.
+    pub empty_pool_bytes: u64,
     pub size_classes: Vec<SizeClassSection>,
 }
 
@@ -93,6 +96,7 @@ impl PythonOwner {
             section.allocated_blocks_bytes = c.allocated_blocks_bytes;
             section.free_in_used_pools_bytes = c.free_in_used_pools_bytes;
             section.unreadable_pools = c.unreadable_pools;
+            section.empty_pool_bytes = c.empty_pool_bytes;
             section.size_classes = c.size_classes.iter().map(|s| SizeClassSection { block_bytes: s.block_bytes, blocks: s.blocks, pools: s.pools, occupancy: s.occupancy() }).collect();
         }
         section
@@ -140,8 +144,21 @@ impl HeapOwner for PythonOwner {
 
     fn remedies(&self, ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
         let fragmented = finding_bytes(findings, NAME, "fragmented");
-        let kept = fragmented + finding_bytes(findings, NAME, "retained");
+        let section: Option<PythonSection> = ledger.section(NAME);
+        // What malloc could give back that pymalloc cannot: pages of empty
+        // pools and of empty arenas (malloc keeps the free blocks among
+        // survivors just the same, and adds a header to each object).
+        let kept = section.map_or(0, |s| s.empty_pool_bytes).min(fragmented) + finding_bytes(findings, NAME, "retained");
         let mut out = Vec::new();
+        if fragmented >= WORTH_TRYING {
+            out.push(Remedy::new(
+                "python-object-lifetimes",
+                NAME,
+                "keep long-lived small objects apart from short-lived ones (build caches before the churn, or in a separate process), give classes with many instances __slots__, and hold numbers in array/bytes/numpy arrays rather than lists of objects",
+                &[],
+                fragmented,
+            ));
+        }
         if kept < WORTH_TRYING {
             return out;
         }
@@ -161,15 +178,6 @@ impl HeapOwner for PythonOwner {
                 "PYTHONMALLOC=malloc with malloc_trim(0) every second (memgap run --trim-only), so glibc returns the pages the objects leave",
                 &[("PYTHONMALLOC", "malloc"), ("LD_PRELOAD", "libmemgap_trim.so")],
                 kept,
-            ));
-        }
-        if fragmented >= WORTH_TRYING {
-            out.push(Remedy::new(
-                "python-object-lifetimes",
-                NAME,
-                "keep long-lived small objects apart from short-lived ones (build caches before the churn, or in a separate process), give classes with many instances __slots__, and hold numbers in array/bytes/numpy arrays rather than lists of objects",
-                &[],
-                fragmented,
             ));
         }
         out

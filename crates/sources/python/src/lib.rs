@@ -97,6 +97,9 @@ pub struct Census {
     /// Pools whose header could not be read or made no sense (their resident
     /// bytes are in `fragmented_bytes`).
     pub unreadable_pools: u64,
+    /// The part of `fragmented_bytes` in empty pools (pymalloc never gives
+    /// their pages back while their arena holds a used pool).
+    pub empty_pool_bytes: u64,
     pub size_classes: Vec<SizeClass>,
 }
 
@@ -179,6 +182,7 @@ pub fn census(
         census.resident_bytes += resident_in(arena - arena % page_bytes, first_pool.min(arena_end)) + resident_in(tail_start.next_multiple_of(page_bytes), arena_end);
         if holds_blocks {
             census.fragmented_bytes += unused;
+            census.empty_pool_bytes += unused;
         } else {
             census.retained_bytes += unused;
         }
@@ -187,7 +191,7 @@ pub fn census(
     census
 }
 
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 16] = [
     "snapshot_time",
     "arenas",
     "arena_bytes",
@@ -203,10 +207,11 @@ const FIELDS: [&str; 15] = [
     "fragmented_bytes",
     "retained_bytes",
     "unreadable_pools",
+    "empty_pool_bytes",
 ];
 
 impl Census {
-    fn fields(&self) -> [u64; 15] {
+    fn fields(&self) -> [u64; 16] {
         [
             self.snapshot_time,
             self.arenas,
@@ -223,6 +228,7 @@ impl Census {
             self.fragmented_bytes,
             self.retained_bytes,
             self.unreadable_pools,
+            self.empty_pool_bytes,
         ]
     }
 
@@ -243,7 +249,7 @@ impl Census {
             return None;
         }
         let get = |name: &str| m.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
-        let [snapshot_time, arenas, arena_bytes, pool_bytes, resident_bytes, pools_used, pools_empty, allocated_blocks, allocated_blocks_bytes, free_in_used_pools_bytes, live_bytes, slack_bytes, fragmented_bytes, retained_bytes, unreadable_pools] =
+        let [snapshot_time, arenas, arena_bytes, pool_bytes, resident_bytes, pools_used, pools_empty, allocated_blocks, allocated_blocks_bytes, free_in_used_pools_bytes, live_bytes, slack_bytes, fragmented_bytes, retained_bytes, unreadable_pools, empty_pool_bytes] =
             FIELDS.map(get);
         let mut classes: Vec<SizeClass> = Vec::new();
         for (name, value) in &m.values {
@@ -281,6 +287,7 @@ impl Census {
             fragmented_bytes,
             retained_bytes,
             unreadable_pools,
+            empty_pool_bytes,
             size_classes: classes,
         })
     }
@@ -334,6 +341,7 @@ mod tests {
         // The empty pool sits in an arena that holds blocks: fragmented.
         assert_eq!(census.fragmented_bytes, POOL - 512 - 48 - (POOL - 48) % 512 + POOL);
         assert_eq!(census.retained_bytes, PAGE);
+        assert_eq!(census.empty_pool_bytes, POOL);
         assert_eq!(census.live_bytes + census.slack_bytes + census.fragmented_bytes + census.retained_bytes, census.resident_bytes);
         assert_eq!(census.size_classes.iter().map(|c| (c.block_bytes, c.blocks, c.pools)).collect::<Vec<_>>(), vec![(64, full, 1), (512, 1, 1)]);
         assert!((census.size_classes[0].occupancy() - 1.0).abs() < 1e-9);
