@@ -491,3 +491,23 @@ fn a_slow_recorder_bounds_memory_and_loses_nothing_silently() {
     assert!(recorded + dropped >= 6_000_000, "recorded {recorded} + dropped {dropped}: {s:#}");
     assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
 }
+
+/// A program growing at up to 1 GiB/s (as fast as the machine lets it)
+/// moves RSS while each snapshot is read: every snapshot's rows, peaks
+/// included, lie within 2 % of VmRSS read just before and just after.
+#[test]
+fn snapshots_of_a_program_growing_fast_add_up() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "grow_fast.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0.05", "-o", arg(&trace), "--", arg(&prog), "768", "1024"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    let points = timeline.as_array().unwrap();
+    let peaks = points.iter().filter(|p| p["snapshot_reason"] == "rss peak").count();
+    assert!(peaks >= 5, "{peaks} peak snapshots");
+    for point in points {
+        let (rss, residual) = (point["rss_bytes"].as_u64().unwrap(), point["residual_bytes"].as_i64().unwrap());
+        assert!(residual.unsigned_abs() * 50 <= rss.max(1 << 20), "residual {residual} of {rss} at {:.3} s ({}), RSS moved {} meanwhile", point["at_seconds"], point["snapshot_reason"], point["rss_moved_bytes"]);
+    }
+}

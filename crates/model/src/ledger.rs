@@ -202,8 +202,13 @@ pub struct Ledger {
     pub snapshot_reason: &'static str,
     pub rss_bytes: u64,
     pub rows: Rows,
-    /// rss_bytes − the sum of the rows (mappings can change while smaps is read).
+    /// What VmRSS before and after the snapshot cannot explain: how far the
+    /// sum of the rows (read in between) lies outside the two readings; the
+    /// distance to rss_bytes when they agree.
     pub residual_bytes: i64,
+    /// VmRSS after the snapshot minus before: how far RSS moved while it
+    /// was read (recorders retry when it moved by more than 1 %).
+    pub rss_moved_bytes: i64,
     /// Allocator address space not resident (returned to the kernel, or never touched).
     pub released_bytes: u64,
     /// Retained bytes malloc_trim(0) would return now (whole free pages inside
@@ -284,6 +289,21 @@ struct BlockExtent {
     stack: u32,
 }
 
+/// How far `rows` lies outside VmRSS read before and after the snapshot
+/// (`after` = `before` + `moved`): its pages are read in between, so any
+/// sum between the two readings is consistent.
+fn residual(after: u64, moved: i64, rows: u64) -> i64 {
+    let before = (after as i64 - moved).max(0) as u64;
+    let (low, high) = (before.min(after), before.max(after));
+    if rows < low {
+        (low - rows) as i64
+    } else if rows > high {
+        -((rows - high) as i64)
+    } else {
+        0
+    }
+}
+
 pub fn reason_name(reason: SnapshotReason) -> &'static str {
     match reason {
         SnapshotReason::Periodic => "periodic",
@@ -315,6 +335,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
         snapshot_reason: reason_name(snapshot.reason),
         allocator: state.allocator.clone(),
         snapshot_cost_ms: snapshot.cost_ns as f64 / 1e6,
+        rss_moved_bytes: if snapshot.vm_rss_after > 0 && snapshot.rss.vm_rss > 0 { snapshot.vm_rss_after as i64 - snapshot.rss.vm_rss as i64 } else { 0 },
         ..Ledger::default()
     };
     // Owners that know their mappings take them first.
@@ -534,7 +555,7 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     }
     ledger.rows = rows;
     ledger.released_bytes = released;
-    ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
+    ledger.residual_bytes = residual(ledger.rss_bytes, ledger.rss_moved_bytes, rows.total());
     let present: Vec<&dyn HeapOwner> = owners.iter().filter(|o| o.present()).map(|o| o.as_ref()).collect();
     let mut findings: Vec<Finding> = present.iter().flat_map(|o| o.findings(ledger)).collect();
     findings.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.kind.cmp(b.kind)));

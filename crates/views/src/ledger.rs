@@ -59,6 +59,15 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
         signed_bytes(l.residual_bytes),
         percent(l.residual_bytes.unsigned_abs(), l.rss_bytes)
     );
+    if l.rss_moved_bytes.unsigned_abs() * 100 > l.rss_bytes {
+        let before = (l.rss_bytes as i64 - l.rss_moved_bytes).max(0) as u64;
+        let _ = writeln!(
+            out,
+            "  RSS moved from {} to {} while this snapshot was read: the rows are checked against both.",
+            bytes(before),
+            bytes(l.rss_bytes)
+        );
+    }
     let _ = writeln!(out);
     match l.section::<memgap_model::GoLedger>("go") {
         Some(go) => out.push_str(&crate::go::section(&go)),

@@ -30,6 +30,10 @@ use super::placement::Placer;
 
 const FLUSH_BYTES: usize = 512 * 1024;
 const FLUSH_INTERVAL_NS: u64 = 100_000_000;
+/// Readings of a snapshot at most, while RSS moves by more than 1 % during one…
+const SNAPSHOT_ATTEMPTS: usize = 3;
+/// …and while the snapshot has taken less than this.
+const SNAPSHOT_RETRY_BUDGET_NS: u64 = 50_000_000;
 /// A program's malloc_trim gets a snapshot after it, but no sooner than this
 /// after the previous snapshot, nor than ten times that snapshot's cost: a
 /// program trimming in a loop must not keep the recorder snapshotting.
@@ -710,24 +714,43 @@ impl ProcessRecorder {
         self.trims_seen = self.header().trims.load(Acquire);
         self.last_snapshot_after_trim = std::mem::take(&mut self.trim_snapshot_pending);
         let started_ns = monotonic_ns();
-        // Events from here on are later than the snapshot; those stamped
-        // before the advance, earlier.
-        let time = self.header().clock.0.fetch_add(1, AcqRel);
         let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-        self.read_smaps();
-        let mut mappings = memgap_trace::smaps::parse_smaps(&self.smaps);
-        let pagemap = File::open(format!("/proc/{}/pagemap", self.pid)).ok();
-        for mapping in mappings.iter_mut().filter(|m| m.is_private_writable_anonymous()) {
-            self.beat();
-            mapping.residency = match &pagemap {
-                Some(pagemap) => residency_of(pagemap, mapping.start, mapping.end, page_size, &mut self.pagemap_entries),
-                None => Residency::Unknown,
-            };
+        // VmRSS is read right before and right after the pages, so the
+        // rows can be checked against both; a program moving RSS by more
+        // than 1 % meanwhile gets a second and third reading, and the
+        // closest is kept (the ledger says how far RSS moved).
+        let mut best: Option<(u64, Rss, u64, Vec<memgap_trace::records::Mapping>)> = None;
+        for _attempt in 0..SNAPSHOT_ATTEMPTS {
+            let before = self.read_status();
+            let before = if before.vm_rss > 0 { before } else { rss };
+            // Events from here on are later than the snapshot; those
+            // stamped before the advance, earlier.
+            let time = self.header().clock.0.fetch_add(1, AcqRel);
+            self.read_smaps();
+            let mut mappings = memgap_trace::smaps::parse_smaps(&self.smaps);
+            let pagemap = File::open(format!("/proc/{}/pagemap", self.pid)).ok();
+            for mapping in mappings.iter_mut().filter(|m| m.is_private_writable_anonymous()) {
+                self.beat();
+                mapping.residency = match &pagemap {
+                    Some(pagemap) => residency_of(pagemap, mapping.start, mapping.end, page_size, &mut self.pagemap_entries),
+                    None => Residency::Unknown,
+                };
+            }
+            let after = self.read_status().vm_rss;
+            let moved = after.abs_diff(before.vm_rss);
+            let better = best.as_ref().is_none_or(|(_, best_before, best_after, _)| moved < best_after.abs_diff(best_before.vm_rss));
+            if better {
+                best = Some((time, before, after, mappings));
+            }
+            let steady = moved * 100 <= after.max(1);
+            if steady || monotonic_ns() - started_ns > SNAPSHOT_RETRY_BUDGET_NS {
+                break;
+            }
         }
+        let (time, before, vm_rss_after, mappings) = best.expect("one attempt at least");
         let agent_ranges = self.agent_ranges();
         let python = super::python::census_of(self.pid, self.header(), time, &mappings, page_size);
-        let vm_rss_after = self.read_status().vm_rss;
-        let snapshot = Snapshot { time, reason, rss: Rss { time, ..rss }, vm_rss_after, page_size, mappings, agent_ranges, cost_ns: monotonic_ns() - started_ns };
+        let snapshot = Snapshot { time, reason, rss: Rss { time, ..before }, vm_rss_after, page_size, mappings, agent_ranges, cost_ns: monotonic_ns() - started_ns };
         self.last_snapshot_ns = monotonic_ns();
         self.last_snapshot_cost_ns = snapshot.cost_ns;
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
