@@ -140,13 +140,13 @@ pub struct GlibcTrimModel {
     homeless: FxHashSet<u32>,
     /// Pages the program's last malloc_trim left resident where the model
     /// says trim would release them.
-    untrimmable_pages: FxHashSet<u64>,
+    untrimmable_pages: ByteRanges,
     /// A malloc_trim call was recorded: the next snapshot shows what it left.
     trim_pending: bool,
     /// VmRSS before and after that call.
     trim_rss: (u64, u64),
     /// Pages freed since that call (they were not the trim's to return).
-    freed_since_trim: FxHashSet<u64>,
+    freed_since_trim: ByteRanges,
 }
 
 impl GlibcTrimModel {
@@ -159,7 +159,7 @@ impl GlibcTrimModel {
     pub fn trim_called(&mut self, rss_before: u64, rss_after: u64) {
         self.trim_pending = true;
         self.trim_rss = (rss_before, rss_after);
-        self.freed_since_trim.clear();
+        self.freed_since_trim = ByteRanges::default();
     }
 
     /// Follows one heap event of a glibc program (`change`: what it did to the live set).
@@ -272,14 +272,11 @@ impl GlibcTrimModel {
         if self.untrimmable_pages.is_empty() && !self.trim_pending {
             return;
         }
-        // Pages are 4 KiB or larger: marking in 4 KiB steps covers them all.
-        let mut at = start & !4095;
-        while at < end {
-            self.untrimmable_pages.remove(&(at >> 12));
-            if self.trim_pending {
-                self.freed_since_trim.insert(at >> 12);
-            }
-            at += 4096;
+        // Pages are 4 KiB or larger: 4 KiB granules cover them all.
+        let (start, end) = (start & !4095, end.saturating_add(4095) & !4095);
+        self.untrimmable_pages.remove(start, end);
+        if self.trim_pending {
+            self.freed_since_trim.insert(start, end);
         }
     }
 
@@ -341,7 +338,12 @@ impl GlibcTrimModel {
 
     /// Whether the page at `start` is one the program's last malloc_trim left.
     pub fn left_by_last_trim(&self, start: u64) -> bool {
-        !self.untrimmable_pages.is_empty() && self.untrimmable_pages.contains(&(start >> 12))
+        !self.untrimmable_pages.is_empty() && self.untrimmable_pages.contains(start)
+    }
+
+    /// Where the pages the last malloc_trim left start and end within `[start, end)`.
+    pub fn left_by_last_trim_edges(&self, start: u64, end: u64) -> Vec<u64> {
+        self.untrimmable_pages.ranges.range(..end).rev().take_while(|&(_, &e)| e > start).flat_map(|(&s, &e)| [s, e]).collect()
     }
 
     /// Whether a malloc_trim call waits for the snapshot that shows what it left.
@@ -358,22 +360,18 @@ impl GlibcTrimModel {
         before <= after + (1 << 20) || rss < before / 2 + after / 2
     }
 
-    /// After a malloc_trim call: `resident_trimmable` are the pages (start
-    /// addresses of `page` bytes) the model calls trimmable that are still
+    /// After a malloc_trim call: `resident_trimmable` are the address
+    /// ranges (whole pages) the model calls trimmable that are still
     /// resident. Those not freed since the call are what glibc would not return.
-    pub fn trim_seen(&mut self, resident_trimmable: impl IntoIterator<Item = u64>, page: u64) {
-        self.untrimmable_pages.clear();
-        for start in resident_trimmable {
-            let mut at = start;
-            while at < start + page {
-                if !self.freed_since_trim.contains(&(at >> 12)) {
-                    self.untrimmable_pages.insert(at >> 12);
-                }
-                at += 4096;
+    pub fn trim_seen(&mut self, resident_trimmable: impl IntoIterator<Item = (u64, u64)>) {
+        self.untrimmable_pages = ByteRanges::default();
+        for (start, end) in resident_trimmable {
+            for (from, to) in self.freed_since_trim.gaps(start, end) {
+                self.untrimmable_pages.insert(from, to);
             }
         }
         self.trim_pending = false;
-        self.freed_since_trim = FxHashSet::default();
+        self.freed_since_trim = ByteRanges::default();
     }
 }
 
@@ -402,6 +400,73 @@ fn filter_bucket(addr: u64) -> usize {
     (addr >> 4) as usize % FILTER_BUCKETS
 }
 
+/// Disjoint address ranges, merged where they touch: pages marked by range
+/// in one step, however many a (corrupt) block claims.
+#[derive(Debug, Default)]
+struct ByteRanges {
+    /// start -> end.
+    ranges: std::collections::BTreeMap<u64, u64>,
+}
+
+impl ByteRanges {
+    fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        self.ranges.range(..=addr).next_back().is_some_and(|(_, &end)| end > addr)
+    }
+
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        let touching: Vec<(u64, u64)> = self.ranges.range(..=end).rev().take_while(|&(_, &e)| e >= start).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in touching {
+            self.ranges.remove(&s);
+            start = start.min(s);
+            end = end.max(e);
+        }
+        self.ranges.insert(start, end);
+    }
+
+    fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let cut: Vec<(u64, u64)> = self.ranges.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in cut {
+            self.ranges.remove(&s);
+            if s < start {
+                self.ranges.insert(s, start);
+            }
+            if e > end {
+                self.ranges.insert(end, e);
+            }
+        }
+    }
+
+    /// The parts of `[start, end)` no range covers.
+    fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = start;
+        let first = self.ranges.range(..=start).next_back().map_or(start, |(&s, _)| s);
+        for (&s, &e) in self.ranges.range(first..end) {
+            if s > at {
+                out.push((at, s.min(end)));
+            }
+            at = at.max(e);
+            if at >= end {
+                break;
+            }
+        }
+        if at < end {
+            out.push((at, end));
+        }
+        out
+    }
+}
+
 /// What malloc_trim(0) would release from each heap mapping of a snapshot.
 #[derive(Debug, Clone, Default)]
 pub struct TrimForecast {
@@ -414,6 +479,11 @@ impl TrimForecast {
     pub fn releases(&self, mapping_start: u64, page_start: u64, page: u64) -> bool {
         self.heaps.get(&mapping_start).is_some_and(|ranges| ranges.covers(page_start, page))
     }
+
+    /// The ranges released from the mapping at `mapping_start`.
+    pub fn ranges_of(&self, mapping_start: u64) -> &[(u64, u64)] {
+        self.heaps.get(&mapping_start).map_or(&[], |ranges| ranges.ranges())
+    }
 }
 
 /// The forecast for a glibc program's snapshot. `live` are the live blocks'
@@ -423,24 +493,39 @@ pub fn forecast(model: &mut GlibcTrimModel, snapshot: &memgap_trace::records::Sn
     let mappings = &snapshot.mappings;
     const HEAP_MAX: u64 = 1 << HEAP_ALIGN_SHIFT;
     let heap_mappings: Vec<&memgap_trace::records::Mapping> = mappings.iter().filter(|m| m.is_private_writable_anonymous() && countable(m)).collect();
+    let tcache = model.tcache_extents(live);
     // An arena's heaps (64 MiB-aligned) mapped next to each other show up as
-    // one mapping: each is a heap of its own.
+    // one mapping: each is a heap of its own. Only heaps holding chunks or
+    // born of a thread's block can release anything (the others are arena
+    // tops with nothing below): those are the heaps looked at, so that a
+    // huge mapping costs no more than its chunks.
+    let mut births: Vec<u64> = model.heap_births.keys().copied().collect();
+    births.sort_unstable();
     let mut heaps: Vec<(&memgap_trace::records::Mapping, u64, u64)> = Vec::new();
     for &mapping in &heap_mappings {
         if mapping.name == "[heap]" || mapping.start % HEAP_MAX != 0 {
             heaps.push((mapping, mapping.start, mapping.end));
             continue;
         }
-        let mut start = mapping.start;
-        while start < mapping.end {
-            let end = (start + HEAP_MAX).min(mapping.end);
-            heaps.push((mapping, start, end));
-            start = end;
+        let (first_slot, end_slot) = (mapping.start >> HEAP_ALIGN_SHIFT, mapping.end.div_ceil(HEAP_MAX));
+        let in_mapping = |extents: &[(u64, u64)]| -> Vec<u64> {
+            let first = extents.partition_point(|&(_, extent_end)| extent_end <= mapping.start);
+            let last = extents.partition_point(|&(extent_start, _)| extent_start < mapping.end);
+            // A heap inside one chunk releases nothing: the heaps where
+            // chunks start and end are the ones that can.
+            extents[first..last.max(first)].iter().flat_map(|&(start, end)| [start.max(mapping.start) >> HEAP_ALIGN_SHIFT, end.saturating_sub(1).min(mapping.end - 1) >> HEAP_ALIGN_SHIFT]).collect()
+        };
+        let born = &births[births.partition_point(|&slot| slot < first_slot)..births.partition_point(|&slot| slot < end_slot)];
+        let mut slots: Vec<u64> = born.iter().copied().chain(in_mapping(live)).chain(in_mapping(&tcache)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for slot in slots {
+            let start = slot << HEAP_ALIGN_SHIFT;
+            heaps.push((mapping, start, (start + HEAP_MAX).min(mapping.end)));
         }
     }
     let arena_starts: Vec<u64> = heaps.iter().filter(|(m, start, _)| m.name != "[heap]" && start % HEAP_MAX == 0).map(|&(_, start, _)| start).collect();
     let roles = model.arena_roles(&arena_starts);
-    let tcache = model.tcache_extents(live);
     let mut forecast = TrimForecast::default();
     for &(mapping, start, end) in &heaps {
         let role = if mapping.name == "[heap]" { HeapRole::MainArena } else { roles.get(&start).copied().unwrap_or(HeapRole::ArenaTop) };
@@ -460,14 +545,17 @@ pub fn forecast(model: &mut GlibcTrimModel, snapshot: &memgap_trace::records::Sn
         forecast.heaps.entry(mapping.start).or_default().ranges.extend(ranges);
     }
     if model.trim_pending() && model.trim_shown_by(snapshot.rss.vm_rss) {
+        // Run by run of resident pages: a huge free range costs no more
+        // than the residency the snapshot holds for it.
         let mut left = Vec::new();
         for &mapping in &heap_mappings {
             let Some(ranges) = forecast.heaps.get(&mapping.start) else { continue };
             for &(start, end) in ranges.ranges() {
-                left.extend((start..end).step_by(page as usize).filter(|&p| mapping.residency.is_resident(((p - mapping.start) / page) as usize)));
+                let pages = (start - mapping.start) / page..(end - mapping.start) / page;
+                left.extend(mapping.residency.resident_runs(pages).into_iter().map(|run| (mapping.start + run.start * page, mapping.start + run.end * page)));
             }
         }
-        model.trim_seen(left, page);
+        model.trim_seen(left);
     }
     forecast
 }
@@ -577,12 +665,48 @@ mod tests {
         assert!(model.trim_shown_by(51 << 20));
         // Freed after the call: not the trim's to return.
         model.observe(&event(1, EventKind::Free, ARENA + 5 * PAGE + 16, 0), Change::Freed(block(5000)));
-        model.trim_seen([ARENA + 2 * PAGE, ARENA + 5 * PAGE], PAGE);
+        model.trim_seen([(ARENA + 2 * PAGE, ARENA + 3 * PAGE), (ARENA + 5 * PAGE, ARENA + 6 * PAGE)]);
         assert!(!model.trim_pending());
         assert!(model.left_by_last_trim(ARENA + 2 * PAGE));
         assert!(!model.left_by_last_trim(ARENA + 5 * PAGE));
         // A block freed there again makes the page trimmable again.
         model.observe(&event(1, EventKind::Free, ARENA + 2 * PAGE + 16, 0), Change::Freed(block(100)));
         assert!(!model.left_by_last_trim(ARENA + 2 * PAGE));
+    }
+
+    /// A (corrupt) block of 2^50 bytes freed after a trim is marked in one
+    /// range, not page by page; what the trim left is kept as ranges too.
+    #[test]
+    fn a_huge_block_freed_after_a_trim_is_one_range() {
+        let mut model = GlibcTrimModel::default();
+        model.trim_called(100 << 20, 50 << 20);
+        let mut huge = block(1000);
+        huge.size = 1 << 50;
+        huge.slack = 0;
+        model.observe(&event(1, EventKind::Free, ARENA + 16, 0), Change::Freed(huge));
+        model.observe(&event(1, EventKind::Free, ARENA - 64 * PAGE + 16, 0), Change::Freed(block(100)));
+        assert_eq!(model.freed_since_trim.ranges.len(), 2);
+        // Resident and trimmable: 2^40 bytes below the arena, and over it.
+        model.trim_seen([(ARENA - (1 << 40), ARENA), (ARENA + PAGE, ARENA + (1 << 52))]);
+        assert_eq!(model.untrimmable_pages.ranges.len(), 3, "{:x?}", model.untrimmable_pages.ranges);
+        assert!(model.left_by_last_trim(ARENA - PAGE) && model.left_by_last_trim(ARENA - 65 * PAGE));
+        assert!(!model.left_by_last_trim(ARENA - 64 * PAGE) && !model.left_by_last_trim(ARENA + PAGE));
+        model.observe(&event(1, EventKind::Free, ARENA - (1 << 39), 0), Change::Freed(huge));
+        assert_eq!(model.untrimmable_pages.ranges.len(), 2, "the block ends below the third range");
+        assert!(!model.left_by_last_trim(ARENA - 65 * PAGE) && model.left_by_last_trim(ARENA - (1 << 39) - 2 * PAGE));
+    }
+
+    #[test]
+    fn byte_ranges_merge_cut_and_give_their_gaps() {
+        let mut ranges = ByteRanges::default();
+        ranges.insert(10, 20);
+        ranges.insert(30, 40);
+        ranges.insert(20, 25);
+        assert_eq!(ranges.ranges.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(), vec![(10, 25), (30, 40)]);
+        assert_eq!(ranges.gaps(0, 50), vec![(0, 10), (25, 30), (40, 50)]);
+        assert_eq!(ranges.gaps(12, 35), vec![(25, 30)]);
+        ranges.remove(15, 35);
+        assert_eq!(ranges.ranges.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(), vec![(10, 15), (35, 40)]);
+        assert!(ranges.contains(14) && !ranges.contains(15) && ranges.contains(35) && !ranges.contains(40));
     }
 }

@@ -65,7 +65,8 @@ impl HeapState {
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
             let live: Vec<(u64, u64)> = self.live.in_address_order().iter().map(|&(addr, block)| (addr.saturating_sub(crate::owners::glibc::GLIBC_HEADER), addr + block.usable())).collect();
             let page = crate::ledger::plausible_page_size(snapshot.page_size);
-            crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| crate::ledger::countable_by_page(m, page));
+            let walks = crate::ledger::PageWalks::of(snapshot, page, false);
+            crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| walks.by_page(m.start));
         }
     }
 
@@ -143,8 +144,18 @@ impl HeapState {
         self.program_mappings.range(..=addr).next_back().filter(|&(_, &end)| end > addr).map(|(&s, &e)| (s, e))
     }
 
+    /// The program's own mappings overlapping `[start, end)`.
+    pub fn program_mappings_in(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.program_mappings.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect()
+    }
+
     pub fn ever_held_blocks(&self, start: u64, end: u64) -> bool {
-        (start >> REGION_SHIFT..=(end.saturating_sub(1)) >> REGION_SHIFT).any(|r| self.block_regions.contains(&r))
+        let regions = start >> REGION_SHIFT..=(end.saturating_sub(1)) >> REGION_SHIFT;
+        // A huge (corrupt) range: the regions known are fewer.
+        if regions.end() - regions.start() > self.block_regions.len() as u64 {
+            return self.block_regions.iter().any(|r| regions.contains(r));
+        }
+        regions.into_iter().any(|r| self.block_regions.contains(&r))
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use memgap_trace::records::{Mapping, Snapshot, SnapshotReason};
+use memgap_trace::records::{Mapping, Residency, Snapshot, SnapshotReason};
 use serde::Serialize;
 
 use crate::heap_state::HeapState;
@@ -326,6 +326,12 @@ const UNKNOWN_MALLOC: &str = "malloc";
 /// The ledger of `snapshot`, given the heap as replayed up to its instant
 /// and the heap owners as they have seen the trace so far.
 pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owners: &mut [Box<dyn HeapOwner>]) -> Ledger {
+    let walks = PageWalks::of(snapshot, plausible_page_size(snapshot.page_size), detail.pages);
+    compute_walking(state, snapshot, detail, owners, walks)
+}
+
+/// [`compute`], classifying one by one the pages `walks` says.
+fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owners: &mut [Box<dyn HeapOwner>], walks: PageWalks) -> Ledger {
     let page = plausible_page_size(snapshot.page_size);
     // A program allocating fast moves RSS while the snapshot is taken. The
     // anonymous mappings, most of the sum, are read last (mincore), right
@@ -366,9 +372,24 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
         layout.trim_forecast(state, snapshot, &live, page)
     };
     let state = &*state;
+    // The page walks below go over each block's pages: blocks of a corrupt
+    // trace that overlap are walked from where the previous one ended, so
+    // that pages are walked once however many blocks claim them.
+    let blocks = {
+        let mut covered = 0;
+        let mut walked = Vec::with_capacity(blocks.len());
+        for mut b in blocks {
+            b.start = b.start.max(covered);
+            if b.start < b.end {
+                covered = b.end;
+                walked.push(b);
+            }
+        }
+        walked
+    };
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
-    ledger.live_blocks = blocks.len() as u64;
+    ledger.live_blocks = state.live.len() as u64;
     let mut buckets: Vec<SizeBucket> = Vec::new();
     // Per stack: its share, and the last page counted (mapping start, page index).
     let mut stacks: rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)> = rustc_hash::FxHashMap::default();
@@ -376,7 +397,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
     let mut lazy_outside_heap = 0;
     let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
     let listed_per_page = if want_pages && detail.objects {
-        let heap_pages: u64 = snapshot.mappings.iter().filter(|m| m.is_private_writable_anonymous() && countable_by_page(m, page)).map(|m| (m.end - m.start) / page).sum();
+        let heap_pages: u64 = walks.pages.iter().flatten().sum();
         (LISTED_BLOCKS / heap_pages.max(1)).min(LISTED_PER_PAGE)
     } else {
         0
@@ -397,7 +418,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
             ledger.mappings.push(entry);
             continue;
         }
-        if !mapping.is_private_writable_anonymous() || !countable_by_page(mapping, page) {
+        let Some(walked_pages) = walks.pages[index] else {
             let other = &mut ledger.other_breakdown;
             entry.class = match () {
                 _ if mapping.perms.ends_with('s') => {
@@ -415,7 +436,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
             };
             ledger.mappings.push(entry);
             continue;
-        }
+        };
         let first = blocks.partition_point(|b| b.end <= mapping.start);
         let last = blocks.partition_point(|b| b.start < mapping.end);
         let mapping_blocks = &blocks[first..last.max(first)];
@@ -429,7 +450,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
             ..HeapLedger::default()
         };
         let before = ledger.other_breakdown;
-        let (pages, taken) = account_pages(mapping, mapping_blocks, page, &trim, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
+        let (pages, taken) = account_pages(mapping, mapping_blocks, page, walked_pages, &trim, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
         if allocator_owned {
             share_fragmentation(mapping, mapping_blocks, page, &taken, |block, BlockShare { fragmentation, resident_live, first_page, last_page }| {
                 let bucket = 64 - block.size.max(1).leading_zeros() as usize;
@@ -495,7 +516,7 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
         ledger.mappings.push(entry);
         if allocator_owned {
             if want_pages {
-                let objects = detail.objects.then(|| page_objects(mapping, mapping_blocks, page, listed_per_page));
+                let objects = detail.objects.then(|| page_objects(mapping, mapping_blocks, page, pages.len(), listed_per_page));
                 ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages, nodes: Vec::new(), objects });
             }
             if heap.kind == "mapping" {
@@ -670,12 +691,75 @@ pub(crate) fn countable_by_page(mapping: &Mapping, page: u64) -> bool {
     mapping.end > mapping.start && mapping.start % page == 0 && mapping.end % page == 0 && (mapping.end - mapping.start) / page <= MAX_PAGES_PER_MAPPING
 }
 
-/// Classifies every page of one private anonymous mapping.
+/// Pages of one snapshot classified one by one (shown in its page maps)
+/// although its residency does not list them one by one: claimed resident
+/// as a whole ([`Residency::All`], which a recorder writes for a mapping it
+/// found fully resident: 16 GiB of 4 KiB pages).
+const CLAIMED_PAGES_PER_SNAPSHOT: u64 = 1 << 22;
+/// The same for pages not resident and not listed ([`Residency::None`], or
+/// past a bitmap shorter than its mapping).
+const UNLISTED_PAGES_PER_SNAPSHOT: u64 = 1 << 20;
+
+/// How many pages of each private anonymous mapping of a snapshot are
+/// classified one by one: those its bitmaps list, and for page maps
+/// (`show_pages`) some more; the others are counted run by run, to the same
+/// rows. `None` for mappings counted whole. So a ledger's work is bounded by
+/// the residency and the blocks a trace holds, whatever sizes its mappings
+/// claim; a recorder's bitmaps cover their mappings, so real snapshots show
+/// every page of them.
+pub(crate) struct PageWalks {
+    /// By mapping index.
+    pages: Vec<Option<u64>>,
+    /// The starts of the mappings classified page by page.
+    by_page: rustc_hash::FxHashSet<u64>,
+}
+
+impl PageWalks {
+    pub(crate) fn of(snapshot: &Snapshot, page: u64, show_pages: bool) -> PageWalks {
+        let (mut claimed_left, mut unlisted_left) = if show_pages { (CLAIMED_PAGES_PER_SNAPSHOT, UNLISTED_PAGES_PER_SNAPSHOT) } else { (0, 0) };
+        let pages = snapshot
+            .mappings
+            .iter()
+            .map(|m| {
+                if !m.is_private_writable_anonymous() || !countable_by_page(m, page) {
+                    return None;
+                }
+                let count = (m.end - m.start) / page;
+                let listed = match &m.residency {
+                    Residency::All => {
+                        let shown = count.min(claimed_left);
+                        claimed_left -= shown;
+                        return Some(shown);
+                    }
+                    Residency::Bitmap(bits) => count.min(bits.len() as u64 * 8),
+                    Residency::None | Residency::Unknown => 0,
+                };
+                let unlisted = (count - listed).min(unlisted_left);
+                unlisted_left -= unlisted;
+                Some(listed + unlisted)
+            })
+            .collect::<Vec<_>>();
+        let by_page = snapshot.mappings.iter().zip(&pages).filter(|(_, pages)| pages.is_some()).map(|(m, _)| m.start).collect();
+        PageWalks { pages, by_page }
+    }
+
+    /// Whether the snapshot's mapping starting at `start` is classified page by page.
+    pub(crate) fn by_page(&self, start: u64) -> bool {
+        self.by_page.contains(&start)
+    }
+}
+
+/// Classifies the first `walked` pages of one private anonymous mapping
+/// one by one (the page map), and the rest run by run: pages between two
+/// places where anything changes (a block's edge, memgap's or the
+/// program's own range, a trim range) are alike, so the work is bounded by
+/// what the snapshot and the live set hold, not by the pages a mapping claims.
 #[allow(clippy::too_many_arguments)]
 fn account_pages(
     mapping: &Mapping,
     blocks: &[BlockExtent],
     page: u64,
+    walked: u64,
     trim: &crate::glibc_trim::TrimForecast,
     allocator_owned: bool,
     agent_ranges: &[(u64, u64)],
@@ -683,21 +767,23 @@ fn account_pages(
     heap: &mut HeapLedger,
     other: &mut crate::ledger::OtherBreakdown,
 ) -> (Vec<PageClass>, Vec<u32>) {
-    let count = ((mapping.end - mapping.start) / page) as usize;
-    let page_start = |i: usize| mapping.start + i as u64 * page;
+    let all_pages = (mapping.end - mapping.start) / page;
+    let count = walked.min(all_pages) as usize;
+    let page_start = |i: u64| mapping.start + i * page;
+    let mut classify = PageClassifier { mapping, page, trim, allocator_owned, agent_ranges, state, heap, other };
     // Bytes of each page taken by block extents and by requested bytes.
     let mut taken = vec![0u32; if allocator_owned { count } else { 0 }];
     let mut requested = vec![0u32; taken.len()];
     if allocator_owned {
         for b in blocks {
-            // Blocks of a corrupt trace may overlap or lie outside the mapping.
+            // Blocks of a corrupt trace may lie outside the mapping.
             if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
                 continue;
             }
             let first = (b.start.max(mapping.start) - mapping.start) / page;
-            let last = ((b.end.min(mapping.end) - 1 - mapping.start) / page).min(count as u64 - 1);
-            for i in first..=last {
-                let (ps, pe) = (page_start(i as usize), page_start(i as usize) + page);
+            let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+            for i in first..(last + 1).min(count as u64) {
+                let (ps, pe) = (page_start(i), page_start(i) + page);
                 taken[i as usize] += overlap(b.start, b.end, ps, pe) as u32;
                 requested[i as usize] += overlap(b.addr, b.addr + b.size, ps, pe) as u32;
             }
@@ -705,59 +791,122 @@ fn account_pages(
     }
     let mut classes = Vec::with_capacity(if allocator_owned { count } else { 0 });
     for i in 0..count {
-        let ps = page_start(i);
-        let resident = mapping.residency.is_resident(i);
-        let class = if in_ranges(agent_ranges, ps) {
-            if resident {
-                other.agent += page;
+        let (taken, requested) = if allocator_owned { (taken[i], requested[i]) } else { (0, 0) };
+        if let Some(class) = classify.pages(page_start(i as u64), 1, mapping.residency.is_resident(i), u64::from(taken), u64::from(requested)) {
+            classes.push(class);
+        }
+    }
+    if (count as u64) < all_pages {
+        // Past the walked pages: resident as a whole (claimed) or not at all.
+        let resident = matches!(mapping.residency, Residency::All);
+        let tail = page_start(count as u64);
+        let mut edges: Vec<u64> = Vec::new();
+        let blocks_from = blocks.partition_point(|b| b.end <= tail);
+        for b in &blocks[blocks_from..] {
+            edges.extend([b.start, b.addr, b.addr.saturating_add(b.size), b.end]);
+        }
+        let agents_from = agent_ranges.partition_point(|&(start, len)| start.saturating_add(len) <= tail).min(agent_ranges.partition_point(|&(start, _)| start < mapping.end));
+        for &(start, len) in &agent_ranges[agents_from..] {
+            edges.extend([start, start.saturating_add(len)]);
+        }
+        for (start, end) in state.program_mappings_in(tail, mapping.end) {
+            edges.extend([start, end]);
+        }
+        for &(start, end) in trim.ranges_of(mapping.start) {
+            edges.extend([start, end]);
+        }
+        edges.extend(state.glibc_trim.left_by_last_trim_edges(tail, mapping.end));
+        // The pages holding an edge are classified alone; the pages
+        // between two of them are alike.
+        let mut special: Vec<u64> = edges.into_iter().filter(|&at| at >= tail && at < mapping.end).map(|at| (at - mapping.start) / page).collect();
+        special.sort_unstable();
+        special.dedup();
+        let mut at = count as u64;
+        for next in special.into_iter().chain([all_pages]) {
+            if next > at {
+                let (taken, requested) = page_taken(blocks, page_start(at), page);
+                classify.pages(page_start(at), next - at, resident, taken, requested);
             }
-            PageClass::Agent
-        } else if state.program_mapping_at(ps).is_some() {
-            if resident {
-                other.program_mmap += page;
+            if next < all_pages {
+                let (taken, requested) = page_taken(blocks, page_start(next), page);
+                classify.pages(page_start(next), 1, resident, taken, requested);
             }
-            PageClass::ProgramMmap
-        } else if !allocator_owned {
-            if resident {
-                other.unclassified += page;
-            }
-            continue;
-        } else if !resident {
-            heap.released += page;
-            PageClass::NotResident
-        } else if taken[i] > 0 {
-            let taken_bytes = u64::from(taken[i]).min(page);
-            let requested_bytes = u64::from(requested[i]).min(taken_bytes);
-            heap.live += requested_bytes;
-            heap.slack += taken_bytes - requested_bytes;
-            heap.fragmented += page - taken_bytes;
-            PageClass::Used { fill: (taken_bytes * 255 / page) as u8 }
-        } else {
-            heap.retained += page;
-            // Other allocators do not implement malloc_trim.
-            let trimmable = trim.releases(mapping.start, ps, page) && !state.glibc_trim.left_by_last_trim(ps);
-            if trimmable {
-                heap.trimmable += page;
-            }
-            PageClass::Free { trimmable }
-        };
-        classes.push(class);
+            at = next + 1;
+        }
     }
     (classes, taken)
 }
 
-/// The live blocks on each page of `mapping` (`blocks` in address order),
-/// listing at most `per_page` of them per page.
-fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, per_page: u64) -> PageObjects {
-    let count = ((mapping.end - mapping.start) / page) as usize;
+/// Bytes of the page at `start` taken by block extents and by requested
+/// bytes (`blocks` in address order, not overlapping).
+fn page_taken(blocks: &[BlockExtent], start: u64, page: u64) -> (u64, u64) {
+    let end = start + page;
+    let first = blocks.partition_point(|b| b.end <= start);
+    blocks[first..].iter().take_while(|b| b.start < end).fold((0, 0), |(taken, requested), b| (taken + overlap(b.start, b.end, start, end), requested + overlap(b.addr, b.addr.saturating_add(b.size), start, end)))
+}
+
+/// Puts pages of one mapping into the rows.
+struct PageClassifier<'a> {
+    mapping: &'a Mapping,
+    page: u64,
+    trim: &'a crate::glibc_trim::TrimForecast,
+    allocator_owned: bool,
+    agent_ranges: &'a [(u64, u64)],
+    state: &'a HeapState,
+    heap: &'a mut HeapLedger,
+    other: &'a mut OtherBreakdown,
+}
+
+impl PageClassifier<'_> {
+    /// Counts `n` alike pages from `ps` on, each `resident` or not, with
+    /// `taken` and `requested` bytes of blocks; their class (None for pages
+    /// of a mapping the allocator does not own that are no one's).
+    fn pages(&mut self, ps: u64, n: u64, resident: bool, taken: u64, requested: u64) -> Option<PageClass> {
+        let (page, bytes) = (self.page, n * self.page);
+        let resident_bytes = if resident { bytes } else { 0 };
+        let class = if in_ranges(self.agent_ranges, ps) {
+            self.other.agent += resident_bytes;
+            PageClass::Agent
+        } else if self.state.program_mapping_at(ps).is_some() {
+            self.other.program_mmap += resident_bytes;
+            PageClass::ProgramMmap
+        } else if !self.allocator_owned {
+            self.other.unclassified += resident_bytes;
+            return None;
+        } else if !resident {
+            self.heap.released += bytes;
+            PageClass::NotResident
+        } else if taken > 0 {
+            let taken_bytes = taken.min(page);
+            let requested_bytes = requested.min(taken_bytes);
+            self.heap.live += n * requested_bytes;
+            self.heap.slack += n * (taken_bytes - requested_bytes);
+            self.heap.fragmented += n * (page - taken_bytes);
+            PageClass::Used { fill: (taken_bytes * 255 / page) as u8 }
+        } else {
+            self.heap.retained += bytes;
+            // Other allocators do not implement malloc_trim.
+            let trimmable = self.trim.releases(self.mapping.start, ps, page) && !self.state.glibc_trim.left_by_last_trim(ps);
+            if trimmable {
+                self.heap.trimmable += bytes;
+            }
+            PageClass::Free { trimmable }
+        };
+        Some(class)
+    }
+}
+
+/// The live blocks on the first `count` pages of `mapping` (`blocks` in
+/// address order), listing at most `per_page` of them per page.
+fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usize, per_page: u64) -> PageObjects {
     let mut objects = PageObjects { live_bytes: vec![0; count], blocks: vec![0; count], listed: Vec::new() };
     for b in blocks {
         if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
             continue;
         }
         let first = (b.start.max(mapping.start) - mapping.start) / page;
-        let last = ((b.end.min(mapping.end) - 1 - mapping.start) / page).min(count as u64 - 1);
-        for i in first..=last {
+        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+        for i in first..(last + 1).min(count as u64) {
             let ps = mapping.start + i * page;
             let at = i as usize;
             objects.blocks[at] += 1;
@@ -778,23 +927,40 @@ fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, per_page: 
 /// takes there; calls `visit` with each block and what it holds.
 fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, BlockShare)) {
     for b in blocks {
-        // Blocks of a corrupt trace may overlap or lie outside the mapping:
-        // the pages walked are the mapping's, never more.
-        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start || taken.is_empty() {
+        // Blocks of a corrupt trace may lie outside the mapping: the pages
+        // walked are the mapping's classified ones (the rest are not
+        // resident), never more.
+        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
             continue;
         }
         let first = (b.start.max(mapping.start) - mapping.start) / page;
-        let last = ((b.end.min(mapping.end) - 1 - mapping.start) / page).min(taken.len() as u64 - 1);
+        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
         let (mut fragmentation, mut resident_live) = (0.0, 0);
-        for i in first..=last {
+        let mut share_page = |i: u64, taken_here: u64| {
+            let ps = mapping.start + i * page;
+            let on_page = overlap(b.start, b.end, ps, ps + page) as f64;
+            let taken_here = (taken_here as f64).min(page as f64);
+            fragmentation += on_page / taken_here * (page as f64 - taken_here);
+        };
+        let walked = taken.len() as u64;
+        for i in first..(last + 1).min(walked) {
             let ps = mapping.start + i * page;
             if !mapping.residency.is_resident(i as usize) {
                 continue;
             }
-            let on_page = overlap(b.start, b.end, ps, ps + page) as f64;
-            let taken_here = f64::from(taken[i as usize]).min(page as f64);
-            fragmentation += on_page / taken_here * (page as f64 - taken_here);
+            share_page(i, u64::from(taken[i as usize]));
             resident_live += overlap(b.addr, b.addr + b.size, ps, ps + page);
+        }
+        if last >= walked && matches!(mapping.residency, Residency::All) {
+            // Pages past the walked ones, resident as a whole: only a
+            // block's first and last page can hold others' bytes or free
+            // space; its requested bytes there count whole.
+            let from = first.max(walked);
+            share_page(from, page_taken(blocks, mapping.start + from * page, page).0);
+            if last != from {
+                share_page(last, page_taken(blocks, mapping.start + last * page, page).0);
+            }
+            resident_live += overlap(b.addr, b.addr + b.size, mapping.start + from * page, mapping.start + (last + 1) * page);
         }
         visit(b, BlockShare { fragmentation, resident_live, first_page: first, last_page: last });
     }
@@ -878,6 +1044,7 @@ mod tests {
     use memgap_replay::ThreadEvent;
     use memgap_trace::records::{Residency, Rss};
     use memgap_trace::{Event, EventKind};
+    use proptest::prelude::Strategy as _;
 
     const PAGE: u64 = 4096;
     const HEAP: u64 = 0x5555_0000_0000;
@@ -979,6 +1146,132 @@ mod tests {
         let ledger = compute(&mut state_with(&blocks), &snap, Detail::default(), &mut glibc());
         assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
         assert_eq!(ledger.residual_bytes, 0);
+    }
+
+    /// A corrupt snapshot's mapping claims 2^26 pages with a one-byte
+    /// bitmap: the pages listed are classified (and shown), the others are
+    /// released in one count, and no more pages are walked than the
+    /// snapshot's budget for unlisted ones.
+    #[test]
+    fn pages_past_a_short_bitmap_are_released_in_one_count() {
+        let pages = MAX_PAGES_PER_MAPPING;
+        let blocks = [(HEAP + 16, 64)];
+        let snap = snapshot(pages, Residency::Bitmap(vec![0b0000_0011]), 2 * PAGE);
+        let ledger = compute(&mut state_with(&blocks), &snap, Detail { pages: true, stacks: true, objects: true }, &mut glibc());
+        let walked = ledger.page_maps[0].pages.len() as u64;
+        assert_eq!(walked, 8 + UNLISTED_PAGES_PER_SNAPSHOT);
+        assert_eq!(ledger.page_maps[0].objects.as_ref().unwrap().blocks.len() as u64, walked);
+        assert_eq!(ledger.rows.live + ledger.rows.slack + ledger.rows.fragmented + ledger.rows.retained, 2 * PAGE);
+        assert_eq!(ledger.released_bytes, (pages - 2) * PAGE);
+        assert_eq!(ledger.residual_bytes, 0);
+        // memgap's own buffers in the unlisted part are not the heap's.
+        let mut snap = snap;
+        snap.agent_ranges = vec![(HEAP + (pages - 10) * PAGE, 4 * PAGE), (HEAP + (pages - 8) * PAGE + 1, 3 * PAGE)];
+        let ledger = compute(&mut state_with(&blocks), &snap, Detail::default(), &mut glibc());
+        assert_eq!(ledger.released_bytes, (pages - 2 - 6) * PAGE, "pages starting in the agent's ranges: 10 down to 5 from the end");
+    }
+
+    #[test]
+    fn a_snapshot_walks_claimed_and_unlisted_pages_up_to_its_budgets() {
+        let mapping = |start: u64, pages: u64, residency: Residency| Mapping { start, end: start + pages * PAGE, perms: "rw-p".into(), residency, ..Mapping::default() };
+        let half = CLAIMED_PAGES_PER_SNAPSHOT / 2;
+        let at = |i: u64| HEAP + i * (1 << 40);
+        let snap = Snapshot {
+            page_size: PAGE,
+            mappings: vec![
+                mapping(at(0), half, Residency::All),
+                mapping(at(1), half, Residency::All),
+                // Past the budget for pages claimed resident: counted run by run.
+                mapping(at(2), 1, Residency::All),
+                mapping(at(3), 64, Residency::Bitmap(vec![0xff; 8])),
+                mapping(at(4), 64, Residency::Bitmap(vec![0xff])),
+                mapping(at(5), UNLISTED_PAGES_PER_SNAPSHOT, Residency::None),
+                mapping(at(6), 64, Residency::None),
+                Mapping { name: "/lib/libc.so.6".into(), inode: 1, ..mapping(at(7), 64, Residency::Unknown) },
+            ],
+            ..Snapshot::default()
+        };
+        let walks = PageWalks::of(&snap, PAGE, true);
+        let unlisted_left = UNLISTED_PAGES_PER_SNAPSHOT - 56;
+        assert_eq!(walks.pages, vec![Some(half), Some(half), Some(0), Some(64), Some(64), Some(unlisted_left), Some(0), None]);
+        assert!(walks.by_page(at(0)) && walks.by_page(at(2)) && !walks.by_page(at(7)));
+        // A real snapshot's bitmaps and claims are walked in full.
+        let real = Snapshot { mappings: vec![mapping(at(0), 1 << 20, Residency::All), mapping(at(1), 1 << 26, Residency::Bitmap(vec![1; 1 << 23]))], ..snap };
+        assert_eq!(PageWalks::of(&real, PAGE, true).pages, vec![Some(1 << 20), Some(1 << 26)]);
+        // Without page maps, only what bitmaps list.
+        assert_eq!(PageWalks::of(&real, PAGE, false).pages, vec![Some(0), Some(1 << 26)]);
+    }
+
+    /// Blocks of a corrupt trace claiming the same pages are walked once:
+    /// taken bytes never pass a page, the rows still add up.
+    #[test]
+    fn overlapping_blocks_are_walked_from_where_the_previous_ended() {
+        let blocks: Vec<(u64, u64)> = (0..1000).map(|i| (HEAP + 16 + i * 16, 63 * PAGE)).collect();
+        let ledger = compute(&mut state_with(&blocks), &snapshot(64, Residency::All, 64 * PAGE), Detail { pages: true, stacks: true, objects: true }, &mut glibc());
+        assert_eq!(ledger.live_blocks, 1000);
+        assert_eq!(ledger.residual_bytes, 0);
+        assert_eq!(ledger.rows.live + ledger.rows.slack + ledger.rows.fragmented + ledger.rows.retained, 64 * PAGE);
+        let objects = ledger.page_maps[0].objects.as_ref().unwrap();
+        // Each block is listed on the pages past where the previous one ended.
+        assert!(objects.blocks.iter().sum::<u32>() <= 64 + 1000, "{:?}", objects.blocks);
+    }
+
+    proptest::proptest! {
+        /// Pages counted run by run come to the same rows, shares per
+        /// stack and per size as pages classified one by one.
+        #[test]
+        fn runs_of_pages_count_as_pages_one_by_one(
+            pages in 1u64..48,
+            residency in proptest::prop_oneof![
+                proptest::strategy::Just(Residency::All),
+                proptest::strategy::Just(Residency::None),
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8).prop_map(Residency::Bitmap),
+            ],
+            blocks in proptest::collection::vec((0u64..48 * PAGE, 1u64..3 * PAGE, 0u32..3), 0..40),
+            agent in proptest::collection::vec((0u64..48, 1u64..4), 0..3),
+            walked_share in 0.0f64..1.0,
+            trim_before in proptest::prelude::any::<bool>(),
+            brk_heap in proptest::prelude::any::<bool>(),
+        ) {
+            let state = || {
+                let mut state = HeapState::default();
+                state.allocator = "/lib/x86_64-linux-gnu/libc.so.6".into();
+                for (i, &(offset, size, stack)) in blocks.iter().enumerate() {
+                    let usable = (size + 8).max(32).next_multiple_of(16) - 8;
+                    let event = Event { time: i as u64, kind: Some(EventKind::Malloc), addr: HEAP + 16 + offset / 16 * 16, size, usable, stack, ..Event::default() };
+                    state.apply(&ThreadEvent { thread: 1, tid: 1, event });
+                }
+                if trim_before {
+                    state.glibc_trim.trim_called(1 << 40, 0);
+                }
+                state
+            };
+            let mut snap = snapshot(pages, residency.clone(), pages * PAGE);
+            if !brk_heap {
+                snap.mappings[0].name = String::new();
+            }
+            snap.agent_ranges = agent.iter().map(|&(page, len)| (HEAP + page * PAGE, len * PAGE)).collect();
+            let listed = match &residency {
+                Residency::Bitmap(bits) => pages.min(bits.len() as u64 * 8),
+                _ => 0,
+            };
+            let walked = listed + ((pages - listed) as f64 * walked_share) as u64;
+            let walks = |n: u64| PageWalks { pages: vec![Some(n)], by_page: [HEAP].into_iter().collect() };
+            let detail = Detail { stacks: true, ..Detail::default() };
+            let one_by_one = compute_walking(&mut state(), &snap, detail, &mut glibc(), walks(pages));
+            let by_runs = compute_walking(&mut state(), &snap, detail, &mut glibc(), walks(walked));
+            proptest::prop_assert_eq!(&one_by_one.heaps, &by_runs.heaps);
+            proptest::prop_assert_eq!(one_by_one.other_breakdown, by_runs.other_breakdown);
+            proptest::prop_assert_eq!(one_by_one.rows, by_runs.rows);
+            let sizes = |l: &Ledger| l.fragmentation_by_size.iter().map(|b| (b.blocks, b.live_bytes)).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(sizes(&one_by_one), sizes(&by_runs));
+            let stacks = |l: &Ledger| {
+                let mut s: Vec<(u32, u64, u64, u64, i64)> = l.by_stack.iter().map(|s| (s.stack, s.objects, s.live_bytes, s.pages, s.fragmentation_bytes.round() as i64)).collect();
+                s.sort_unstable();
+                s
+            };
+            proptest::prop_assert_eq!(stacks(&one_by_one), stacks(&by_runs));
+        }
     }
 
     #[test]

@@ -157,6 +157,41 @@ impl Residency {
             _ => 0,
         }
     }
+
+    /// The runs of resident pages within `pages`, as page ranges in order,
+    /// in time bounded by the bitmap (whole bytes of 0 or 0xff in one step)
+    /// and never by the range.
+    pub fn resident_runs(&self, pages: core::ops::Range<u64>) -> Vec<core::ops::Range<u64>> {
+        let mut runs: Vec<core::ops::Range<u64>> = Vec::new();
+        match self {
+            Residency::All if pages.start < pages.end => runs.push(pages),
+            Residency::Bitmap(bits) => {
+                let end = pages.end.min(bits.len() as u64 * 8);
+                let mut page = pages.start;
+                let mut push = |from: u64, to: u64| match runs.last_mut() {
+                    Some(last) if last.end == from => last.end = to,
+                    _ => runs.push(from..to),
+                };
+                while page < end {
+                    let byte = bits[(page / 8) as usize];
+                    let byte_end = ((page / 8 + 1) * 8).min(end);
+                    if page % 8 == 0 && (byte == 0 || byte == 0xff) {
+                        if byte == 0xff {
+                            push(page, byte_end);
+                        }
+                        page = byte_end;
+                        continue;
+                    }
+                    if byte & (1 << (page % 8)) != 0 {
+                        push(page, page + 1);
+                    }
+                    page += 1;
+                }
+            }
+            _ => {}
+        }
+        runs
+    }
 }
 
 /// One line of /proc/self/smaps with the fields the ledger needs, in bytes.
@@ -609,6 +644,11 @@ mod tests {
         assert_eq!(bitmap.resident_in(1..8), 3);
         assert_eq!(bitmap.resident_in(9..u64::MAX), 0);
         assert_eq!(Residency::All.resident_in(2..5), 3);
+        assert_eq!(bitmap.resident_runs(0..16), vec![0..1, 2..3, 5..6, 7..9]);
+        assert_eq!(bitmap.resident_runs(1..6), vec![2..3, 5..6]);
+        assert_eq!(Residency::Bitmap(vec![0xff, 0xff, 0x0f, 0, 0x80]).resident_runs(3..1 << 40), vec![3..20, 39..40]);
+        assert_eq!(Residency::All.resident_runs(2..5), vec![2..5]);
+        assert_eq!(Residency::None.resident_runs(0..1 << 40), vec![]);
         assert_eq!(Residency::Unknown.resident_in(0..9), 0);
     }
 

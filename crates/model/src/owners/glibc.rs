@@ -38,7 +38,8 @@ impl MallocLayout for GlibcMalloc {
     }
 
     fn trim_forecast(&self, state: &mut crate::HeapState, snapshot: &memgap_trace::records::Snapshot, live: &[(u64, u64)], page: u64) -> crate::glibc_trim::TrimForecast {
-        crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, live, page, |m| crate::ledger::countable_by_page(m, page))
+        let walks = crate::ledger::PageWalks::of(snapshot, page, false);
+        crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, live, page, |m| walks.by_page(m.start))
     }
 
     fn arenas(&self, heaps: &[HeapLedger]) -> u32 {
