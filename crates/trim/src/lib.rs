@@ -47,13 +47,33 @@ extern "C" fn on_fork_child() {
 /// Whether the `malloc` the program calls is glibc's (not jemalloc,
 /// tcmalloc, mimalloc or the program's own).
 fn malloc_is_glibcs() -> bool {
-    let Some(malloc) = symbol(c"malloc") else { return false };
+    let Some(mut malloc) = symbol(c"malloc") else { return false };
+    // A program linked without -pie that takes malloc's address (Debian's
+    // node) exports a PLT stub under its name, which dlsym finds first:
+    // the malloc it calls is the next definition.
+    if in_main_program(malloc) {
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc".as_ptr()) };
+        if next.is_null() {
+            return false;
+        }
+        malloc = next;
+    }
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     if unsafe { libc::dladdr(malloc, &mut info) } == 0 || info.dli_fname.is_null() {
         return false;
     }
     let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
     path.rsplit(|&b| b == b'/').next().is_some_and(|file| file.starts_with(b"libc.so"))
+}
+
+/// Whether `address` lies in the program's executable (not a library).
+fn in_main_program(address: *mut c_void) -> bool {
+    let base_of = |at: *const c_void| {
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        (unsafe { libc::dladdr(at, &mut info) } != 0).then_some(info.dli_fbase)
+    };
+    let program_headers = unsafe { libc::getauxval(libc::AT_PHDR) } as *const c_void;
+    !program_headers.is_null() && base_of(program_headers).is_some_and(|base| base_of(address) == Some(base))
 }
 
 fn symbol(name: &CStr) -> Option<*mut c_void> {

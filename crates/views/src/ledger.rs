@@ -121,6 +121,9 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     if let Some(ruby) = l.section::<memgap_model::ruby::RubyLayer>("ruby") {
         out.push_str(&ruby_layer(&ruby));
     }
+    if let Some(node) = l.section::<memgap_model::owners::node::NodeLayer>("node") {
+        out.push_str(&crate::node::section(&node));
+    }
     out.push_str(&owners_table(l));
     let _ = writeln!(out);
     out.push_str(&wrap(&l.verdict, 78, "  "));

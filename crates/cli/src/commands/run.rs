@@ -16,6 +16,7 @@ use memgap_views::format::bytes;
 use crate::agent;
 
 mod go;
+mod node;
 mod numa;
 mod placement;
 mod python;
@@ -119,6 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
     let ruby = if args.trim_only { None } else { ruby::RubySampler::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
+    let node = if args.trim_only { None } else { node::NodeSampler::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
 
     let sampling = match args.numa && !args.trim_only {
         true => Some(numa::prepare(&mut command).context("cannot prepare NUMA sampling")?),
@@ -196,6 +198,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(ruby) = ruby {
         ruby.finish(&traces);
+    }
+    if let Some(node) = node {
+        node.finish(&traces);
     }
     let recorded = traces.open(top_pid).is_some();
     let samples = sampling.map(numa::Sampling::finish);

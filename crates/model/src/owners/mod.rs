@@ -13,6 +13,7 @@ pub mod jemalloc;
 pub mod malloc;
 pub mod mimalloc;
 pub mod python;
+pub mod node;
 pub mod tcmalloc;
 
 /// Every owner, each starting with nothing seen.
@@ -26,6 +27,7 @@ pub fn registered() -> Vec<Box<dyn HeapOwner>> {
         Box::new(crate::ghc::GhcOwner::default()),
         Box::new(crate::ruby::RubyOwner::default()),
         Box::new(python::PythonOwner::default()),
+        Box::new(node::NodeOwner::default()),
     ]
 }
 
