@@ -271,3 +271,28 @@ fn the_program_s_malloc_trim_is_marked_on_the_timeline() {
     assert!(dom.contains("data-gc-marks=\"0\""), "no GC marks");
     assert!(culprit_report().2.contains("\"trims\":[]"), "a program that never trims has no trim marks");
 }
+
+/// The verdict panel shows each heap owner's share of RSS and the remedies,
+/// with what `memgap compare --remedies` measured of them.
+#[test]
+fn owners_shares_and_measured_remedies_are_shown() {
+    let Some(browser) = chromium() else { return };
+    let (_tmp, dir) = tempdir();
+    let exe = dir.join("thread_churn");
+    let out = output_of(&mut command("cc", ["-O2", "-pthread", "-o", arg(&exe), arg(&programs_dir().join("thread_churn.c"))]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = memgap(&dir, &["run", "-q", "-o", "t.mgt", "--", arg(&exe)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = memgap(&dir, &["compare", "--repeat", "1", "--remedies", "t.mgt", "--", arg(&exe)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = memgap(&dir, &["report", "t.mgt"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let dom = dump_dom(browser, &format!("file://{}", dir.join("t.html").display()));
+    assert!(dom.contains("id=\"owners-panel\" data-owners=\"1\""), "the owners panel is not shown");
+    assert!(dom.contains("glibc (holds the gap)"), "the owner holding the gap is named");
+    let remedies = dom.split("data-remedies=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
+    assert!(remedies.is_some_and(|n| n >= 2), "remedies listed: {remedies:?}");
+    assert!(dom.contains("<b>glibc-trim</b>") && dom.contains("LD_PRELOAD=libmemgap_trim.so"), "the trim remedy and its environment");
+    // thread_churn's eight arenas keep ~64 MiB that the trim library returns.
+    assert!(dom.contains("class=\"measured-lower\">steady RSS"), "what compare measured");
+}

@@ -177,6 +177,8 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "pagemap": maps,
         "ruby": l.sections.get("ruby"),
         "owners": l.owners,
+        "gap_owner": l.gap_owner,
+        "findings": l.findings,
         "remedies": l.remedies,
     })
 }

@@ -114,9 +114,62 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       box.firstChild.append(link);
       $('verdict-numbers').append(box);
     }
+    ownersPanel(peak);
+    remediesPanel(peak);
     $('verdict').setAttribute('data-ready', 'true');
   } else {
     $('verdict-text').textContent = 'The trace has no snapshot.';
+  }
+
+  // Each owner's share of RSS: one bar per owner, its rows stacked.
+  function ownersPanel(s) {
+    const owners = s.owners || [];
+    if (!owners.length) return;
+    const box = $('owners-bars');
+    for (const o of owners) {
+      const total = ROWS.reduce((sum, row) => sum + (o.rows[row] || 0), 0);
+      const line = el('div', null, 'owner-line');
+      const name = el('span', o.owner + (o.owner === s.gap_owner ? ' (holds the gap)' : ''), 'owner-name');
+      const bar = el('span', null, 'owner-bar');
+      for (const row of ROWS) {
+        const bytes = o.rows[row] || 0;
+        if (!bytes) continue;
+        const part = el('span', null, 'owner-part');
+        part.style.width = (bytes * 100 / Math.max(1, s.rss)) + '%';
+        part.style.background = ROW_COLOURS[row];
+        part.addEventListener('mousemove', (e) => showTip(e, o.owner + ' ' + row + ': ' + fmtBytes(bytes) + ' (' + percent(bytes, s.rss) + ' of RSS)'));
+        part.addEventListener('mouseleave', hideTip);
+        bar.append(part);
+      }
+      const figure = el('span', fmtBytes(total) + ' (' + percent(total, s.rss) + ')' + (o.rows.live ? ', live ' + fmtBytes(o.rows.live) : ''), 'owner-figure');
+      line.append(name, bar, figure);
+      box.append(line);
+      if (o.estimated) box.append(el('p', o.owner + ': ' + o.estimated + '.', 'owner-note'));
+    }
+    $('owners-panel').dataset.owners = owners.length;
+    $('owners-panel').hidden = false;
+  }
+
+  // The remedies, best first, with the environment to run the program with
+  // and what memgap compare measured of them.
+  function remediesPanel(s) {
+    const remedies = s.remedies || [];
+    if (!remedies.length) return;
+    const body = $('remedies-table').tBodies[0];
+    for (const r of remedies) {
+      const env = Object.entries(r.env || {}).map(([k, v]) => k + '=' + v).join(' ');
+      const tr = el('tr');
+      const how = el('td');
+      how.append(env ? el('code', env) : el('span', 'a change to the program'));
+      const m = r.measured;
+      const measured = m ? m.metric + ' RSS ' + fmtBytes(m.default_bytes) + ' \u2192 ' + fmtBytes(m.bytes) + ' (' + m.outcome + ', ' + m.runs + ' runs)' : 'not measured';
+      const title = el('td');
+      title.append(el('b', r.id), el('div', r.description, 'remedy-description'));
+      tr.append(title, el('td', r.owner), how, el('td', fmtBytes(r.expected_savings_bytes), 'num'), el('td', measured, m ? 'measured-' + m.outcome.replace(' ', '-') : ''));
+      body.append(tr);
+    }
+    $('remedies-panel').dataset.remedies = remedies.length;
+    $('remedies-panel').hidden = false;
   }
 
   let selected = params.has('snapshot') ? Math.max(0, Math.min(snapshots.length - 1, parseInt(params.get('snapshot'), 10) || 0)) : data.peak;
