@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{Change, LiveSet, ThreadEvent, Visitor, replay};
+use memgap_replay::{Inherited, Change, LiveSet, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::TraceError;
 use memgap_trace::records::{Metrics, Module, Process, Snapshot, Thread};
@@ -170,6 +170,11 @@ impl Visitor for BlameVisitor {
 
     fn stack(&mut self, id: u32, frames: &[u64]) {
         self.stacks.insert(id, frames.to_vec());
+    }
+
+    /// Inherited blocks keep the parent's stacks; they were not allocated here.
+    fn inherited(&mut self, item: Inherited<'_>) {
+        self.state.inherit(item);
     }
 
     fn event(&mut self, event: &ThreadEvent) {

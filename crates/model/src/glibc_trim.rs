@@ -152,7 +152,10 @@ pub struct GlibcTrimModel {
 impl GlibcTrimModel {
     /// A thread the agent saw: its first block tells its arena.
     pub fn thread_started(&mut self, thread: u32) {
-        self.homeless.insert(thread);
+        // A fork child's forking thread goes on in the parent's arena.
+        if !self.home_slots.contains_key(&thread) {
+            self.homeless.insert(thread);
+        }
     }
 
     /// The program called malloc_trim; VmRSS was `rss_before` and `rss_after` around it.

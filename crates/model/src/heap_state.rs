@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use memgap_replay::{Change, LiveSet, ThreadEvent};
+use memgap_replay::{Change, Inherited, LiveSet, ThreadEvent};
 use memgap_trace::EventKind;
 use memgap_trace::records::Thread;
 use rustc_hash::FxHashSet;
@@ -51,6 +51,23 @@ impl HeapState {
         if metrics.source == crate::trim_marks::SOURCE && metrics.kind == crate::trim_marks::KIND {
             let bytes = |name: &str| metrics.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
             self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
+        }
+    }
+
+    /// A forked child's start: the parent's heap history up to the fork.
+    pub fn inherit(&mut self, item: Inherited<'_>) {
+        match item {
+            Inherited::Event(event) => {
+                self.apply(event);
+            }
+            Inherited::Thread(thread) => self.thread(thread),
+            Inherited::Metrics(metrics) => self.metrics(metrics),
+            Inherited::Snapshot(snapshot) => self.pass_snapshot(snapshot),
+            // What the parent's own replay counted is not the child's.
+            Inherited::End => {
+                self.live.untracked_frees = 0;
+                self.live.overlapping_allocations = 0;
+            }
         }
     }
 

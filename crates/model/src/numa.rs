@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use memgap_replay::{Block, ThreadEvent, Visitor, replay};
+use memgap_replay::{Inherited, Block, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::TraceError;
 use memgap_trace::numa::{self as records, MemorySample, MemorySamples, Placement};
@@ -475,6 +475,12 @@ impl Visitor for NumaVisitor {
 
     fn stack(&mut self, id: u32, frames: &[u64]) {
         self.stacks.insert(id, frames.to_vec());
+    }
+
+    fn inherited(&mut self, item: Inherited<'_>) {
+        if let Some(state) = &mut self.state {
+            state.inherit(item);
+        }
     }
 
     #[inline]

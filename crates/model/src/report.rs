@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{ThreadEvent, Visitor, replay};
+use memgap_replay::{Inherited, ThreadEvent, Visitor, replay};
 use memgap_trace::TraceError;
 use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, Thread};
 
@@ -98,6 +98,13 @@ impl Visitor for ReportVisitor {
         self.summary.modules(modules);
         self.blame.modules(modules);
         self.numa.modules(modules);
+    }
+
+    fn inherited(&mut self, item: Inherited<'_>) {
+        self.blame.inherited(item);
+        if let Inherited::End = item {
+            self.summary.inherited_live(self.blame.state.live.live_bytes());
+        }
     }
 
     fn event(&mut self, event: &ThreadEvent) {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{LiveSet, ThreadEvent, Timeline, Visitor, replay};
+use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
 use memgap_trace::TraceError;
 use memgap_trace::TraceFile;
 use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, Snapshot, Thread};
@@ -131,6 +131,13 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn thread(&mut self, thread: &Thread) {
         self.state.thread(thread);
+    }
+
+    fn inherited(&mut self, item: Inherited<'_>) {
+        self.state.inherit(item);
+        if let (Inherited::End, Some(summary)) = (item, &mut self.summary) {
+            summary.inherited_live(self.state.live.live_bytes());
+        }
     }
 
     fn event(&mut self, event: &ThreadEvent) {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use memgap_replay::{Change, LiveSet, ThreadEvent, Visitor, replay};
+use memgap_replay::{Inherited, Change, LiveSet, ThreadEvent, Visitor, replay};
 use memgap_trace::records::{End, EndReason, Exit, Metrics, Module, Process, Rss};
 
 use crate::ledger::RuntimeSummary;
@@ -195,6 +195,17 @@ impl Builder {
     }
 }
 
+impl Builder {
+    /// A forked child's heap starts as its parent's: `live_bytes` at the
+    /// child's start (its peak, unless it allocates more).
+    pub(crate) fn inherited_live(&mut self, live_bytes: u64) {
+        if live_bytes > self.peak_live {
+            self.peak_live = live_bytes;
+            self.peak_live_time = self.process.as_ref().map_or(0, |p| p.start_time);
+        }
+    }
+}
+
 /// How many allocations asked for each size. Small sizes, nearly all of a
 /// program's, are counted in an array, sparing a hash map lookup per
 /// allocation.
@@ -244,6 +255,20 @@ impl Visitor for Builder {
     }
 
     fn modules(&mut self, _modules: &[Module]) {}
+
+    fn inherited(&mut self, item: Inherited<'_>) {
+        match item {
+            Inherited::Event(event) => {
+                self.live.apply(event);
+            }
+            Inherited::End => {
+                self.live.untracked_frees = 0;
+                self.live.overlapping_allocations = 0;
+                self.inherited_live(self.live.live_bytes());
+            }
+            _ => {}
+        }
+    }
 
     #[inline(always)]
     fn event(&mut self, event: &ThreadEvent) {

@@ -27,6 +27,10 @@ use crate::sys::{self, SpinLock};
 const TICK_BYTES: usize = 2048;
 
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+/// In a fork child: the forking thread's number in the parent (low half)
+/// and its thread id here (high half), 0 when none. That thread keeps its
+/// number; the child's other threads are numbered past the parent's.
+static CONTINUED_THREAD: AtomicU64 = AtomicU64::new(0);
 /// Where the next search for a free chunk starts.
 static TAKE_HINT: AtomicU32 = AtomicU32::new(0);
 /// Events dropped before the area existed; the area's count after.
@@ -482,8 +486,13 @@ pub struct ThreadState {
 impl ThreadState {
     fn create() -> Option<*mut ThreadState> {
         let area = area::get()?;
-        let thread = NEXT_THREAD.fetch_add(1, Relaxed);
         let tid = sys::gettid();
+        let continued = CONTINUED_THREAD.load(Relaxed);
+        let thread = if continued != 0 && (continued >> 32) as u32 == tid && CONTINUED_THREAD.compare_exchange(continued, 0, Relaxed, Relaxed).is_ok() {
+            continued as u32
+        } else {
+            NEXT_THREAD.fetch_add(1, Relaxed)
+        };
         let index = take_chunk(thread, tid, 0)?;
         let data = area.chunk_data(index);
         // An address on the thread's stack: the ledger counts its mapping as a stack.
@@ -607,8 +616,11 @@ fn claim_slot(area: Area, thread: u32, tid: u32, stack_hint: u64, first_chunk: u
 }
 
 /// In a fork child only the forking thread survives, and the area is the
-/// parent's: forget this thread's buffer and the records channel.
-pub fn reset_after_fork() {
+/// parent's: forget this thread's buffer and the records channel. The
+/// thread keeps `forking_thread`, its number in the parent, if it had one.
+pub fn reset_after_fork(forking_thread: Option<u32>) {
+    let continued = forking_thread.map_or(0, |thread| (u64::from(sys::gettid()) << 32) | u64::from(thread));
+    CONTINUED_THREAD.store(continued, Relaxed);
     current::set(null_mut());
     current::set_own(null_mut());
     CHANNEL_LOCK.reset();

@@ -7,7 +7,7 @@ use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 
 use memgap_trace::event::{Event, EventKind, RawEncoder};
-use memgap_trace::records::{EndReason, Record};
+use memgap_trace::records::{EndReason, Fork, Record};
 use memgap_trace::shared::{self, AGENT_FINISHED, AGENT_STOPPED, REQUEST_EXIT_SNAPSHOT, REQUEST_SNAPSHOT};
 
 use crate::buffers::{self, Hook, ThreadState};
@@ -27,6 +27,9 @@ static USABLE_SIZE: AtomicU8 = AtomicU8::new(0);
 const USABLE_UNKNOWN: u8 = 0;
 const USABLE_GLIBC: u8 = 1;
 const USABLE_CALL: u8 = 2;
+/// The PROCESS record's `start_monotonic_ns` of this image: a fork child
+/// names the image it was forked from by it.
+static IMAGE_START_NS: AtomicU64 = AtomicU64::new(0);
 static EXIT_CODE: AtomicI32 = AtomicI32::new(i32::MIN);
 static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// glibc runs pthread key destructors at most this many rounds.
@@ -109,7 +112,9 @@ fn open_area(config: &Config) -> bool {
         return false;
     }
     crate::python::publish();
-    buffers::push_record(&Record::Process(process::describe(config, 0, clock::now())))
+    let process = process::describe(config, 0, clock::now());
+    IMAGE_START_NS.store(process.start_monotonic_ns, Relaxed);
+    buffers::push_record(&Record::Process(process))
 }
 
 /// Runs when the library is loaded, before `main`.
@@ -135,7 +140,7 @@ pub fn on_load() {
         }
         unsafe {
             on_exit(at_exit, core::ptr::null_mut());
-            libc::pthread_atfork(None, None, Some(on_fork_child));
+            libc::pthread_atfork(Some(on_fork_prepare), None, Some(on_fork_child));
         }
         if !FOLLOW.load(Relaxed) {
             process::remove_self_from_ld_preload();
@@ -278,15 +283,41 @@ pub fn finish(_reason: EndReason) {
     unsafe { *libc::__errno_location() = errno };
 }
 
+std::thread_local! {
+    /// The fork this thread is making, in this image's clock (see
+    /// [`on_fork_prepare`]); per thread, as two threads may fork at once.
+    static FORK_TIME: core::cell::Cell<Option<u64>> = const { core::cell::Cell::new(None) };
+}
+
+/// In the parent, just before the fork: the clock moves on, so the fork
+/// falls between the events stamped before (the child inherits their
+/// effects) and those after. Registered first, this runs after every other
+/// prepare handler, only glibc's own locking between it and the fork.
+extern "C" fn on_fork_prepare() {
+    if PHASE.load(Relaxed) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
+        return;
+    }
+    let time = clock::advance() - 1;
+    let _ = FORK_TIME.try_with(|fork| fork.set(Some(time)));
+}
+
 /// In the child of a fork: the parent's area and threads are not ours.
-/// Either stop (`--no-follow`) or make this process's own area.
+/// Either stop (`--no-follow`) or make this process's own area, whose
+/// FORK record names the parent's image and the fork's time in it: the
+/// child's heap starts as the parent's was then. The forking thread keeps
+/// its number, so readers continue its tcache.
 extern "C" fn on_fork_child() {
     if PHASE.load(Relaxed) != ON {
         return;
     }
+    let fork_time = FORK_TIME.try_with(|fork| fork.take()).ok().flatten();
+    let parent_pid = OWNER_PID.load(Relaxed);
+    let parent_image_start_ns = IMAGE_START_NS.load(Relaxed);
+    let forking = buffers::current_state();
+    let forking_thread = if forking.is_null() { None } else { Some(unsafe { (*forking).thread }) };
     sys::agent_ranges::reset_lock();
     crate::own_memory::reset_after_fork();
-    buffers::reset_after_fork();
+    buffers::reset_after_fork(forking_thread);
     area::forget_after_fork();
     FINISHED.store(false, Relaxed);
     buffers::while_busy(|| {
@@ -296,6 +327,10 @@ extern "C" fn on_fork_child() {
         }
         if let Some(real) = real::real() {
             describe_image(real);
+        }
+        // After the ALLOCATOR record: readers then know how the inherited blocks are laid out.
+        if let Some(time) = fork_time {
+            buffers::push_record(&Record::Fork(Fork { parent_pid, parent_image_start_ns, time, parent_trace: String::new() }));
         }
     });
 }

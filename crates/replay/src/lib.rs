@@ -21,10 +21,12 @@
 
 mod address_table;
 mod causal;
+mod inherit;
 mod live;
 mod merge;
 mod timeline;
 
+pub use inherit::Inherited;
 pub use live::{Block, Change, LiveSet};
 pub use merge::{Outcome, Progress, ThreadEvent, Visitor, on_progress, replay};
 pub use timeline::Timeline;

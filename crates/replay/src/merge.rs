@@ -10,14 +10,15 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use memgap_trace::event::{self, DeltaState, Event};
-use memgap_trace::records::{End, EventsPiece, Exit, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
+use memgap_trace::records::{End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::numa::{MemorySamples, Placement, Topology};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
 
-use crate::{LiveSet, Timeline};
 use crate::causal::RoundOrder;
+use crate::inherit::{self, Cut, Inherited, Inheriting, Lineage};
+use crate::{LiveSet, Timeline};
 
 /// A heap event and the thread that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,11 @@ pub trait Visitor {
     fn note(&mut self, _time: u64, _text: &str) {}
     /// The agent's END record: the image ended (exit or exec) or recording failed.
     fn end(&mut self, _end: &End) {}
+    /// A forked child's trace, right after its process: the parent's heap
+    /// history up to the fork ([`Inherited`]), then [`Inherited::End`].
+    /// Not the child's own calls: a visitor keeping the heap's state
+    /// applies them, one counting calls does not count them.
+    fn inherited(&mut self, _item: Inherited<'_>) {}
     /// How the process ended, as seen by `memgap run`; always last.
     fn exit(&mut self, _exit: &Exit) {}
     /// The live set, for a visitor that keeps one. The replay asks it which
@@ -304,6 +310,7 @@ struct Merger<'v, V: Visitor> {
     outcome: Outcome,
     decoding: Decoding,
     round_order: RoundOrder,
+    lineage: Lineage,
 }
 
 /// Told how far a replay has read: (bytes of the trace read, its length).
@@ -322,7 +329,8 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     let trace = TraceFile::open(path)?;
     let progress = PROGRESS.get();
     let total = trace.len();
-    let mut merger = Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), due: Vec::new(), lengths: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), decoding: Decoding::default(), round_order: RoundOrder::default() };
+    let lineage = Lineage { dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(), run_id: trace.header().run_id, ..Lineage::default() };
+    let mut merger = Merger::new(visitor, Decoding::default(), lineage);
     let tail = trace.for_each_chunk(|offset, chunk| {
         if let Some(progress) = progress {
             progress(offset, total);
@@ -346,13 +354,21 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     Ok(merger.outcome)
 }
 
-impl<V: Visitor> Merger<'_, V> {
+impl<'v, V: Visitor> Merger<'v, V> {
+    fn new(visitor: &'v mut V, decoding: Decoding, lineage: Lineage) -> Merger<'v, V> {
+        Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), due: Vec::new(), lengths: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), decoding, round_order: RoundOrder::default(), lineage }
+    }
+
     fn record(&mut self, record: Record<'_>) {
         match record {
             Record::Events(piece) => self.decode(piece),
             Record::Clock(clock) => {
                 self.outcome.timeline.add(&clock);
                 self.release(self.watermark);
+                // Every event before the watermark is handed on: past the fork, done.
+                if let Some(cut) = self.lineage.cut.as_mut().filter(|cut| cut.active && self.watermark > cut.time) {
+                    cut.reached = true;
+                }
                 self.watermark = clock.time;
             }
             Record::Rss(rss) => self.samples.push_back(Sample::Rss(rss)),
@@ -365,15 +381,29 @@ impl<V: Visitor> Merger<'_, V> {
             Record::MemorySamples(samples) => self.visitor.memory_samples(&samples),
             Record::Process(process) => {
                 self.release(u64::MAX);
+                if let Some(cut) = &mut self.lineage.cut {
+                    if cut.active {
+                        // The forking image ended (an exec) before the watermark passed the fork.
+                        cut.reached = true;
+                        return;
+                    }
+                    cut.active = cut.is_forking_image(&process);
+                    cut.found |= cut.active;
+                }
                 self.threads.clear();
                 if process.image == 0 || self.outcome.events == 0 {
                     self.outcome.timeline.start(&process);
                 }
+                self.lineage.image = Some((process.pid, process.start_time, process.start_monotonic_ns));
                 self.visitor.process(&process);
             }
+            Record::Fork(fork) => self.inherit(&fork),
             Record::Modules(modules) => self.visitor.modules(&modules),
             Record::End(end) => {
                 self.release(u64::MAX);
+                if let Some(cut) = self.lineage.cut.as_mut().filter(|cut| cut.active) {
+                    cut.reached = true;
+                }
                 self.visitor.end(&end);
             }
             Record::Exit(exit) => self.exit = Some(exit),
@@ -394,8 +424,67 @@ impl<V: Visitor> Merger<'_, V> {
         queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: !continues });
     }
 
+    /// A forked child's FORK record: its visitor gets the parent's heap at
+    /// the fork. A parent's image other than the forking one inherits
+    /// nothing (it is not handed on).
+    fn inherit(&mut self, fork: &Fork) {
+        let Some((pid, start_time, start_ns)) = self.lineage.image else { return };
+        if self.lineage.cut.is_some_and(|cut| !cut.active) {
+            return;
+        }
+        let inherited = self.read_parent(fork, start_time, start_ns);
+        let failure = inherited.err().or_else(|| self.lineage.failure.take());
+        if self.lineage.generation > 0 {
+            self.lineage.failure = failure;
+            return;
+        }
+        if let Some(why) = failure {
+            self.visitor.note(start_time, &format!("process {pid} was forked from process {}, but {why}: the heap it inherited is not known (frees of inherited blocks count as untracked)", fork.parent_pid));
+        }
+        self.visitor.inherited(Inherited::End);
+    }
+
+    /// Replays the parent's trace up to the fork into [`Inheriting`].
+    fn read_parent(&mut self, fork: &Fork, child_start_time: u64, child_start_ns: u64) -> Result<(), String> {
+        if self.lineage.generation >= inherit::MAX_GENERATIONS {
+            return Err(format!("its ancestry is longer than {} forks", inherit::MAX_GENERATIONS));
+        }
+        let path = inherit::parent_trace(&self.lineage.dir, fork)?;
+        let trace = TraceFile::open(&path).map_err(|error| format!("its trace {} cannot be read ({error})", path.display()))?;
+        if trace.header().run_id != self.lineage.run_id {
+            return Err(format!("{} is the trace of another run", path.display()));
+        }
+        let cut = Cut::of(fork);
+        let mut parent = Inheriting::new(&mut *self.visitor, cut, child_start_time, child_start_ns);
+        let lineage = Lineage { dir: self.lineage.dir.clone(), run_id: self.lineage.run_id, generation: self.lineage.generation + 1, cut: Some(cut), ..Lineage::default() };
+        let mut merger = Merger::new(&mut parent, std::mem::take(&mut self.decoding), lineage);
+        let read = trace.for_each_chunk_until(|_, chunk| {
+            for record in Records::new(chunk).flatten() {
+                merger.record(record);
+                if merger.lineage.cut.is_some_and(|cut| cut.reached) {
+                    return Ok(std::ops::ControlFlow::Break(()));
+                }
+            }
+            Ok(std::ops::ControlFlow::Continue(()))
+        });
+        merger.release(u64::MAX);
+        let (found, failure) = (merger.lineage.cut.is_some_and(|cut| cut.found), merger.lineage.failure.take());
+        self.decoding = std::mem::take(&mut merger.decoding);
+        read.map_err(|error| format!("its trace {} cannot be read ({error})", path.display()))?;
+        if !found {
+            return Err(format!("its trace {} does not hold the image that forked", path.display()));
+        }
+        self.lineage.failure = failure;
+        Ok(())
+    }
+
     /// Hands the visitor every queued item older than `limit`, in time order.
     fn release(&mut self, limit: u64) {
+        // Reading a parent: nothing after the fork.
+        let limit = match self.lineage.cut {
+            Some(cut) if cut.active => limit.min(cut.limit()),
+            _ => limit,
+        };
         let mut due = std::mem::take(&mut self.due);
         let Merger { threads, decoding, outcome, visitor, .. } = self;
         due.extend(threads.iter_mut().filter_map(|(&thread, queue)| {

@@ -1,5 +1,6 @@
 //! Opens a trace file and walks its chunks, verifying each.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -76,6 +77,13 @@ impl TraceFile {
     /// before: those were a tenth of a replay's time, on one core while
     /// the machine nearly always has another.
     pub fn for_each_chunk(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError> {
+        let tail = self.for_each_chunk_until(|offset, raw| visit(offset, raw).map(|()| ControlFlow::Continue(())))?;
+        Ok(tail.unwrap_or(Tail::Clean))
+    }
+
+    /// [`Self::for_each_chunk`] until `visit` breaks: then `None` (the rest
+    /// of the file is not read).
+    pub fn for_each_chunk_until(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, TraceError>) -> Result<Option<Tail>, TraceError> {
         if self.bytes.len() < READ_AHEAD_MIN_BYTES {
             return self.for_each_chunk_here(visit);
         }
@@ -121,29 +129,34 @@ impl TraceFile {
                             Some(range) => &self.bytes[range.clone()],
                             None => &buffer[..],
                         };
-                        visit(offset as u64, raw)?;
+                        if visit(offset as u64, raw)?.is_break() {
+                            // Dropping `ready` stops the reader.
+                            return Ok(None);
+                        }
                         let _ = spent.send(buffer);
                         dropped = self.drop_pages_before(next, dropped);
                     }
-                    Ahead::End(tail) => return Ok(tail),
+                    Ahead::End(tail) => return Ok(Some(tail)),
                 }
             }
         })
     }
 
     /// [`Self::for_each_chunk`] on the calling thread alone.
-    fn for_each_chunk_here(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError> {
+    fn for_each_chunk_here(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, TraceError>) -> Result<Option<Tail>, TraceError> {
         let mut offset = FILE_HEADER_LEN;
         let mut dropped = 0;
         let mut scratch = Vec::new();
         loop {
             match read_chunk_into(&self.bytes, offset, &mut scratch)? {
                 ChunkRef::Chunk { raw, next, .. } => {
-                    visit(offset as u64, raw)?;
+                    if visit(offset as u64, raw)?.is_break() {
+                        return Ok(None);
+                    }
                     offset = next;
                     dropped = self.drop_pages_before(offset, dropped);
                 }
-                ChunkRef::End(tail) => return Ok(tail),
+                ChunkRef::End(tail) => return Ok(Some(tail)),
             }
         }
     }
@@ -209,7 +222,7 @@ mod tests {
         for tail in [&b""[..], b"MGCK\x01\x00\x00\x00", &[0u8; 64], b"garbage that is not a chunk"] {
             let file = TraceFile::open(&trace(dir.path(), tail)).unwrap();
             let ahead = chunks(|visit| file.for_each_chunk(visit));
-            let here = chunks(|visit| file.for_each_chunk_here(visit));
+            let here = chunks(|visit| file.for_each_chunk_here(|offset, raw| visit(offset, raw).map(|()| ControlFlow::Continue(()))).map(|tail| tail.expect("read to the end")));
             assert_eq!(ahead.0.len(), 24);
             assert_eq!(ahead, here, "tail {tail:?}");
         }
@@ -226,5 +239,18 @@ mod tests {
         });
         assert!(matches!(result, Err(TraceError::NotATrace)));
         assert_eq!(visited, 3);
+    }
+
+    #[test]
+    fn a_visitor_that_breaks_reads_no_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = TraceFile::open(&trace(dir.path(), b"")).unwrap();
+        let mut visited = 0;
+        let result = file.for_each_chunk_until(|_, _| {
+            visited += 1;
+            Ok(if visited == 5 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+        });
+        assert!(matches!(result, Ok(None)));
+        assert_eq!(visited, 5);
     }
 }

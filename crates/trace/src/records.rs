@@ -15,6 +15,7 @@ pub const TAG_SNAPSHOT: u8 = 9;
 pub const TAG_THREAD: u8 = 10;
 pub const TAG_ALLOCATOR: u8 = 11;
 pub const TAG_METRICS: u8 = 12;
+pub const TAG_FORK: u8 = 13;
 /// NUMA records (see [`crate::numa`]).
 pub const TAG_TOPOLOGY: u8 = 20;
 pub const TAG_PLACEMENT: u8 = 21;
@@ -44,6 +45,21 @@ pub struct Process {
     pub cpu_count: u32,
     pub exe: String,
     pub argv: Vec<String>,
+}
+
+/// A forked child's origin, right after its PROCESS record: its heap at
+/// the start is its parent's at the fork.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fork {
+    pub parent_pid: u32,
+    /// The forking image: its PROCESS record's `start_monotonic_ns`.
+    pub parent_image_start_ns: u64,
+    /// The fork in the parent's clock: it came after every event of the
+    /// parent stamped this time or earlier, before every later one.
+    pub time: u64,
+    /// The parent's trace, a file name in the same directory as this trace
+    /// (filled in by the recorder; empty when it did not know it).
+    pub parent_trace: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -283,6 +299,7 @@ pub enum Record<'a> {
     /// jemalloc…), which tells readers how blocks are laid out.
     Allocator { path: String },
     Metrics(Metrics),
+    Fork(Fork),
     Topology(crate::numa::Topology),
     Placement(crate::numa::Placement),
     MemorySamples(crate::numa::MemorySamples),
@@ -384,6 +401,13 @@ impl Record<'_> {
                     b.extend_from_slice(&value.to_le_bytes());
                 }
                 TAG_METRICS
+            }
+            Record::Fork(f) => {
+                for v in [f.parent_pid as u64, f.parent_image_start_ns, f.time] {
+                    varint::push(b, v);
+                }
+                varint::push_bytes(b, f.parent_trace.as_bytes());
+                TAG_FORK
             }
             Record::Topology(t) => {
                 crate::numa::encode_topology(b, t);
@@ -628,6 +652,7 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             }
             Record::Metrics(Metrics { monotonic_ns, source, kind, values })
         }
+        TAG_FORK => Record::Fork(Fork { parent_pid: u32_of(c.varint()?)?, parent_image_start_ns: c.varint()?, time: c.varint()?, parent_trace: c.string()? }),
         TAG_TOPOLOGY => Record::Topology(crate::numa::decode_topology(&mut c, body.len())?),
         TAG_PLACEMENT => Record::Placement(crate::numa::decode_placement(&mut c, body.len())?),
         TAG_MEMORY_SAMPLES => Record::MemorySamples(crate::numa::decode_samples(&mut c, body.len())?),
@@ -682,6 +707,7 @@ mod tests {
             Record::Thread(Thread { thread: 2, tid: 99, stack_hint: 0x7fff_0000 }),
             Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() },
             Record::Metrics(Metrics { monotonic_ns: 123, source: "go".into(), kind: "sample".into(), values: vec![("/memory/classes/heap/free:bytes".into(), 8192.0), ("x[16]".into(), 0.5)] }),
+            Record::Fork(Fork { parent_pid: 41, parent_image_start_ns: 6, time: 1234, parent_trace: "t.mgt".into() }),
             Record::Topology(crate::numa::Topology { nodes: vec![crate::numa::NumaNode { id: 0, cpus: vec![0, 1], memory_bytes: 1 << 30, distances: vec![10, 21] }, crate::numa::NumaNode { id: 1, cpus: vec![2, 3], memory_bytes: 1 << 30, distances: vec![21, 10] }] }),
             Record::Placement(crate::numa::Placement { time: 77, page_size: 4096, stride: 1, error: 0, cost_ns: 5, mappings: vec![crate::numa::MappingPlacement { start: 0x1000, pages: 4, runs: vec![(crate::numa::NOT_PRESENT, 1), (1, 3)] }] }),
             Record::MemorySamples(crate::numa::MemorySamples {

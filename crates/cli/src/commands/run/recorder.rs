@@ -281,9 +281,9 @@ fn discover(dir: &Path, seen: &mut std::collections::HashSet<(PathBuf, u64)>, pr
         let done = Arc::new(AtomicBool::new(false));
         let give_up = Arc::new(AtomicBool::new(false));
         let trace = trace_path(pid);
-        let (settings, thread_done, thread_give_up) = (settings.clone(), done.clone(), give_up.clone());
+        let (settings, thread_done, thread_give_up, names) = (settings.clone(), done.clone(), give_up.clone(), trace_path.clone());
         let thread = std::thread::Builder::new().name(format!("memgap-rec-{pid}")).spawn(move || {
-            let outcome = record_process(mapped, receiver, trace, &settings, &thread_give_up);
+            let outcome = record_process(mapped, receiver, trace, &settings, &thread_give_up, &names);
             thread_done.store(true, Release);
             outcome
         });
@@ -297,7 +297,7 @@ fn discover(dir: &Path, seen: &mut std::collections::HashSet<(PathBuf, u64)>, pr
 }
 
 /// Records one process (all its images) until it ends; then its trace is whole.
-fn record_process(area: MappedArea, more_areas: Receiver<MappedArea>, trace: PathBuf, settings: &Settings, give_up: &AtomicBool) -> Outcome {
+fn record_process(area: MappedArea, more_areas: Receiver<MappedArea>, trace: PathBuf, settings: &Settings, give_up: &AtomicBool, names: &Arc<TracePath>) -> Outcome {
     let pid = area.pid;
     let mut outcome = Outcome { pid, trace: None, command: command_of(pid), given_up: false };
     let made = (pid == settings.top_pid).then_some(settings.top_identity).flatten();
@@ -312,7 +312,7 @@ fn record_process(area: MappedArea, more_areas: Receiver<MappedArea>, trace: Pat
     write_trace_path(&area, &trace);
     area.header().recorder_state.store(shared::RECORDER_ATTACHED, Release);
     outcome.trace = Some(trace.clone());
-    let mut process = ProcessRecorder::new(area, file, trace, settings);
+    let mut process = ProcessRecorder::new(area, file, trace, settings, names.clone());
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
     let pidfd = (pidfd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) });
     let exited = || match &pidfd {
@@ -451,10 +451,12 @@ struct ProcessRecorder {
     last_snapshot_after_trim: bool,
     trim_snapshot_pending: bool,
     stopped_noted: bool,
+    /// The run's trace names, for a fork child's parent.
+    names: Arc<TracePath>,
 }
 
 impl ProcessRecorder {
-    fn new(area: MappedArea, file: File, path: PathBuf, settings: &Settings) -> ProcessRecorder {
+    fn new(area: MappedArea, file: File, path: PathBuf, settings: &Settings, names: Arc<TracePath>) -> ProcessRecorder {
         let pid = area.pid;
         let now = monotonic_ns();
         ProcessRecorder {
@@ -484,6 +486,7 @@ impl ProcessRecorder {
             last_snapshot_after_trim: false,
             trim_snapshot_pending: false,
             stopped_noted: false,
+            names,
         }
     }
 
@@ -581,6 +584,13 @@ impl ProcessRecorder {
                 Ok(Record::Process(mut process)) => {
                     process.image = self.image;
                     self.push(&Record::Process(process));
+                }
+                Ok(Record::Fork(mut fork)) => {
+                    // The parent's trace, by the name this run gave it;
+                    // readers look for it beside this one.
+                    let parent = (self.names)(fork.parent_pid);
+                    fork.parent_trace = parent.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+                    self.push(&Record::Fork(fork));
                 }
                 Ok(record) => self.push(&record),
                 Err(_) => {}

@@ -1,0 +1,104 @@
+//! A forked child's heap is its parent's at the fork:
+//! tests/programs/fork_heap.c builds a heap, forks, and the child frees most
+//! of what it inherited (while the parent frees all of its copy), then
+//! measures its Rss around its own malloc_trim(0). The child's trace must
+//! know every block it frees, hold what the child says it holds, blame the
+//! inherited blocks on the parent's call site, and forecast what the real
+//! trim returned.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::Value;
+
+const MIB: f64 = 1048576.0;
+
+struct Child {
+    trace: PathBuf,
+    pid: u32,
+    /// What the child says it holds.
+    live: u64,
+    /// Its Rss before and after its malloc_trim(0).
+    trim: (f64, f64),
+}
+
+fn run(dir: &Path, args: &[&str]) -> Child {
+    let prog = compile(dir, "fork_heap.c");
+    let trace = dir.join("t.mgt");
+    let mut run = vec!["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog)];
+    run.extend_from_slice(args);
+    let out = memgap(dir, &run);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let figures = |key: &str| -> Vec<f64> {
+        let line = stdout.lines().find_map(|l| l.strip_prefix(key).map(str::to_string)).unwrap_or_else(|| panic!("no {key} in {stdout:?}"));
+        line.split_whitespace().map(|n| n.parse().unwrap()).collect()
+    };
+    let pid = figures("child ")[0] as u32;
+    let trim = figures("trim ");
+    Child { trace: dir.join(format!("t.{pid}.mgt")), pid, live: figures("live ")[0] as u64, trim: (trim[0], trim[1]) }
+}
+
+/// The ledger at the child's snapshot right before its trim (the first the
+/// program asked for).
+fn before_trim(trace: &Path) -> Value {
+    let out = memgap(trace.parent().unwrap(), &["timeline", arg(trace), "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).expect("timeline JSON");
+    all.into_iter().find(|l| l["snapshot_reason"] == "program").expect("the child's snapshot")
+}
+
+fn assert_child_knows_its_heap(mode: &str, keep_every: &str) {
+    let (_tmp, dir) = tempdir();
+    let child = run(&dir, &[mode, keep_every]);
+    let summary = summary_json(&child.trace);
+    assert_eq!(number(&summary, "untracked_frees"), 0, "{mode}: every inherited block the child frees is known: {summary:#}");
+    assert_eq!(number(&summary, "overlapping_allocations"), 0, "{mode}: {summary:#}");
+    assert!(events(&summary, "free") > 10_000, "{mode}: the child freed most of ~35,000 blocks: {summary:#}");
+    // Its stdout buffer and what dlsym keeps come on top of what it counts.
+    let live = number(&summary, "live_bytes_at_end");
+    assert!(live >= child.live && live - child.live < 64 * 1024, "{mode}: the child holds {} bytes, its trace says {live}", child.live);
+    // The parent's own frees after the fork are its own.
+    assert_eq!(number(&summary_json(&dir.join("t.mgt")), "untracked_frees"), 0);
+
+    let ledger = before_trim(&child.trace);
+    let forecast = ledger["trim_would_return_bytes"].as_f64().expect("a forecast");
+    let returned = child.trim.0 - child.trim.1;
+    assert!(returned > 20.0 * MIB, "{mode}: the inherited heap's free pages came back: {returned}");
+    assert!((forecast - returned).abs() <= (0.05 * returned).max(MIB), "{mode}: forecast {forecast}, malloc_trim(0) in the child returned {returned}: {:#}", ledger["heaps"]);
+
+    // The blocks it kept are blamed on where the parent allocated them.
+    let out = memgap(&dir, &["blame", arg(&child.trace), "--json", "--at", "end", "--by", "live", "--top", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let blame: Value = serde_json::from_slice(&out.stdout).expect("blame JSON");
+    let top = &blame[0];
+    assert_eq!(top["function"], "build", "{mode}: {blame:#}");
+    assert!(top["objects"].as_u64().unwrap() > 1000, "{mode}: {top:#}");
+}
+
+#[test]
+fn a_child_frees_blocks_it_inherited_from_the_main_arena() {
+    assert_child_knows_its_heap("main", "16");
+}
+
+/// The parent's worker built the heap in a thread arena; the child (forked
+/// from the main thread) frees into its tcache and that arena's bins.
+#[test]
+fn a_child_frees_blocks_it_inherited_from_a_thread_arena() {
+    assert_child_knows_its_heap("thread", "16");
+}
+
+/// Without the parent's trace the child's says what it cannot know.
+#[test]
+fn a_child_without_its_parents_trace_says_so() {
+    let (_tmp, dir) = tempdir();
+    let child = run(&dir, &["main", "4"]);
+    std::fs::rename(dir.join("t.mgt"), dir.join("elsewhere")).unwrap();
+    let summary = summary_json(&child.trace);
+    let notes = summary["notes"].as_array().unwrap();
+    let parent = format!("forked from process {}", summary["ppid"]);
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains(&parent) && n.as_str().unwrap().contains("t.mgt")), "child {}: {notes:#?}", child.pid);
+    assert!(number(&summary, "untracked_frees") > 10_000, "{summary:#}");
+}
