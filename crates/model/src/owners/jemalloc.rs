@@ -19,10 +19,6 @@ impl MallocLayout for JemallocMalloc {}
 impl Allocator for JemallocMalloc {
     const NAME: &'static str = NAME;
 
-    fn serves(path: &str) -> bool {
-        path.rsplit('/').next().is_some_and(|file| file.contains("jemalloc"))
-    }
-
     fn remedies(_ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
         let retained = finding_bytes(findings, NAME, "retained");
         let lazy = finding_bytes(findings, NAME, "lazy_free");

@@ -14,8 +14,11 @@ const FINDING_MIN_SHARE: f64 = 0.01;
 /// One malloc implementation.
 pub trait Allocator: MallocLayout + Default {
     const NAME: &'static str;
-    /// Whether the library at `path` (the agent's ALLOCATOR record) is this malloc.
-    fn serves(path: &str) -> bool;
+    /// Whether the library at `path` (the agent's ALLOCATOR record) is this
+    /// malloc: by default, its file name contains the allocator's name.
+    fn serves(path: &str) -> bool {
+        path.rsplit('/').next().is_some_and(|file| file.contains(Self::NAME))
+    }
     /// Its own remedies for the findings (only knobs of this allocator).
     fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy>;
 }

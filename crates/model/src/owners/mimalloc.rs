@@ -17,10 +17,6 @@ impl MallocLayout for MimallocMalloc {}
 impl Allocator for MimallocMalloc {
     const NAME: &'static str = NAME;
 
-    fn serves(path: &str) -> bool {
-        path.rsplit('/').next().is_some_and(|file| file.contains("mimalloc"))
-    }
-
     fn remedies(_ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
         let retained = finding_bytes(findings, NAME, "retained");
         let lazy = finding_bytes(findings, NAME, "lazy_free");

@@ -18,10 +18,6 @@ impl MallocLayout for TcmallocMalloc {}
 impl Allocator for TcmallocMalloc {
     const NAME: &'static str = NAME;
 
-    fn serves(path: &str) -> bool {
-        path.rsplit('/').next().is_some_and(|file| file.contains("tcmalloc"))
-    }
-
     fn remedies(_ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
         let retained = finding_bytes(findings, NAME, "retained");
         let mut out = Vec::new();
