@@ -1,6 +1,6 @@
 // chatter: one goroutine allocates 64 KiB slices (a GC every few ms)
 // while the main goroutine writes its stderr in pieces: words without a
-// newline, a bare newline every 37 words, and a last line without one.
+// newline, a line end every 37 words, and a last line without one.
 // Its stderr is the same on every run.
 package main
 
@@ -27,7 +27,7 @@ func main() {
 	for i := 0; i < 6000; i++ {
 		fmt.Fprintf(os.Stderr, "p%d ", i)
 		if i%37 == 36 {
-			fmt.Fprintln(os.Stderr)
+			fmt.Fprintln(os.Stderr, "|")
 		}
 	}
 	stop.Store(true)

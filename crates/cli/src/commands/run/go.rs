@@ -352,6 +352,15 @@ fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
 fn stderr_pipe() -> anyhow::Result<(OwnedFd, OwnedFd, bool)> {
     let mut fds = [0; 2];
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_DIRECT) } == 0 {
+        // Each write takes a page of the pipe whatever its length: the default
+        // 16 pages fill at once, and the writers that waited for room (the
+        // runtime's thread among them) resume in any order, mixing their
+        // writes more than the program did.
+        for size in [1 << 20, 256 << 10] {
+            if unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, size) } >= 0 {
+                break;
+            }
+        }
         return Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]), true) });
     }
     let (read, write) = pipe()?;
@@ -361,7 +370,7 @@ fn stderr_pipe() -> anyhow::Result<(OwnedFd, OwnedFd, bool)> {
 /// Passes the program's stderr on as it comes, minus the gctrace lines when
 /// `strip` (they go to the recorder either way). `packets`: each read is
 /// one write of the program's.
-fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, packets: bool, strip: bool, sender: Sender<Message>) {
+fn spawn_stderr_filter(mut stderr: File, packets: bool, strip: bool, sender: Sender<Message>) {
     std::thread::spawn(move || {
         let mut out = std::io::stderr();
         // A packet is at most PIPE_BUF bytes; a shorter read would lose the rest.
@@ -370,18 +379,27 @@ fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, packets: bool, st
         let mut pieces = GctracePieces { strip, ..GctracePieces::default() };
         let mut to_write = Vec::new();
         loop {
+            to_write.clear();
+            if let Some(deadline) = pieces.patience_ends() {
+                // A held line is let go when its next piece is overdue, even if nothing else comes.
+                if !readable_before(&stderr, deadline) {
+                    pieces.let_go(&mut to_write);
+                    let _ = out.write_all(&to_write);
+                    let _ = out.flush();
+                    continue;
+                }
+            }
             let n = match stderr.read(&mut buffer) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
-            to_write.clear();
             let gc = |gc| {
                 let _ = sender.send(Message::Gc(gc, monotonic_ns()));
             };
             if packets {
-                pieces.feed(&buffer[..n], &mut to_write, gc);
+                pieces.feed(&buffer[..n], Instant::now(), &mut to_write, gc);
             } else {
                 filter.feed(&buffer[..n], &mut to_write, gc);
             }
@@ -394,6 +412,23 @@ fn spawn_stderr_filter(mut stderr: impl Read + Send + 'static, packets: bool, st
         let _ = out.write_all(&to_write);
         let _ = sender.send(Message::StderrClosed);
     });
+}
+
+/// Whether `file` has something to read (or its end) before `deadline`.
+fn readable_before(file: &File, deadline: Instant) -> bool {
+    loop {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let mut poll = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let timeout = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX).max(1);
+        match unsafe { libc::poll(&mut poll, 1, timeout) } {
+            0 if Instant::now() >= deadline => return false,
+            0 => {}
+            n if n > 0 => return true,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            // A poll that fails: reading decides.
+            _ => return true,
+        }
+    }
 }
 
 /// A gctrace line as the Go runtime writes it (runtime/mgc.go prints each
@@ -438,14 +473,24 @@ struct GctracePieces {
     /// The last literal piece's step, and whether a number followed it.
     step: usize,
     number_seen: bool,
-    /// Writes since the line began: a line never finished is let go.
-    writes: usize,
+    /// When the last piece of the line came: a line whose next piece is
+    /// overdue was never the runtime's and is let go.
+    last_piece: Option<Instant>,
 }
 
 impl GctracePieces {
-    const PATIENCE_WRITES: usize = 512;
+    /// The runtime writes a line's pieces back to back under its print
+    /// lock, but its thread may wait for a CPU while the program's own
+    /// threads write hundreds of times: patience is counted in time.
+    const PATIENCE: Duration = Duration::from_secs(2);
 
-    fn feed(&mut self, packet: &[u8], out: &mut Vec<u8>, mut gc: impl FnMut(gctrace::GcLine)) {
+    /// When a held line is let go if no next piece comes: the runtime's
+    /// surely comes, however late.
+    fn patience_ends(&self) -> Option<Instant> {
+        self.last_piece.filter(|_| !self.held.is_empty() && !self.surely_runtimes()).map(|last| last + Self::PATIENCE)
+    }
+
+    fn feed(&mut self, packet: &[u8], now: Instant, out: &mut Vec<u8>, mut gc: impl FnMut(gctrace::GcLine)) {
         if self.held.is_empty() {
             // A runtime that writes the whole line at once.
             if packet.starts_with(b"gc ") && packet.ends_with(b"\n") && !packet[..packet.len() - 1].contains(&b'\n') {
@@ -461,15 +506,15 @@ impl GctracePieces {
                 out.extend_from_slice(packet);
                 return;
             }
-            (self.step, self.number_seen, self.writes) = (0, false, 0);
+            (self.step, self.number_seen) = (0, false);
         } else if !self.fits(packet) {
-            out.extend_from_slice(packet);
-            self.writes += 1;
-            if self.writes > Self::PATIENCE_WRITES {
+            if self.patience_ends().is_some_and(|end| now >= end) {
                 self.let_go(out);
             }
+            out.extend_from_slice(packet);
             return;
         }
+        self.last_piece = Some(now);
         if !self.strip {
             // The user reads gctrace too: every write in its place, as plain.
             out.extend_from_slice(packet);
@@ -504,9 +549,16 @@ impl GctracePieces {
         }
     }
 
-    /// Gives up on a line (its pieces go out as they were, when stripped).
+    /// Whether the held line is surely the runtime's: the program's own
+    /// writes would have to be "gc ", digits alone and " @" in a row.
+    fn surely_runtimes(&self) -> bool {
+        self.held.len() >= 3
+    }
+
+    /// Gives up on a line. The runtime's, cut off by the program's exit,
+    /// goes nowhere; a false start's pieces go out as they were, when stripped.
     fn let_go(&mut self, out: &mut Vec<u8>) {
-        if self.strip {
+        if self.strip && !self.surely_runtimes() {
             out.extend_from_slice(&self.held.concat());
         }
         self.held.clear();
@@ -708,10 +760,17 @@ mod tests {
     ];
 
     fn run_packets(strip: bool, packets: &[&str]) -> (String, Vec<gctrace::GcLine>) {
+        run_packets_apart(strip, packets, Duration::ZERO)
+    }
+
+    /// Each packet comes `apart` after the one before.
+    fn run_packets_apart(strip: bool, packets: &[&str], apart: Duration) -> (String, Vec<gctrace::GcLine>) {
         let mut pieces = GctracePieces { strip, ..GctracePieces::default() };
         let (mut out, mut gcs) = (Vec::new(), Vec::new());
+        let mut now = Instant::now();
         for packet in packets {
-            pieces.feed(packet.as_bytes(), &mut out, |gc| gcs.push(gc));
+            pieces.feed(packet.as_bytes(), now, &mut out, |gc| gcs.push(gc));
+            now += apart;
         }
         pieces.let_go(&mut out);
         (String::from_utf8(out).unwrap(), gcs)
@@ -746,5 +805,33 @@ mod tests {
     fn a_gctrace_line_written_at_once_and_a_false_start() {
         let (out, gcs) = run_packets(true, &["x\n", GC, "gc ", "is fun\n"]);
         assert_eq!((out.as_str(), gcs.len()), ("x\nis fun\ngc ", 1), "a lone \"gc \" is held until the end");
+    }
+
+    #[test]
+    fn a_line_whose_runtime_thread_waits_while_the_program_writes_much_is_still_taken_out() {
+        let program: Vec<String> = (0..5000).map(|i| format!("p{i} ")).collect();
+        let mut packets: Vec<&str> = GC_PIECES[..20].to_vec();
+        packets.extend(program.iter().map(String::as_str));
+        packets.extend(&GC_PIECES[20..]);
+        let (out, gcs) = run_packets_apart(true, &packets, Duration::from_micros(100));
+        assert_eq!(out, program.concat());
+        assert_eq!(gcs.len(), 1);
+    }
+
+    #[test]
+    fn a_false_start_is_let_go_in_its_place_once_its_next_piece_is_overdue() {
+        let (out, gcs) = run_packets_apart(true, &["x\n", "gc ", "is fun\n", "more\n"], GctracePieces::PATIENCE * 6 / 10);
+        assert_eq!((out.as_str(), gcs.len()), ("x\nis fun\ngc more\n", 0));
+        let (out, _) = run_packets_apart(true, &["gc ", "is fun\n"], GctracePieces::PATIENCE);
+        assert_eq!(out, "gc is fun\n", "a piece that would not fit anyway once overdue");
+    }
+
+    #[test]
+    fn the_runtimes_line_cut_off_by_the_exit_goes_nowhere() {
+        let packets = [&["a "][..], &GC_PIECES[..9], &["b"]].concat();
+        let (out, gcs) = run_packets_apart(true, &packets, GctracePieces::PATIENCE * 2);
+        assert_eq!((out.as_str(), gcs.len()), ("a b", 0));
+        let (out, _) = run_packets(false, &packets);
+        assert_eq!(out, packets.concat(), "kept in place when the user asked for gctrace");
     }
 }
