@@ -162,16 +162,18 @@ impl HeapOwner for PythonOwner {
         if kept < WORTH_TRYING {
             return out;
         }
-        out.push(Remedy::new(
-            "python-malloc",
-            NAME,
-            "let malloc serve Python's small objects instead of pymalloc, whose arenas go back to the kernel only when every pool in them is empty: PYTHONMALLOC=malloc",
-            &[("PYTHONMALLOC", "malloc")],
-            kept,
-        ));
-        if ledger.allocator.ends_with("/libc.so.6") {
-            // glibc then holds the freed small blocks instead; its trim gives
-            // back their whole pages.
+        if !ledger.allocator.ends_with("/libc.so.6") {
+            // A malloc that returns free pages by itself (decay, purge).
+            out.push(Remedy::new(
+                "python-malloc",
+                NAME,
+                "let malloc serve Python's small objects instead of pymalloc, whose arenas go back to the kernel only when every pool in them is empty: PYTHONMALLOC=malloc",
+                &[("PYTHONMALLOC", "malloc")],
+                kept,
+            ));
+        } else {
+            // glibc then holds the freed small blocks instead, between
+            // survivors, and gives their pages back only to malloc_trim.
             out.push(Remedy::new(
                 "python-malloc-trim",
                 NAME,
