@@ -73,8 +73,9 @@ pub fn report(report: &Report, trace_name: &str) -> String {
     }
     // The data goes in last: no string from the trace is searched for a placeholder.
     let go_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("go")) { crate::go::PANEL } else { "" };
+    let node_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("node")) { crate::node::PANEL } else { "" };
     TEMPLATE
-        .replace("<!--GO-->", go_panel)
+        .replace("<!--GO-->", &format!("{go_panel}{node_panel}"))
         .replace("/*STYLE*/", STYLE)
         .replace("/*SCRIPT*/", SCRIPT)
         .replacen("<!--DATA-->", &format!("<script type=\"application/json\" id=\"data\">{}</script>\n{pages}", script_safe_json(&data)), 1)
@@ -176,6 +177,7 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "go": l.sections.get("go"),
         "pagemap": maps,
         "ruby": l.sections.get("ruby"),
+        "node": l.sections.get("node"),
         "owners": l.owners,
         "gap_owner": l.gap_owner,
         "findings": l.findings,

@@ -1,10 +1,14 @@
-//! Node.js's part of the views: V8's heap spaces in the terminal ledger.
+//! Node.js's part of the views: V8's heap spaces in the terminal ledger, and
+//! the report's Node panel (spaces over time beside VmRSS).
 
 use std::fmt::Write;
 
 use memgap_model::owners::node::NodeLayer;
 
 use crate::format::{bytes, count};
+
+/// The report's Node panel, put in when a snapshot has a `node` section.
+pub const PANEL: &str = include_str!("report/node.html");
 
 /// Lines for the terminal ledger, after the malloc tables.
 pub fn section(n: &NodeLayer) -> String {

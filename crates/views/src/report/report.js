@@ -681,6 +681,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     $('ledger').setAttribute('data-snapshot', String(index));
     showRuby(s);
     if (window.memgapGo && $('go-panel')) window.memgapGo(s, fmtBytes);
+    if (window.memgapNode && $('node-panel')) window.memgapNode(s, fmtBytes);
   }
 
   // ---- Ruby layer (present when memgap's Ruby sampler ran) --------------------
