@@ -296,3 +296,22 @@ fn owners_shares_and_measured_remedies_are_shown() {
     // thread_churn's eight arenas keep ~64 MiB that the trim library returns.
     assert!(dom.contains("class=\"measured-lower\">steady RSS"), "what compare measured");
 }
+
+#[test]
+fn a_node_trace_shows_v8s_heap_spaces() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, _) = culprit_report();
+    let dom = dump_dom(browser, &format!("file://{}", html.display()));
+    assert!(!dom.contains("id=\"node-panel\""), "a C program has no Node panel");
+
+    let (_tmp, dir) = tempdir();
+    let program = programs_dir().join("node").join("heap.js");
+    let out = memgap(&dir, &["run", "-q", "--report", "-o", "heap.mgt", "--", "node", arg(&program), "40", "1600"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let dom = dump_dom(browser, &format!("file://{}", dir.join("heap.html").display()));
+    assert!(dom.contains("id=\"node-panel\" class=\"panel\" data-ready=\"true\""), "the Node panel is not ready");
+    let spaces = dom.split("id=\"node-spaces\"").nth(1).expect("the spaces table");
+    let spaces = &spaces[..spaces.find("</table>").unwrap()];
+    assert!(spaces.contains("<td style=\"border-left: 6px solid") && spaces.contains(">old_space<"), "old space listed: {spaces}");
+    assert!(dom.contains("isolate") && dom.contains("mark-compacts"), "V8's figures are shown");
+}
