@@ -154,6 +154,63 @@ fn unescape(field: &str) -> String {
     out + rest
 }
 
+/// A cgroup of the unified (v2) hierarchy, named on a command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedCgroup {
+    /// Its directory, under the cgroup2 mount.
+    pub dir: PathBuf,
+    /// Its path as /proc/PID/cgroup shows it (`/system.slice/app.service`).
+    pub path: String,
+    mount: Mount,
+}
+
+/// The v2 cgroup `name`: its directory (`/sys/fs/cgroup/system.slice/app.service`)
+/// or its path as /proc/PID/cgroup shows it (`/system.slice/app.service`).
+pub fn v2_named(name: &str) -> Result<NamedCgroup, String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let mount = parse_mountinfo(&mountinfo).into_iter().find(|m| m.version == 2).ok_or("no cgroup v2 (unified) hierarchy is mounted here")?;
+    named_under(name, mount)
+}
+
+fn named_under(name: &str, mount: Mount) -> Result<NamedCgroup, String> {
+    let given = Path::new(name);
+    let dir = match given.strip_prefix(&mount.point) {
+        Ok(_) => given.to_path_buf(),
+        Err(_) => {
+            let relative = name.strip_prefix(mount.root.trim_end_matches('/')).unwrap_or(name);
+            mount.point.join(relative.trim_start_matches('/'))
+        }
+    };
+    if !dir.join("cgroup.procs").is_file() {
+        return Err(format!("{name} is not a cgroup v2 directory (no {})", dir.join("cgroup.procs").display()));
+    }
+    let below = dir.strip_prefix(&mount.point).unwrap_or(Path::new(""));
+    Ok(NamedCgroup { path: cgroup_path(&mount.root, below), dir, mount })
+}
+
+impl NamedCgroup {
+    /// Its memory figures now (limit, usage, OOM kills); None once it is gone
+    /// or when it is the root, which has no memory.current.
+    pub fn memory(&self) -> Option<CgroupMemory> {
+        read(&self.mount, &self.path, 2)
+    }
+
+    /// The processes in it and in the cgroups below it.
+    pub fn processes(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(dir) = dirs.pop() {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.lines().filter_map(|line| line.trim().parse::<u32>().ok()));
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            dirs.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,5 +285,28 @@ mod tests {
         assert_eq!((memory.version, memory.current_bytes, memory.max_bytes), (1, 6950912, Some(512 << 20)));
         assert_eq!((memory.stat.get("anon"), memory.stat.get("file")), (Some(&1757184), Some(&3846144)));
         assert_eq!(memory.limit_path.as_deref(), Some("/job"));
+    }
+
+    #[test]
+    fn a_v2_cgroup_named_by_directory_or_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let service = root.join("system.slice/app.service");
+        write(&root.join("system.slice"), "memory.max", "1073741824\n");
+        write(&service, "memory.max", "max\n");
+        write(&service, "memory.current", "8192\n");
+        write(&service, "cgroup.procs", "12\n7\n");
+        write(&service.join("worker"), "cgroup.procs", "40\n7\n");
+        write(&root.join("system.slice"), "cgroup.procs", "");
+        let mount = Mount { point: root.to_path_buf(), root: "/".into(), version: 2, options: String::new() };
+        let by_path = named_under("/system.slice/app.service", mount.clone()).expect("by cgroup path");
+        let by_dir = named_under(service.to_str().unwrap(), mount.clone()).expect("by directory");
+        assert_eq!(by_path, by_dir);
+        assert_eq!((by_path.path.as_str(), by_path.dir.as_path()), ("/system.slice/app.service", service.as_path()));
+        assert_eq!(by_path.processes(), [7, 12, 40]);
+        let memory = by_path.memory().expect("memory figures");
+        assert_eq!((memory.current_bytes, memory.max_bytes), (8192, Some(1 << 30)));
+        let error = named_under("/nowhere", mount).unwrap_err();
+        assert!(error.contains("not a cgroup v2 directory"), "{error}");
     }
 }

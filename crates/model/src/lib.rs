@@ -40,6 +40,7 @@ pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use go::{GoLedger, GoSizeClass};
 pub use heap_state::HeapState;
 pub use ledger::{Finding, GcMark, HeapLedger, HeapOwner, Ledger, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap, Remedy, Rows, SizeBucket};
+pub use outside::assess as assess_cgroup;
 pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
 pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, summary_and_ledger_at, timeline};
 pub use summary::{SizeCount, Summary};

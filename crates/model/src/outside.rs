@@ -333,8 +333,8 @@ fn heap_mapping(mapping: &Mapping, next: Option<&Mapping>, glibc: bool) -> HeapM
     }
 }
 
-/// How close the cgroup is to its limit.
-fn assess(mut cgroup: CgroupMemory) -> CgroupMemory {
+/// How close the cgroup is to its limit: fills `used_percent` and `headroom_bytes`.
+pub fn assess(mut cgroup: CgroupMemory) -> CgroupMemory {
     if let Some(max) = cgroup.max_bytes.filter(|&max| max > 0) {
         cgroup.used_percent = Some(cgroup.current_bytes as f64 * 100.0 / max as f64);
         cgroup.headroom_bytes = Some(max.saturating_sub(cgroup.current_bytes));

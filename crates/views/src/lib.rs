@@ -19,6 +19,7 @@ pub mod ghc;
 pub mod html;
 pub mod json;
 pub mod ledger;
+pub mod metrics;
 pub mod node;
 pub mod numa;
 pub mod outside;

@@ -2,6 +2,7 @@ pub mod attach;
 pub mod blame;
 pub mod compare;
 pub mod export;
+pub mod exporter;
 pub mod ghc;
 pub mod ledger;
 pub mod man;

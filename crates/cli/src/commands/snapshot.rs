@@ -19,9 +19,15 @@ pub struct Args {
     mappings: bool,
 }
 
+/// The outside ledger of `pid`: what `memgap snapshot` shows, and what
+/// `memgap exporter` publishes for each process it reads.
+pub fn ledger_of(pid: u32) -> Result<memgap_model::ProcessLedger, memgap_attach::AttachError> {
+    let reading = memgap_attach::read_process(pid)?;
+    Ok(memgap_model::outside_ledger(&reading))
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let reading = memgap_attach::read_process(args.pid)?;
-    let ledger = memgap_model::outside_ledger(&reading);
+    let ledger = ledger_of(args.pid)?;
     if args.json {
         output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
     } else {
