@@ -327,3 +327,68 @@ fn bad_input_fails_in_one_line() {
     let line = assert_one_line_failure(&memgap(&dir, &["exporter", "--listen", "not-an-address", "--all"]));
     assert!(line.contains("not-an-address"), "{line}");
 }
+
+/// The block of README.md's Production section that starts with `# NAME`.
+fn readme_yaml(name: &str) -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let production = &readme[readme.find("\n## Production\n").expect("a Production section in README.md")..];
+    let start = production.find(&format!("```yaml\n# {name}\n")).unwrap_or_else(|| panic!("no ```yaml block for {name} in README's Production section"));
+    let block = &production[start + "```yaml\n".len()..];
+    block[..block.find("```").unwrap()].to_string()
+}
+
+fn promtool(dir: &Path, args: &[&str]) {
+    let out = output_of(Command::new("promtool").args(args).current_dir(dir));
+    assert!(out.status.success(), "promtool {args:?}:\n{}{}", text(&out.stdout), text(&out.stderr));
+}
+
+#[test]
+fn the_readme_scrape_config_and_alert_rules_work() {
+    let (_tmp, dir) = tempdir();
+    std::fs::write(dir.join("prometheus.yml"), readme_yaml("prometheus.yml")).unwrap();
+    std::fs::write(dir.join("memgap-rules.yml"), readme_yaml("memgap-rules.yml")).unwrap();
+    promtool(&dir, &["check", "config", "prometheus.yml"]);
+    // Series shaped like the exporter's: a process whose heap is 2 GiB of a
+    // 2.2 GB RSS alerts, one whose heap is a quarter of its RSS does not; a
+    // cgroup with 5 % of its limit left alerts.
+    let cases = r#"
+rule_files: [memgap-rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'memgap_ledger_bytes{pid="42",comm="server",row="heap"}'
+        values: '2147483648x40'
+      - series: 'memgap_rss_bytes{pid="42",comm="server"}'
+        values: '2400000000x40'
+      - series: 'memgap_ledger_bytes{pid="43",comm="cache",row="heap"}'
+        values: '2147483648x40'
+      - series: 'memgap_rss_bytes{pid="43",comm="cache"}'
+        values: '8000000000x40'
+      - series: 'memgap_cgroup_memory_headroom_bytes{cgroup="/a"}'
+        values: '50000000x10'
+      - series: 'memgap_cgroup_memory_max_bytes{cgroup="/a",limit_cgroup="/"}'
+        values: '1000000000x10'
+      - series: 'memgap_cgroup_memory_headroom_bytes{cgroup="/b"}'
+        values: '500000000x10'
+      - series: 'memgap_cgroup_memory_max_bytes{cgroup="/b",limit_cgroup="/b"}'
+        values: '1000000000x10'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: MemgapHeapHoldsMostOfRSS
+      - eval_time: 35m
+        alertname: MemgapHeapHoldsMostOfRSS
+        exp_alerts:
+          - exp_labels: {pid: "42", comm: server, row: heap}
+            exp_annotations:
+              summary: "server (pid 42): heap 2GiB; run memgap trim 42, or record it"
+      - eval_time: 6m
+        alertname: MemgapCgroupNearItsLimit
+        exp_alerts:
+          - exp_labels: {cgroup: /a}
+            exp_annotations:
+              summary: "/a: 47.68MiB left before the OOM killer"
+"#;
+    std::fs::write(dir.join("cases.yml"), cases).unwrap();
+    promtool(&dir, &["test", "rules", "cases.yml"]);
+}
