@@ -392,3 +392,30 @@ tests:
     std::fs::write(dir.join("cases.yml"), cases).unwrap();
     promtool(&dir, &["test", "rules", "cases.yml"]);
 }
+
+#[test]
+fn scrapes_while_processes_come_and_go_all_succeed() {
+    let (_tmp, dir) = tempdir();
+    let (_exporter, exporter) = start_exporter(&dir, &["--all"]);
+    // A shell starting short-lived processes without pause: some are listed
+    // by a scrape and gone before they are read.
+    let churn = {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "while :; do sleep 0.001 & /bin/true; wait; done"]).stdin(Stdio::null()).process_group(0);
+        Running(cmd.spawn().expect("start sh"))
+    };
+    let (mut read, mut vanished) = (Vec::new(), 0.0);
+    // Until one scrape has met a process that exited between listing and
+    // reading (a few per scrape on a 2-core machine).
+    while vanished == 0.0 && read.len() < 40 {
+        let (status, text) = http_get(&exporter, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        assert!(text.ends_with('\n') && text.contains("# TYPE memgap_scrape_duration_seconds gauge\n"), "{text}");
+        read.push(samples(&text, "memgap_scrape_processes")[0].1);
+        vanished = samples(&text, "memgap_scrape_skipped_processes").iter().find(|(labels, _)| labels.contains("vanished")).unwrap().1;
+    }
+    drop(churn);
+    assert!(read.iter().all(|&n| n >= 2.0), "processes read per scrape: {read:?}");
+    assert!(vanished > 0.0, "in {} scrapes no process exited between listing and reading: the race was not exercised", read.len());
+}

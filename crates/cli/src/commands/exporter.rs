@@ -16,9 +16,11 @@ use memgap_views::metrics::{self, Scrape};
 
 use super::snapshot;
 
-/// Serves what `memgap snapshot PID` shows, for each process watched, as
-/// Prometheus metrics on http://ADDR/metrics. Each scrape reads /proc
-/// afresh; a process that exits is left out, never an error.
+/// Serves the outside ledger of running processes as Prometheus metrics.
+///
+/// What `memgap snapshot PID` shows, for each process watched, on
+/// http://ADDR/metrics. Each scrape reads /proc afresh; a process that exits
+/// is left out, never an error.
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("processes").required(true).args(["pid", "cgroup", "all"])))]
 pub struct Args {
