@@ -290,3 +290,49 @@ fn helper_package_passes_its_own_tests() {
         assert!(out.status.success(), "go {}:\n{}{}", args.join(" "), text(&out.stdout), text(&out.stderr));
     }
 }
+
+/// A Go program whose RSS peaks in its first quarter second, before any
+/// periodic snapshot, and ends low: a snapshot is taken as RSS grows, as
+/// for malloc programs, so the ledger at the peak is at the VmRSS the
+/// program read itself there, with the size classes of that instant
+/// (allocs/frees-by-size sampled for the snapshot).
+#[test]
+fn a_snapshot_at_each_new_rss_peak_with_its_size_classes() {
+    let (_tmp, dir) = tempdir();
+    let exe = go_build(&dir, "peaks");
+    let trace = dir.join("peaks.mgt");
+    let out = memgap(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&exe), "-hold", "0.5"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // "burst of 200000 x 512 B, VmRSS 117112 kB": the program's own reading at its peak.
+    let stdout = text(&out.stdout);
+    let first = stdout.lines().next().unwrap_or_default();
+    let peak_kib: u64 = first.rsplit("VmRSS ").next().and_then(|v| v.trim_end_matches(" kB").parse().ok()).unwrap_or_else(|| panic!("{stdout}"));
+    let peak = peak_kib << 10;
+
+    let snapshots = timeline(&dir, &trace);
+    let peaks = snapshots.iter().filter(|l| l["snapshot_reason"] == "rss peak").count();
+    assert!(peaks >= 3, "{peaks} snapshots at RSS peaks: {:?}", snapshots.iter().map(|l| (&l["at_seconds"], &l["snapshot_reason"], &l["rss_bytes"])).collect::<Vec<_>>());
+
+    let out = memgap(&dir, &["ledger", "--at", "peak", "--json", arg(&trace)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let l: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(l["snapshot_reason"], "rss peak", "{l:#}");
+    let rss = u(&l, "rss_bytes");
+    // Snapshots come at each 5 % of growth, RSS read every 10 ms: the last
+    // one before the top may be a tenth or so below it.
+    assert!(rss * 10 >= peak * 8 && rss <= peak * 11 / 10, "ledger at the peak: {rss} B, the program read {peak} B there");
+    eprintln!("ledger at the peak: {rss} B, the program read {peak} B there");
+    let sum: u64 = l["rows"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    // Taken while RSS grows: what the heap gained between the page walk and
+    // the VmRSS read after it is the residual.
+    assert!(sum.abs_diff(rss) * 20 <= rss, "rows {sum} B, VmRSS {rss} B");
+    // 200,000 objects of 512 B are live at the peak (and a few of the
+    // runtime's own): most of them already allocated when the snapshot was
+    // taken, none freed.
+    let classes = l["go"]["size_classes"].as_array().unwrap_or_else(|| panic!("no size classes at the peak: {:#}", l["go"]));
+    let class = classes.iter().find(|c| c["size"] == 512).unwrap_or_else(|| panic!("no 512 B class: {classes:#?}"));
+    let live = u(class, "live_objects");
+    eprintln!("512 B objects live at the peak snapshot: {live}");
+    assert!((120_000..=201_000).contains(&live), "{class:#}");
+    assert!(u(class, "live_bytes") * 10 >= u(&l["rows"], "live") * 7, "{class:#} {:#}", l["rows"]);
+}

@@ -250,7 +250,12 @@ impl Recorder<'_> {
                     next_rss = now + rss_every;
                     if let Ok(rss) = residency::rss(self.pid) {
                         self.vm_hwm = self.vm_hwm.max(rss.vm_rss);
-                        let peak = self.peak_snapshot_rss > 0 && rss.vm_rss as f64 > self.peak_snapshot_rss as f64 * PEAK_STEP;
+                        // The first sample is the mark the first peak must pass
+                        // (it may still be memgap's own image, before the exec).
+                        if self.peak_snapshot_rss == 0 {
+                            self.peak_snapshot_rss = rss.vm_rss;
+                        }
+                        let peak = rss.vm_rss as f64 > self.peak_snapshot_rss as f64 * PEAK_STEP;
                         self.pending.push(Record::Rss(rss));
                         if peak {
                             self.fresh_sample(&messages, &mut ack);
