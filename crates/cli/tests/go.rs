@@ -291,8 +291,8 @@ fn helper_package_passes_its_own_tests() {
     }
 }
 
-/// A Go program whose RSS peaks in its first quarter second, before any
-/// periodic snapshot, and ends low: a snapshot is taken as RSS grows, as
+/// A Go program whose RSS peaks in its first quarter second, long before
+/// the first periodic snapshot, and ends low: a snapshot is taken as RSS grows, as
 /// for malloc programs, so the ledger at the peak is at the VmRSS the
 /// program read itself there, with the size classes of that instant
 /// (allocs/frees-by-size sampled for the snapshot).
@@ -301,7 +301,7 @@ fn a_snapshot_at_each_new_rss_peak_with_its_size_classes() {
     let (_tmp, dir) = tempdir();
     let exe = go_build(&dir, "peaks");
     let trace = dir.join("peaks.mgt");
-    let out = memgap(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&exe), "-hold", "0.5"]);
+    let out = memgap(&dir, &["run", "-q", "--snapshot-interval", "10", "-o", arg(&trace), "--", arg(&exe), "-hold", "0.5"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // "burst of 200000 x 512 B, VmRSS 117112 kB": the program's own reading at its peak.
     let stdout = text(&out.stdout);

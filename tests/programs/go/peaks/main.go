@@ -34,7 +34,7 @@ func burst(n, size int) {
 		objects[i][size-1] = byte(i)
 	}
 	fmt.Printf("burst of %d x %d B, VmRSS %s\n", n, size, vmRSS())
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	objects = nil
 	debug.FreeOSMemory()
 }
