@@ -412,9 +412,7 @@ fn spawn_stderr_filter(mut stderr: File, packets: bool, strip: bool, sender: Sen
             let _ = out.flush();
         }
         let _ = out.write_all(&filter.line);
-        to_write.clear();
-        pieces.let_go(&mut to_write);
-        let _ = out.write_all(&to_write);
+        pieces.end();
         let _ = sender.send(Message::StderrClosed);
     });
 }
@@ -560,12 +558,19 @@ impl GctracePieces {
         self.held.len() >= 3
     }
 
-    /// Gives up on a line. The runtime's, cut off by the program's exit,
-    /// goes nowhere; a false start's pieces go out as they were, when stripped.
+    /// Gives up on a line that was not the runtime's: its pieces go out as
+    /// they were, when stripped.
     fn let_go(&mut self, out: &mut Vec<u8>) {
-        if self.strip && !self.surely_runtimes() {
+        if self.strip {
             out.extend_from_slice(&self.held.concat());
         }
+        self.held.clear();
+    }
+
+    /// At the end of stderr a line still held is the runtime's, cut off by
+    /// the program's exit in the middle of a GC's line (far likelier than a
+    /// program whose last write is "gc "): it goes nowhere.
+    fn end(&mut self) {
         self.held.clear();
     }
 }
@@ -777,7 +782,7 @@ mod tests {
             pieces.feed(packet.as_bytes(), now, &mut out, |gc| gcs.push(gc));
             now += apart;
         }
-        pieces.let_go(&mut out);
+        pieces.end();
         (String::from_utf8(out).unwrap(), gcs)
     }
 
@@ -809,7 +814,7 @@ mod tests {
     #[test]
     fn a_gctrace_line_written_at_once_and_a_false_start() {
         let (out, gcs) = run_packets(true, &["x\n", GC, "gc ", "is fun\n"]);
-        assert_eq!((out.as_str(), gcs.len()), ("x\nis fun\ngc ", 1), "a lone \"gc \" is held until the end");
+        assert_eq!((out.as_str(), gcs.len()), ("x\nis fun\n", 1), "a lone \"gc \" still held at the end is the runtime's");
     }
 
     #[test]
@@ -836,6 +841,8 @@ mod tests {
         let packets = [&["a "][..], &GC_PIECES[..9], &["b"]].concat();
         let (out, gcs) = run_packets_apart(true, &packets, GctracePieces::PATIENCE * 2);
         assert_eq!((out.as_str(), gcs.len()), ("a b", 0));
+        let (out, _) = run_packets(true, &["a ", "gc "]);
+        assert_eq!(out, "a ", "cut off after its first piece");
         let (out, _) = run_packets(false, &packets);
         assert_eq!(out, packets.concat(), "kept in place when the user asked for gctrace");
     }
