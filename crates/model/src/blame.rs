@@ -10,14 +10,13 @@ use std::path::Path;
 
 use memgap_replay::{Inherited, Change, LiveSet, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
-use memgap_trace::TraceError;
 use memgap_trace::records::{Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Detail, Ledger};
-use crate::snapshots::{At, choose, list};
+use crate::snapshots::{At, Moment, MomentError, resolve};
 
 /// Frames that belong to memgap or to the allocator, not to the program:
 /// the allocation site is the first frame past them. Matched against the
@@ -81,6 +80,9 @@ pub struct BlameEntry {
 pub struct Blame {
     pub at_seconds: f64,
     pub snapshot_reason: &'static str,
+    /// Which moment this is and why it was chosen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moment: Option<Moment>,
     pub rss_bytes: u64,
     /// The ledger's fragmented row: the sum of fragmentation_bytes.
     pub fragmented_bytes: u64,
@@ -191,12 +193,14 @@ impl Visitor for BlameVisitor {
     }
 }
 
-pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, TraceError> {
-    let Some(wanted) = choose(&list(path)?, options.at) else { return Ok(None) };
-    let mut v = BlameVisitor { wanted, ..BlameVisitor::default() };
+pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, MomentError> {
+    let Some(moment) = resolve(path, options.at)? else { return Ok(None) };
+    let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::default() };
     let outcome = replay(path, &mut v)?;
     let Some((time, ledger)) = v.ledger.take() else { return Ok(None) };
-    Ok(Some(assemble(&v, outcome.timeline.seconds(time), &ledger, options)))
+    let mut blame = assemble(&v, outcome.timeline.seconds(time), &ledger, options);
+    blame.moment = Some(moment);
+    Ok(Some(blame))
 }
 
 /// Blame at the snapshot whose ledger (computed with stacks) is `ledger`,
@@ -254,6 +258,7 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     Blame {
         at_seconds,
         snapshot_reason: ledger.snapshot_reason,
+        moment: ledger.moment.clone(),
         rss_bytes: ledger.rss_bytes,
         fragmented_bytes: ledger.rows.fragmented,
         live_bytes: ledger.rows.live,

@@ -200,6 +200,9 @@ impl PageMap {
 pub struct Ledger {
     pub at_seconds: f64,
     pub snapshot_reason: &'static str,
+    /// Which moment this is and why it was chosen (set when a command asked for one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moment: Option<crate::snapshots::Moment>,
     pub rss_bytes: u64,
     pub rows: Rows,
     /// What VmRSS before and after the snapshot cannot explain: how far the

@@ -14,10 +14,10 @@
 //! use memgap_model::{At, ledger_at};
 //! let summary = memgap_model::Summary::of_trace("t.mgt".as_ref())?;
 //! println!("peak live heap: {} bytes", summary.peak_live_bytes);
-//! if let Some(ledger) = ledger_at("t.mgt".as_ref(), At::Peak, false)? {
+//! if let Some(ledger) = ledger_at("t.mgt".as_ref(), At::Gap, false)? {
 //!     println!("{}", ledger.verdict);
 //! }
-//! # Ok::<(), memgap_trace::TraceError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub mod blame;
@@ -42,7 +42,7 @@ pub use heap_state::HeapState;
 pub use ledger::{Finding, GcMark, HeapLedger, HeapOwner, Ledger, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap, Remedy, Rows, SizeBucket};
 pub use outside::assess as assess_cgroup;
 pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
-pub use snapshots::{At, SnapshotInfo, ledger_at, list as list_snapshots, summary_and_ledger_at, timeline};
+pub use snapshots::{At, Closing, Moment, MomentError, SnapshotInfo, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline};
 pub use summary::{SizeCount, Summary};
 pub use trim_marks::TrimMark;
 

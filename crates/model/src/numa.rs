@@ -22,7 +22,6 @@ use std::path::Path;
 
 use memgap_replay::{Inherited, Block, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
-use memgap_trace::TraceError;
 use memgap_trace::numa::{self as records, MemorySample, MemorySamples, Placement};
 use memgap_trace::records::{Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
@@ -30,7 +29,7 @@ use serde::Serialize;
 
 use crate::blame::{ALLOCATOR_FUNCTIONS, is_allocator_frame};
 use crate::heap_state::HeapState;
-use crate::snapshots::{At, choose, list};
+use crate::snapshots::{At, Moment, MomentError, resolve};
 
 /// One node: its id (as the kernel numbers it), CPUs and memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -307,6 +306,9 @@ pub struct NumaReport {
     pub nodes: Vec<Node>,
     pub distances: Vec<Vec<u32>>,
     pub at_seconds: Option<f64>,
+    /// Which moment this is and why it was chosen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moment: Option<Moment>,
     /// Why there is no placement (no snapshot, move_pages refused…).
     pub placement_unavailable_reason: Option<String>,
     /// Resident heap bytes on each node at the snapshot.
@@ -519,13 +521,13 @@ impl Visitor for NumaVisitor {
 }
 
 /// The NUMA report of a trace.
-pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, TraceError> {
-    let snapshots = list(path)?;
-    let wanted = choose(&snapshots, options.at);
-    let mut v = NumaVisitor { wanted, state: Some(HeapState::default()), ..NumaVisitor::default() };
+pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentError> {
+    let moment = resolve(path, options.at)?;
+    let mut v = NumaVisitor { wanted: moment.as_ref().map(|m| m.index), state: Some(HeapState::default()), ..NumaVisitor::default() };
     replay(path, &mut v)?;
     let argv = v.argv.clone();
-    let mut report = assemble(v, wanted.map(|i| snapshots[i].seconds), options);
+    let mut report = assemble(v, moment.as_ref().map(|m| m.seconds), options);
+    report.moment = moment;
     if let Some(ghc) = crate::ghc::report_of_trace(path)? {
         let numa = ghc_numa_in_args(&argv);
         report.ghc_capabilities = ghc_capability_nodes(&ghc.gcs_per_capability, &report.nodes, numa);

@@ -1,13 +1,12 @@
 //! Everything the HTML report shows, gathered in one replay of the trace:
 //! the summary, the ledger at every snapshot (page maps at a bounded set of
-//! them: the peak, the end and a few evenly spaced), the RSS samples, the
-//! runtime's collections and the program's malloc_trim calls, and blame at
-//! the peak.
+//! them: the chosen moment, the peak, the end and a few evenly spaced), the
+//! RSS samples, the runtime's collections and the program's malloc_trim
+//! calls, and blame at the chosen moment.
 
 use std::path::Path;
 
 use memgap_replay::{Inherited, ThreadEvent, Visitor, replay};
-use memgap_trace::TraceError;
 use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, Thread};
 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
@@ -15,7 +14,7 @@ use crate::ledger::{self, Detail, Ledger};
 use crate::owners::Owners;
 use crate::trim_marks::{TrimMark, TrimMarks};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
-use crate::snapshots::{At, choose, list};
+use crate::snapshots::{At, Moment, MomentError, list, resolve};
 use crate::summary::{Builder, Summary};
 
 /// Snapshots with a page map besides the peak and the end.
@@ -42,9 +41,11 @@ pub struct Report {
     pub snapshots: Vec<Ledger>,
     /// Index in `snapshots` of the one with the highest RSS.
     pub peak: usize,
+    /// The snapshot the report is about (`--at`, the largest gap by default).
+    pub moment: Moment,
     /// VmRSS over time, at most 4000 points.
     pub rss: Vec<RssSample>,
-    /// Blame at the peak, every site (unsorted beyond fragmentation order).
+    /// Blame at the moment, every site (unsorted beyond fragmentation order).
     pub blame: Option<Blame>,
     /// The runtime's garbage collections (Go, GHC, Ruby), at most 2000.
     pub gc_marks: Vec<crate::ledger::GcMark>,
@@ -52,7 +53,7 @@ pub struct Report {
     pub trim_marks: Vec<TrimMark>,
     /// How many malloc_trim calls the program made, kept in `trim_marks` or not.
     pub trim_calls: u64,
-    /// NUMA at the peak, when the trace holds a topology, placements or samples.
+    /// NUMA at the moment, when the trace holds a topology, placements or samples.
     pub numa: Option<NumaReport>,
     /// The GHC ledger when the trace holds a GHC program's eventlog.
     pub ghc: Option<crate::ghc::GhcReport>,
@@ -61,13 +62,14 @@ pub struct Report {
 struct ReportVisitor {
     summary: Builder,
     blame: BlameVisitor,
+    moment: usize,
     peak: usize,
     last: usize,
     with_pages: Vec<usize>,
     pages_kept: usize,
     seen: usize,
     ledgers: Vec<(u64, Ledger)>,
-    peak_ledger: Option<Ledger>,
+    moment_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
     owners: Owners,
     trims: TrimMarks,
@@ -144,17 +146,17 @@ impl Visitor for ReportVisitor {
         let index = self.seen;
         self.seen += 1;
         self.numa.at_snapshot(snapshot, &self.blame.state.live);
-        let is_peak = index == self.peak;
-        let always = is_peak || index == self.last;
+        let is_moment = index == self.moment;
+        let always = is_moment || index == self.peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
-        let detail = Detail { pages: always || spaced, stacks: is_peak, objects: is_peak };
+        let detail = Detail { pages: always || spaced, stacks: is_moment, objects: is_moment };
         self.owners.snapshot_seen(snapshot);
         let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
-        if is_peak {
-            self.peak_ledger = Some(ledger.clone());
+        if is_moment {
+            self.moment_ledger = Some(ledger.clone());
             ledger.by_stack = Vec::new();
         }
         self.ledgers.push((snapshot.time, ledger));
@@ -194,13 +196,14 @@ impl Visitor for ReportVisitor {
     }
 }
 
-/// Snapshot indexes given page maps: the peak, the last, and up to
-/// `SPACED_PAGE_MAPS` evenly spaced, sorted.
-fn page_map_indexes(count: usize, peak: usize) -> Vec<usize> {
+/// Snapshot indexes given page maps: the moment, the peak, the last, and
+/// up to `SPACED_PAGE_MAPS` evenly spaced, sorted.
+fn page_map_indexes(count: usize, moment: usize, peak: usize) -> Vec<usize> {
     if count == 0 {
         return Vec::new();
     }
     let mut chosen: Vec<usize> = (0..SPACED_PAGE_MAPS.min(count)).map(|i| i * count / SPACED_PAGE_MAPS.min(count)).collect();
+    chosen.push(moment);
     chosen.push(peak);
     chosen.push(count - 1);
     chosen.sort_unstable();
@@ -227,24 +230,27 @@ fn downsample(samples: &[RssSample], points: usize) -> Vec<RssSample> {
     kept
 }
 
-/// The report's data in one replay; `None` when the trace has no snapshot.
-pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
+/// The report's data, about the moment `at`, in one replay (and one more
+/// to find the largest gap); `None` when the trace has no snapshot.
+pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
+    let Some(moment) = resolve(path, at)? else { return Ok(None) };
     let infos = list(path)?;
-    let Some(peak) = choose(&infos, At::Peak) else { return Ok(None) };
+    let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(moment.index, |s| s.index);
     let mut v = ReportVisitor {
         summary: Builder::default(),
         blame: BlameVisitor::default(),
+        moment: moment.index,
         peak,
-        last: infos.len() - 1,
-        with_pages: page_map_indexes(infos.len(), peak),
+        last: infos.len().saturating_sub(1),
+        with_pages: page_map_indexes(infos.len(), moment.index, peak),
         pages_kept: 0,
         seen: 0,
         ledgers: Vec::new(),
-        peak_ledger: None,
+        moment_ledger: None,
         rss: Vec::new(),
         owners: Owners::default(),
         trims: TrimMarks::new(TRIM_MARKS),
-        numa: NumaVisitor::embedded(Some(peak)),
+        numa: NumaVisitor::embedded(Some(moment.index)),
     };
     let outcome = replay(path, &mut v)?;
     let timeline = &outcome.timeline;
@@ -259,9 +265,11 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
             ledger
         })
         .collect();
-    let blame = v.peak_ledger.as_ref().map(|ledger| {
-        let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new() };
-        blame::assemble(&v.blame, snapshots.get(peak).map_or(0.0, |l| l.at_seconds), ledger, &options)
+    let blame = v.moment_ledger.as_ref().map(|ledger| {
+        let options = BlameOptions { at, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new() };
+        let mut blame = blame::assemble(&v.blame, snapshots.get(moment.index).map_or(0.0, |l| l.at_seconds), ledger, &options);
+        blame.moment = Some(moment.clone());
+        blame
     });
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
@@ -271,10 +279,14 @@ pub fn report(path: &Path) -> Result<Option<Report>, TraceError> {
     let trim_marks = v.trims.finish();
     let summary = v.summary.finish(&outcome, path);
     let numa = v.numa.saw_anything().then(|| {
-        let options = NumaOptions { at: At::Peak, machine_topology: None, top: 20 };
-        numa::assemble(v.numa, snapshots.get(peak).map(|l| l.at_seconds), &options)
+        let options = NumaOptions { at, machine_topology: None, top: 20 };
+        let mut numa = numa::assemble(v.numa, snapshots.get(moment.index).map(|l| l.at_seconds), &options);
+        numa.moment = Some(moment.clone());
+        numa
     });
-    Ok(Some(Report { summary, peak: peak.min(snapshots.len().saturating_sub(1)), snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks, trim_marks, trim_calls }))
+    let last = snapshots.len().saturating_sub(1);
+    let moment = Moment { index: moment.index.min(last), ..moment };
+    Ok(Some(Report { summary, peak: peak.min(last), moment, snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks, trim_marks, trim_calls }))
 }
 
 #[cfg(test)]
@@ -283,11 +295,11 @@ mod tests {
 
     #[test]
     fn page_maps_at_peak_end_and_spaced() {
-        assert_eq!(page_map_indexes(0, 0), Vec::<usize>::new());
-        assert_eq!(page_map_indexes(3, 1), vec![0, 1, 2]);
-        let chosen = page_map_indexes(1000, 537);
-        assert!(chosen.contains(&537) && chosen.contains(&999) && chosen.contains(&0));
-        assert!(chosen.len() <= SPACED_PAGE_MAPS + 2);
+        assert_eq!(page_map_indexes(0, 0, 0), Vec::<usize>::new());
+        assert_eq!(page_map_indexes(3, 1, 1), vec![0, 1, 2]);
+        let chosen = page_map_indexes(1000, 212, 537);
+        assert!(chosen.contains(&212) && chosen.contains(&537) && chosen.contains(&999) && chosen.contains(&0));
+        assert!(chosen.len() <= SPACED_PAGE_MAPS + 3);
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
 use memgap_trace::TraceError;
+use serde::Serialize;
 use memgap_trace::TraceFile;
 use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, Snapshot, Thread};
 
@@ -12,9 +13,14 @@ use crate::ledger::{self, Ledger};
 use crate::owners::Owners;
 use crate::summary::{Builder, Summary};
 
-/// Which snapshot to look at.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Which snapshot to look at. Every command that looks at one moment of a
+/// trace resolves it here, with [`resolve`], so they all agree.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum At {
+    /// The snapshot with the largest gap between RSS and the live heap
+    /// (memgap's own buffers left out): where there is most to explain.
+    #[default]
+    Gap,
     /// The snapshot with the highest RSS.
     Peak,
     /// The last snapshot (at exit, for a process that ended normally).
@@ -28,6 +34,7 @@ impl std::str::FromStr for At {
 
     fn from_str(text: &str) -> Result<At, String> {
         match text {
+            "gap" => Ok(At::Gap),
             "peak" => Ok(At::Peak),
             "end" => Ok(At::End),
             _ => text
@@ -36,8 +43,80 @@ impl std::str::FromStr for At {
                 .ok()
                 .filter(|s| s.is_finite() && *s >= 0.0)
                 .map(At::Seconds)
-                .ok_or_else(|| format!("'{text}' is not peak, end, or a number of seconds")),
+                .ok_or_else(|| format!("'{text}' is not gap, peak, end, or a number of seconds")),
         }
+    }
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::Gap => f.write_str("gap"),
+            At::Peak => f.write_str("peak"),
+            At::End => f.write_str("end"),
+            At::Seconds(seconds) => write!(f, "{seconds}"),
+        }
+    }
+}
+
+/// The snapshot a command looks at, and why that one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Moment {
+    /// Position among the trace's snapshots, in time order.
+    pub index: usize,
+    pub seconds: f64,
+    /// How it was chosen: "gap", "peak", "end" or "seconds" (`--at`).
+    pub chosen: &'static str,
+    /// Why this snapshot, in words.
+    pub reason: String,
+}
+
+impl Moment {
+    /// "at 2.41 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others"
+    pub fn line(&self) -> String {
+        format!("at {:.2} s, {}; --at {} for others", self.seconds, self.reason, self.others())
+    }
+
+    /// The other `--at` choices, for the hint after the moment.
+    pub fn others(&self) -> &'static str {
+        match self.chosen {
+            "gap" => "peak|end|SECONDS",
+            "peak" => "gap|end|SECONDS",
+            "end" => "gap|peak|SECONDS",
+            _ => "gap|peak|end|SECONDS",
+        }
+    }
+}
+
+/// Why a moment cannot be looked at.
+#[derive(Debug)]
+pub enum MomentError {
+    Trace(TraceError),
+    /// `--at SECONDS` after the trace's last record.
+    PastTheEnd { asked: f64, ends: f64 },
+}
+
+impl std::fmt::Display for MomentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MomentError::Trace(error) => error.fmt(f),
+            MomentError::PastTheEnd { asked, ends } => write!(f, "--at {asked} is past the end of the trace ({ends:.2} s); ask for 0 to {ends:.2}, or gap, peak or end"),
+        }
+    }
+}
+
+impl std::error::Error for MomentError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MomentError::Trace(error) => error.source(),
+            MomentError::PastTheEnd { .. } => None,
+        }
+    }
+}
+
+impl From<TraceError> for MomentError {
+    fn from(error: TraceError) -> MomentError {
+        MomentError::Trace(error)
     }
 }
 
@@ -49,13 +128,24 @@ pub struct SnapshotInfo {
     pub vm_rss: u64,
 }
 
+/// The snapshots of a trace and the time of its last record.
+struct Scan {
+    snapshots: Vec<SnapshotInfo>,
+    end_seconds: f64,
+}
+
 /// Lists the snapshots without replaying events (chunks are decompressed,
 /// event records are not decoded).
 pub fn list(path: &Path) -> Result<Vec<SnapshotInfo>, TraceError> {
+    Ok(scan(path)?.snapshots)
+}
+
+fn scan(path: &Path) -> Result<Scan, TraceError> {
     let trace = TraceFile::open(path)?;
     let mut timeline = Timeline::default();
     let mut found = Vec::new();
     let mut started = false;
+    let mut last_time = 0;
     trace.for_each_chunk(|_, chunk| {
         for record in Records::new(chunk).flatten() {
             match record {
@@ -64,23 +154,62 @@ pub fn list(path: &Path) -> Result<Vec<SnapshotInfo>, TraceError> {
                     started = true;
                 }
                 Record::Clock(c) => timeline.add(&c),
-                Record::Snapshot(s) => found.push((s.time, if s.vm_rss_after > 0 { s.vm_rss_after } else { s.rss.vm_rss })),
+                Record::Snapshot(s) => {
+                    last_time = last_time.max(s.time);
+                    found.push((s.time, if s.vm_rss_after > 0 { s.vm_rss_after } else { s.rss.vm_rss }));
+                }
+                Record::Rss(r) => last_time = last_time.max(r.time),
+                Record::End(e) => last_time = last_time.max(e.time),
                 _ => {}
             }
         }
         Ok(())
     })?;
     found.sort_by_key(|&(time, _)| time);
-    Ok(found.into_iter().enumerate().map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss }).collect())
+    let snapshots = found.into_iter().enumerate().map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss }).collect();
+    Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time) })
 }
 
-pub fn choose(snapshots: &[SnapshotInfo], at: At) -> Option<usize> {
-    let best = match at {
-        At::Peak => snapshots.iter().max_by_key(|s| (s.vm_rss, s.index)),
-        At::End => snapshots.last(),
-        At::Seconds(t) => snapshots.iter().min_by(|a, b| (a.seconds - t).abs().total_cmp(&(b.seconds - t).abs())),
-    };
-    best.map(|s| s.index)
+/// The gap a moment is chosen by: RSS less the live heap and memgap's own buffers.
+pub fn gap_bytes(ledger: &Ledger) -> u64 {
+    ledger.rss_bytes.saturating_sub(ledger.rows.live + ledger.other_breakdown.agent)
+}
+
+impl Scan {
+    /// Refuses a time the trace does not reach (printed times are rounded
+    /// to hundredths, so those count as reached).
+    fn check(&self, at: At) -> Result<(), MomentError> {
+        match at {
+            At::Seconds(asked) if !self.snapshots.is_empty() && asked > self.end_seconds + 0.005 => Err(MomentError::PastTheEnd { asked, ends: self.end_seconds }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The moment `at` names; `gaps` (by snapshot index) is only read for `At::Gap`.
+    fn moment(&self, at: At, gaps: &[u64]) -> Option<Moment> {
+        let snapshots = &self.snapshots;
+        let (best, chosen, reason) = match at {
+            At::Gap if snapshots.len() == 1 => (snapshots.first(), "gap", "the only snapshot".to_string()),
+            // The earliest of equal gaps: the moment the gap was first that large.
+            At::Gap => (
+                gaps.iter().take(snapshots.len()).enumerate().max_by_key(|&(index, gap)| (*gap, std::cmp::Reverse(index))).and_then(|(index, _)| snapshots.get(index)).or(snapshots.last()),
+                "gap",
+                "the largest gap between RSS and the live heap".to_string(),
+            ),
+            At::Peak => (snapshots.iter().max_by_key(|s| (s.vm_rss, s.index)), "peak", "the RSS peak".to_string()),
+            At::End => (snapshots.last(), "end", "the last snapshot".to_string()),
+            At::Seconds(t) => (snapshots.iter().min_by(|a, b| (a.seconds - t).abs().total_cmp(&(b.seconds - t).abs())), "seconds", format!("the snapshot nearest to {t} s")),
+        };
+        best.map(|s| Moment { index: s.index, seconds: s.seconds, chosen, reason })
+    }
+}
+
+/// The snapshot `at` names in the trace at `path`; `None` when it has no
+/// snapshot. The largest gap needs the ledger at every snapshot: one replay.
+pub fn resolve(path: &Path, at: At) -> Result<Option<Moment>, MomentError> {
+    let scan = scan(path)?;
+    scan.check(at)?;
+    Ok(resolve_scanned(path, &scan, at)?)
 }
 
 /// Replays the trace and computes the ledger at the chosen snapshots.
@@ -203,18 +332,52 @@ fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: 
     Ok((ledgers, summary))
 }
 
-/// The ledger at one snapshot; `None` when the trace has no snapshot.
-pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
-    let Some(index) = choose(&list(path)?, at) else { return Ok(None) };
-    Ok(ledgers(path, &|i| i == index, want_pages)?.pop())
+/// The ledger at one snapshot, with the moment it is; `None` when the
+/// trace has no snapshot.
+pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, MomentError> {
+    let scan = scan(path)?;
+    scan.check(at)?;
+    // The largest gap needs every ledger; without page maps those are the answer too.
+    if at == At::Gap && !want_pages && scan.snapshots.len() > 1 {
+        let mut all = timeline(path)?;
+        let gaps: Vec<u64> = all.iter().map(gap_bytes).collect();
+        let Some(moment) = scan.moment(at, &gaps).filter(|m| m.index < all.len()) else { return Ok(None) };
+        let mut ledger = all.swap_remove(moment.index);
+        ledger.moment = Some(moment);
+        return Ok(Some(ledger));
+    }
+    let Some(moment) = resolve_scanned(path, &scan, at)? else { return Ok(None) };
+    let mut ledger = ledgers(path, &|i| i == moment.index, want_pages)?.pop();
+    if let Some(ledger) = &mut ledger {
+        ledger.moment = Some(moment);
+    }
+    Ok(ledger)
 }
 
-/// The summary and the ledger at one snapshot (without page maps), from
-/// one replay: what `memgap run` prints when the program ends.
-pub fn summary_and_ledger_at(path: &Path, at: At) -> Result<(Summary, Option<Ledger>), TraceError> {
-    let index = choose(&list(path)?, at);
-    let (mut ledgers, summary) = ledgers_and_summary(path, &|i| Some(i) == index, false, Some(Builder::default()))?;
-    Ok((summary.expect("a summary was asked for"), ledgers.pop()))
+fn resolve_scanned(path: &Path, scan: &Scan, at: At) -> Result<Option<Moment>, TraceError> {
+    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { timeline(path)?.iter().map(gap_bytes).collect() } else { Vec::new() };
+    Ok(scan.moment(at, &gaps))
+}
+
+/// What `memgap run` prints when the program ends, from one replay: the
+/// summary, the ledger at the default moment, and the last one when that
+/// is another snapshot.
+pub struct Closing {
+    pub summary: Summary,
+    pub moment: Option<Ledger>,
+    pub end: Option<Ledger>,
+}
+
+pub fn closing(path: &Path) -> Result<Closing, TraceError> {
+    let scan = scan(path)?;
+    let (mut all, summary) = ledgers_and_summary(path, &|_| true, false, Some(Builder::default()))?;
+    let summary = summary.expect("a summary was asked for");
+    let gaps: Vec<u64> = all.iter().map(gap_bytes).collect();
+    let Some(moment) = scan.moment(At::Gap, &gaps).filter(|m| m.index < all.len()) else { return Ok(Closing { summary, moment: None, end: None }) };
+    let end = if moment.index + 1 < all.len() { all.pop() } else { None };
+    let mut at_moment = all.swap_remove(moment.index);
+    at_moment.moment = Some(moment);
+    Ok(Closing { summary, moment: Some(at_moment), end })
 }
 
 /// The ledger at every snapshot, in time order.
@@ -229,13 +392,36 @@ mod tests {
     #[test]
     fn parses_and_chooses() {
         assert_eq!("peak".parse::<At>(), Ok(At::Peak));
+        assert_eq!("gap".parse::<At>(), Ok(At::Gap));
         assert_eq!("2.5".parse::<At>(), Ok(At::Seconds(2.5)));
         assert_eq!("3s".parse::<At>(), Ok(At::Seconds(3.0)));
         assert!("soon".parse::<At>().is_err());
-        let snaps = [(0.0, 10), (1.0, 30), (2.0, 20)].iter().enumerate().map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss }).collect::<Vec<_>>();
-        assert_eq!(choose(&snaps, At::Peak), Some(1));
-        assert_eq!(choose(&snaps, At::End), Some(2));
-        assert_eq!(choose(&snaps, At::Seconds(1.8)), Some(2));
-        assert_eq!(choose(&[], At::End), None);
+        assert_eq!(At::default(), At::Gap);
+        for at in [At::Gap, At::Peak, At::End, At::Seconds(1.25)] {
+            assert_eq!(at.to_string().parse::<At>(), Ok(at));
+        }
+        let snapshots = [(0.0, 10), (1.0, 30), (2.0, 20), (3.0, 15)].iter().enumerate().map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss }).collect::<Vec<_>>();
+        let scan = Scan { snapshots, end_seconds: 3.2 };
+        let index = |at: At, gaps: &[u64]| scan.moment(at, gaps).map(|m| m.index);
+        assert_eq!(index(At::Peak, &[]), Some(1));
+        assert_eq!(index(At::End, &[]), Some(3));
+        assert_eq!(index(At::Seconds(1.8), &[]), Some(2));
+        // The largest gap, the earliest of equals; neither the peak nor the end here.
+        assert_eq!(index(At::Gap, &[1, 5, 9, 9]), Some(2));
+        assert_eq!(index(At::Gap, &[1, 5]), Some(1));
+        let moment = scan.moment(At::Gap, &[1, 5, 9, 2]).unwrap();
+        assert_eq!(moment.line(), "at 2.00 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others");
+        assert_eq!(Scan { snapshots: Vec::new(), end_seconds: 0.0 }.moment(At::Gap, &[]), None);
+    }
+
+    #[test]
+    fn a_time_past_the_end_is_refused() {
+        let snapshots = vec![SnapshotInfo { index: 0, seconds: 0.5, vm_rss: 1 }, SnapshotInfo { index: 1, seconds: 2.0, vm_rss: 1 }];
+        let scan = Scan { snapshots, end_seconds: 2.414 };
+        assert!(scan.check(At::Seconds(2.414)).is_ok());
+        assert!(scan.check(At::Seconds(2.418)).is_ok(), "2.42 as printed is the end");
+        let refused = scan.check(At::Seconds(99.0)).unwrap_err();
+        assert_eq!(refused.to_string(), "--at 99 is past the end of the trace (2.41 s); ask for 0 to 2.41, or gap, peak or end");
+        assert!(scan.check(At::End).is_ok() && scan.check(At::Gap).is_ok());
     }
 }

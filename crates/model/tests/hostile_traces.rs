@@ -5,7 +5,7 @@
 //! blame, report) must return a result or an error, never panic, and never
 //! allocate by a length it was handed.
 
-use memgap_model::{At, BlameOptions, BlameOrder, Summary, blame, ledger_at, report, summary_and_ledger_at, timeline};
+use memgap_model::{At, BlameOptions, BlameOrder, Summary, blame, ledger_at, report, closing, timeline};
 use memgap_trace::event::{Event, EventKind, encode_all};
 use memgap_trace::records::{Clock, End, EndReason, EventsPiece, Exit, Mapping, Metrics, Module, Process, Record, Residency, Rss, Snapshot, SnapshotReason, Thread};
 use memgap_trace::TraceWriter;
@@ -125,20 +125,20 @@ fn read_every_way(items: &[Item], per_chunk: usize) {
     }
     drop(writer);
     let _ = Summary::of_trace(&path);
-    for at in [At::Peak, At::End, At::Seconds(0.5)] {
+    for at in [At::Gap, At::Peak, At::End, At::Seconds(0.5)] {
         let _ = ledger_at(&path, at, true);
     }
     let _ = timeline(&path);
     let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: 10, per_stack: false, skip: Vec::new() };
     let _ = blame(&path, &options);
-    let report = report::report(&path);
+    let report = report::report(&path, At::Gap);
     // `memgap run`'s single replay gives the report's summary (both count
     // from a live set that munmap and mmap also change) and the ledger
-    // at the end.
-    if let (Ok(Some(report)), Ok(ledger)) = (report, ledger_at(&path, At::End, false)) {
-        let (summary, at_end) = summary_and_ledger_at(&path, At::End).expect("the other passes read the trace");
-        assert_eq!(json(&summary), json(&report.summary));
-        assert_eq!(at_end.map(|l| json(&l)), ledger.map(|l| json(&l)));
+    // at the default moment.
+    if let (Ok(Some(report)), Ok(ledger)) = (report, ledger_at(&path, At::Gap, false)) {
+        let closing = closing(&path).expect("the other passes read the trace");
+        assert_eq!(json(&closing.summary), json(&report.summary));
+        assert_eq!(closing.moment.map(|l| json(&l)), ledger.map(|l| json(&l)));
     }
 }
 

@@ -75,7 +75,7 @@ fn every_model_path(path: &Path) {
     for order in [BlameOrder::Fragmentation, BlameOrder::Live, BlameOrder::Leaked] {
         let _ = blame(path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new() });
     }
-    let _ = report::report(path);
+    let _ = report::report(path, At::Gap);
     let _ = memgap_model::numa::numa(path, &NumaOptions { at: At::Peak, machine_topology: None, top: 10 });
 }
 

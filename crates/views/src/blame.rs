@@ -21,7 +21,7 @@ pub fn blame(b: &Blame, title: &str, width: Option<usize>) -> String {
     let site_room = width.map_or(usize::MAX, |w| w.saturating_sub(SITE_FROM).max(8));
     let frame_room = width.map_or(usize::MAX, |w| w.saturating_sub(4).max(16));
     let mut out = String::new();
-    let _ = writeln!(out, "memgap blame — {title} — at {:.2} s ({} snapshot)", b.at_seconds, b.snapshot_reason);
+    let _ = writeln!(out, "memgap blame — {title} — {}", crate::format::moment(b.moment.as_ref(), b.at_seconds, b.snapshot_reason));
     let _ = writeln!(
         out,
         "  RSS {}, live heap {}, fragmented {} (the sum of the fragmentation column)\n",

@@ -37,3 +37,13 @@ mod tests {
         assert_eq!(seconds(0.25), "250 ms");
     }
 }
+
+/// Which moment a view shows and why: "at 2.41 s (periodic snapshot), the
+/// largest gap between RSS and the live heap; --at peak|end|SECONDS for
+/// others"; without a chosen moment, the time and kind of snapshot.
+pub fn moment(moment: Option<&memgap_model::Moment>, seconds: f64, snapshot_reason: &str) -> String {
+    match moment {
+        Some(m) => format!("at {seconds:.2} s ({snapshot_reason} snapshot), {}; --at {} for others", m.reason, m.others()),
+        None => format!("at {seconds:.2} s ({snapshot_reason} snapshot)"),
+    }
+}

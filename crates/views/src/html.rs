@@ -48,6 +48,13 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         "trace": trace_name,
         "summary": summary(report),
         "peak": report.peak,
+        "moment": {
+            "index": report.moment.index,
+            "seconds": report.moment.seconds,
+            "chosen": report.moment.chosen,
+            "reason": report.moment.reason,
+            "line": report.moment.line(),
+        },
         "snapshots": snapshots,
         "rss": report.rss.iter().map(|s| [s.seconds, s.vm_rss as f64]).collect::<Vec<_>>(),
         "gc": report.gc_marks,
@@ -186,7 +193,7 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
 }
 
 /// The blocks on each page, for the page map's hover, when the ledger has
-/// them (at the peak): two blobs in page order over all maps, as the class
+/// them (at the chosen moment): two blobs in page order over all maps, as the class
 /// bytes are. `live`: each page's live bytes, u32 little-endian. `blocks`:
 /// per page, varints: blocks touching it, how many are listed, then per
 /// listed block its address less the page's (zigzag), its size and its

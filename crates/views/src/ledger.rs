@@ -48,7 +48,7 @@ pub(crate) fn rows_table(rows: &[(&str, u64)], rss: u64) -> String {
 
 pub fn ledger(l: &Ledger, title: &str) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "memgap ledger — {title} — at {:.2} s ({} snapshot)", l.at_seconds, l.snapshot_reason);
+    let _ = writeln!(out, "memgap ledger — {title} — {}", crate::format::moment(l.moment.as_ref(), l.at_seconds, l.snapshot_reason));
     let _ = writeln!(out);
     out.push_str(&rows_table(&l.rows.named(), l.rss_bytes));
     let _ = writeln!(
@@ -195,12 +195,26 @@ fn ruby_layer(r: &memgap_model::ruby::RubyLayer) -> String {
 /// the verdict, each line prefixed `memgap: `.
 pub fn brief(l: &Ledger) -> String {
     let rows: Vec<String> = l.rows.named().iter().filter(|(_, v)| *v > 0).map(|(name, v)| format!("{name} {} ({:.0}%)", bytes(*v), percent(*v, l.rss_bytes))).collect();
-    let mut out = format!("memgap: at exit, RSS {}: {}\n", bytes(l.rss_bytes), rows.join(", "));
+    let at = l.moment.as_ref().map_or_else(|| format!("at {:.2} s, ", l.at_seconds), |m| format!("{}\nmemgap: ", m.line()));
+    let mut out = format!("memgap: {at}RSS {}: {}\n", bytes(l.rss_bytes), rows.join(", "));
     for line in wrap(&l.verdict, 90, "memgap: ").lines() {
         out.push_str(line);
         out.push('\n');
     }
     out
+}
+
+/// One line on the last snapshot, after the brief of another moment: where
+/// the program ended up.
+pub fn end_state(end: &Ledger) -> String {
+    format!(
+        "memgap: at the end ({:.2} s, {} snapshot): RSS {}, live heap {}, gap {} (memgap ledger --at end)\n",
+        end.at_seconds,
+        end.snapshot_reason,
+        bytes(end.rss_bytes),
+        bytes(end.rows.live),
+        bytes(memgap_model::gap_bytes(end))
+    )
 }
 
 /// Every resident mapping with its resident bytes and the row or group it
@@ -379,7 +393,13 @@ mod tests {
     #[test]
     fn brief_is_prefixed_lines() {
         let l = Ledger { rss_bytes: 4096, rows: memgap_model::Rows { live: 4096, ..Default::default() }, verdict: "All live.".into(), ..Ledger::default() };
-        assert_eq!(brief(&l), "memgap: at exit, RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n");
+        assert_eq!(brief(&l), "memgap: at 0.00 s, RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n");
+        let moment = memgap_model::Moment { index: 3, seconds: 2.414, chosen: "gap", reason: "the largest gap between RSS and the live heap".into() };
+        let l = Ledger { moment: Some(moment), ..l };
+        assert_eq!(
+            brief(&l),
+            "memgap: at 2.41 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others\nmemgap: RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n"
+        );
     }
 
     #[test]

@@ -62,7 +62,11 @@ fn matrix(out: &mut String, rows: &[String], columns: &[String], cells: &[Vec<u6
 
 pub fn numa(r: &NumaReport, title: &str) -> String {
     let mut out = String::new();
-    let at = r.at_seconds.map(|s| format!(" — heap at {s:.2} s")).unwrap_or_default();
+    let at = match (&r.moment, r.at_seconds) {
+        (Some(moment), _) => format!(" — heap {}", moment.line()),
+        (None, Some(s)) => format!(" — heap at {s:.2} s"),
+        (None, None) => String::new(),
+    };
     let _ = writeln!(out, "memgap numa — {title}{at}");
     let _ = writeln!(out, "\n  topology ({}): {} node{}", r.topology_source, r.nodes.len(), if r.nodes.len() == 1 { "" } else { "s" });
     let columns: Vec<String> = r.nodes.iter().map(|n| format!("node {}", n.id)).collect();

@@ -14,9 +14,8 @@ use crate::output;
 #[derive(clap::Args)]
 pub struct Args {
     trace: PathBuf,
-    /// Which snapshot: peak (highest RSS), end, or seconds since start.
-    #[arg(long, default_value = "peak")]
-    at: At,
+    #[command(flatten)]
+    at: super::AtArg,
     /// Order by fragmentation, live or leaked bytes.
     #[arg(long, default_value = "fragmentation")]
     by: BlameOrder,
@@ -39,7 +38,7 @@ pub fn options(at: At, by: BlameOrder, top: usize, per_stack: bool, skip: Vec<St
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let options = options(args.at, args.by, args.top, args.per_stack, args.skip);
+    let options = options(args.at.at, args.by, args.top, args.per_stack, args.skip);
     let Some(blame) = memgap_model::blame(&args.trace, &options).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };

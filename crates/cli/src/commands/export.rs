@@ -14,8 +14,8 @@ use super::blame::options;
 #[derive(clap::Args)]
 pub struct ExportArgs {
     trace: PathBuf,
-    #[arg(long, default_value = "peak")]
-    at: At,
+    #[command(flatten)]
+    at: super::AtArg,
     /// Write a gzipped profile.proto here.
     #[arg(long, value_name = "FILE")]
     pprof: Option<PathBuf>,
@@ -33,8 +33,8 @@ pub struct FlamegraphArgs {
     trace: PathBuf,
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
-    #[arg(long, default_value = "peak")]
-    at: At,
+    #[command(flatten)]
+    at: super::AtArg,
     #[arg(long, default_value = "fragmentation")]
     by: BlameOrder,
 }
@@ -54,6 +54,9 @@ fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<Vec<WeightedStack>> {
     let Some(blame): Option<Blame> = memgap_model::blame(trace, &options(at, BlameOrder::Live, usize::MAX, true, Vec::new())).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
+    if let Some(moment) = &blame.moment {
+        eprintln!("memgap: {name}: {}", moment.line());
+    }
     Ok(blame
         .by_stack
         .into_iter()
@@ -72,7 +75,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     if args.pprof.is_none() && args.folded.is_none() {
         bail!("say what to write: --pprof FILE and/or --folded FILE");
     }
-    let stacks = weighted_stacks(&args.trace, args.at)?;
+    let stacks = weighted_stacks(&args.trace, args.at.at)?;
     if let Some(path) = &args.pprof {
         let types: Vec<SampleType> = SAMPLE_TYPES.iter().map(|&(name, unit)| SampleType { name: name.into(), unit: unit.into() }).collect();
         write(path, &memgap_views::export::pprof(&stacks, &types))?;
@@ -84,7 +87,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn flamegraph(args: FlamegraphArgs) -> anyhow::Result<ExitCode> {
-    let stacks = weighted_stacks(&args.trace, args.at)?;
+    let stacks = weighted_stacks(&args.trace, args.at.at)?;
     let title = format!("memgap: {} bytes by call stack — {}", SAMPLE_TYPES[value_index(args.by)].0.trim_end_matches("_space"), args.trace.display());
     let svg = memgap_views::export::flamegraph_svg(&stacks, value_index(args.by), "bytes", &title)?;
     write(&args.output, svg.as_bytes())?;

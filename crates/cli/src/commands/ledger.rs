@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use memgap_model::At;
 
 use crate::output;
 
@@ -13,9 +12,8 @@ use crate::output;
 #[derive(clap::Args)]
 pub struct Args {
     trace: PathBuf,
-    /// Which snapshot: peak (highest RSS), end, or seconds since start.
-    #[arg(long, default_value = "peak")]
-    at: At,
+    #[command(flatten)]
+    at: super::AtArg,
     #[arg(long)]
     json: bool,
     /// Also list every mapping and the row its bytes went to.
@@ -25,7 +23,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at, false).with_context(|| name.clone())? else {
+    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, false).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot (was it recorded with --snapshot-interval 0 and killed before exit?)");
     };
     // The GHC owner put the RTS's whole report in the ledger.

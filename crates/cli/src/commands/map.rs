@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use memgap_model::At;
 
 use crate::output;
 
@@ -14,9 +13,8 @@ use crate::output;
 #[derive(clap::Args)]
 pub struct Args {
     trace: PathBuf,
-    /// Which snapshot: peak (highest RSS), end, or seconds since start.
-    #[arg(long, default_value = "peak")]
-    at: At,
+    #[command(flatten)]
+    at: super::AtArg,
     /// Colours: auto (on a terminal, unless NO_COLOR is set), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
@@ -24,7 +22,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at, true).with_context(|| name.clone())? else {
+    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, true).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
     let color = match args.color.as_str() {
@@ -32,6 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "never" => false,
         _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    output::print(&memgap_views::ledger::page_map(&ledger.page_maps, color))?;
+    let heading = format!("memgap map — {name} — {}\n", memgap_views::format::moment(ledger.moment.as_ref(), ledger.at_seconds, ledger.snapshot_reason));
+    output::print(&(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)))?;
     Ok(ExitCode::SUCCESS)
 }

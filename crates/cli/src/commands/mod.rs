@@ -15,3 +15,13 @@ pub mod snapshot;
 pub mod summary;
 pub mod timeline;
 pub mod trim;
+
+/// `--at`, the same for every command that looks at one moment of a trace.
+#[derive(clap::Args, Clone, Copy)]
+pub struct AtArg {
+    /// Which snapshot: gap (the largest gap between RSS and the live heap),
+    /// peak (the highest RSS), end (the last), or seconds since start (the
+    /// nearest snapshot; past the trace's end is refused).
+    #[arg(long, value_name = "gap|peak|end|SECONDS", default_value_t = memgap_model::At::default())]
+    pub at: memgap_model::At,
+}

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use memgap_model::At;
 use memgap_model::numa::NumaOptions;
 
 use crate::output;
@@ -23,9 +22,8 @@ pub struct Args {
     /// mapping from /proc/PID/numa_maps (no agent, no recording).
     #[arg(long, conflicts_with = "trace")]
     pid: Option<u32>,
-    /// Which snapshot's heap: peak (highest RSS), end, or seconds since start.
-    #[arg(long, default_value = "peak")]
-    at: At,
+    #[command(flatten)]
+    at: super::AtArg,
     /// Allocation sites listed with remote bytes.
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -40,7 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let trace = args.trace.expect("clap requires a trace without --pid");
     let name = trace.display().to_string();
-    let options = NumaOptions { at: args.at, machine_topology: Some(topology), top: args.top };
+    let options = NumaOptions { at: args.at.at, machine_topology: Some(topology), top: args.top };
     let report = memgap_model::numa::numa(&trace, &options).with_context(|| name.clone())?;
     if args.json {
         output::print(&(memgap_views::json::to_string(&report) + "\n"))?;

@@ -13,11 +13,13 @@ pub struct Args {
     /// Where to write it [default: the trace's name with .html].
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
+    #[command(flatten)]
+    at: super::AtArg,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let output = args.output.unwrap_or_else(|| default_output(&args.trace));
-    write(&args.trace, &output)?;
+    write(&args.trace, &output, args.at.at)?;
     println!("{}", output.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -29,9 +31,9 @@ pub fn default_output(trace: &Path) -> PathBuf {
 
 /// Writes the report of `trace` to `output` (beside it first, then renamed:
 /// no half-written file is left).
-pub fn write(trace: &Path, output: &Path) -> anyhow::Result<()> {
+pub fn write(trace: &Path, output: &Path, at: memgap_model::At) -> anyhow::Result<()> {
     let name = trace.display().to_string();
-    let Some(report) = memgap_model::report::report(trace).with_context(|| name.clone())? else {
+    let Some(report) = memgap_model::report::report(trace, at).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
     let trace_name = trace.file_name().map_or(name.clone(), |n| n.to_string_lossy().into_owned());

@@ -221,7 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if args.report && recorded {
         let html = super::report::default_output(&trace);
-        match super::report::write(&trace, &html) {
+        match super::report::write(&trace, &html, memgap_model::At::default()) {
             Ok(()) if !args.quiet => eprintln!("memgap: report: {}", html.display()),
             Ok(()) => {}
             Err(error) => eprintln!("memgap: no report: {error:#}"),
@@ -338,7 +338,7 @@ fn child_started(pid: u32) {
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
-    let mut at_end = None;
+    let mut at_moment = None;
     if !recorded {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
@@ -356,8 +356,8 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
             );
         }
     } else {
-        match memgap_model::summary_and_ledger_at(trace, memgap_model::At::End) {
-            Ok((s, ledger)) => {
+        match memgap_model::closing(trace) {
+            Ok(memgap_model::Closing { summary: s, moment, end }) => {
                 eprintln!(
                     "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
                     trace.display(),
@@ -370,7 +370,7 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
                 if s.dropped_events > 0 {
                     eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough, or signal handlers interrupted memgap's hooks too often", memgap_views::format::count(s.dropped_events));
                 }
-                at_end = ledger;
+                at_moment = moment.map(|moment| (moment, end));
             }
             Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
         }
@@ -381,8 +381,11 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
         eprintln!("memgap: {} more from processes it started: {}", others.len(), names.join(", "));
     }
     if recorded {
-        if let Some(ledger) = at_end {
+        if let Some((ledger, end)) = at_moment {
             eprint!("{}", memgap_views::ledger::brief(&ledger));
+            if let Some(end) = end {
+                eprint!("{}", memgap_views::ledger::end_state(&end));
+            }
         }
         eprintln!("memgap: details: memgap ledger|blame|map|report {}", trace.display());
     }

@@ -94,17 +94,18 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   if (summary.truncated) facts.push('cut short: ' + summary.truncated_reason);
   $('facts').textContent = facts.join(' · ');
 
-  const peak = snapshots[data.peak];
-  if (peak) {
-    $('verdict-text').textContent = peak.verdict;
+  const moment = snapshots[data.moment.index];
+  $('verdict-at').textContent = data.moment.line;
+  if (moment) {
+    $('verdict-text').textContent = moment.verdict;
     const numbers = [
-      [fmtBytes(peak.rss), 'RSS at ' + fmtSeconds(peak.seconds), '#ledger'],
-      [fmtBytes(peak.rows.live), 'live', '#blame'],
-      [fmtBytes(peak.rows.fragmented), 'fragmented (' + percent(peak.rows.fragmented, peak.rss) + ')', '#pagemap'],
-      [fmtBytes(peak.rows.retained), 'retained (' + percent(peak.rows.retained, peak.rss) + ')', '#pagemap'],
-      [fmtBytes(peak.trim), 'malloc_trim would return', '#ledger'],
-      [fmtBytes(peak.rows.other), 'other', '#ledger'],
-      [String(peak.arenas), 'glibc arenas', '#ledger'],
+      [fmtBytes(moment.rss), 'RSS at ' + fmtSeconds(moment.seconds), '#ledger'],
+      [fmtBytes(moment.rows.live), 'live', '#blame'],
+      [fmtBytes(moment.rows.fragmented), 'fragmented (' + percent(moment.rows.fragmented, moment.rss) + ')', '#pagemap'],
+      [fmtBytes(moment.rows.retained), 'retained (' + percent(moment.rows.retained, moment.rss) + ')', '#pagemap'],
+      [fmtBytes(moment.trim), 'malloc_trim would return', '#ledger'],
+      [fmtBytes(moment.rows.other), 'other', '#ledger'],
+      [String(moment.arenas), 'glibc arenas', '#ledger'],
     ];
     for (const [value, label, href] of numbers) {
       const box = el('div');
@@ -114,8 +115,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       box.firstChild.append(link);
       $('verdict-numbers').append(box);
     }
-    ownersPanel(peak);
-    remediesPanel(peak);
+    ownersPanel(moment);
+    remediesPanel(moment);
     $('verdict').setAttribute('data-ready', 'true');
   } else {
     $('verdict-text').textContent = 'The trace has no snapshot.';
@@ -172,7 +173,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     $('remedies-panel').hidden = false;
   }
 
-  let selected = params.has('snapshot') ? Math.max(0, Math.min(snapshots.length - 1, parseInt(params.get('snapshot'), 10) || 0)) : data.peak;
+  let selected = params.has('snapshot') ? Math.max(0, Math.min(snapshots.length - 1, parseInt(params.get('snapshot'), 10) || 0)) : data.moment.index;
 
   // ---- timeline ------------------------------------------------------------
   const timeline = (function () {
@@ -599,7 +600,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       const address = hit.map.start + hit.index * hit.map.pageSize;
       let text = hit.map.name + '\n0x' + address.toString(16) + '  (page ' + fmtCount(hit.index) + ' of ' + fmtCount(hit.map.pages) + ')\n' + pageClassText(hit.byte) +
         (hit.node === null ? '' : hit.node === NO_NODE ? '\nnode: unknown' : '\nNUMA node ' + hit.node);
-      if (!layout.objects) return text + '\n(blocks and their call sites are listed at the peak snapshot)';
+      if (!layout.objects) return text + '\n(blocks and their call sites are listed at the snapshot of ' + fmtSeconds(data.moment.seconds) + ')';
       const b = blocksOn(hit.map.offset + hit.index);
       if (b.count === 0) return text + '\nno live block';
       text += '\nlive: ' + fmtBytes(b.live) + ' in ' + fmtCount(b.count) + (b.count === 1 ? ' block' : ' blocks');
@@ -647,7 +648,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   // ---- ledger table ------------------------------------------------------------
   function showLedger(index) {
     const s = snapshots[index];
-    $('ledger-at').textContent = 'snapshot ' + index + ' at ' + fmtSeconds(s.seconds) + ' (' + s.reason + ')' + (index === data.peak ? ', the RSS peak' : '');
+    $('ledger-at').textContent = 'snapshot ' + index + ' at ' + fmtSeconds(s.seconds) + ' (' + s.reason + ')' + (index === data.moment.index ? ', ' + data.moment.reason : index === data.peak ? ', the RSS peak' : '');
     const body = $('ledger-table').tBodies[0];
     body.replaceChildren();
     for (const row of ROWS) {
@@ -712,7 +713,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   // ---- snapshot selection ----------------------------------------------------
   const selector = $('snapshot-select');
   snapshots.forEach((s, i) => {
-    const option = el('option', i + ': ' + fmtSeconds(s.seconds) + ' \u2014 ' + s.reason + ' \u2014 RSS ' + fmtBytes(s.rss) + (i === data.peak ? ' (peak)' : '') + (s.pagemap ? '' : ' (no page map)'));
+    const option = el('option', i + ': ' + fmtSeconds(s.seconds) + ' \u2014 ' + s.reason + ' \u2014 RSS ' + fmtBytes(s.rss) + (i === data.moment.index ? ' (' + data.moment.chosen + ')' : i === data.peak ? ' (peak)' : '') + (s.pagemap ? '' : ' (no page map)'));
     option.value = String(i);
     selector.append(option);
   });
@@ -730,7 +731,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     const b = data.blame;
     const table = $('blame-table');
     if (!b || b.entries.length === 0) {
-      $('blame-note').textContent = 'No allocation site holds live blocks at the peak.';
+      $('blame-note').textContent = 'No allocation site holds live blocks at ' + fmtSeconds(data.moment.seconds) + '.';
       return;
     }
     $('blame-note').textContent = b.sites + ' allocation sites at ' + fmtSeconds(b.at_seconds) + '; their fragmentation sums to the ledger\u2019s fragmented row (' +
@@ -788,11 +789,11 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     const f = data.flame;
     let focus = null, path = [], boxes = [];
     if (f) {
-      $('flame-measure').textContent = f.measure + ' bytes by call stack at the RSS peak, callers above callees; click a frame to zoom, the top bar to zoom out';
+      $('flame-measure').textContent = f.measure + ' bytes by call stack at ' + fmtSeconds(data.moment.seconds) + ', callers above callees; click a frame to zoom, the top bar to zoom out';
       focus = f.root;
       path = [f.root];
     } else {
-      $('flame-measure').textContent = 'no call stacks hold live blocks at the peak';
+      $('flame-measure').textContent = 'no call stacks hold live blocks at ' + fmtSeconds(data.moment.seconds);
     }
     function hue(name) {
       let h = 0;

@@ -158,7 +158,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     }
     if args.report {
         let html = crate::commands::report::default_output(&trace_path);
-        match crate::commands::report::write(&trace_path, &html) {
+        match crate::commands::report::write(&trace_path, &html, memgap_model::At::default()) {
             Ok(()) if !args.quiet => eprintln!("memgap: report: {}", html.display()),
             Ok(()) => {}
             Err(error) => eprintln!("memgap: no report: {error:#}"),
@@ -698,8 +698,8 @@ fn spawn_waiter(pid: u32, sender: Sender<Message>) {
 }
 
 fn report(trace: &Path, go: &GoBinary) {
-    match memgap_model::summary_and_ledger_at(trace, memgap_model::At::End) {
-        Ok((s, ledger)) => {
+    match memgap_model::closing(trace) {
+        Ok(memgap_model::Closing { summary: s, moment, end }) => {
             eprintln!(
                 "memgap: {} — Go program ({}), peak RSS {}{}",
                 trace.display(),
@@ -707,8 +707,11 @@ fn report(trace: &Path, go: &GoBinary) {
                 memgap_views::format::bytes(s.peak_rss_bytes),
                 if s.truncated { " (cut short)" } else { "" }
             );
-            if let Some(ledger) = ledger {
+            if let Some(ledger) = moment {
                 eprint!("{}", memgap_views::ledger::brief(&ledger));
+            }
+            if let Some(end) = end {
+                eprint!("{}", memgap_views::ledger::end_state(&end));
             }
         }
         Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
