@@ -104,8 +104,9 @@ fn every_command_shows_the_same_moment_and_says_why() {
     let end_lines: Vec<&str> = r.run_stderr.lines().filter(|l| l.starts_with("memgap: at the end (")).collect();
     assert_eq!(end_lines.len(), 1, "run said:\n{}", r.run_stderr);
 
+    // Lines as they are, not fitted to a width the environment may set.
     let first_line = |args: &[&str]| {
-        let out = memgap(&r.dir, args);
+        let out = output_of(memgap_cmd(&r.dir, args).env_remove("COLUMNS"));
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
         text(&out.stdout).lines().next().unwrap_or_default().to_string()
     };

@@ -226,12 +226,12 @@ fn the_page_map_colours_pages_by_numa_node() {
 fn a_page_lists_its_blocks_and_their_call_sites() {
     let Some(browser) = chromium() else { return };
     let (_, html, page) = culprit_report();
-    // The report's own data: where the main arena starts at the peak.
+    // The report's own data: where the main arena starts at the report's moment.
     let json = page.split("<script type=\"application/json\" id=\"data\">").nth(1).and_then(|rest| rest.split("</script>").next()).expect("the data element");
     let data: serde_json::Value = serde_json::from_str(json).unwrap();
-    let peak = &data["snapshots"][data["peak"].as_u64().unwrap() as usize]["pagemap"];
-    let heap = peak["maps"].as_array().unwrap().iter().find(|m| m["name"].as_str().unwrap().contains("[heap]")).expect("the main arena's page map");
-    assert!(peak["objects"]["sites"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("site_dense (culprit.c:")), "{}", peak["objects"]);
+    let moment = &data["snapshots"][data["moment"]["index"].as_u64().unwrap() as usize]["pagemap"];
+    let heap = moment["maps"].as_array().unwrap().iter().find(|m| m["name"].as_str().unwrap().contains("[heap]")).expect("the main arena's page map");
+    assert!(moment["objects"]["sites"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("site_dense (culprit.c:")), "{}", moment["objects"]);
     // 4 MiB in: culprit.c's dense 256-byte blocks, about 15 to a page.
     let address = heap["start"].as_u64().unwrap() + (4 << 20);
     let dom = dump_dom(browser, &format!("file://{}#address={address:x}", html.display()));

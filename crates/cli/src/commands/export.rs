@@ -49,22 +49,28 @@ fn value_index(by: BlameOrder) -> usize {
     }
 }
 
-fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<Vec<WeightedStack>> {
+/// The stacks at the moment `at` names, and that moment (said on stderr
+/// once the output is written: export and flamegraph print nothing else).
+fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<(Vec<WeightedStack>, Option<memgap_model::Moment>)> {
     let name = trace.display().to_string();
     let Some(blame): Option<Blame> = memgap_model::blame(trace, &options(at, BlameOrder::Live, usize::MAX, true, Vec::new())).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
-    if let Some(moment) = &blame.moment {
-        eprintln!("memgap: {name}: {}", moment.line());
-    }
-    Ok(blame
+    let stacks = blame
         .by_stack
         .into_iter()
         .map(|e| WeightedStack {
             frames: e.stack,
             values: vec![e.fragmentation_bytes as i64, e.live_bytes as i64, e.leaked_bytes as i64, e.allocated_bytes as i64],
         })
-        .collect())
+        .collect();
+    Ok((stacks, blame.moment))
+}
+
+fn say_moment(trace: &Path, moment: Option<memgap_model::Moment>) {
+    if let Some(moment) = moment {
+        eprintln!("memgap: {}: {}", trace.display(), moment.line());
+    }
 }
 
 fn write(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
@@ -75,7 +81,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     if args.pprof.is_none() && args.folded.is_none() {
         bail!("say what to write: --pprof FILE and/or --folded FILE");
     }
-    let stacks = weighted_stacks(&args.trace, args.at.at)?;
+    let (stacks, moment) = weighted_stacks(&args.trace, args.at.at)?;
     if let Some(path) = &args.pprof {
         let types: Vec<SampleType> = SAMPLE_TYPES.iter().map(|&(name, unit)| SampleType { name: name.into(), unit: unit.into() }).collect();
         write(path, &memgap_views::export::pprof(&stacks, &types))?;
@@ -83,13 +89,15 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.folded {
         write(path, memgap_views::export::folded(&stacks, value_index(args.by)).as_bytes())?;
     }
+    say_moment(&args.trace, moment);
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn flamegraph(args: FlamegraphArgs) -> anyhow::Result<ExitCode> {
-    let stacks = weighted_stacks(&args.trace, args.at.at)?;
+    let (stacks, moment) = weighted_stacks(&args.trace, args.at.at)?;
     let title = format!("memgap: {} bytes by call stack — {}", SAMPLE_TYPES[value_index(args.by)].0.trim_end_matches("_space"), args.trace.display());
     let svg = memgap_views::export::flamegraph_svg(&stacks, value_index(args.by), "bytes", &title)?;
     write(&args.output, svg.as_bytes())?;
+    say_moment(&args.trace, moment);
     Ok(ExitCode::SUCCESS)
 }
