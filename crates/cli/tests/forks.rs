@@ -102,3 +102,32 @@ fn a_child_without_its_parents_trace_says_so() {
     assert!(notes.iter().any(|n| n.as_str().unwrap().contains(&parent) && n.as_str().unwrap().contains("t.mgt")), "child {}: {notes:#?}", child.pid);
     assert!(number(&summary, "untracked_frees") > 10_000, "{summary:#}");
 }
+
+/// Descendants the agent is not in (an environment without LD_PRELOAD, a
+/// static binary, an exec into one) are named, one line each with pid,
+/// command and why; traced ones are not.
+#[test]
+fn descendants_without_the_agent_are_named_in_one_line_each() {
+    let (_tmp, dir) = tempdir();
+    let dynamic = compile(&dir, "pid_and_hold.c");
+    std::fs::create_dir(dir.join("static")).unwrap();
+    let fixed = compile_with(&dir.join("static"), "pid_and_hold.c", &["-static"]);
+    let script = format!("env -u LD_PRELOAD {d}; {s}; {d}; exec env -u LD_PRELOAD {d}", d = arg(&dynamic), s = arg(&fixed));
+    let out = memgap(&dir, &["run", "-o", "t.mgt", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pids: Vec<String> = text(&out.stdout).lines().filter_map(|l| l.strip_prefix("pid ").map(str::to_string)).collect();
+    assert_eq!(pids.len(), 4, "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    let named: Vec<&str> = stderr.lines().filter(|l| l.starts_with("memgap: not traced: ")).collect();
+    let line_of = |pid: &str| named.iter().find(|l| l.contains(&format!("process {pid} ("))).copied();
+    let env_line = line_of(&pids[0]).unwrap_or_else(|| panic!("the child without LD_PRELOAD is not named:\n{stderr}"));
+    assert!(env_line.contains(arg(&dynamic)) && env_line.ends_with("its environment has no LD_PRELOAD"), "{env_line}");
+    let static_line = line_of(&pids[1]).unwrap_or_else(|| panic!("the static child is not named:\n{stderr}"));
+    assert!(static_line.contains(arg(&fixed)) && static_line.contains("statically linked"), "{static_line}");
+    assert!(line_of(&pids[2]).is_none(), "the traced child is named:\n{stderr}");
+    assert!(line_of(&pids[3]).is_some_and(|l| l.ends_with("its environment has no LD_PRELOAD")), "the shell's exec without the agent is not named:\n{stderr}");
+    assert_eq!(named.len(), 3, "{stderr}");
+    // The traced child has its trace, with its 8 MiB.
+    let traced = dir.join(format!("t.{}.mgt", pids[2]));
+    assert!(number(&summary_json(&traced), "peak_live_bytes") >= 8 << 20, "{}", traced.display());
+}

@@ -23,6 +23,7 @@ mod python;
 mod recorder;
 mod ruby;
 mod traces;
+mod untraced;
 
 pub(crate) use traces::RunTraces;
 
@@ -184,9 +185,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Some(recording) = recording else {
         return Ok(ExitCode::from(exit_code.clamp(0, 255) as u8));
     };
-    let outcomes = match &areas {
+    let (outcomes, untraced) = match &areas {
         Some(areas) => recording.finish(areas.path()),
-        None => Vec::new(),
+        None => Default::default(),
     };
     drop(areas);
     let trace = trace_path(&pattern, top_pid, true);
@@ -195,6 +196,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if !args.quiet {
             eprintln!("memgap: process {} ({}) was still running when {} ended; its trace stops there", outcome.pid, outcome.command, program_name);
         }
+    }
+    for process in untraced.iter().filter(|_| !args.quiet) {
+        eprintln!("memgap: not traced: process {} ({}) ran without memgap's agent: {}", process.pid, process.command, process.why);
     }
     if let Some(ruby) = ruby {
         ruby.finish(&traces);

@@ -27,6 +27,7 @@ use memgap_trace::records::{Clock, End, EndReason, Record, Records, Residency, R
 use memgap_trace::shared::{self, Area, CHUNK_DATA, CHUNK_FREE, Header, SLOT_FREE, SLOT_LIVE};
 
 use super::placement::Placer;
+use super::untraced::{self, Untraced};
 
 const FLUSH_BYTES: usize = 512 * 1024;
 const FLUSH_INTERVAL_NS: u64 = 100_000_000;
@@ -172,7 +173,7 @@ pub type TracePath = dyn Fn(u32) -> PathBuf + Send + Sync;
 /// The running recorder: the discovery thread and one thread per process.
 pub struct Recorder {
     stop: Arc<AtomicBool>,
-    discovery: Option<JoinHandle<()>>,
+    discovery: Option<JoinHandle<Vec<Untraced>>>,
     processes: Arc<Mutex<HashMap<u32, Tracked>>>,
 }
 
@@ -204,14 +205,18 @@ impl Recorder {
                 .name("memgap-discovery".into())
                 .spawn(move || {
                     let mut seen = std::collections::HashSet::new();
+                    let mut untraced = untraced::Watch::default();
                     loop {
                         let stopping = stop.load(Acquire);
                         discover(&dir, &mut seen, &processes, &settings, &trace_path);
+                        let running: Vec<u32> = processes.lock().unwrap().iter().filter(|(_, t)| !t.done.load(Acquire)).map(|(&pid, _)| pid).collect();
+                        untraced.scan(&running);
                         if stopping {
                             break;
                         }
                         std::thread::sleep(DISCOVERY_INTERVAL);
                     }
+                    untraced.found()
                 })
                 .ok()
         };
@@ -219,8 +224,9 @@ impl Recorder {
     }
 
     /// The top process has ended (and was reaped): waits for its trace, and
-    /// a while for the processes it left running; gives the rest up.
-    pub fn finish(mut self, dir: &Path) -> Vec<Outcome> {
+    /// a while for the processes it left running; gives the rest up. Also
+    /// the run's processes that ran without the agent.
+    pub fn finish(mut self, dir: &Path) -> (Vec<Outcome>, Vec<Untraced>) {
         // Give discovery a moment for a child that made its area just before the end.
         std::thread::sleep(DISCOVERY_INTERVAL * 2);
         let deadline = Instant::now() + DESCENDANTS_GRACE;
@@ -232,9 +238,7 @@ impl Recorder {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.stop.store(true, Release);
-        if let Some(discovery) = self.discovery.take() {
-            let _ = discovery.join();
-        }
+        let untraced = self.discovery.take().and_then(|discovery| discovery.join().ok()).unwrap_or_default();
         let mut tracked: Vec<Tracked> = self.processes.lock().unwrap().drain().map(|(_, t)| t).collect();
         for t in &tracked {
             t.give_up.store(true, Release);
@@ -250,7 +254,7 @@ impl Recorder {
                 }
             }
         }
-        outcomes
+        (outcomes, untraced)
     }
 }
 
