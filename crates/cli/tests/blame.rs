@@ -139,8 +139,8 @@ fn rust_functions_are_demangled() {
     assert_eq!(out.status.code(), Some(7));
     // The program asks for a snapshot while its data is alive (at exit Rust
     // has dropped it): the last snapshot but the exit one.
-    let timeline: Vec<Value> = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
-    let at = timeline.iter().rev().find(|l| l["snapshot_reason"] == "program").expect("a program snapshot")["at_seconds"].to_string();
+    let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    let at = timeline["snapshots"].as_array().unwrap().iter().rev().find(|l| l["snapshot_reason"] == "program").expect("a program snapshot")["at_seconds"].to_string();
     let out = memgap(&dir, &["blame", arg(&trace), "--json", "--at", &at, "--by", "live", "--per-stack", "--top", "1000"]);
     let entries: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let frames: Vec<&str> = entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str())).collect();

@@ -645,7 +645,8 @@ fn a_program_s_malloc_trim_is_recorded_with_rss_before_and_after() {
     assert_eq!((trim.get("pad"), trim.get("returned")), (Some(0.0), Some(1.0)));
 
     // A snapshot follows the trim and shows what it changed.
-    let timeline: Vec<Value> = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    let timeline = timeline["snapshots"].as_array().unwrap();
     let after_trim = timeline.iter().find(|l| l["snapshot_reason"] == "program").unwrap_or_else(|| panic!("no snapshot after the trim: {timeline:?}"));
     assert!(after_trim["rss_bytes"].as_u64().unwrap() < before - 50 * MIB, "{after_trim}");
     let peak = timeline.iter().map(|l| l["rss_bytes"].as_u64().unwrap()).max().unwrap();

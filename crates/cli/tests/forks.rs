@@ -46,8 +46,8 @@ fn run(dir: &Path, args: &[&str]) -> Child {
 fn before_trim(trace: &Path) -> Value {
     let out = memgap(trace.parent().unwrap(), &["timeline", arg(trace), "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let all: Vec<Value> = serde_json::from_slice(&out.stdout).expect("timeline JSON");
-    all.into_iter().find(|l| l["snapshot_reason"] == "program").expect("the child's snapshot")
+    let all: Value = serde_json::from_slice(&out.stdout).expect("timeline JSON");
+    all["snapshots"].as_array().unwrap().iter().cloned().find(|l| l["snapshot_reason"] == "program").expect("the child's snapshot")
 }
 
 fn assert_child_knows_its_heap(mode: &str, keep_every: &str) {

@@ -71,7 +71,7 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 fn timeline(dir: &Path, trace: &Path) -> Vec<Value> {
     let out = memgap(dir, &["timeline", arg(trace), "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()["snapshots"].as_array().unwrap().clone()
 }
 
 fn u(value: &Value, key: &str) -> u64 {

@@ -288,8 +288,8 @@ fn snap_of_a_forked_child_reaches_the_child() {
     assert_eq!(status.code(), Some(0));
     let requested = |trace: &Path| -> usize {
         let out = memgap(&dir, &["timeline", arg(trace), "--json"]);
-        let lines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out.stderr)));
-        lines.iter().filter(|l| l["snapshot_reason"] == "requested").count()
+        let timeline: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out.stderr)));
+        timeline["snapshots"].as_array().unwrap().iter().filter(|l| l["snapshot_reason"] == "requested").count()
     };
     assert_eq!(requested(&child_trace), 1);
     assert_eq!(requested(&trace), 0, "the parent was not asked");

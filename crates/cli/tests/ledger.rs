@@ -24,8 +24,8 @@ fn planted(args: &[&str]) -> (Vec<Value>, String) {
     assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
     let timeline = memgap(&dir, &["timeline", arg(&trace), "--json"]);
     assert!(timeline.status.success(), "{}", text(&timeline.stderr));
-    let all: Vec<Value> = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
-    let ours: Vec<Value> = all.into_iter().filter(|l| l["snapshot_reason"] == "program").collect();
+    let all: Value = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let ours: Vec<Value> = all["snapshots"].as_array().unwrap().iter().cloned().filter(|l| l["snapshot_reason"] == "program").collect();
     for ledger in &ours {
         assert_rows_add_up(ledger);
     }
@@ -195,8 +195,8 @@ fn snap_takes_a_snapshot_of_a_running_process() {
     assert!(snap.status.success(), "{}", text(&snap.stderr));
     sigkill(pid as i32);
     wait_or_kill(&mut run, "memgap run -- sleeper");
-    let timeline: Vec<Value> = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
-    assert!(timeline.iter().any(|l| l["snapshot_reason"] == "requested"), "{timeline:#?}");
+    let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+    assert!(timeline["snapshots"].as_array().unwrap().iter().any(|l| l["snapshot_reason"] == "requested"), "{timeline:#?}");
 
     for (pid, expected) in [("999999999", "no process"), ("1", "not being recorded")] {
         let out = memgap(&dir, &["snap", pid]);

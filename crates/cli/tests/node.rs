@@ -46,7 +46,7 @@ fn ledger_while_idle(dir: &Path, trace: &str) -> Value {
     let out = memgap(dir, &["timeline", "--json", trace]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
-    for snapshot in timeline.as_array().unwrap().iter().rev().filter(|s| s["snapshot_reason"] != "exit") {
+    for snapshot in timeline["snapshots"].as_array().unwrap().iter().rev().filter(|s| s["snapshot_reason"] != "exit") {
         let at = snapshot["at_seconds"].to_string();
         let out = memgap(dir, &["ledger", "--json", "--at", &at, trace]);
         assert!(out.status.success(), "{}", text(&out.stderr));

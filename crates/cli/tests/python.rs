@@ -27,7 +27,7 @@ fn program_snapshot(dir: &Path, trace: &str) -> Value {
     let out = memgap(dir, &["timeline", "--json", trace]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
-    timeline.as_array().unwrap().iter().find(|l| l["snapshot_reason"] == "program").cloned().unwrap_or_else(|| panic!("no program snapshot: {timeline:#}"))
+    timeline["snapshots"].as_array().unwrap().iter().find(|l| l["snapshot_reason"] == "program").cloned().unwrap_or_else(|| panic!("no program snapshot: {timeline:#}"))
 }
 
 /// A figure of `sys._debugmallocstats()` ("# bytes in allocated blocks = 6,859,696").
@@ -133,7 +133,7 @@ fn multiprocessing_children_are_traced_with_their_layer() {
     for trace in traces_in(&dir).into_iter().filter(|t| t != "parent.mgt") {
         let out = memgap(&dir, &["timeline", "--json", &trace]);
         let timeline: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        let Some(l) = timeline.as_array().and_then(|t| t.iter().find(|l| l["snapshot_reason"] == "program")) else { continue };
+        let Some(l) = timeline["snapshots"].as_array().and_then(|t| t.iter().find(|l| l["snapshot_reason"] == "program")) else { continue };
         let py = &l["python"];
         assert!(py["version"].as_str().is_some_and(|v| v.starts_with("3.11")), "{trace}: {py:#}");
         assert_eq!(py["allocator"], "pymalloc", "{trace}: {py:#}");

@@ -78,11 +78,13 @@ impl Screenshot {
     }
 }
 
-/// The colours report.js gives used pages (fill 0..=31).
+/// The colours report.js gives used pages (fill 0..=31): from the
+/// fragmented row's colour (nearly empty) to the live row's (full).
 fn is_used_page_colour(p: [u8; 3]) -> bool {
+    let (empty, full) = (memgap_views::palette::row("fragmented").rgb, memgap_views::palette::row("live").rgb);
     (0..32).any(|fill| {
         let f = fill as f64 / 31.0;
-        let colour = [(200.0 - f * 170.0).round() as u8, (220.0 - f * 150.0).round() as u8, (245.0 - f * 90.0).round() as u8];
+        let colour: Vec<u8> = empty.iter().zip(full).map(|(&e, u)| (f64::from(e) + (f64::from(u) - f64::from(e)) * f).round() as u8).collect();
         colour.iter().zip(p).all(|(a, b)| a.abs_diff(b) <= 1)
     })
 }
@@ -137,6 +139,10 @@ fn every_panel_is_filled_and_drawn_in_chromium() {
     assert!(attribute("data-pages") > 1000, "the page map holds the heap's pages");
     assert!(attribute("data-rows") >= 2, "blame rows");
     assert!(attribute("data-boxes") >= 2, "flame graph boxes");
+    // The timeline: the live heap line from the events, the exit snapshot's bar, the selected moment.
+    assert!(attribute("data-live-points") > 50, "the live heap line's points");
+    assert!(attribute("data-exit-bar-width") >= 2, "the exit snapshot's bar has a width");
+    assert!(dom.contains("data-selected=\""), "the selected snapshot is marked");
 
     let dir = html.parent().unwrap();
     let shot = screenshot(browser, &url, dir, "whole.png");

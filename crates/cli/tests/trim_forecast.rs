@@ -33,7 +33,8 @@ fn run(args: &[&str]) -> Measured {
     assert_eq!(figures.len(), 2, "trim_forecast printed {stdout:?}");
     let timeline = memgap(&dir, &["timeline", arg(&trace), "--json"]);
     assert!(timeline.status.success(), "{}", text(&timeline.stderr));
-    let all: Vec<Value> = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let all: Value = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let all = all["snapshots"].as_array().unwrap().clone();
     // The program's snapshots right before and right after its trim; memgap
     // may take one of its own between them (at the Rss after the trim).
     let mut ours: Vec<Value> = all.into_iter().filter(|l| l["snapshot_reason"] == "program").collect();
@@ -129,7 +130,8 @@ fn memgap_trim_agrees_with_the_forecast() {
     let status = target.child.wait().expect("memgap run ends");
     assert!(status.success(), "{status:?}");
     let timeline = memgap(&dir, &["timeline", arg(&trace), "--json"]);
-    let all: Vec<Value> = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let all: Value = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
+    let all = all["snapshots"].as_array().unwrap();
     let before = all.iter().find(|l| l["snapshot_reason"] == "program").expect("the program's snapshot");
     let estimate = forecast(before);
     let returned = report["heap_returned_bytes"].as_f64().expect("heap_returned_bytes");

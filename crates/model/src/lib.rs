@@ -32,6 +32,7 @@ pub mod report;
 pub mod owners;
 mod outside;
 pub mod ruby;
+pub mod series;
 mod snapshots;
 mod summary;
 pub mod trim_marks;
@@ -42,7 +43,8 @@ pub use heap_state::HeapState;
 pub use ledger::{Finding, GcMark, HeapLedger, HeapOwner, Ledger, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap, Remedy, Rows, SizeBucket};
 pub use outside::assess as assess_cgroup;
 pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
-pub use snapshots::{At, Closing, Moment, MomentError, SnapshotInfo, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline};
+pub use series::SeriesPoint;
+pub use snapshots::{At, Closing, Moment, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline};
 pub use summary::{SizeCount, Summary};
 pub use trim_marks::TrimMark;
 

@@ -14,7 +14,8 @@ use crate::ledger::{self, Detail, Ledger};
 use crate::owners::Owners;
 use crate::trim_marks::{TrimMark, TrimMarks};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
-use crate::snapshots::{At, Moment, MomentError, list, resolve};
+use crate::series::{SeriesBuilder, SeriesPoint};
+use crate::snapshots::{At, Moment, MomentError, SERIES_BUCKETS, list, resolve};
 use crate::summary::{Builder, Summary};
 
 /// Snapshots with a page map besides the peak and the end.
@@ -45,6 +46,10 @@ pub struct Report {
     pub moment: Moment,
     /// VmRSS over time, at most 4000 points.
     pub rss: Vec<RssSample>,
+    /// The live heap after every heap event, reduced to the lowest and
+    /// highest of each bucket of time; empty for a runtime with a heap of
+    /// its own (Go, GHC).
+    pub live_heap: Vec<SeriesPoint>,
     /// Blame at the moment, every site (unsorted beyond fragmentation order).
     pub blame: Option<Blame>,
     /// The runtime's garbage collections (Go, GHC, Ruby), at most 2000.
@@ -71,6 +76,7 @@ struct ReportVisitor {
     ledgers: Vec<(u64, Ledger)>,
     moment_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
+    live_heap: SeriesBuilder,
     owners: Owners,
     trims: TrimMarks,
     numa: NumaVisitor,
@@ -112,6 +118,7 @@ impl Visitor for ReportVisitor {
     fn event(&mut self, event: &ThreadEvent) {
         let change = self.blame.apply(event);
         self.summary.count(event, change, self.blame.state.live.live_bytes());
+        self.live_heap.push(event.event.time, self.blame.state.live.live_bytes());
         self.numa.event(event);
     }
 
@@ -248,12 +255,15 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
         ledgers: Vec::new(),
         moment_ledger: None,
         rss: Vec::new(),
+        live_heap: SeriesBuilder::new(SERIES_BUCKETS),
         owners: Owners::default(),
         trims: TrimMarks::new(TRIM_MARKS),
         numa: NumaVisitor::embedded(Some(moment.index)),
     };
     let outcome = replay(path, &mut v)?;
     let timeline = &outcome.timeline;
+    // A runtime with a heap of its own (Go, GHC): malloc's live heap is not the program's.
+    let live_heap = if v.owners.summary().is_some() { Vec::new() } else { v.live_heap.finish(|time| timeline.seconds(time)) };
     v.owners.replayed(timeline);
     v.owners.measured_remedies = crate::compare::measured::read_beside(path).map(std::sync::Arc::new);
     let snapshots: Vec<Ledger> = v
@@ -286,7 +296,7 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
     });
     let last = snapshots.len().saturating_sub(1);
     let moment = Moment { index: moment.index.min(last), ..moment };
-    Ok(Some(Report { summary, peak: peak.min(last), moment, snapshots, rss: downsample(&rss, RSS_POINTS), blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks, trim_marks, trim_calls }))
+    Ok(Some(Report { summary, peak: peak.min(last), moment, snapshots, rss: downsample(&rss, RSS_POINTS), live_heap, blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks, trim_marks, trim_calls }))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
+use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline as EventClock, Visitor, replay};
 use memgap_trace::TraceError;
 use serde::Serialize;
 use memgap_trace::TraceFile;
@@ -11,7 +11,12 @@ use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, S
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Ledger};
 use crate::owners::Owners;
+use crate::series::{SeriesBuilder, SeriesPoint};
 use crate::summary::{Builder, Summary};
+
+/// Buckets of time of the live heap and VmRSS series (about one per pixel
+/// of a wide screen; each gives its lowest and highest value).
+pub const SERIES_BUCKETS: usize = 2000;
 
 /// Which snapshot to look at. Every command that looks at one moment of a
 /// trace resolves it here, with [`resolve`], so they all agree.
@@ -142,7 +147,7 @@ pub fn list(path: &Path) -> Result<Vec<SnapshotInfo>, TraceError> {
 
 fn scan(path: &Path) -> Result<Scan, TraceError> {
     let trace = TraceFile::open(path)?;
-    let mut timeline = Timeline::default();
+    let mut timeline = EventClock::default();
     let mut found = Vec::new();
     let mut started = false;
     let mut last_time = 0;
@@ -223,6 +228,13 @@ struct LedgerVisitor<'a> {
     /// The summary too, counted from the same live set: `memgap run`
     /// prints both, and two replays took twice as long.
     summary: Option<Builder>,
+    /// The live heap after every event and VmRSS at every sample, when asked for.
+    series: Option<Series>,
+}
+
+struct Series {
+    live: SeriesBuilder,
+    vm_rss: SeriesBuilder,
 }
 
 impl Visitor for LedgerVisitor<'_> {
@@ -274,10 +286,16 @@ impl Visitor for LedgerVisitor<'_> {
         if let Some(summary) = &mut self.summary {
             summary.count(event, change, self.state.live.live_bytes());
         }
+        if let Some(series) = &mut self.series {
+            series.live.push(event.event.time, self.state.live.live_bytes());
+        }
     }
 
     fn rss(&mut self, rss: &Rss) {
         self.owners.rss(rss);
+        if let Some(series) = &mut self.series {
+            series.vm_rss.push(rss.time, rss.vm_rss);
+        }
         if let Some(summary) = &mut self.summary {
             summary.rss(rss);
         }
@@ -311,11 +329,25 @@ fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Res
 }
 
 fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool, summary: Option<Builder>) -> Result<(Vec<Ledger>, Option<Summary>), TraceError> {
-    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), owners: Owners::default(), summary };
+    let (ledgers, summary, _) = replay_ledgers(path, wanted, want_pages, summary, false)?;
+    Ok((ledgers, summary))
+}
+
+type Replayed = (Vec<Ledger>, Option<Summary>, Option<(Vec<SeriesPoint>, Vec<SeriesPoint>)>);
+
+fn replay_ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool, summary: Option<Builder>, want_series: bool) -> Result<Replayed, TraceError> {
+    let series = want_series.then(|| Series { live: SeriesBuilder::new(SERIES_BUCKETS), vm_rss: SeriesBuilder::new(SERIES_BUCKETS) });
+    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), owners: Owners::default(), summary, series };
     let outcome = replay(path, &mut visitor)?;
     let summary = visitor.summary.take().map(|mut summary| {
         summary.live = std::mem::take(&mut visitor.state.live);
         summary.finish(&outcome, path)
+    });
+    let series = visitor.series.take().map(|series| {
+        let seconds = |time| outcome.timeline.seconds(time);
+        // A runtime with a heap of its own (Go, GHC): malloc's live heap is not the program's.
+        let live = if visitor.owners.summary().is_some() { Vec::new() } else { series.live.finish(seconds) };
+        (live, series.vm_rss.finish(seconds))
     });
     let mut owners = visitor.owners;
     owners.replayed(&outcome.timeline);
@@ -329,7 +361,7 @@ fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: 
             ledger
         })
         .collect();
-    Ok((ledgers, summary))
+    Ok((ledgers, summary, series))
 }
 
 /// The ledger at one snapshot, with the moment it is; `None` when the
@@ -339,7 +371,7 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
     scan.check(at)?;
     // The largest gap needs every ledger; without page maps those are the answer too.
     if at == At::Gap && !want_pages && scan.snapshots.len() > 1 {
-        let mut all = timeline(path)?;
+        let mut all = ledgers(path, &|_| true, false)?;
         let gaps: Vec<u64> = all.iter().map(gap_bytes).collect();
         let Some(moment) = scan.moment(at, &gaps).filter(|m| m.index < all.len()) else { return Ok(None) };
         let mut ledger = all.swap_remove(moment.index);
@@ -355,7 +387,7 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
 }
 
 fn resolve_scanned(path: &Path, scan: &Scan, at: At) -> Result<Option<Moment>, TraceError> {
-    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { timeline(path)?.iter().map(gap_bytes).collect() } else { Vec::new() };
+    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect() } else { Vec::new() };
     Ok(scan.moment(at, &gaps))
 }
 
@@ -380,9 +412,25 @@ pub fn closing(path: &Path) -> Result<Closing, TraceError> {
     Ok(Closing { summary, moment: Some(at_moment), end })
 }
 
-/// The ledger at every snapshot, in time order.
-pub fn timeline(path: &Path) -> Result<Vec<Ledger>, TraceError> {
-    ledgers(path, &|_| true, false)
+/// The ledger at every snapshot, and the live heap and VmRSS between them.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Timeline {
+    /// The ledger at every snapshot, in time order.
+    pub snapshots: Vec<Ledger>,
+    /// The live heap (bytes the program holds from malloc) after every heap
+    /// event, as `[seconds, bytes]`, at most two points per bucket of time
+    /// (its lowest and highest). Empty for a runtime with a heap of its own
+    /// (Go, GHC), whose live heap malloc does not see.
+    pub live_bytes: Vec<SeriesPoint>,
+    /// VmRSS at every sample, reduced the same way.
+    pub vm_rss: Vec<SeriesPoint>,
+}
+
+/// The ledger at every snapshot, the live heap and VmRSS, in one replay.
+pub fn timeline(path: &Path) -> Result<Timeline, TraceError> {
+    let (snapshots, _, series) = replay_ledgers(path, &|_| true, false, None, true)?;
+    let (live_bytes, vm_rss) = series.unwrap_or_default();
+    Ok(Timeline { snapshots, live_bytes, vm_rss })
 }
 
 #[cfg(test)]

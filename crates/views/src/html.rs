@@ -57,6 +57,8 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         },
         "snapshots": snapshots,
         "rss": report.rss.iter().map(|s| [s.seconds, s.vm_rss as f64]).collect::<Vec<_>>(),
+        "live_heap": report.live_heap,
+        "palette": crate::palette::report_json(),
         "gc": report.gc_marks,
         "trims": report.trim_marks,
         "trim_calls": report.trim_calls,

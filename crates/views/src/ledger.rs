@@ -3,9 +3,10 @@
 
 use std::fmt::Write;
 
-use memgap_model::{Ledger, PageClass, PageMap, TrimMark};
+use memgap_model::{Ledger, PageClass, PageMap, SeriesPoint, Timeline, TrimMark};
 
 use crate::format::{bytes, count};
+use crate::palette;
 
 const BAR_WIDTH: usize = 30;
 
@@ -243,9 +244,18 @@ const MAP_LINES: usize = 32;
 pub fn page_map(maps: &[PageMap], color: bool) -> String {
     let mut out = String::new();
     let legend = if color {
-        "legend: \x1b[32m█▓▒░\x1b[0m pages with live blocks, by fill   \x1b[33mT\x1b[0m free, malloc_trim would return   \x1b[31mR\x1b[0m free, retained   · not resident   m memgap   p program mmap"
+        format!(
+            "legend: {}{} pages with live blocks, by fill (live, fragmented)   {} free, malloc_trim would return (retained)   {} free, kept (retained)   {} not resident   {} memgap   {} program mmap",
+            palette::paint("█▓", palette::row("live")),
+            palette::paint("▒░", palette::row("fragmented")),
+            palette::paint("T", palette::row("retained")),
+            palette::paint("R", palette::RETAINED_KEPT),
+            "\x1b[2m·\x1b[0m",
+            palette::paint("m", palette::MEMGAP),
+            palette::paint("p", palette::row("other")),
+        )
     } else {
-        "legend: #+-. pages with live blocks, by fill   T free, malloc_trim would return   R free, retained   (space) not resident   m memgap   p program mmap"
+        "legend: #+-. pages with live blocks, by fill   T free, malloc_trim would return   R free, retained   (space) not resident   m memgap   p program mmap".to_string()
     };
     let _ = writeln!(out, "{legend}");
     for map in maps {
@@ -297,17 +307,19 @@ fn cell_text(pages: &[PageClass], color: bool) -> String {
     let (plain, colored) = if used == most {
         let fill = fill_sum / used.max(1);
         let shade = [(192, '#', '█'), (128, '+', '▓'), (64, '-', '▒'), (0, '.', '░')].into_iter().find(|(min, _, _)| fill >= *min).unwrap();
-        (shade.1.to_string(), format!("\x1b[32m{}\x1b[0m", shade.2))
+        // Mostly live bytes in the live colour; mostly free ones (fragmented) in the fragmented colour.
+        let row = if fill >= 128 { "live" } else { "fragmented" };
+        (shade.1.to_string(), palette::paint(&shade.2.to_string(), palette::row(row)))
     } else if trimmable == most {
-        ("T".to_string(), "\x1b[33mT\x1b[0m".to_string())
+        ("T".to_string(), palette::paint("T", palette::row("retained")))
     } else if retained == most {
-        ("R".to_string(), "\x1b[31mR\x1b[0m".to_string())
+        ("R".to_string(), palette::paint("R", palette::RETAINED_KEPT))
     } else if absent == most {
         (" ".to_string(), "\x1b[2m·\x1b[0m".to_string())
     } else if agent == most {
-        ("m".to_string(), "m".to_string())
+        ("m".to_string(), palette::paint("m", palette::MEMGAP))
     } else {
-        ("p".to_string(), "p".to_string())
+        ("p".to_string(), palette::paint("p", palette::row("other")))
     };
     if color { colored } else { plain }
 }
@@ -316,7 +328,105 @@ fn cell_text(pages: &[PageClass], color: bool) -> String {
 /// calls (`trims`, of `trim_calls` in all) between them where they happened.
 /// Given a `width`, columns that are zero throughout go first, then the
 /// residual, until the lines fit.
-pub fn timeline(ledgers: &[Ledger], trims: &[TrimMark], trim_calls: u64, width: Option<usize>) -> String {
+/// The timeline: the ledger rows at every snapshot (with the program's
+/// malloc_trim calls between them), then the live heap and VmRSS over the
+/// whole run as two strips on one scale.
+pub fn timeline(t: &Timeline, trims: &[TrimMark], trim_calls: u64, width: Option<usize>, color: bool) -> String {
+    let mut out = snapshot_table(&t.snapshots, trims, trim_calls, width);
+    if !t.live_bytes.is_empty() || !t.vm_rss.is_empty() {
+        out.push('\n');
+        out.push_str(&strips(t, width.unwrap_or(80), color));
+    }
+    out
+}
+
+/// Levels of a strip, lowest to highest.
+const STRIP_LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+
+/// The live heap and VmRSS, one column per slice of time (each column the
+/// highest value in its slice, so a short spike shows), and where the live
+/// heap fell the most.
+fn strips(t: &Timeline, width: usize, color: bool) -> String {
+    const LABEL: usize = 8;
+    let columns = width.saturating_sub(LABEL + 2).clamp(20, 120);
+    let end = t.live_bytes.iter().chain(&t.vm_rss).map(|p| p.seconds).fold(0.0, f64::max).max(t.snapshots.last().map_or(0.0, |l| l.at_seconds));
+    let top = t.live_bytes.iter().chain(&t.vm_rss).map(|p| p.bytes).max().unwrap_or(0).max(1);
+    let slice = if end > 0.0 { end / columns as f64 } else { 1.0 };
+    let mut out = String::new();
+    let _ = writeln!(out, "live heap and VmRSS from 0 to {:.2} s, one column = {}, full height = {}:", end, column_time(slice), bytes(top));
+    let strip = |series: &[SeriesPoint]| -> String {
+        let mut line = String::new();
+        let mut next = 0;
+        // The value the series holds as a column begins (it holds until its next point).
+        let mut held: Option<u64> = None;
+        for column in 0..columns {
+            let column_end = (column + 1) as f64 * slice;
+            let mut high = held;
+            while let Some(p) = series.get(next).filter(|p| p.seconds < column_end || column == columns - 1) {
+                high = Some(high.map_or(p.bytes, |h| h.max(p.bytes)));
+                held = Some(p.bytes);
+                next += 1;
+            }
+            let level = high.map_or(0, |v| if v == 0 { 0 } else { ((v as f64 / top as f64 * 8.0).ceil() as usize).clamp(1, 8) });
+            line.push(STRIP_LEVELS[level]);
+        }
+        line.trim_end().to_string()
+    };
+    if !t.live_bytes.is_empty() {
+        let line = strip(&t.live_bytes);
+        let _ = writeln!(out, "{:>LABEL$}  {}", "live", if color { palette::paint(&line, palette::row("live")) } else { line });
+    }
+    if !t.vm_rss.is_empty() {
+        let _ = writeln!(out, "{:>LABEL$}  {}", "VmRSS", strip(&t.vm_rss));
+    }
+    if let Some(fall) = largest_fall(&t.live_bytes) {
+        let _ = writeln!(
+            out,
+            "the live heap fell most from {} at {:.3} s to {} at {:.3} s; VmRSS at the end: {}",
+            bytes(fall.0.bytes),
+            fall.0.seconds,
+            bytes(fall.1.bytes),
+            fall.1.seconds,
+            t.vm_rss.last().map_or("unknown".to_string(), |p| bytes(p.bytes))
+        );
+    }
+    out
+}
+
+fn column_time(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{seconds:.2} s")
+    } else if seconds >= 0.01 {
+        format!("{:.0} ms", seconds * 1e3)
+    } else {
+        format!("{:.2} ms", seconds * 1e3)
+    }
+}
+
+/// The largest fall of a series: from its high so far (at the time the
+/// first lower point came, when the fall began) to the lowest point after
+/// it; `None` when it never falls by a quarter of that high.
+pub fn largest_fall(series: &[SeriesPoint]) -> Option<(SeriesPoint, SeriesPoint)> {
+    let mut high: Option<SeriesPoint> = None;
+    let mut fall_began = 0.0;
+    let mut best: Option<(SeriesPoint, SeriesPoint)> = None;
+    for &p in series {
+        let Some(h) = high.filter(|h| p.bytes < h.bytes) else {
+            high = Some(p);
+            fall_began = f64::NAN;
+            continue;
+        };
+        if fall_began.is_nan() {
+            fall_began = p.seconds;
+        }
+        if best.is_none_or(|(a, b)| h.bytes - p.bytes > a.bytes - b.bytes) {
+            best = Some((SeriesPoint { seconds: fall_began, bytes: h.bytes }, p));
+        }
+    }
+    best.filter(|(a, b)| (a.bytes - b.bytes) * 4 >= a.bytes)
+}
+
+fn snapshot_table(ledgers: &[Ledger], trims: &[TrimMark], trim_calls: u64, width: Option<usize>) -> String {
     type Column = (&'static str, fn(&Ledger) -> u64);
     let mut columns: Vec<Column> = vec![
         ("RSS", |l| l.rss_bytes),
@@ -406,7 +516,7 @@ mod tests {
     fn timeline_puts_trims_between_the_snapshots_around_them() {
         let at = |seconds: f64, rss_bytes: u64| Ledger { at_seconds: seconds, rss_bytes, ..Ledger::default() };
         let trim = |seconds: f64, returned: bool| TrimMark { seconds, rss_before_bytes: 412 << 20, rss_after_bytes: 38 << 20, pad_bytes: 0, returned };
-        let text = timeline(&[at(1.0, 412 << 20), at(2.0, 38 << 20)], &[trim(1.5, true), trim(2.5, false)], 2, None);
+        let text = snapshot_table(&[at(1.0, 412 << 20), at(2.0, 38 << 20)], &[trim(1.5, true), trim(2.5, false)], 2, None);
         let lines: Vec<&str> = text.lines().map(str::trim_start).collect();
         let words = |line: &str| line.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
         assert_eq!(words(lines[1]), "1.00 412 MiB", "{text}");
@@ -414,8 +524,28 @@ mod tests {
         assert_eq!(words(lines[3]), "2.00 38.0 MiB", "{text}");
         assert_eq!(lines[4], "2.50 malloc_trim: 412 MiB → 38.0 MiB (returned 0: nothing released)");
         assert_eq!(lines.len(), 5, "{text}");
-        let thinned = timeline(&[at(1.0, 412 << 20)], &[trim(0.5, true)], 3000, None);
+        let thinned = snapshot_table(&[at(1.0, 412 << 20)], &[trim(0.5, true)], 3000, None);
         assert!(thinned.ends_with("(3,000 malloc_trim calls; the 1 that released most are shown)\n"), "{thinned}");
+    }
+
+    #[test]
+    fn strips_show_the_live_heap_falling_where_it_fell() {
+        let point = |seconds: f64, bytes: u64| SeriesPoint { seconds, bytes };
+        // 64 MiB held from 0.01 s, freed between 0.075 s and 0.1 s, a snapshot at 0.4 s.
+        let live = vec![point(0.0, 0), point(0.01, 64 << 20), point(0.075, 60 << 20), point(0.1, 1 << 20), point(0.4, 1 << 20)];
+        let vm_rss = vec![point(0.0, 1 << 20), point(0.05, 66 << 20), point(0.4, 66 << 20)];
+        let t = Timeline { snapshots: vec![Ledger { at_seconds: 0.4, ..Ledger::default() }], live_bytes: live.clone(), vm_rss };
+        let text = timeline(&t, &[], 0, Some(48), false);
+        let strip = text.lines().find(|l| l.trim_start().starts_with("live  ")).unwrap_or_else(|| panic!("{text}"));
+        let cells: Vec<char> = strip.trim_start().trim_start_matches("live").trim_start().chars().collect();
+        // 38 columns of about 10.5 ms: full from the first to the seventh, low from the tenth.
+        assert_eq!(cells[3], '█', "{text}");
+        assert_eq!(cells[6], '█', "{text}");
+        assert_eq!(cells[12], '▁', "{text}");
+        let rss = text.lines().find(|l| l.trim_start().starts_with("VmRSS ")).unwrap();
+        assert!(rss.ends_with("███"), "VmRSS stays high: {text}");
+        assert!(text.contains("fell most from 64.0 MiB at 0.075 s to 1.00 MiB at 0.100 s"), "{text}");
+        assert_eq!(largest_fall(&live[..3]), None, "a fall by less than a quarter");
     }
 
     #[test]

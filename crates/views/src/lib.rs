@@ -23,4 +23,5 @@ pub mod metrics;
 pub mod node;
 pub mod numa;
 pub mod outside;
+pub mod palette;
 pub mod terminal;

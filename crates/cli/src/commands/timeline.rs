@@ -1,5 +1,6 @@
 //! `memgap timeline TRACE [--json]`
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -11,21 +12,33 @@ use crate::output;
 /// (the ones that released most): more would bury the snapshots.
 const TRIM_LINES: usize = 20;
 
-/// RSS and the ledger rows at every snapshot.
+/// RSS and the ledger rows at every snapshot; the live heap after every
+/// heap event and VmRSS at every sample, over the whole run.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
+    /// One JSON object: `snapshots` (the ledger at each), `live_bytes` and
+    /// `vm_rss` (`[seconds, bytes]` pairs, each bucket of time's lowest and highest).
     #[arg(long)]
     json: bool,
+    /// Colours: auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    color: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let ledgers = memgap_model::timeline(&args.trace).with_context(|| args.trace.display().to_string())?;
+    let timeline = memgap_model::timeline(&args.trace).with_context(|| args.trace.display().to_string())?;
     if args.json {
-        output::print(&(memgap_views::json::to_string(&ledgers) + "\n"))?;
+        output::print(&(memgap_views::json::to_string(&timeline) + "\n"))?;
     } else {
         let (trims, trim_calls) = memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;
-        output::print(&memgap_views::ledger::timeline(&ledgers, &trims, trim_calls, output::width()))?;
+        let color = match args.color.as_str() {
+            "always" => true,
+            "never" => false,
+            _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+        };
+        output::print(&memgap_views::ledger::timeline(&timeline, &trims, trim_calls, output::width(), color))?;
         if let Some(ghc) = super::ghc::of_trace(&args.trace) {
             output::print(&format!("\n{}", memgap_views::ghc::report(&ghc, &args.trace.display().to_string())))?;
         }

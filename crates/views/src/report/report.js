@@ -13,7 +13,9 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   const params = new URLSearchParams(location.hash.includes('=') ? location.hash.slice(1) : '');
 
   const ROWS = ['live', 'slack', 'fragmented', 'retained', 'lazy_free', 'runtime', 'other'];
-  const ROW_COLOURS = { live: '#4a78c2', slack: '#8fb0e0', fragmented: '#e3a13b', retained: '#d0473f', lazy_free: '#b58ad6', runtime: '#6bb38a', other: '#a9adb6' };
+  // The colours come with the data (crates/views/src/palette.rs): one per ledger row, in every panel and the terminal.
+  const PALETTE = data.palette;
+  const ROW_COLOURS = PALETTE.rows;
   const ROW_MEANING = {
     live: 'bytes the program requested and holds', slack: 'headers, alignment, rounding inside live blocks',
     fragmented: 'free bytes on pages that hold live blocks', retained: 'resident pages with no live block',
@@ -71,10 +73,11 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   function trimChange(m) {
     return fmtBytes(m.rss_before_bytes) + ' \u2192 ' + fmtBytes(m.rss_after_bytes) + ' at ' + fmtSeconds(m.seconds) + (m.returned ? '' : ' (returned 0: nothing released)');
   }
+  // Entries: [colour, name, title, 'line' for a line's swatch].
   function legend(container, entries) {
-    for (const [colour, name, title] of entries) {
+    for (const [colour, name, title, kind] of entries) {
       const item = el('span', name);
-      const swatch = el('i');
+      const swatch = el('i', null, kind === 'line' ? 'line' : null);
       swatch.style.background = colour;
       item.prepend(swatch);
       if (title) item.title = title;
@@ -176,12 +179,22 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   let selected = params.has('snapshot') ? Math.max(0, Math.min(snapshots.length - 1, parseInt(params.get('snapshot'), 10) || 0)) : data.moment.index;
 
   // ---- timeline ------------------------------------------------------------
+  // Three things over time, each drawn only where it was measured: the live
+  // heap after every malloc and free (a line, each bucket's low and high
+  // kept), VmRSS at every sample (a line), and the ledger rows stacked in a
+  // short bar at each snapshot (nothing is known of them between snapshots).
   const timeline = (function () {
     const canvas = $('timeline-canvas');
     const trims = data.trims || [];
+    const live = data.live_heap || [];
     const TRIM_COLOUR = '#009e9e';
-    legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r]]).concat([['#111', 'VmRSS', 'the kernel\u2019s resident set size']])
-      .concat((data.gc || []).length ? [['#8a3ffc', 'GC', 'a collection of the program\u2019s runtime (tall: major)']] : [])
+    const SELECTED_COLOUR = '#1d2330';
+    const GC_COLOUR = '#8a3ffc';
+    const BAR_WIDTH = 12;
+    legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r] + ' (a bar at each snapshot)'])
+      .concat(live.length ? [[ROW_COLOURS.live, 'live heap', 'the bytes the program holds from malloc after every malloc and free, from the trace\u2019s events', 'line']] : [])
+      .concat([[PALETTE.vm_rss, 'VmRSS', 'the kernel\u2019s resident set size, at every sample', 'line']])
+      .concat((data.gc || []).length ? [[GC_COLOUR, 'GC', 'a collection of the program\u2019s runtime (tall: major)']] : [])
       .concat(trims.length ? [[TRIM_COLOUR, 'malloc_trim', 'the program called malloc_trim: an arrow from VmRSS before the call to VmRSS after it'
         + (data.trim_calls > trims.length ? ' (' + fmtCount(trims.length) + ' of ' + fmtCount(data.trim_calls) + ' calls shown: those that released most)' : '')]] : []));
     const rss = data.rss;
@@ -192,17 +205,31 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       $('timeline-trims').textContent = 'The program called ' + (calls === 1 ? trimTitle(largest) : 'malloc_trim ' + fmtCount(calls) + ' times; the largest release: ' + trimChange(largest)) + '.';
       $('timeline-trims').hidden = false;
     }
-    let maxT = Math.max(summary.duration_seconds || 0, rss.length ? rss[rss.length - 1][0] : 0, snapshots.length ? snapshots[snapshots.length - 1].seconds : 0) || 1;
+    const last = (series) => (series.length ? series[series.length - 1][0] : 0);
+    let maxT = Math.max(summary.duration_seconds || 0, last(rss), last(live), snapshots.length ? snapshots[snapshots.length - 1].seconds : 0) || 1;
     let maxY = 1;
     for (const s of snapshots) maxY = Math.max(maxY, s.rss, ROWS.reduce((sum, r) => sum + s.rows[r], 0));
     for (const [, v] of rss) maxY = Math.max(maxY, v);
+    for (const [, v] of live) maxY = Math.max(maxY, v);
     for (const m of trims) { maxY = Math.max(maxY, m.rss_before_bytes, m.rss_after_bytes); maxT = Math.max(maxT, m.seconds); }
     maxY *= 1.05;
     const view = { t0: 0, t1: maxT };
     let drag = null;
-    const M = { left: 72, right: 12, top: 10, bottom: 26 };
+    // The plot keeps half a bar of room at each end: the exit snapshot's bar is whole.
+    const M = { left: 72, right: 12 + BAR_WIDTH, top: 22, bottom: 26 };
     let geometry = null;
 
+    // Each snapshot's bar: centred on its time, narrower when snapshots crowd.
+    function bars(x) {
+      return snapshots.map((s, i) => {
+        const cx = x(s.seconds);
+        let room = BAR_WIDTH;
+        if (i > 0) room = Math.min(room, (cx - x(snapshots[i - 1].seconds)) * 0.8);
+        if (i + 1 < snapshots.length) room = Math.min(room, (x(snapshots[i + 1].seconds) - cx) * 0.8);
+        const w = Math.max(2, room);
+        return { x0: cx - w / 2, w };
+      });
+    }
     function draw() {
       const { ctx, width, height } = prepare(canvas, 320);
       const plotW = width - M.left - M.right, plotH = height - M.top - M.bottom;
@@ -217,7 +244,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       ctx.textAlign = 'right';
       for (let i = 0; i <= 5; i++) {
         const v = maxY * i / 5;
-        ctx.beginPath(); ctx.moveTo(M.left, y(v)); ctx.lineTo(width - M.right, y(v)); ctx.stroke();
+        ctx.beginPath(); ctx.moveTo(M.left, y(v)); ctx.lineTo(width - M.right + BAR_WIDTH / 2, y(v)); ctx.stroke();
         ctx.fillText(fmtBytes(v), M.left - 6, y(v) + 4);
       }
       ctx.textAlign = 'center';
@@ -226,35 +253,48 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
         ctx.fillText(fmtSeconds(t), x(t), height - 8);
       }
       ctx.save();
-      ctx.beginPath(); ctx.rect(M.left, M.top, plotW, plotH); ctx.clip();
-      // Stacked rows, each snapshot's held until the next (the last until
-      // the last RSS sample): between snapshots nothing is known but VmRSS,
-      // and a slope would show changes before they were measured. A lone
-      // snapshot is a bar.
-      const base = snapshots.map(() => 0);
-      const lastSample = rss.length ? rss[rss.length - 1][0] : 0;
-      const until = i => (i + 1 < snapshots.length ? snapshots[i + 1].seconds : Math.max(snapshots[i].seconds, lastSample));
-      for (const row of ROWS) {
-        ctx.fillStyle = ROW_COLOURS[row];
-        if (snapshots.length === 1) {
-          const s = snapshots[0];
-          ctx.fillRect(x(s.seconds) - 6, y(base[0] + s.rows[row]), 12, y(base[0]) - y(base[0] + s.rows[row]));
-        } else {
-          ctx.beginPath();
-          snapshots.forEach((s, i) => {
-            ctx.lineTo(x(s.seconds), y(base[i] + s.rows[row]));
-            ctx.lineTo(x(until(i)), y(base[i] + s.rows[row]));
-          });
-          for (let i = snapshots.length - 1; i >= 0; i--) {
-            ctx.lineTo(x(until(i)), y(base[i]));
-            ctx.lineTo(x(snapshots[i].seconds), y(base[i]));
+      ctx.beginPath(); ctx.rect(M.left - BAR_WIDTH / 2, M.top, plotW + BAR_WIDTH, plotH); ctx.clip();
+      // The rows, stacked in a bar at each snapshot.
+      const shape = bars(x);
+      let exitWidth = 0;
+      snapshots.forEach((s, i) => {
+        const { x0, w } = shape[i];
+        if (x0 + w < M.left - BAR_WIDTH || x0 > width) return;
+        let base = 0;
+        for (const row of ROWS) {
+          const v = s.rows[row];
+          if (v > 0) {
+            ctx.fillStyle = ROW_COLOURS[row];
+            ctx.fillRect(x0, y(base + v), w, y(base) - y(base + v));
           }
-          ctx.closePath();
-          ctx.fill();
+          base += v;
         }
-        snapshots.forEach((s, i) => { base[i] += s.rows[row]; });
+        if (i === selected) {
+          ctx.strokeStyle = SELECTED_COLOUR; ctx.lineWidth = 2;
+          ctx.strokeRect(x0 - 1, y(base) - 1, w + 2, y(0) - y(base) + 2);
+        }
+        if (i === snapshots.length - 1) exitWidth = w;
+      });
+      canvas.setAttribute('data-exit-bar-width', exitWidth.toFixed(1));
+      // The live heap, from every event.
+      let livePoints = 0;
+      if (live.length) {
+        ctx.strokeStyle = ROW_COLOURS.live; ctx.lineWidth = 1.5; ctx.lineJoin = 'round';
+        ctx.beginPath();
+        // A step line: the live heap holds its value until the next event.
+        let previous = null;
+        for (const [t, v] of live) {
+          if (previous === null) ctx.moveTo(x(t), y(v)); else { ctx.lineTo(x(t), y(previous)); ctx.lineTo(x(t), y(v)); }
+          previous = v;
+          if (t >= view.t0 && t <= view.t1) livePoints++;
+        }
+        // After the last event the live heap holds until the process ends.
+        const end = Math.max(last(rss), snapshots.length ? snapshots[snapshots.length - 1].seconds : 0);
+        if (end > last(live)) ctx.lineTo(x(end), y(previous));
+        ctx.stroke();
       }
-      ctx.strokeStyle = '#111';
+      canvas.setAttribute('data-live-points', String(livePoints));
+      ctx.strokeStyle = PALETTE.vm_rss;
       ctx.lineWidth = 1.5;
       ctx.beginPath();
       for (const [t, v] of rss) ctx.lineTo(x(t), y(v));
@@ -265,7 +305,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       for (const g of data.gc || []) {
         const gx = x(g.seconds);
         if (gx < M.left || gx > width - M.right) continue;
-        ctx.strokeStyle = g.major ? '#8a3ffc' : '#8a3ffc88';
+        ctx.strokeStyle = g.major ? GC_COLOUR : GC_COLOUR + '88';
         ctx.lineWidth = 1;
         ctx.beginPath(); ctx.moveTo(gx, M.top); ctx.lineTo(gx, M.top + (g.major ? 14 : 6)); ctx.stroke();
         gcDrawn++;
@@ -285,25 +325,48 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
         trimsDrawn++;
       }
       canvas.setAttribute('data-trim-marks', String(trimsDrawn));
-      // Snapshot markers: filled when the snapshot has a page map.
+      // The selected moment: a dashed line and its time above the plot; snapshot markers below (filled: with a page map).
       snapshots.forEach((s, i) => {
         const sx = x(s.seconds);
-        if (sx < M.left - 1 || sx > width - M.right + 1) return;
+        if (sx < M.left - BAR_WIDTH || sx > width - M.right + BAR_WIDTH) return;
         if (i === selected) {
-          ctx.strokeStyle = '#c0392b'; ctx.setLineDash([4, 3]); ctx.lineWidth = 1;
+          ctx.strokeStyle = SELECTED_COLOUR; ctx.setLineDash([4, 3]); ctx.lineWidth = 1;
           ctx.beginPath(); ctx.moveTo(sx, M.top); ctx.lineTo(sx, M.top + plotH); ctx.stroke(); ctx.setLineDash([]);
+          const why = i === data.moment.index ? data.moment.reason : i === data.peak && s.reason !== 'rss peak' ? 'the RSS peak' : '';
+          const label = 'selected: snapshot ' + i + ' at ' + fmtSeconds(s.seconds) + ' (' + s.reason + ' snapshot' + (why ? '; ' + why : '') + ')';
+          ctx.font = 'bold 11px system-ui, sans-serif';
+          const w = ctx.measureText(label).width;
+          ctx.textAlign = sx + w / 2 > width - 2 ? 'right' : sx - w / 2 < 2 ? 'left' : 'center';
+          ctx.fillStyle = SELECTED_COLOUR;
+          ctx.fillText(label, ctx.textAlign === 'right' ? sx + 4 : ctx.textAlign === 'left' ? sx - 4 : sx, M.top - 8);
+          canvas.setAttribute('data-selected', String(i));
         }
         ctx.beginPath();
         ctx.moveTo(sx, M.top + plotH - 8); ctx.lineTo(sx - 5, M.top + plotH); ctx.lineTo(sx + 5, M.top + plotH); ctx.closePath();
-        ctx.fillStyle = i === selected ? '#c0392b' : '#1d2330';
+        ctx.fillStyle = i === selected ? SELECTED_COLOUR : '#8a8f9c';
         ctx.strokeStyle = ctx.fillStyle;
         if (s.pagemap) ctx.fill(); else { ctx.lineWidth = 1; ctx.stroke(); }
       });
       if (drag && drag.x1 !== undefined) {
-        ctx.fillStyle = '#4a78c233';
+        ctx.fillStyle = ROW_COLOURS.live + '33';
         ctx.fillRect(Math.min(drag.x0, drag.x1), M.top, Math.abs(drag.x1 - drag.x0), plotH);
       }
+      liveNote();
       canvas.setAttribute('data-drawn', String(Number(canvas.getAttribute('data-drawn') || 0) + 1));
+    }
+    // The line counts malloc's blocks; a runtime's own heap (Ruby's object
+    // pages, pymalloc's arenas) is in the live row of the snapshots only.
+    function liveNote() {
+      const note = $('timeline-live-note');
+      const s = snapshots[selected];
+      const line = s && valueAt(live, s.seconds);
+      const apart = line ? s.rows.live - line[1] : 0;
+      note.hidden = !(line && apart > Math.max(1 << 20, s.rows.live / 10));
+      if (note.hidden) return;
+      const owners = (s.owners || []).filter((o) => o.rows.live > 0).map((o) => o.owner + ' ' + fmtBytes(o.rows.live));
+      note.textContent = 'At the selected snapshot the live row holds ' + fmtBytes(s.rows.live) + ' and the live heap line ' + fmtBytes(line[1])
+        + ': the line follows malloc’s blocks at every event; the other ' + fmtBytes(apart) + ' is in a runtime’s own heap, which only the snapshots measure'
+        + (owners.length ? ' (live by owner: ' + owners.join(', ') + ')' : '') + '.';
     }
     const timeAt = (px) => view.t0 + (px - M.left) / geometry.plotW * (view.t1 - view.t0);
     function nearestSnapshot(px) {
@@ -322,11 +385,12 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       }
       return best;
     }
-    function rssAt(t) {
-      let lo = 0, hi = rss.length - 1;
-      if (hi < 0) return null;
-      while (lo < hi) { const mid = (lo + hi) >> 1; if (rss[mid][0] < t) lo = mid + 1; else hi = mid; }
-      return rss[lo];
+    // The last point of a series at or before t (the first one before it begins).
+    function valueAt(series, t) {
+      let lo = 0, hi = series.length;
+      if (!hi) return null;
+      while (lo < hi) { const mid = (lo + hi) >> 1; if (series[mid][0] <= t) lo = mid + 1; else hi = mid; }
+      return series[Math.max(0, lo - 1)];
     }
     canvas.addEventListener('mousedown', (e) => { drag = { x0: mouse(canvas, e).x }; e.preventDefault(); });
     canvas.addEventListener('mousemove', (e) => {
@@ -334,7 +398,9 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       if (drag) { drag.x1 = p.x; draw(); return; }
       const t = timeAt(p.x);
       const lines = [fmtSeconds(Math.max(0, t))];
-      const sample = rssAt(t);
+      const heap = valueAt(live, t);
+      if (heap) lines.push('live heap ' + fmtBytes(heap[1]) + ' since ' + fmtSeconds(heap[0]));
+      const sample = valueAt(rss, t);
       if (sample) lines.push('VmRSS ' + fmtBytes(sample[1]) + ' at ' + fmtSeconds(sample[0]));
       const trim = nearestTrim(p.x);
       if (trim) lines.push('', trimTitle(trim));
@@ -343,7 +409,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
         const s = snapshots[i];
         lines.push('', 'snapshot ' + i + ' (' + s.reason + ') at ' + fmtSeconds(s.seconds) + ', RSS ' + fmtBytes(s.rss));
         for (const row of ROWS.slice().reverse()) lines.push('  ' + row.padEnd(11) + fmtBytes(s.rows[row]).padStart(11));
-        lines.push('click to select');
+        lines.push(i === selected ? 'selected' : 'click to select');
       }
       showTip(e, lines.join('\n'));
     });
@@ -368,12 +434,20 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   })();
 
   // ---- page map --------------------------------------------------------------
-  const PAGE_COLOURS = [[232, 233, 237], [240, 160, 48], [208, 71, 63], [142, 107, 191], [58, 166, 160]];
+  // Page bytes (html.rs page_byte): 0 not resident, 1 free (trim would return
+  // it), 2 free (kept), 3 memgap, 4 program mmap, 5..=36 used by fill. Each
+  // in the colour of the ledger row its bytes fall in: free pages are
+  // retained, memgap and program mmaps are other, and a used page goes from
+  // the fragmented colour (nearly empty: its free bytes are fragmented) to
+  // the live colour (full).
+  const rgbOf = (hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  const PAGE_COLOURS = [PALETTE.not_resident, ROW_COLOURS.retained, PALETTE.retained_kept, PALETTE.memgap, ROW_COLOURS.other].map(rgbOf);
+  const [EMPTY_PAGE, FULL_PAGE] = [rgbOf(ROW_COLOURS.fragmented), rgbOf(ROW_COLOURS.live)];
   for (let fill = 0; fill < 32; fill++) {
-    // Used pages: pale when nearly empty, deep blue when full.
     const f = fill / 31;
-    PAGE_COLOURS.push([Math.round(200 - f * 170), Math.round(220 - f * 150), Math.round(245 - f * 90)]);
+    PAGE_COLOURS.push(EMPTY_PAGE.map((c, i) => Math.round(c + (FULL_PAGE[i] - c) * f)));
   }
+  const cssOf = (rgb) => 'rgb(' + rgb.join(',') + ')';
   function pageClassText(byte) {
     if (byte >= 5) return 'used: blocks take about ' + Math.round((byte - 5) / 31 * 100) + ' % of the page';
     return ['not resident (released or never touched)', 'free, resident: malloc_trim would return it', 'free, resident: kept (trim cannot reach it)', 'memgap\u2019s own buffers', 'the program\u2019s own mmap'][byte];
@@ -386,9 +460,10 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     const colourBy = $('pagemap-colour');
     const HEIGHT = 480, MARGIN = 8;
     legend($('pagemap-legend'), [
-      ['rgb(200,220,245)', 'used, nearly empty'], ['rgb(30,70,155)', 'used, full'], ['rgb(240,160,48)', 'free, trim would return'],
-      ['rgb(208,71,63)', 'free, kept'], ['rgb(232,233,237)', 'not resident'], ['rgb(142,107,191)', 'memgap'], ['rgb(58,166,160)', 'program mmap'],
-    ]);
+      [cssOf(PAGE_COLOURS[36]), 'used, full (live)'], [cssOf(PAGE_COLOURS[20]), 'used, half full'], [cssOf(PAGE_COLOURS[5]), 'used, nearly empty (fragmented)'],
+      [cssOf(PAGE_COLOURS[1]), 'free, trim would return (retained)'], [cssOf(PAGE_COLOURS[2]), 'free, kept (retained)'],
+      [cssOf(PAGE_COLOURS[0]), 'not resident'], [cssOf(PAGE_COLOURS[3]), 'memgap (other)'], [cssOf(PAGE_COLOURS[4]), 'program mmap (other)'],
+    ].map(([colour, name]) => [colour, name, pageClassText(PAGE_COLOURS.findIndex((c) => cssOf(c) === colour))]));
     const cache = new Map();
     let layout = null;
     let view = null;
@@ -942,7 +1017,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     $('ghc').hidden = false;
     $('ghc-link').hidden = false;
     const GHC_ROWS = ['live', 'heap_blocks_not_live', 'megablock_free', 'block_descriptors', 'lazy_free', 'non_heap'];
-    const GHC_COLOURS = { live: '#4a78c2', heap_blocks_not_live: '#e3a13b', megablock_free: '#d0473f', block_descriptors: '#6bb38a', lazy_free: '#b58ad6', non_heap: '#a9adb6' };
+    // Each RTS layer in the colour of the ledger row it lands in.
+    const GHC_COLOURS = { live: ROW_COLOURS.live, heap_blocks_not_live: ROW_COLOURS.fragmented, megablock_free: ROW_COLOURS.retained, block_descriptors: ROW_COLOURS.runtime, lazy_free: ROW_COLOURS.lazy_free, non_heap: ROW_COLOURS.other };
     $('ghc-facts').textContent = (g.version ? 'GHC ' + g.version + ', ' : '') + fmtCount(g.collections) + ' GCs (' + fmtCount(g.major_collections) + ' major), max live ' + fmtBytes(g.max_live) + ', max heap ' + fmtBytes(g.max_heap);
     $('ghc-verdict').textContent = g.verdict;
     const legend = $('ghc-legend');
