@@ -31,6 +31,19 @@ pub const NOT_RESIDENT: [u8; 3] = [0xe8, 0xe9, 0xed];
 /// The kernel's VmRSS, drawn over the rows.
 pub const VM_RSS: [u8; 3] = [0x11, 0x11, 0x11];
 
+/// Colours for things that are not ledger rows (a runtime's own heap
+/// spaces, stacked), none of them a row's colour.
+pub const CATEGORIES: [[u8; 3]; 8] = [
+    [0x2f, 0x8f, 0x9d],
+    [0x7a, 0x5c, 0x3e],
+    [0x5b, 0x4b, 0x9a],
+    [0x9d, 0xc3, 0x4b],
+    [0xc4, 0x6a, 0xa8],
+    [0x8c, 0xd1, 0xd9],
+    [0xc9, 0xa8, 0x7c],
+    [0x3d, 0x55, 0x6b],
+];
+
 /// The colour of a row by name; other's grey for a name not in the ledger.
 pub fn row(name: &str) -> RowColour {
     ROWS.iter().copied().find(|c| c.row == name).unwrap_or(ROWS[6])
@@ -56,6 +69,7 @@ pub fn report_json() -> serde_json::Value {
         "memgap": hex(MEMGAP.rgb),
         "not_resident": hex(NOT_RESIDENT),
         "vm_rss": hex(VM_RSS),
+        "categories": CATEGORIES.iter().map(|&c| hex(c)).collect::<Vec<_>>(),
     })
 }
 
@@ -94,6 +108,9 @@ mod tests {
             }
         }
         assert_eq!(hex(row("fragmented").rgb), "#e3a13b");
+        for category in CATEGORIES {
+            assert!(ROWS.iter().chain([&RETAINED_KEPT, &MEMGAP]).all(|r| r.rgb != category), "{category:?} is a row's colour");
+        }
         assert_eq!(row("no such row"), ROWS[6]);
     }
 }

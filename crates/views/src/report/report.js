@@ -191,8 +191,14 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     const SELECTED_COLOUR = '#1d2330';
     const GC_COLOUR = '#8a3ffc';
     const BAR_WIDTH = 12;
+    // Where a runtime keeps a heap of its own, the line sees only malloc's part of the live row.
+    const mallocOnly = snapshots.some((s) => {
+      const line = valueAt(live, s.seconds);
+      return line && s.rows.live - line[1] > Math.max(1 << 20, s.rows.live / 10);
+    });
     legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r] + ' (a bar at each snapshot)'])
-      .concat(live.length ? [[ROW_COLOURS.live, 'live heap', 'the bytes the program holds from malloc after every malloc and free, from the trace\u2019s events', 'line']] : [])
+      .concat(live.length ? [[ROW_COLOURS.live, mallocOnly ? 'live heap (malloc\u2019s part)' : 'live heap', 'the bytes the program holds from malloc after every malloc and free, from the trace\u2019s events'
+        + (mallocOnly ? '; a runtime\u2019s own heap (Ruby\u2019s object pages, pymalloc\u2019s arenas) is measured at snapshots only, in the bars' : ''), 'line']] : [])
       .concat([[PALETTE.vm_rss, 'VmRSS', 'the kernel\u2019s resident set size, at every sample', 'line']])
       .concat((data.gc || []).length ? [[GC_COLOUR, 'GC', 'a collection of the program\u2019s runtime (tall: major)']] : [])
       .concat(trims.length ? [[TRIM_COLOUR, 'malloc_trim', 'the program called malloc_trim: an arrow from VmRSS before the call to VmRSS after it'
