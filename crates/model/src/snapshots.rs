@@ -175,9 +175,72 @@ fn scan(path: &Path) -> Result<Scan, TraceError> {
     Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time) })
 }
 
-/// The gap a moment is chosen by: RSS less the live heap and memgap's own buffers.
+/// The gap of a computed ledger: RSS less the live row and memgap's own buffers.
 pub fn gap_bytes(ledger: &Ledger) -> u64 {
     ledger.rss_bytes.saturating_sub(ledger.rows.live + ledger.other_breakdown.agent)
+}
+
+/// The gap at each snapshot without computing ledgers (a ledger classifies
+/// every page; this pass only keeps the live set): VmRSS less the live heap
+/// and the length of memgap's buffers. A runtime that reports its own live
+/// heap (Go, GHC, Ruby, Node) is only known to the ledger's owners, so such
+/// a trace is marked and its gaps come from the ledgers.
+#[derive(Default)]
+struct GapVisitor {
+    state: HeapState,
+    gaps: Vec<u64>,
+    runtime_metrics: bool,
+}
+
+impl Visitor for GapVisitor {
+    fn live_set(&self) -> Option<&LiveSet> {
+        Some(&self.state.live)
+    }
+
+    fn process(&mut self, _process: &Process) {
+        self.state.start_image();
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        if metrics.source != crate::trim_marks::SOURCE {
+            self.runtime_metrics = true;
+        }
+    }
+
+    fn allocator(&mut self, path: &str) {
+        self.state.allocator = path.to_string();
+    }
+
+    fn thread(&mut self, thread: &Thread) {
+        self.state.thread(thread);
+    }
+
+    fn inherited(&mut self, item: Inherited<'_>) {
+        // The trim model is not needed here: only the live set.
+        if !matches!(item, Inherited::Snapshot(_) | Inherited::Metrics(_)) {
+            self.state.inherit(item);
+        }
+    }
+
+    fn event(&mut self, event: &ThreadEvent) {
+        self.state.apply(event);
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) {
+        let rss = if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss };
+        let agent: u64 = snapshot.agent_ranges.iter().map(|&(_, length)| length).sum();
+        self.gaps.push(rss.saturating_sub(self.state.live.live_bytes().saturating_add(agent)));
+    }
+}
+
+/// The gap at every snapshot, by index.
+fn gaps(path: &Path) -> Result<Vec<u64>, TraceError> {
+    let mut visitor = GapVisitor::default();
+    replay(path, &mut visitor)?;
+    if visitor.runtime_metrics {
+        return Ok(ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect());
+    }
+    Ok(visitor.gaps)
 }
 
 impl Scan {
@@ -369,15 +432,6 @@ fn replay_ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool,
 pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, MomentError> {
     let scan = scan(path)?;
     scan.check(at)?;
-    // The largest gap needs every ledger; without page maps those are the answer too.
-    if at == At::Gap && !want_pages && scan.snapshots.len() > 1 {
-        let mut all = ledgers(path, &|_| true, false)?;
-        let gaps: Vec<u64> = all.iter().map(gap_bytes).collect();
-        let Some(moment) = scan.moment(at, &gaps).filter(|m| m.index < all.len()) else { return Ok(None) };
-        let mut ledger = all.swap_remove(moment.index);
-        ledger.moment = Some(moment);
-        return Ok(Some(ledger));
-    }
     let Some(moment) = resolve_scanned(path, &scan, at)? else { return Ok(None) };
     let mut ledger = ledgers(path, &|i| i == moment.index, want_pages)?.pop();
     if let Some(ledger) = &mut ledger {
@@ -387,7 +441,7 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
 }
 
 fn resolve_scanned(path: &Path, scan: &Scan, at: At) -> Result<Option<Moment>, TraceError> {
-    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect() } else { Vec::new() };
+    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { gaps(path)? } else { Vec::new() };
     Ok(scan.moment(at, &gaps))
 }
 
@@ -402,14 +456,19 @@ pub struct Closing {
 
 pub fn closing(path: &Path) -> Result<Closing, TraceError> {
     let scan = scan(path)?;
-    let (mut all, summary) = ledgers_and_summary(path, &|_| true, false, Some(Builder::default()))?;
+    let moment = resolve_scanned(path, &scan, At::Gap)?;
+    let last = scan.snapshots.len().checked_sub(1);
+    let wanted = |i: usize| Some(i) == moment.as_ref().map(|m| m.index) || Some(i) == last;
+    let (mut ledgers, summary) = ledgers_and_summary(path, &wanted, false, Some(Builder::default()))?;
     let summary = summary.expect("a summary was asked for");
-    let gaps: Vec<u64> = all.iter().map(gap_bytes).collect();
-    let Some(moment) = scan.moment(At::Gap, &gaps).filter(|m| m.index < all.len()) else { return Ok(Closing { summary, moment: None, end: None }) };
-    let end = if moment.index + 1 < all.len() { all.pop() } else { None };
-    let mut at_moment = all.swap_remove(moment.index);
-    at_moment.moment = Some(moment);
-    Ok(Closing { summary, moment: Some(at_moment), end })
+    let Some(moment) = moment else { return Ok(Closing { summary, moment: None, end: None }) };
+    // In time order: the moment's ledger, then the last one when it is another.
+    let end = if ledgers.len() > 1 { ledgers.pop() } else { None };
+    let mut at_moment = ledgers.pop();
+    if let Some(ledger) = &mut at_moment {
+        ledger.moment = Some(moment);
+    }
+    Ok(Closing { summary, moment: at_moment, end })
 }
 
 /// The ledger at every snapshot, and the live heap and VmRSS between them.
