@@ -202,3 +202,120 @@ fn paths_that_share_a_stack_depth_keep_their_own_stacks() {
         assert_eq!(paths.len(), 5, "{name}: every path has its own stack: {paths:?}");
     }
 }
+
+/// What tests/programs/churn_sites.c printed it allocated at `site`: (allocations, bytes).
+fn allocated_by(program_output: &str, site: &str) -> (u64, u64) {
+    let line = program_output.lines().find(|l| l.starts_with(&format!("{site} "))).unwrap_or_else(|| panic!("no {site} in {program_output}"));
+    let numbers: Vec<u64> = line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect();
+    (numbers[0], numbers[1])
+}
+
+fn entry<'a>(entries: &'a [Value], site: &str) -> Option<&'a Value> {
+    entries.iter().find(|e| function(e) == site)
+}
+
+fn u64_of(entry: &Value, key: &str) -> u64 {
+    entry[key].as_u64().unwrap_or_else(|| panic!("no {key} in {entry:#}"))
+}
+
+/// A site that allocates and frees tens of MiB in short-lived blocks tops
+/// `--by temporary` and `--by allocated` with exactly what the program
+/// allocated there, and is nowhere in the default view; the pprof profile
+/// counts every allocation in alloc_objects / alloc_space, under the
+/// executable's mapping, with malloc's frames dropped.
+#[test]
+fn a_churning_site_tops_temporary_and_allocated_and_pprof_counts_it_whole() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile_with(&dir, "churn_sites.c", "churn_sites", &["-O0", "-g"]);
+    let trace = dir.join("churn.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "15000"]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let churn = allocated_by(&printed, "churn_block");
+    assert_eq!(churn.0, 15_000);
+    assert!(churn.1 > 30 << 20, "tens of MiB churned: {printed}");
+    let hold = allocated_by(&printed, "hold_block");
+    let slow = allocated_by(&printed, "slow_block");
+
+    let run_blame = |args: &[&str]| -> Vec<Value> {
+        let mut all = vec!["blame", arg(&trace), "--json"];
+        all.extend_from_slice(args);
+        let out = memgap(&dir, &all);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("blame JSON")
+    };
+    let temporary = run_blame(&["--by", "temporary"]);
+    let top = &temporary[0];
+    assert_eq!(function(top), "churn_block", "{temporary:#?}");
+    assert_eq!(top["line"].as_u64(), Some(line_of("churn_sites.c", "CHURN_SITE")));
+    assert_eq!((u64_of(top, "temporary_allocations"), u64_of(top, "temporary_bytes")), churn, "{top:#}");
+    assert_eq!((u64_of(top, "allocations"), u64_of(top, "allocated_bytes")), churn, "{top:#}");
+    // Blocks kept 300 ms, or to the end, are not temporary.
+    assert!(entry(&temporary, "slow_block").is_none() && entry(&temporary, "hold_block").is_none(), "{temporary:#?}");
+    // A window long enough takes in the slow site too.
+    let long_window = run_blame(&["--by", "temporary", "--temporary-ms", "5000"]);
+    let slow_entry = entry(&long_window, "slow_block").expect("slow_block freed within 5 s");
+    assert_eq!((u64_of(slow_entry, "temporary_allocations"), u64_of(slow_entry, "temporary_bytes")), slow);
+    assert!(entry(&long_window, "hold_block").is_none(), "hold_block never frees: {long_window:#?}");
+
+    let allocated = run_blame(&["--by", "allocated"]);
+    assert_eq!(function(&allocated[0]), "churn_block", "{allocated:#?}");
+    assert_eq!((u64_of(&allocated[0], "allocations"), u64_of(&allocated[0], "allocated_bytes")), churn);
+    let held = entry(&allocated, "hold_block").expect("hold_block allocated");
+    assert_eq!((u64_of(held, "allocations"), u64_of(held, "allocated_bytes")), hold);
+    assert_eq!(u64_of(held, "temporary_allocations"), 0);
+    let slow_entry = entry(&allocated, "slow_block").expect("slow_block allocated");
+    assert_eq!((u64_of(slow_entry, "allocations"), u64_of(slow_entry, "allocated_bytes")), slow);
+    assert_eq!(u64_of(slow_entry, "temporary_allocations"), 0);
+
+    // The default view is about what stays resident: the churn is not there.
+    let default = run_blame(&[]);
+    assert!(entry(&default, "churn_block").is_none(), "{default:#?}");
+    let live = run_blame(&["--by", "live"]);
+    assert_eq!(function(&live[0]), "hold_block", "{live:#?}");
+
+    let text_view = memgap(&dir, &["blame", arg(&trace), "--by", "temporary"]);
+    let shown = text(&text_view.stdout);
+    assert!(shown.contains(&format!("{} of them", fmt_count(churn.0))) && shown.contains("freed within 10 ms"), "{shown}");
+
+    let pprof = dir.join("churn.pb.gz");
+    let out = memgap(&dir, &["export", arg(&trace), "--pprof", arg(&pprof)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let profile = memgap_views::export::read_pprof(&std::fs::read(&pprof).unwrap()).unwrap();
+    let string = |index: i64| profile.string_table[index as usize].as_str();
+    let types: Vec<&str> = profile.sample_type.iter().map(|t| string(t.r#type)).collect();
+    let index = |name: &str| types.iter().position(|t| *t == name).unwrap_or_else(|| panic!("no {name} in {types:?}"));
+    let leaf_function = |sample: &memgap_views::export::proto::Sample| -> String {
+        let location = &profile.location[sample.location_id[0] as usize - 1];
+        let line = location.line.first().expect("a symbolized leaf");
+        string(profile.function[line.function_id as usize - 1].name).to_string()
+    };
+    let churn_samples: Vec<_> = profile.sample.iter().filter(|s| leaf_function(s) == "churn_block").collect();
+    assert!(!churn_samples.is_empty(), "the allocation site is the leaf, malloc's frames dropped");
+    let sum = |i: usize| churn_samples.iter().map(|s| s.value[i]).sum::<i64>() as u64;
+    assert_eq!((sum(index("alloc_objects")), sum(index("alloc_space"))), churn);
+    assert_eq!((sum(index("temporary_objects")), sum(index("temporary_space"))), churn);
+    assert_eq!(sum(index("live_space")), 0);
+    for sample in &profile.sample {
+        assert!(!["malloc", "free"].contains(&leaf_function(sample).as_str()), "an allocator frame is a leaf");
+    }
+    assert_eq!(string(profile.mapping[0].filename), arg(&prog), "the executable is the profile's main mapping");
+    // The README names every sample type memgap writes.
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    for name in &types {
+        assert!(readme.contains(&format!("`{name}`")), "the README does not name the sample type {name}");
+    }
+}
+
+/// 1234567 → "1,234,567", as the terminal views print counts.
+fn fmt_count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -127,7 +127,7 @@ fn every_panel_is_filled_and_drawn_in_chromium() {
     let (_, html, _) = culprit_report();
     let url = format!("file://{}", html.display());
     let dom = dump_dom(browser, &url);
-    for panel in ["verdict", "timeline", "pagemap", "ledger", "blame", "flame"] {
+    for panel in ["verdict", "timeline", "pagemap", "ledger", "blame", "churn", "flame"] {
         assert!(dom.contains(&format!("id=\"{panel}\" class=\"panel\" data-ready=\"true\"")), "panel {panel} is not ready");
     }
     assert!(dom.contains("fragmentation"), "the verdict names the dominant row");
@@ -320,4 +320,33 @@ fn a_node_trace_shows_v8s_heap_spaces() {
     let spaces = &spaces[..spaces.find("</table>").unwrap()];
     assert!(spaces.contains("<td style=\"border-left: 6px solid") && spaces.contains(">old_space<"), "old space listed: {spaces}");
     assert!(dom.contains("isolate") && dom.contains("mark-compacts"), "V8's figures are shown");
+}
+
+/// tests/programs/churn_sites.c: the Churn table lists the churning site
+/// first, with the allocations the program counted itself.
+#[test]
+fn the_churn_table_lists_the_site_that_frees_soonest() {
+    let Some(browser) = chromium() else { return };
+    let (_tmp, dir) = tempdir();
+    let exe = dir.join("churn_sites");
+    let src = programs_dir().join("churn_sites.c");
+    let out = output_of(&mut command("cc", ["-O0", "-g", "-o", arg(&exe), arg(&src)]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let trace = dir.join("churn.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "--report", "-o", arg(&trace), "--", arg(&exe), "12000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let churned = printed.lines().find_map(|l| l.strip_prefix("churn_block 12000 ")).expect("the program's own count").trim().to_string();
+    let dom = dump_dom(browser, &format!("file://{}", dir.join("churn.html").display()));
+    let panel = &dom[dom.find("<section id=\"churn\"").expect("a churn panel")..];
+    let panel = &panel[..panel.find("</section>").unwrap()];
+    assert!(panel.contains("class=\"panel\" data-ready=\"true\""), "{panel}");
+    let rows = panel.split("data-rows=\"").nth(1).and_then(|rest| rest[..rest.find('"').unwrap()].parse::<u32>().ok()).expect("data-rows");
+    assert!(rows >= 1, "{panel}");
+    let body = &panel[panel.find("<tbody>").expect("rows")..];
+    let first_row = &body[..body.find("</tr>").unwrap()];
+    assert!(first_row.contains("<b>churn_block</b>") && first_row.contains(">12,000<"), "{first_row}");
+    let mib = churned.parse::<f64>().unwrap() / (1024.0 * 1024.0);
+    assert!(first_row.contains(&format!("{mib:.1} MiB")), "{churned} bytes are not in {first_row}");
+    assert!(!panel.contains("hold_block"), "hold_block keeps its blocks: {panel}");
 }

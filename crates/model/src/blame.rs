@@ -5,12 +5,18 @@
 //! call stack and per allocation site (the first frame outside memgap and
 //! the allocator), that is each site's fragmentation cost: about what would
 //! come back if its blocks were packed densely.
+//!
+//! Over the whole run, per site: every allocation, freed or not (count and
+//! bytes), and the temporary ones (freed within a short window, heaptrack's
+//! "most temporary"): churn that costs time in the allocator and shows in no
+//! snapshot. Counted during the same replay, with one set of counters per
+//! call stack.
 
 use std::path::Path;
 
-use memgap_replay::{Inherited, Change, LiveSet, ThreadEvent, Visitor, replay};
+use memgap_replay::{Change, Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
-use memgap_trace::records::{Metrics, Module, Process, Snapshot, Thread};
+use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -33,12 +39,20 @@ pub const ALLOCATOR_FUNCTIONS: &[&str] = &[
 ];
 const ALLOCATOR_MODULES: &[&str] = &["libmemgap_agent.so", "libjemalloc.so", "libtcmalloc", "libmimalloc.so"];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BlameOrder {
+    #[default]
     Fragmentation,
     Live,
     Leaked,
+    /// Bytes allocated over the whole run, freed or not.
+    Allocated,
+    /// Allocations freed within the temporary window.
+    Temporary,
 }
+
+/// An allocation freed within this many milliseconds is temporary.
+pub const DEFAULT_TEMPORARY_MS: u64 = 10;
 
 impl std::str::FromStr for BlameOrder {
     type Err = String;
@@ -48,7 +62,9 @@ impl std::str::FromStr for BlameOrder {
             "fragmentation" => Ok(BlameOrder::Fragmentation),
             "live" => Ok(BlameOrder::Live),
             "leaked" => Ok(BlameOrder::Leaked),
-            _ => Err(format!("'{text}' is not fragmentation, live or leaked")),
+            "allocated" => Ok(BlameOrder::Allocated),
+            "temporary" => Ok(BlameOrder::Temporary),
+            _ => Err(format!("'{text}' is not fragmentation, live, leaked, allocated or temporary")),
         }
     }
 }
@@ -66,7 +82,12 @@ pub struct BlameEntry {
     pub fragmentation_bytes: u64,
     /// Live at the end of the run (never freed).
     pub leaked_bytes: u64,
+    /// Every allocation of the whole run, freed or not (a realloc counts as one).
+    pub allocations: u64,
     pub allocated_bytes: u64,
+    /// Allocations freed within the temporary window, and their bytes.
+    pub temporary_allocations: u64,
+    pub temporary_bytes: u64,
     /// Resident pages holding its live blocks.
     pub pages: u64,
     /// Pages holding its blocks ÷ pages its blocks would fill if packed
@@ -89,6 +110,12 @@ pub struct Blame {
     pub live_bytes: u64,
     /// Whether the trace has call stacks at all (`memgap run --no-stacks`).
     pub has_stacks: bool,
+    /// Over the whole run, every site together.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    pub temporary_allocations: u64,
+    pub temporary_bytes: u64,
+    pub temporary_ms: u64,
     pub entries: Vec<BlameEntry>,
     pub warnings: Vec<String>,
     /// Per call stack, unsorted and untruncated: for exports.
@@ -97,7 +124,19 @@ pub struct Blame {
     /// Call stack id → its allocation site, as one line ("function (file:line)").
     #[serde(skip)]
     pub site_of_stack: FxHashMap<u32, String>,
+    /// The sites with the most temporary allocations, most first.
+    #[serde(skip)]
+    pub churn: Vec<BlameEntry>,
+    /// How `entries` are ordered.
+    #[serde(skip)]
+    pub order: BlameOrder,
+    /// The program's executable among the modules: pprof's main mapping.
+    #[serde(skip)]
+    pub main_module: Option<Module>,
 }
+
+/// How many sites [`Blame::churn`] keeps.
+pub const CHURN_TOP: usize = 20;
 
 pub struct BlameOptions {
     pub at: At,
@@ -107,6 +146,8 @@ pub struct BlameOptions {
     pub per_stack: bool,
     /// More function-name prefixes to skip when looking for the site.
     pub skip: Vec<String>,
+    /// Allocations freed within this many milliseconds are temporary.
+    pub temporary_ms: u64,
 }
 
 /// Also the heap state of the report's single replay (report.rs).
@@ -119,23 +160,77 @@ pub(crate) struct BlameVisitor {
     seen: usize,
     ledger: Option<(u64, Ledger)>,
     stacks: FxHashMap<u32, Vec<u64>>,
-    /// Bytes allocated per stack id (dense from 1, as the replay numbers them).
-    allocated: Vec<u64>,
+    /// Per stack id (dense from 1, as the replay numbers them).
+    churn: Vec<Churn>,
+    /// A free at most this long after its allocation is temporary (ns).
+    pub(crate) temporary_window_ns: u64,
+    /// Event times to CLOCK_MONOTONIC, as the replay goes.
+    timeline: Timeline,
+    timeline_started: bool,
+    /// The time the blocks inherited from a forking parent carry: they were
+    /// not allocated in this process.
+    inherited_time: Option<u64>,
     modules: Vec<Module>,
+    exe: String,
+}
+
+/// One call stack's allocations over the whole run.
+#[derive(Debug, Clone, Copy, Default)]
+struct Churn {
+    allocations: u64,
+    allocated_bytes: u64,
+    temporary_allocations: u64,
+    temporary_bytes: u64,
 }
 
 impl BlameVisitor {
+    pub(crate) fn new(temporary_ms: u64) -> BlameVisitor {
+        BlameVisitor { temporary_window_ns: temporary_ms.saturating_mul(1_000_000), ..BlameVisitor::default() }
+    }
+
     #[inline]
     pub(crate) fn apply(&mut self, event: &ThreadEvent) -> Change {
-        let e = &event.event;
-        if e.addr != 0 && e.kind().is_allocation() {
-            let stack = e.stack as usize;
-            if stack >= self.allocated.len() {
-                self.allocated.resize(stack + 1, 0);
+        let change = self.state.apply(event);
+        match change {
+            Change::None => {}
+            Change::Allocated(new) => self.allocated(&new),
+            Change::Freed(old) => self.freed(&old, event.event.time),
+            Change::Reallocated { old, new } => {
+                self.freed(&old, event.event.time);
+                self.allocated(&new);
             }
-            self.allocated[stack] += e.size;
         }
-        self.state.apply(event)
+        change
+    }
+
+    #[inline]
+    fn churn_of(&mut self, stack: u32) -> &mut Churn {
+        let stack = stack as usize;
+        if stack >= self.churn.len() {
+            self.churn.resize(stack + 1, Churn::default());
+        }
+        &mut self.churn[stack]
+    }
+
+    #[inline]
+    fn allocated(&mut self, block: &memgap_replay::Block) {
+        let churn = self.churn_of(block.stack);
+        churn.allocations += 1;
+        churn.allocated_bytes += block.size;
+    }
+
+    #[inline]
+    fn freed(&mut self, block: &memgap_replay::Block, time: u64) {
+        if self.inherited_time == Some(block.time) {
+            return;
+        }
+        // Events of one round share a time: most short lives need no conversion.
+        let lifetime_ns = if time <= block.time { 0 } else { self.timeline.monotonic_ns(time).saturating_sub(self.timeline.monotonic_ns(block.time)) };
+        if lifetime_ns <= self.temporary_window_ns {
+            let churn = self.churn_of(block.stack);
+            churn.temporary_allocations += 1;
+            churn.temporary_bytes += block.size;
+        }
     }
 }
 
@@ -144,8 +239,17 @@ impl Visitor for BlameVisitor {
         Some(&self.state.live)
     }
 
-    fn process(&mut self, _process: &Process) {
+    fn process(&mut self, process: &Process) {
         self.state.start_image();
+        if process.image == 0 || !self.timeline_started {
+            self.timeline.start(process);
+            self.timeline_started = true;
+        }
+        self.exe = process.exe.clone();
+    }
+
+    fn clock(&mut self, clock: &Clock) {
+        self.timeline.add(clock);
     }
 
     fn modules(&mut self, modules: &[Module]) {
@@ -176,6 +280,9 @@ impl Visitor for BlameVisitor {
 
     /// Inherited blocks keep the parent's stacks; they were not allocated here.
     fn inherited(&mut self, item: Inherited<'_>) {
+        if let Inherited::Event(event) = &item {
+            self.inherited_time = Some(event.event.time);
+        }
         self.state.inherit(item);
     }
 
@@ -195,7 +302,7 @@ impl Visitor for BlameVisitor {
 
 pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, MomentError> {
     let Some(moment) = resolve(path, options.at)? else { return Ok(None) };
-    let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::default() };
+    let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
     let outcome = replay(path, &mut v)?;
     let Some((time, ledger)) = v.ledger.take() else { return Ok(None) };
     let mut blame = assemble(&v, outcome.timeline.seconds(time), &ledger, options);
@@ -218,10 +325,19 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     for (_, block) in v.state.live.blocks() {
         totals.entry(block.stack).or_default().leaked_bytes += block.size;
     }
-    for (stack, &bytes) in v.allocated.iter().enumerate() {
-        if let Some(t) = totals.get_mut(&(stack as u32)) {
-            t.allocated_bytes += bytes;
-        }
+    // Stacks with no block left at the snapshot count too: churn is
+    // allocated and freed between snapshots.
+    let mut all = Churn::default();
+    for (stack, churn) in v.churn.iter().enumerate().filter(|(_, churn)| churn.allocations > 0 || churn.temporary_allocations > 0) {
+        let t = totals.entry(stack as u32).or_default();
+        t.allocations += churn.allocations;
+        t.allocated_bytes += churn.allocated_bytes;
+        t.temporary_allocations += churn.temporary_allocations;
+        t.temporary_bytes += churn.temporary_bytes;
+        all.allocations += churn.allocations;
+        all.allocated_bytes += churn.allocated_bytes;
+        all.temporary_allocations += churn.temporary_allocations;
+        all.temporary_bytes += churn.temporary_bytes;
     }
 
     let mut symbolizer = Symbolizer::new(&v.modules);
@@ -246,15 +362,10 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
         })
         .collect();
     let by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_ref(), frames.clone(), 1)).collect();
-    let mut entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
-    let key = |e: &BlameEntry| match options.order {
-        BlameOrder::Fragmentation => (e.fragmentation_bytes, e.live_bytes),
-        BlameOrder::Live => (e.live_bytes, e.fragmentation_bytes),
-        BlameOrder::Leaked => (e.leaked_bytes, e.live_bytes),
-    };
-    entries.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.function.cmp(&b.function)));
-    entries.retain(|e| key(e) != (0, 0));
-    entries.truncate(options.top);
+    let all_entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
+    let churn = if options.per_stack { rank(merge_by_site(&stacks), BlameOrder::Temporary, CHURN_TOP) } else { rank(all_entries.clone(), BlameOrder::Temporary, CHURN_TOP) };
+    let entries = rank(all_entries, options.order, options.top);
+    let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe).cloned();
     Blame {
         at_seconds,
         snapshot_reason: ledger.snapshot_reason,
@@ -263,10 +374,43 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
         fragmented_bytes: ledger.rows.fragmented,
         live_bytes: ledger.rows.live,
         has_stacks: !v.stacks.is_empty(),
+        allocations: all.allocations,
+        allocated_bytes: all.allocated_bytes,
+        temporary_allocations: all.temporary_allocations,
+        temporary_bytes: all.temporary_bytes,
+        temporary_ms: v.temporary_window_ns / 1_000_000,
         entries,
         warnings: symbolizer.warnings().iter().map(|w| w.to_string()).collect(),
         by_stack,
         site_of_stack,
+        churn,
+        order: options.order,
+        main_module,
+    }
+}
+
+/// The first `top` entries by `order`; those with nothing of it left out.
+fn rank(mut entries: Vec<BlameEntry>, order: BlameOrder, top: usize) -> Vec<BlameEntry> {
+    let key = |e: &BlameEntry| match order {
+        BlameOrder::Fragmentation => (e.fragmentation_bytes, e.live_bytes),
+        BlameOrder::Live => (e.live_bytes, e.fragmentation_bytes),
+        BlameOrder::Leaked => (e.leaked_bytes, e.live_bytes),
+        BlameOrder::Allocated => (e.allocated_bytes, e.allocations),
+        BlameOrder::Temporary => (e.temporary_allocations, e.temporary_bytes),
+    };
+    entries.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.function.cmp(&b.function)));
+    entries.retain(|e| key(e) != (0, 0));
+    entries.truncate(top);
+    entries
+}
+
+/// The frames of `stack` from its allocation site outwards: memgap's and
+/// the allocator's frames dropped as blame drops them (all kept when no
+/// frame is the program's).
+pub fn program_frames(stack: &[Frame]) -> &[Frame] {
+    match stack.iter().position(|frame| !is_allocator_frame(frame, ALLOCATOR_FUNCTIONS)) {
+        Some(site) => &stack[site..],
+        None => stack,
     }
 }
 
@@ -288,7 +432,10 @@ struct Totals {
     pages: u64,
     taken_bytes: u64,
     leaked_bytes: u64,
+    allocations: u64,
     allocated_bytes: u64,
+    temporary_allocations: u64,
+    temporary_bytes: u64,
 }
 
 impl Totals {
@@ -299,7 +446,10 @@ impl Totals {
         self.pages += other.pages;
         self.taken_bytes += other.taken_bytes;
         self.leaked_bytes += other.leaked_bytes;
+        self.allocations += other.allocations;
         self.allocated_bytes += other.allocated_bytes;
+        self.temporary_allocations += other.temporary_allocations;
+        self.temporary_bytes += other.temporary_bytes;
     }
 
     fn entry(&self, site: Option<&Frame>, stack: Vec<Frame>, stacks: u32) -> BlameEntry {
@@ -314,7 +464,10 @@ impl Totals {
             objects: self.objects,
             fragmentation_bytes: self.fragmentation_bytes.round() as u64,
             leaked_bytes: self.leaked_bytes,
+            allocations: self.allocations,
             allocated_bytes: self.allocated_bytes,
+            temporary_allocations: self.temporary_allocations,
+            temporary_bytes: self.temporary_bytes,
             pages: self.pages,
             scatter: if self.pages == 0 { 0.0 } else { self.pages as f64 / dense_pages },
             stacks,
@@ -326,11 +479,12 @@ type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
 
 /// Sums the stacks that share an allocation site; shows the site's largest stack.
 fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEntry> {
-    let mut sites: FxHashMap<SiteKey, (Totals, u32, &Option<Frame>, &Vec<Frame>, u64)> = FxHashMap::default();
+    let mut sites: FxHashMap<SiteKey, (Totals, u32, &Option<Frame>, &Vec<Frame>, (u64, u64))> = FxHashMap::default();
     for (frames, site, t) in stacks {
         let key = site.as_ref().map(|f| (f.function.clone(), f.file.clone(), f.line, f.module.clone())).unwrap_or_default();
-        let weight = t.live_bytes + t.fragmentation_bytes as u64 + t.leaked_bytes;
-        let entry = sites.entry(key).or_insert((Totals::default(), 0, site, frames, 0));
+        // The stack shown: the one holding most, else the one allocating most.
+        let weight = (t.live_bytes + t.fragmentation_bytes as u64 + t.leaked_bytes, t.allocated_bytes);
+        let entry = sites.entry(key).or_insert((Totals::default(), 0, site, frames, (0, 0)));
         entry.0.add(t);
         entry.1 += 1;
         if weight >= entry.4 {

@@ -94,6 +94,10 @@ impl Visitor for ReportVisitor {
         self.blame.metrics(metrics);
     }
 
+    fn clock(&mut self, clock: &memgap_trace::records::Clock) {
+        self.blame.clock(clock);
+    }
+
     fn process(&mut self, process: &Process) {
         self.owners.process(process);
         self.trims.process(process);
@@ -245,7 +249,7 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
     let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(moment.index, |s| s.index);
     let mut v = ReportVisitor {
         summary: Builder::default(),
-        blame: BlameVisitor::default(),
+        blame: BlameVisitor::new(blame::DEFAULT_TEMPORARY_MS),
         moment: moment.index,
         peak,
         last: infos.len().saturating_sub(1),
@@ -276,7 +280,7 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
         })
         .collect();
     let blame = v.moment_ledger.as_ref().map(|ledger| {
-        let options = BlameOptions { at, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new() };
+        let options = BlameOptions { at, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new(), temporary_ms: blame::DEFAULT_TEMPORARY_MS };
         let mut blame = blame::assemble(&v.blame, snapshots.get(moment.index).map_or(0.0, |l| l.at_seconds), ledger, &options);
         blame.moment = Some(moment.clone());
         blame

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use memgap_trace::event::{self, DeltaState, Event};
-use memgap_trace::records::{End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
+use memgap_trace::records::{Clock, End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::numa::{MemorySamples, Placement, Topology};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
@@ -36,6 +36,9 @@ pub trait Visitor {
     /// A process image begins: the first, or a new one after an exec.
     fn process(&mut self, _process: &Process) {}
     fn modules(&mut self, _modules: &[Module]) {}
+    /// A (round, CLOCK_MONOTONIC) pair, before the events it lets through:
+    /// a visitor converting event times as it goes keeps a [`Timeline`].
+    fn clock(&mut self, _clock: &Clock) {}
     fn event(&mut self, _event: &ThreadEvent) {}
     fn rss(&mut self, _rss: &Rss) {}
     /// Page residency at an instant; every event before it has been seen.
@@ -364,6 +367,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
             Record::Events(piece) => self.decode(piece),
             Record::Clock(clock) => {
                 self.outcome.timeline.add(&clock);
+                self.visitor.clock(&clock);
                 self.release(self.watermark);
                 // Every event before the watermark is handed on: past the fork, done.
                 if let Some(cut) = self.lineage.cut.as_mut().filter(|cut| cut.active && self.watermark > cut.time) {

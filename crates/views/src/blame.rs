@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use memgap_model::Blame;
+use memgap_model::{Blame, BlameOrder};
 
 use crate::format::{bytes, count};
 
@@ -18,7 +18,6 @@ pub fn blame(b: &Blame, title: &str, width: Option<usize>) -> String {
         kept.push('…');
         kept
     };
-    let site_room = width.map_or(usize::MAX, |w| w.saturating_sub(SITE_FROM).max(8));
     let frame_room = width.map_or(usize::MAX, |w| w.saturating_sub(4).max(16));
     let mut out = String::new();
     let _ = writeln!(out, "memgap blame — {title} — {}", crate::format::moment(b.moment.as_ref(), b.at_seconds, b.snapshot_reason));
@@ -29,26 +28,56 @@ pub fn blame(b: &Blame, title: &str, width: Option<usize>) -> String {
         bytes(b.live_bytes),
         bytes(b.fragmented_bytes)
     );
+    let churn = matches!(b.order, BlameOrder::Allocated | BlameOrder::Temporary);
+    let site_from = if churn { SITE_FROM + 4 } else { SITE_FROM };
+    let site_room = width.map_or(usize::MAX, |w| w.saturating_sub(site_from).max(8));
+    if churn {
+        let _ = writeln!(
+            out,
+            "  Over the whole run: {} allocations, {}; {} of them ({}) freed within {} ms (temporary)\n",
+            count(b.allocations),
+            bytes(b.allocated_bytes),
+            count(b.temporary_allocations),
+            bytes(b.temporary_bytes),
+            b.temporary_ms
+        );
+    }
     if !b.has_stacks {
         let _ = writeln!(out, "  The trace has no call stacks (recorded with --no-stacks): everything is one entry.\n");
     }
-    let _ = writeln!(out, "  {:>11} {:>10} {:>10} {:>10} {:>7}  site", "fragmented", "live", "objects", "leaked", "scatter");
+    if churn {
+        let _ = writeln!(out, "  {:>11} {:>10} {:>11} {:>10} {:>10}  site", "allocations", "allocated", "temporary", "temp bytes", "live");
+    } else {
+        let _ = writeln!(out, "  {:>11} {:>10} {:>10} {:>10} {:>7}  site", "fragmented", "live", "objects", "leaked", "scatter");
+    }
     for e in &b.entries {
         let location = match (&e.file, e.line) {
             (Some(file), Some(line)) => format!(" ({}:{line})", short_path(file)),
             _ if !e.module.is_empty() => format!(" ({})", short_path(&e.module)),
             _ => String::new(),
         };
-        let _ = writeln!(
-            out,
-            "  {:>11} {:>10} {:>10} {:>10} {:>7.1}  {}",
-            bytes(e.fragmentation_bytes),
-            bytes(e.live_bytes),
-            count(e.objects),
-            bytes(e.leaked_bytes),
-            e.scatter,
-            cut(format!("{}{location}", e.function.as_deref().unwrap_or("?")), site_room),
-        );
+        let site = cut(format!("{}{location}", e.function.as_deref().unwrap_or("?")), site_room);
+        if churn {
+            let _ = writeln!(
+                out,
+                "  {:>11} {:>10} {:>11} {:>10} {:>10}  {site}",
+                count(e.allocations),
+                bytes(e.allocated_bytes),
+                count(e.temporary_allocations),
+                bytes(e.temporary_bytes),
+                bytes(e.live_bytes),
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  {:>11} {:>10} {:>10} {:>10} {:>7.1}  {site}",
+                bytes(e.fragmentation_bytes),
+                bytes(e.live_bytes),
+                count(e.objects),
+                bytes(e.leaked_bytes),
+                e.scatter,
+            );
+        }
     }
     if let Some(top) = b.entries.first() {
         let _ = writeln!(out, "\n  stack of the first entry:");

@@ -72,10 +72,21 @@ pub fn flamegraph_svg(stacks: &[WeightedStack], value_index: usize, unit: &str, 
     Ok(String::from_utf8(svg)?)
 }
 
+/// The program's executable as loaded: pprof's first mapping, the one it
+/// names as the profile's file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MainBinary {
+    pub path: String,
+    pub base: u64,
+    pub size: u64,
+    pub build_id: Vec<u8>,
+}
+
 /// A gzipped `profile.proto`, as `go tool pprof` reads it. Each distinct
 /// address becomes one Location holding its inlined frames as Lines, each
-/// module one Mapping. Every stack must carry one value per sample type.
-pub fn pprof(stacks: &[WeightedStack], types: &[SampleType]) -> Vec<u8> {
+/// module one Mapping, `main` (when known) the first. Every stack must carry
+/// one value per sample type.
+pub fn pprof<'a>(stacks: &'a [WeightedStack], types: &[SampleType], main: Option<&'a MainBinary>) -> Vec<u8> {
     let mut builder = ProfileBuilder::default();
     builder.strings.index(""); // pprof requires string_table[0] == "".
     for sample_type in types {
@@ -84,7 +95,21 @@ pub fn pprof(stacks: &[WeightedStack], types: &[SampleType]) -> Vec<u8> {
     }
     builder.profile.default_sample_type = builder.profile.sample_type.first().map_or(0, |value_type| value_type.r#type);
     // pprof takes the first mapping for the main binary ("File: …" in its
-    // reports): the module of the outermost frames (main, _start) is the best guess.
+    // reports): the executable, else the module of the outermost frames.
+    if let Some(main) = main {
+        let filename = builder.strings.index(&main.path);
+        let build_id = if main.build_id.is_empty() { 0 } else { builder.strings.index(&main.build_id.iter().map(|b| format!("{b:02x}")).collect::<String>()) };
+        builder.profile.mapping.push(proto::Mapping {
+            id: 1,
+            memory_start: main.base,
+            memory_limit: main.base + main.size,
+            filename,
+            build_id,
+            has_functions: true,
+            ..Default::default()
+        });
+        builder.mappings.insert((main.path.as_str(), main.base), 0);
+    }
     for stack in stacks {
         if let Some(root) = stack.frames.last() {
             builder.mapping(std::slice::from_ref(root));
@@ -199,9 +224,16 @@ impl StringTable {
     }
 }
 
+/// A gzipped profile as [`pprof`] writes it, decoded (for tests and tools).
+pub fn read_pprof(gzipped: &[u8]) -> anyhow::Result<proto::Profile> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gzipped), &mut bytes)?;
+    Ok(proto::Profile::decode(&bytes[..])?)
+}
+
 /// The parts of pprof's profile.proto (github.com/google/pprof,
 /// proto/profile.proto) that memgap writes, with its field numbers.
-mod proto {
+pub mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Profile {
         #[prost(message, repeated, tag = "1")]
@@ -356,14 +388,12 @@ mod tests {
     }
 
     fn decode(gzipped: &[u8]) -> proto::Profile {
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gzipped), &mut bytes).unwrap();
-        proto::Profile::decode(&bytes[..]).unwrap()
+        read_pprof(gzipped).unwrap()
     }
 
     #[test]
     fn pprof_puts_inlined_frames_in_one_location() {
-        let profile = decode(&pprof(&stacks(), &types()));
+        let profile = decode(&pprof(&stacks(), &types(), None));
         let string = |index: i64| profile.string_table[index as usize].as_str();
         assert_eq!(string(0), "");
         let type_names: Vec<&str> = profile.sample_type.iter().map(|value_type| string(value_type.r#type)).collect();
@@ -388,11 +418,38 @@ mod tests {
         assert_eq!(leaf.mapping_id, profile.mapping[0].id);
     }
 
+    /// The outermost frame is libc's (__libc_start_call_main): the
+    /// executable still comes first, with its whole extent and build id.
+    #[test]
+    fn the_main_binary_is_the_first_mapping() {
+        let libc_start = Frame {
+            function: Some("__libc_start_call_main".to_string()),
+            file: None,
+            line: None,
+            module: "/usr/lib/x86_64-linux-gnu/libc.so.6".to_string(),
+            module_offset: 0x271ca,
+            inlined: false,
+            address: 0x7f00_1002_71ca,
+        };
+        let stacks = vec![WeightedStack { frames: vec![frame(Some("load_config"), 40, APP_BASE + 0x1300, false), libc_start], values: vec![64] }];
+        let main = MainBinary { path: APP.to_string(), base: APP_BASE, size: 0x4000, build_id: vec![0xab, 0x01] };
+        let profile = decode(&pprof(&stacks, &types()[..1], Some(&main)));
+        let string = |index: i64| profile.string_table[index as usize].as_str();
+        let mappings: Vec<(&str, u64, u64, &str)> =
+            profile.mapping.iter().map(|m| (string(m.filename), m.memory_start, m.memory_limit, string(m.build_id))).collect();
+        assert_eq!(mappings[0], (APP, APP_BASE, APP_BASE + 0x4000, "ab01"));
+        assert_eq!(mappings[1].0, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(profile.location[0].mapping_id, 1, "the executable's frame is in the first mapping");
+        // Without it, the outermost frame's module is the guess.
+        let guessed = decode(&pprof(&stacks, &types()[..1], None));
+        assert_eq!(guessed.string_table[guessed.mapping[0].filename as usize], "/usr/lib/x86_64-linux-gnu/libc.so.6");
+    }
+
     #[test]
     fn recursion_keeps_one_location_per_frame() {
         let recurse = frame(Some("recurse"), 7, APP_BASE + 0x1100, false);
         let stack = WeightedStack { frames: vec![recurse.clone(), recurse.clone(), recurse], values: vec![1] };
-        let profile = decode(&pprof(&[stack], &types()[..1]));
+        let profile = decode(&pprof(&[stack], &types()[..1], None));
         assert_eq!(profile.sample[0].location_id, [1, 1, 1]);
         assert_eq!(profile.location[0].line.len(), 1);
     }
@@ -406,7 +463,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memgap.pb.gz");
-        std::fs::write(&path, pprof(&stacks(), &types())).unwrap();
+        std::fs::write(&path, pprof(&stacks(), &types(), None)).unwrap();
         let top = |sample_index: &str| {
             let output = std::process::Command::new("go")
                 .args(["tool", "pprof", "-top", "-unit=B", &format!("-sample_index={sample_index}")])

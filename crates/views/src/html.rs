@@ -13,7 +13,7 @@ use std::io::Write;
 
 use memgap_model::report::Report;
 use memgap_model::ledger::NO_NODE;
-use memgap_model::{BlameEntry, Ledger, PageClass};
+use memgap_model::{Blame, BlameEntry, Ledger, PageClass};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -71,6 +71,7 @@ pub fn report(report: &Report, trace_name: &str) -> String {
             "entries": blame_entries(&b.entries).iter().map(|e| blame_entry(e)).collect::<Vec<_>>(),
             "warnings": b.warnings,
         })),
+        "churn": report.blame.as_ref().map(churn),
         "flame": report.blame.as_ref().map(|b| flame(&b.by_stack)),
         "numa": report.numa,
         "ghc": report.ghc.as_ref().map(ghc_panel),
@@ -265,6 +266,29 @@ fn blame_entries(entries: &[BlameEntry]) -> Vec<&BlameEntry> {
         }
     }
     entries.iter().zip(kept).filter(|(_, k)| *k).map(|(e, _)| e).collect()
+}
+
+/// The Churn table: the sites with the most temporary allocations over
+/// the whole run, beside every allocation of the run.
+fn churn(b: &Blame) -> Value {
+    json!({
+        "allocations": b.allocations,
+        "allocated_bytes": b.allocated_bytes,
+        "temporary_allocations": b.temporary_allocations,
+        "temporary_bytes": b.temporary_bytes,
+        "temporary_ms": b.temporary_ms,
+        "entries": b.churn.iter().map(|e| json!({
+            "function": e.function,
+            "file": e.file,
+            "line": e.line,
+            "module": e.module,
+            "stack": e.stack.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+            "temporary": e.temporary_allocations,
+            "temporary_bytes": e.temporary_bytes,
+            "allocations": e.allocations,
+            "allocated": e.allocated_bytes,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 fn blame_entry(e: &BlameEntry) -> Value {

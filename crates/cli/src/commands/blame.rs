@@ -10,15 +10,22 @@ use crate::output;
 
 /// The call sites whose surviving blocks keep mostly-empty pages resident:
 /// per site, live bytes and objects, fragmentation cost (free bytes on the
-/// pages its blocks occupy, shared by bytes taken), leaked bytes, scatter.
+/// pages its blocks occupy, shared by bytes taken), leaked bytes, scatter;
+/// or, over the whole run, the sites that allocate most (--by allocated) or
+/// free soonest (--by temporary).
 #[derive(clap::Args)]
 pub struct Args {
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,
-    /// Order by fragmentation, live or leaked bytes.
-    #[arg(long, default_value = "fragmentation")]
+    /// Order by fragmentation, live or leaked bytes at the snapshot; or over
+    /// the whole run by bytes allocated (freed or not), or by allocations
+    /// freed within --temporary-ms (temporary).
+    #[arg(long, default_value = "fragmentation", value_name = "fragmentation|live|leaked|allocated|temporary")]
     by: BlameOrder,
+    /// An allocation freed within this many milliseconds is temporary.
+    #[arg(long, value_name = "MS", default_value_t = memgap_model::blame::DEFAULT_TEMPORARY_MS)]
+    temporary_ms: u64,
     #[arg(long, default_value_t = 20)]
     top: usize,
     /// One entry per full call stack instead of per allocation site.
@@ -33,12 +40,12 @@ pub struct Args {
 }
 
 pub fn options(at: At, by: BlameOrder, top: usize, per_stack: bool, skip: Vec<String>) -> BlameOptions {
-    BlameOptions { at, order: by, top, per_stack, skip }
+    BlameOptions { at, order: by, top, per_stack, skip, temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let options = options(args.at.at, args.by, args.top, args.per_stack, args.skip);
+    let options = BlameOptions { temporary_ms: args.temporary_ms, ..options(args.at.at, args.by, args.top, args.per_stack, args.skip) };
     let Some(blame) = memgap_model::blame(&args.trace, &options).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };

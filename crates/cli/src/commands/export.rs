@@ -5,12 +5,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use memgap_model::{At, Blame, BlameOrder};
-use memgap_views::export::{SampleType, WeightedStack};
+use memgap_views::export::{MainBinary, SampleType, WeightedStack};
 
 use super::blame::options;
 
-/// Call stacks with their live, fragmentation and allocated bytes at a
-/// snapshot, as a pprof profile (`go tool pprof`) or folded stacks.
+/// Call stacks with their fragmentation, live and leaked bytes at a
+/// snapshot and what they allocated over the whole run (all of it, and the
+/// temporary part), as a pprof profile (`go tool pprof`) or folded stacks.
 #[derive(clap::Args)]
 pub struct ExportArgs {
     trace: PathBuf,
@@ -39,32 +40,59 @@ pub struct FlamegraphArgs {
     by: BlameOrder,
 }
 
-const SAMPLE_TYPES: [(&str, &str); 4] = [("fragmentation_space", "bytes"), ("live_space", "bytes"), ("leaked_space", "bytes"), ("alloc_space", "bytes")];
+/// The profile's sample types, in the order of [`WeightedStack::values`]
+/// (the README lists them; the first is pprof's default).
+pub const SAMPLE_TYPES: [(&str, &str); 8] = [
+    ("fragmentation_space", "bytes"),
+    ("live_space", "bytes"),
+    ("live_objects", "count"),
+    ("leaked_space", "bytes"),
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("temporary_objects", "count"),
+    ("temporary_space", "bytes"),
+];
 
+/// The bytes `--by` weighs stacks with.
 fn value_index(by: BlameOrder) -> usize {
     match by {
         BlameOrder::Fragmentation => 0,
         BlameOrder::Live => 1,
-        BlameOrder::Leaked => 2,
+        BlameOrder::Leaked => 3,
+        BlameOrder::Allocated => 5,
+        BlameOrder::Temporary => 7,
     }
 }
 
-/// The stacks at the moment `at` names, and that moment (said on stderr
-/// once the output is written: export and flamegraph print nothing else).
-fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<(Vec<WeightedStack>, Option<memgap_model::Moment>)> {
+/// The stacks at the moment `at` names, from the allocation site outwards,
+/// the executable, and that moment (said on stderr once the output is
+/// written: export and flamegraph print nothing else).
+fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<(Vec<WeightedStack>, Option<MainBinary>, Option<memgap_model::Moment>)> {
     let name = trace.display().to_string();
     let Some(blame): Option<Blame> = memgap_model::blame(trace, &options(at, BlameOrder::Live, usize::MAX, true, Vec::new())).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
+    let main = blame.main_module.map(|m| MainBinary { path: m.path, base: m.base, size: m.size, build_id: m.build_id });
     let stacks = blame
         .by_stack
         .into_iter()
         .map(|e| WeightedStack {
-            frames: e.stack,
-            values: vec![e.fragmentation_bytes as i64, e.live_bytes as i64, e.leaked_bytes as i64, e.allocated_bytes as i64],
+            frames: memgap_model::blame::program_frames(&e.stack).to_vec(),
+            values: [
+                e.fragmentation_bytes,
+                e.live_bytes,
+                e.objects,
+                e.leaked_bytes,
+                e.allocations,
+                e.allocated_bytes,
+                e.temporary_allocations,
+                e.temporary_bytes,
+            ]
+            .map(|value| i64::try_from(value).unwrap_or(i64::MAX))
+            .to_vec(),
         })
         .collect();
-    Ok((stacks, blame.moment))
+    Ok((stacks, main, blame.moment))
 }
 
 fn say_moment(trace: &Path, moment: Option<memgap_model::Moment>) {
@@ -81,10 +109,10 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     if args.pprof.is_none() && args.folded.is_none() {
         bail!("say what to write: --pprof FILE and/or --folded FILE");
     }
-    let (stacks, moment) = weighted_stacks(&args.trace, args.at.at)?;
+    let (stacks, main, moment) = weighted_stacks(&args.trace, args.at.at)?;
     if let Some(path) = &args.pprof {
         let types: Vec<SampleType> = SAMPLE_TYPES.iter().map(|&(name, unit)| SampleType { name: name.into(), unit: unit.into() }).collect();
-        write(path, &memgap_views::export::pprof(&stacks, &types))?;
+        write(path, &memgap_views::export::pprof(&stacks, &types, main.as_ref()))?;
     }
     if let Some(path) = &args.folded {
         write(path, memgap_views::export::folded(&stacks, value_index(args.by)).as_bytes())?;
@@ -94,7 +122,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn flamegraph(args: FlamegraphArgs) -> anyhow::Result<ExitCode> {
-    let (stacks, moment) = weighted_stacks(&args.trace, args.at.at)?;
+    let (stacks, _, moment) = weighted_stacks(&args.trace, args.at.at)?;
     let title = format!("memgap: {} bytes by call stack — {}", SAMPLE_TYPES[value_index(args.by)].0.trim_end_matches("_space"), args.trace.display());
     let svg = memgap_views::export::flamegraph_svg(&stacks, value_index(args.by), "bytes", &title)?;
     write(&args.output, svg.as_bytes())?;

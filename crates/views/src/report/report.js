@@ -863,6 +863,43 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     $('blame').setAttribute('data-ready', 'true');
   }
 
+  // ---- churn -------------------------------------------------------------------
+  function showChurn() {
+    const c = data.churn;
+    const table = $('churn-table');
+    if (!c || c.entries.length === 0) {
+      $('churn-note').textContent = c && c.allocations > 0
+        ? 'No allocation was freed within ' + c.temporary_ms + ' ms (' + fmtCount(c.allocations) + ' allocations in the run).'
+        : 'The trace holds no allocation.';
+      table.hidden = true;
+    } else {
+      $('churn-note').textContent = fmtCount(c.temporary_allocations) + ' of the run\u2019s ' + fmtCount(c.allocations) + ' allocations (' +
+        percent(c.temporary_allocations, c.allocations) + ', ' + fmtBytes(c.temporary_bytes) + ' of ' + fmtBytes(c.allocated_bytes) +
+        ') were freed within ' + c.temporary_ms + ' ms. memgap blame --by temporary lists them in the terminal.';
+      const body = table.tBodies[0];
+      for (const e of c.entries) {
+        const tr = el('tr');
+        const site = el('td', null, 'site');
+        site.append(el('b', e.function || '(unknown)'));
+        const where = [e.file ? e.file + (e.line ? ':' + e.line : '') : '', e.module].filter(Boolean).join(' \u00b7 ');
+        if (where) site.append(el('small', where));
+        tr.append(site, el('td', fmtCount(e.temporary), 'num'), el('td', fmtBytes(e.temporary_bytes), 'num'),
+          el('td', percent(e.temporary, c.allocations), 'num'), el('td', fmtCount(e.allocations), 'num'), el('td', fmtBytes(e.allocated), 'num'));
+        tr.addEventListener('click', () => {
+          if (tr.nextSibling && tr.nextSibling.classList.contains('stack')) { tr.nextSibling.remove(); return; }
+          const stackRow = el('tr', null, 'stack');
+          const cell = el('td', e.stack.length ? e.stack.join('\n') : '(no stack recorded)');
+          cell.colSpan = 6;
+          stackRow.append(cell);
+          tr.after(stackRow);
+        });
+        body.append(tr);
+      }
+    }
+    table.setAttribute('data-rows', String(c ? c.entries.length : 0));
+    $('churn').setAttribute('data-ready', 'true');
+  }
+
   // ---- flame graph (icicle: the root on top) ---------------------------------------
   const flame = (function () {
     const canvas = $('flame-canvas');
@@ -1095,6 +1132,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   })();
 
   showBlame();
+  showChurn();
   showNuma();
   flame.draw();
   if (data.flame) $('flame').setAttribute('data-ready', 'true');
