@@ -14,7 +14,10 @@ def parse(path):
     out, name, lines, status = {}, None, None, {}
     for line in open(path, encoding="utf-8", errors="replace"):
         line = line.rstrip("\r\n")
-        if line.startswith("=== STATUS "):
+        if line.startswith("=== RTS "):
+            _, _, scenario, text = line.split(" ", 3)
+            RTS.setdefault(scenario, []).append(text)
+        elif line.startswith("=== STATUS "):
             _, _, scenario, code = line.split(" ")
             status[scenario] = int(code)
         elif line.startswith("=== JSON "):
@@ -29,6 +32,40 @@ def parse(path):
 
 
 failures = []
+# A GHC scenario's +RTS -s lines, by scenario.
+RTS = {}
+GHC_ROWS = []
+
+
+def rts_figures(lines):
+    """({generation: collections}, bytes copied) from +RTS -s lines."""
+    gcs, copied = {}, None
+    for line in lines:
+        words = line.split()
+        if words[0] == "Gen":
+            gcs[int(words[1])] = int(words[2])
+        elif "bytes copied during GC" in line:
+            copied = int(words[0].replace(",", ""))
+    return gcs, copied
+
+
+def check_ghc(scenario, r):
+    """Collections per capability and node against the RTS's own figures."""
+    caps = r.get("ghc_capabilities") or []
+    expect(scenario, "capabilities tied to nodes by -qa", r.get("ghc_capability_node_rule") == "-qa", r.get("ghc_capability_node_rule"))
+    expect(scenario, "capability n on node n", sorted((c["capability"], c["node"]) for c in caps) == [(0, 0), (1, 1)], caps)
+    by_node = {n["node"]: n for n in r.get("ghc_gcs_by_node") or []}
+    expect(scenario, "collections led from both nodes", all(by_node.get(n, {}).get("gcs_by_generation", [0])[0] > 0 for n in (0, 1)), by_node)
+    gcs, copied = rts_figures(RTS.get(scenario, []))
+    expect(scenario, "+RTS -s figures from the program", bool(gcs) and copied is not None, RTS.get(scenario))
+    for generation, count in gcs.items():
+        measured = sum(n["gcs_by_generation"][generation] for n in by_node.values() if generation < len(n["gcs_by_generation"]))
+        expect(scenario, f"generation {generation}'s {count} collections (+RTS -s) over the nodes", measured == count, measured)
+    measured_copied = sum(sum(n["copied_bytes_by_generation"]) for n in by_node.values())
+    expect(scenario, f"{copied} bytes copied (+RTS -s) over the nodes", copied is not None and abs(measured_copied - copied) <= copied * 0.01, measured_copied)
+    heap = r.get("ghc_heap_bytes_by_node") or []
+    expect(scenario, "the GHC heap's placement by node", len(heap) == 2 and sum(heap) > 0, heap)
+    return by_node, heap
 
 
 def expect(scenario, what, ok, measured):
@@ -103,6 +140,18 @@ def check(results):
                 expect(scenario, "node 0's memory taking most accesses", column_share(access, 0) >= 0.8, access)
                 expect(scenario, "node 1's CPU reading node 0 remotely", access[1][0] > 0, access)
         rows.append((scenario, expected, local, r["hot_node"], r["hot_node_share"], r["hot_node_basis"], resident, kind, rate))
+    for scenario in ("ghc", "ghc-membind"):
+        if scenario not in results:
+            continue
+        status, r = results[scenario]
+        expect(scenario, "memgap run to exit 0", status == 0, status)
+        if r is None:
+            failures.append(f"{scenario}: memgap numa printed no JSON")
+            continue
+        by_node, heap = check_ghc(scenario, r)
+        if scenario == "ghc-membind":
+            expect(scenario, "the GHC heap on node 1 only (--membind=1)", len(heap) == 2 and heap[0] == 0 and heap[1] > 0, heap)
+        GHC_ROWS.append((scenario, by_node, heap))
     return rows
 
 
@@ -117,12 +166,21 @@ def main():
         rate_text = "-" if rate is None else f"{rate:,.0f}"
         mib = " / ".join(f"{b / MIB:.1f}" for b in resident)
         print(f"| {scenario} | {expected} | {local_text} | {hot} ({share_text}, {basis}) | {mib} | {kind} | {rate_text} |")
+    if GHC_ROWS:
+        print()
+        print("| GHC scenario | node | gen 0 GCs (MiB copied) | gen 1 GCs (MiB copied) | GHC heap resident MiB |")
+        print("| --- | --- | --- | --- | --- |")
+        for scenario, by_node, heap in GHC_ROWS:
+            for node, n in sorted(by_node.items()):
+                gens = [f"{c} ({b / MIB:.1f})" for c, b in zip(n["gcs_by_generation"], n["copied_bytes_by_generation"])] + ["-", "-"]
+                resident = f"{heap[node] / MIB:.1f}" if node < len(heap) else "-"
+                print(f"| {scenario} | {node} | {gens[0]} | {gens[1]} | {resident} |")
     if failures:
         print("numa-qemu: FAILED", file=sys.stderr)
         for failure in failures:
             print("  " + failure, file=sys.stderr)
         sys.exit(1)
-    print(f"numa-qemu: ok, {len(rows)} scenarios match their placement")
+    print(f"numa-qemu: ok, {len(rows) + len(GHC_ROWS)} scenarios match their placement")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@
 #   interleave  numactl --cpunodebind=0 --interleave=0,1  half on each node
 #   readers     numa_readers: main pinned to CPU 0 writes everything, then
 #               a reader per CPU reads it: node 0 takes everything
+#   ghc         numa_caps +RTS -N2 -qa -qg: capability n's thread on CPU n, so
+#               its collections are node n's; counts and bytes copied per
+#               node must add up to the RTS's own +RTS -s
+#   ghc-membind the same under numactl --membind=1: the GHC heap on node 1
 #
 #   bash tests/numa-qemu/run.sh            # from the repository root, as root
 #
@@ -45,6 +49,15 @@ fi
 MEMGAP_AGENT=${MEMGAP_AGENT:-$(dirname "$MEMGAP_BIN")/libmemgap_agent.so}
 cc -O2 -g -pthread -o "$work/numa_touch" tests/programs/numa_touch.c
 cc -O2 -g -pthread -o "$work/numa_readers" tests/programs/numa_readers.c
+# A GHC program whose two capabilities both allocate and collect, when ghc
+# is installed (.ci/run installs it); the guest runs it with +RTS -N2 -qa.
+programs=(numa_touch numa_readers)
+if command -v ghc >/dev/null; then
+    ghc -O -threaded -rtsopts -eventlog -outputdir "$work/ghc" -o "$work/numa_caps" tests/programs/ghc/numa_caps.hs >/dev/null
+    programs+=(numa_caps)
+else
+    echo "numa-qemu: ghc is not installed: no GHC scenario"
+fi
 
 # The initramfs: busybox, the binaries and every library ldd names.
 fs=$work/fs
@@ -54,8 +67,8 @@ for tool in sh mount poweroff cat mkdir echo sleep; do ln -sf busybox "$fs/bin/$
 cp "$MEMGAP_BIN" "$fs/bin/memgap"
 cp "$MEMGAP_AGENT" "$fs/lib/memgap/libmemgap_agent.so"
 cp "$(command -v numactl)" "$fs/bin/"
-cp "$work/numa_touch" "$work/numa_readers" "$fs/bin/"
-for binary in "$fs/bin/memgap" "$fs/bin/numactl" "$fs/bin/numa_touch" "$fs/bin/numa_readers" "$fs/lib/memgap/libmemgap_agent.so"; do
+for program in "${programs[@]}"; do cp "$work/$program" "$fs/bin/"; done
+for binary in "$fs/bin/memgap" "$fs/bin/numactl" "${programs[@]/#/$fs/bin/}" "$fs/lib/memgap/libmemgap_agent.so"; do
     ldd "$binary" | grep -o '/[^ ]*' | while read -r lib; do
         mkdir -p "$fs$(dirname "$lib")"
         cp -L "$lib" "$fs$lib"
@@ -85,9 +98,12 @@ numactl --hardware
 scenario() {
     name=$1; shift
     echo "=== $name: $*"
-    "$@"
+    "$@" 2> /tmp/$name.err
     status=$?
+    cat /tmp/$name.err
     echo "=== STATUS $name $status" > $results
+    # A GHC program's own +RTS -s figures: collections per generation, bytes copied.
+    grep -E 'Gen +[0-9]+ .* colls|bytes copied during GC' /tmp/$name.err | sed "s/^/=== RTS $name /" > $results
     echo "=== JSON $name" > $results
     /bin/memgap numa /tmp/$name.mgt --at end --json > $results
     echo "=== END $name" > $results
@@ -97,6 +113,10 @@ scenario remote numactl --cpunodebind=0 --membind=1 /bin/memgap run --numa -o /t
 scenario local numactl --cpunodebind=1 --membind=1 /bin/memgap run --numa -o /tmp/local.mgt -- /bin/numa_touch 16
 scenario interleave numactl --cpunodebind=0 --interleave=0,1 /bin/memgap run --numa -o /tmp/interleave.mgt -- /bin/numa_touch 32
 scenario readers /bin/memgap run --numa -o /tmp/readers.mgt -- /bin/numa_readers 32 8
+if [ -x /bin/numa_caps ]; then
+    scenario ghc /bin/memgap run --numa -o /tmp/ghc.mgt -- /bin/numa_caps 50000 +RTS -N2 -qa -qg -s -RTS
+    scenario ghc-membind numactl --membind=1 /bin/memgap run --numa -o /tmp/ghc-membind.mgt -- /bin/numa_caps 50000 +RTS -N2 -qa -qg -s -RTS
+fi
 echo "=== DONE" > $results
 poweroff -f
 INIT

@@ -133,3 +133,63 @@ fn a_running_process_from_numa_maps() {
     assert!(json["mappings"].as_array().unwrap().iter().any(|m| m["kind"] == "heap" || m["kind"] == ""));
     assert_one_line_failure(&memgap(&dir, &["numa", "--pid", "999999999"]));
 }
+
+/// "Gen  0  283 colls, …" and "N bytes copied during GC" from `+RTS -s`.
+fn rts_s_figures(stderr: &str) -> (Vec<u64>, u64) {
+    let mut gcs = Vec::new();
+    let mut copied = 0;
+    for line in stderr.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"Gen") && words.get(3).is_some_and(|w| w.starts_with("colls")) {
+            gcs.push(words[2].parse().unwrap());
+        } else if line.contains("bytes copied during GC") {
+            copied = words[0].replace(',', "").parse().unwrap();
+        }
+    }
+    (gcs, copied)
+}
+
+/// A GHC program whose two capabilities both collect, run with `+RTS -N2
+/// -qa -qg`: every capability tied to the node of the CPU it is bound to,
+/// and the collections and bytes copied per node adding up to the RTS's own
+/// `+RTS -s`; the report's NUMA panel carries them.
+#[test]
+fn ghc_collections_per_node_add_up_to_the_rts_figures() {
+    if command("ghc", ["--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        eprintln!("ghc is not installed: skipping the GHC NUMA test (apt-get install ghc)");
+        return;
+    }
+    let (_tmp, dir) = tempdir();
+    let exe = dir.join("numa_caps");
+    let out = output_of(command("ghc", ["-O", "-threaded", "-rtsopts", "-eventlog", "-outputdir"]).arg(dir.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/numa_caps.hs")));
+    assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&exe), "20000", "+RTS", "-N2", "-qa", "-qg", "-s", "-RTS"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (gcs, copied) = rts_s_figures(&text(&out.stderr));
+    assert!(gcs.len() >= 2 && gcs[0] > 0 && copied > 0, "no +RTS -s figures:\n{}", text(&out.stderr));
+    let json = numa_json(&dir, &trace);
+    assert_eq!(json["ghc_capability_node_rule"], "-qa", "{json:#}");
+    let caps = json["ghc_capabilities"].as_array().unwrap();
+    assert_eq!(caps.len(), 2, "both capabilities lead collections: {json:#}");
+    let by_node = json["ghc_gcs_by_node"].as_array().unwrap();
+    let sum_by = |key: &str, generation: usize| -> u64 { by_node.iter().map(|n| n[key].as_array().unwrap().get(generation).and_then(Value::as_u64).unwrap_or(0)).sum() };
+    for (generation, &count) in gcs.iter().enumerate() {
+        assert_eq!(sum_by("gcs_by_generation", generation), count, "generation {generation}: {json:#}");
+    }
+    let measured: u64 = (0..gcs.len()).map(|g| sum_by("copied_bytes_by_generation", g)).sum();
+    assert!(measured.abs_diff(copied) <= copied / 100, "copied {measured} vs +RTS -s {copied}");
+    if machine_nodes() == 1 {
+        assert!(caps.iter().all(|c| c["node"] == json["nodes"][0]["id"]), "{json:#}");
+    }
+    let heap: u64 = json["ghc_heap_bytes_by_node"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    assert!(heap >= MIB, "the GHC heap's placement: {json:#}");
+    let text_out = text(&memgap(&dir, &["numa", arg(&trace), "--at", "end"]).stdout);
+    assert!(text_out.contains("nodes by +RTS -qa") && text_out.contains("GHC heap (megablocks) resident"), "{text_out}");
+
+    let html = dir.join("t.html");
+    let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&html)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("id=\"numa-ghc\"") && page.contains("\"ghc_gcs_by_node\":[{"), "no GHC per-node data in the report's NUMA panel");
+}

@@ -340,6 +340,19 @@ pub struct NumaReport {
     /// node the RTS puts each capability on when it ran with `--numa`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ghc_capabilities: Vec<GhcCapabilityGcs>,
+    /// How capabilities were tied to nodes: "--numa" (the RTS's own rule),
+    /// "-qa" (each capability's thread bound to CPUs n, n+N, …) or None.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ghc_capability_node_rule: Option<&'static str>,
+    /// The same collections summed per node (the paper's per-region GC table).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ghc_gcs_by_node: Vec<GhcNodeGcs>,
+    /// Resident pages of the GHC heap (its megablocks) on each node, at the snapshot.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ghc_heap_bytes_by_node: Vec<u64>,
+    /// The program's command line (a GHC program's RTS options).
+    #[serde(skip)]
+    pub argv: Vec<String>,
     pub notes: Vec<String>,
 }
 
@@ -347,38 +360,109 @@ pub struct NumaReport {
 pub struct GhcCapabilityGcs {
     pub capability: Option<u32>,
     /// The node of the capability: with `+RTS --numa` the RTS puts
-    /// capability n on the n mod N-th node (its capNoToNumaNode); None
-    /// without `--numa` (capabilities are not tied to nodes then).
+    /// capability n on the n mod N-th node (its capNoToNumaNode); with
+    /// `-qa` its thread runs on CPUs n, n+N, n+2N… (setThreadAffinity), the
+    /// node of those CPUs when they share one; None otherwise.
     pub node: Option<u32>,
-    /// Collections by generation collected: index = generation.
+    /// Collections this capability led, by generation collected: index = generation.
     pub gcs_by_generation: Vec<u64>,
+    /// Bytes those collections copied, by generation.
+    pub copied_bytes_by_generation: Vec<u64>,
 }
 
-/// Ties a GHC program's per-capability collections to nodes, as the RTS
-/// does with `--numa` (`numa`: whether the program ran with it).
-pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], nodes: &[Node], numa: bool) -> Vec<GhcCapabilityGcs> {
+/// GHC collections led by the capabilities of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GhcNodeGcs {
+    pub node: u32,
+    pub gcs_by_generation: Vec<u64>,
+    pub copied_bytes_by_generation: Vec<u64>,
+}
+
+/// Where the GHC RTS reserves its heap on 64-bit Linux (the two-step
+/// allocator's default base, `+RTS -xb`) and how much it reserves at most:
+/// megablocks are carved from this range.
+const GHC_HEAP_BASE: u64 = 0x42_0000_0000;
+const GHC_HEAP_RESERVATION: u64 = 1 << 40;
+
+/// The RTS options of a GHC program's command line (`+RTS … -RTS`).
+fn ghc_rts_args(argv: &[String]) -> Vec<&str> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for arg in argv.iter().skip(1) {
+        match arg.as_str() {
+            "--RTS" => break,
+            "+RTS" => inside = true,
+            "-RTS" => inside = false,
+            a if inside => out.push(a),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// How the RTS tied capabilities to nodes, from its options.
+fn ghc_node_rule(rts: &[&str]) -> Option<&'static str> {
+    if rts.iter().any(|a| *a == "--numa" || a.starts_with("--numa=")) {
+        Some("--numa")
+    } else if rts.contains(&"-qa") {
+        Some("-qa")
+    } else {
+        None
+    }
+}
+
+/// The number of capabilities `-N<n>` asks for (`-N` alone: one per CPU).
+fn ghc_capability_count(rts: &[&str], cpus: u32) -> Option<u32> {
+    rts.iter().rev().find_map(|a| a.strip_prefix("-N")).map(|n| if n.is_empty() { cpus } else { n.parse().unwrap_or(cpus) })
+}
+
+/// Ties a GHC program's per-capability collections to nodes by `rule`
+/// (None: no node) and sums the bytes each capability's collections copied.
+/// `capabilities` is the `-N` count, else the highest capability seen + 1.
+pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], timeline: &[crate::ghc::GhcPoint], topology: &Topology, rule: Option<&str>, capabilities: Option<u32>) -> Vec<GhcCapabilityGcs> {
+    let online = topology.nodes.iter().flat_map(|n| n.cpus.iter().copied()).max().map_or(0, |c| c + 1);
+    let count = capabilities.unwrap_or_else(|| gcs.iter().filter_map(|c| c.capability).max().map_or(1, |c| c + 1)).max(1);
+    let node_of = |cap: u32| -> Option<u32> {
+        match rule {
+            Some("--numa") if !topology.nodes.is_empty() => Some(topology.nodes[cap as usize % topology.nodes.len()].id),
+            Some("-qa") => {
+                let nodes: BTreeSet<usize> = (cap..online).step_by(count as usize).filter_map(|cpu| topology.index_of_cpu(cpu)).collect();
+                (nodes.len() == 1).then(|| topology.nodes[*nodes.first().unwrap()].id)
+            }
+            _ => None,
+        }
+    };
     gcs.iter()
-        .map(|c| GhcCapabilityGcs {
-            capability: c.capability,
-            node: c.capability.filter(|_| numa && !nodes.is_empty()).map(|cap| nodes[cap as usize % nodes.len()].id),
-            gcs_by_generation: c.by_generation.clone(),
+        .map(|c| {
+            let mut copied = vec![0u64; c.by_generation.len()];
+            for point in timeline.iter().filter(|p| p.capability == c.capability) {
+                let generation = point.generation.unwrap_or(0) as usize;
+                if generation >= copied.len() {
+                    copied.resize(generation + 1, 0);
+                }
+                copied[generation] += point.copied_bytes;
+            }
+            GhcCapabilityGcs { capability: c.capability, node: c.capability.and_then(node_of), gcs_by_generation: c.by_generation.clone(), copied_bytes_by_generation: copied }
         })
         .collect()
 }
 
-/// Whether RTS options in `argv` (`+RTS … -RTS`) ask for `--numa`.
-fn ghc_numa_in_args(argv: &[String]) -> bool {
-    let mut inside = false;
-    for arg in argv {
-        match arg.as_str() {
-            "--RTS" => return false,
-            "+RTS" => inside = true,
-            "-RTS" => inside = false,
-            a if inside && (a == "--numa" || a.starts_with("--numa=")) => return true,
-            _ => {}
+/// The capabilities' collections summed per node, in node order.
+pub fn ghc_gcs_by_node(capabilities: &[GhcCapabilityGcs]) -> Vec<GhcNodeGcs> {
+    let mut by_node: BTreeMap<u32, GhcNodeGcs> = BTreeMap::new();
+    for c in capabilities {
+        let Some(node) = c.node else { continue };
+        let entry = by_node.entry(node).or_insert_with(|| GhcNodeGcs { node, gcs_by_generation: Vec::new(), copied_bytes_by_generation: Vec::new() });
+        for (sums, values) in [(&mut entry.gcs_by_generation, &c.gcs_by_generation), (&mut entry.copied_bytes_by_generation, &c.copied_bytes_by_generation)] {
+            if sums.len() < values.len() {
+                sums.resize(values.len(), 0);
+            }
+            for (sum, value) in sums.iter_mut().zip(values) {
+                *sum += value;
+            }
         }
     }
-    false
+    by_node.into_values().collect()
 }
 
 pub struct NumaOptions {
@@ -525,24 +609,35 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentErro
     let moment = resolve(path, options.at)?;
     let mut v = NumaVisitor { wanted: moment.as_ref().map(|m| m.index), state: Some(HeapState::default()), ..NumaVisitor::default() };
     replay(path, &mut v)?;
-    let argv = v.argv.clone();
     let mut report = assemble(v, moment.as_ref().map(|m| m.seconds), options);
     report.moment = moment;
-    if let Some(ghc) = crate::ghc::report_of_trace(path)? {
-        let numa = ghc_numa_in_args(&argv);
-        report.ghc_capabilities = ghc_capability_nodes(&ghc.gcs_per_capability, &report.nodes, numa);
-        if !numa && !report.ghc_capabilities.is_empty() {
-            report.notes.push("GHC collections per capability are not tied to nodes: the program ran without +RTS --numa on its command line".into());
-        }
+    match crate::ghc::report_of_trace(path)? {
+        Some(ghc) => add_ghc(&mut report, &ghc),
+        None => report.ghc_heap_bytes_by_node.clear(),
     }
     Ok(report)
+}
+
+/// A GHC program's collections per capability and per node, by the rule its
+/// RTS options tie capabilities to nodes with.
+pub fn add_ghc(report: &mut NumaReport, ghc: &crate::ghc::GhcReport) {
+    let rts = ghc_rts_args(&report.argv);
+    let rule = ghc_node_rule(&rts);
+    let topology = Topology { nodes: report.nodes.clone(), distances: report.distances.clone() };
+    let cpus = topology.nodes.iter().map(|n| n.cpus.len() as u32).sum();
+    report.ghc_capabilities = ghc_capability_nodes(&ghc.gcs_per_capability, &ghc.timeline, &topology, rule, ghc_capability_count(&rts, cpus));
+    report.ghc_gcs_by_node = ghc_gcs_by_node(&report.ghc_capabilities);
+    report.ghc_capability_node_rule = rule;
+    if rule.is_none() && !report.ghc_capabilities.is_empty() {
+        report.notes.push("GHC collections per capability are not tied to nodes: the program ran without +RTS --numa or -qa on its command line".into());
+    }
 }
 
 /// The report from what the visitor gathered, once the replay is over.
 pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOptions) -> NumaReport {
     let mut v = v;
     let wanted = v.wanted;
-    let mut report = NumaReport { topology_source: "trace", ..NumaReport::default() };
+    let mut report = NumaReport { topology_source: "trace", argv: std::mem::take(&mut v.argv), ..NumaReport::default() };
     let topology = match v.topology.take() {
         Some(t) => t,
         None => {
@@ -567,6 +662,10 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
         }
         Some((blocks, agent_ranges, placement)) => {
             report.resident_bytes_by_node = resident_by_node(&topology, placement, agent_ranges);
+            report.ghc_heap_bytes_by_node = resident_by_node_in(&topology, placement, GHC_HEAP_BASE..GHC_HEAP_BASE + GHC_HEAP_RESERVATION);
+            if report.ghc_heap_bytes_by_node.iter().all(|&b| b == 0) {
+                report.ghc_heap_bytes_by_node.clear();
+            }
             report.placement_cost_seconds = Some(placement.cost_ns as f64 / 1e9);
             let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &placement.index(), placement.page_size);
             report.local_fraction = locality.local_fraction();
@@ -617,6 +716,19 @@ fn resident_by_node(topology: &Topology, placement: &Placement, agent_ranges: &[
         for &(status, pages) in &m.runs {
             if let Some(i) = u32::try_from(status).ok().and_then(|id| topology.index_of_node(id)) {
                 out[i] = out[i].saturating_add(pages.saturating_mul(placement.page_size));
+            }
+        }
+    }
+    out
+}
+
+/// Resident bytes per node of the mappings that start inside `range`.
+fn resident_by_node_in(topology: &Topology, placement: &Placement, range: std::ops::Range<u64>) -> Vec<u64> {
+    let mut out = vec![0u64; topology.nodes.len()];
+    for m in placement.mappings.iter().filter(|m| range.contains(&m.start)) {
+        for &(status, pages) in &m.runs {
+            if let Some(i) = u32::try_from(status).ok().and_then(|id| topology.index_of_node(id)) {
+                out[i] += pages * placement.page_size;
             }
         }
     }

@@ -298,9 +298,17 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
         numa.moment = Some(moment.clone());
         numa
     });
+    let ghc = crate::ghc::report_of_trace(path)?;
+    let numa = numa.map(|mut numa| {
+        match &ghc {
+            Some(ghc) => numa::add_ghc(&mut numa, ghc),
+            None => numa.ghc_heap_bytes_by_node.clear(),
+        }
+        numa
+    });
     let last = snapshots.len().saturating_sub(1);
     let moment = Moment { index: moment.index.min(last), ..moment };
-    Ok(Some(Report { summary, peak: peak.min(last), moment, snapshots, rss: downsample(&rss, RSS_POINTS), live_heap, blame, numa, ghc: crate::ghc::report_of_trace(path)?, gc_marks, trim_marks, trim_calls }))
+    Ok(Some(Report { summary, peak: peak.min(last), moment, snapshots, rss: downsample(&rss, RSS_POINTS), live_heap, blame, numa, ghc, gc_marks, trim_marks, trim_calls }))
 }
 
 #[cfg(test)]

@@ -124,13 +124,20 @@ pub fn numa(r: &NumaReport, title: &str) -> String {
         let _ = writeln!(out, "\n  hot node: {node} ({} of {basis})", percent(share));
     }
     if !r.ghc_capabilities.is_empty() {
-        let _ = writeln!(out, "\n  GHC collections per capability (by generation):");
+        let rule = r.ghc_capability_node_rule.map_or(String::new(), |rule| format!(", nodes by +RTS {rule}"));
+        let _ = writeln!(out, "\n  GHC collections led per capability (by generation: count, bytes copied{rule}):");
         for c in &r.ghc_capabilities {
             let capability = c.capability.map_or("(none)".to_string(), |n| n.to_string());
             let node = c.node.map_or("-".to_string(), |n| format!("node {n}"));
-            let gens: Vec<String> = c.gcs_by_generation.iter().enumerate().map(|(g, n)| format!("gen {g}: {n}")).collect();
-            let _ = writeln!(out, "    capability {capability:<6} {node:<8} {}", gens.join(", "));
+            let _ = writeln!(out, "    capability {capability:<6} {node:<8} {}", ghc_generations(&c.gcs_by_generation, &c.copied_bytes_by_generation));
         }
+        for n in &r.ghc_gcs_by_node {
+            let _ = writeln!(out, "    node {:<14} {}", n.node, ghc_generations(&n.gcs_by_generation, &n.copied_bytes_by_generation));
+        }
+    }
+    if !r.ghc_heap_bytes_by_node.is_empty() {
+        let placed: Vec<String> = r.nodes.iter().zip(&r.ghc_heap_bytes_by_node).map(|(n, &b)| format!("node {} {}", n.id, bytes(b))).collect();
+        let _ = writeln!(out, "    GHC heap (megablocks) resident: {}", placed.join(", "));
     }
     for note in &r.notes {
         let _ = writeln!(out, "  note: {note}");
@@ -231,4 +238,10 @@ mod tests {
         assert_eq!(cpu_ranges(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_ranges(&[]), "none");
     }
+}
+
+/// "gen 0: 12 (3.1 MiB copied), gen 1: 2 (…)".
+fn ghc_generations(gcs: &[u64], copied: &[u64]) -> String {
+    let parts: Vec<String> = gcs.iter().enumerate().map(|(g, n)| format!("gen {g}: {n} ({} copied)", bytes(copied.get(g).copied().unwrap_or(0)))).collect();
+    parts.join(", ")
 }

@@ -239,16 +239,42 @@ fn a_process_from_numa_maps() {
 }
 
 #[test]
-fn ghc_capabilities_land_on_nodes_round_robin_only_with_numa() {
-    let nodes: Vec<Node> = (0..3).map(|id| Node { id: id * 2, cpus: vec![id], memory_bytes: 1 << 30 }).collect();
+fn ghc_capabilities_land_on_nodes_by_numa_or_affinity() {
+    // Three nodes of two CPUs each: node ids 0, 2, 4; CPUs 0-1, 2-3, 4-5.
+    let nodes: Vec<Node> = (0..3).map(|i| Node { id: i * 2, cpus: vec![2 * i, 2 * i + 1], memory_bytes: 1 << 30 }).collect();
+    let topology = Topology { nodes, distances: Vec::new() };
     let gcs: Vec<crate::ghc::CapabilityGcs> = (0..5).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![10 + cap as u64, 1] }).collect();
-    let tied = ghc_capability_nodes(&gcs, &nodes, true);
-    assert_eq!(tied.iter().map(|c| c.node).collect::<Vec<_>>(), vec![Some(0), Some(2), Some(4), Some(0), Some(2)]);
-    assert_eq!(tied[4].gcs_by_generation, vec![14, 1]);
-    assert!(ghc_capability_nodes(&gcs, &nodes, false).iter().all(|c| c.node.is_none()));
+    let point = |cap: u32, generation: u32, copied: u64| crate::ghc::GhcPoint { capability: Some(cap), generation: Some(generation), copied_bytes: copied, ..Default::default() };
+    let timeline = vec![point(4, 0, 100), point(4, 0, 50), point(4, 1, 7), point(0, 1, 3)];
+    let nodes_of = |caps: &[GhcCapabilityGcs]| caps.iter().map(|c| c.node).collect::<Vec<_>>();
+
+    let numa = ghc_capability_nodes(&gcs, &timeline, &topology, Some("--numa"), Some(5));
+    assert_eq!(nodes_of(&numa), vec![Some(0), Some(2), Some(4), Some(0), Some(2)]);
+    assert_eq!(numa[4].gcs_by_generation, vec![14, 1]);
+    assert_eq!(numa[4].copied_bytes_by_generation, vec![150, 7]);
+    assert_eq!(numa[0].copied_bytes_by_generation, vec![0, 3]);
+
+    // -qa -N3: capability n on CPUs n and n+3, on two nodes for n = 1 and 2.
+    let affinity = ghc_capability_nodes(&gcs[..3], &timeline, &topology, Some("-qa"), Some(3));
+    assert_eq!(nodes_of(&affinity), vec![None, None, None]);
+    // -qa -N6: one CPU each.
+    let six: Vec<crate::ghc::CapabilityGcs> = (0..6).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![1] }).collect();
+    let affinity = ghc_capability_nodes(&six, &timeline, &topology, Some("-qa"), Some(6));
+    assert_eq!(nodes_of(&affinity), vec![Some(0), Some(0), Some(2), Some(2), Some(4), Some(4)]);
+    let by_node = ghc_gcs_by_node(&affinity);
+    assert_eq!(by_node.iter().map(|n| (n.node, n.gcs_by_generation.clone())).collect::<Vec<_>>(), vec![(0, vec![2]), (2, vec![2]), (4, vec![2])]);
+    assert_eq!(by_node[0].copied_bytes_by_generation, vec![0, 3]);
+    assert_eq!(by_node[2].copied_bytes_by_generation, vec![150, 7]);
+
+    assert!(ghc_capability_nodes(&gcs, &timeline, &topology, None, Some(5)).iter().all(|c| c.node.is_none()));
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    assert!(ghc_numa_in_args(&argv(&["prog", "+RTS", "-N4", "--numa", "-RTS", "x"])));
-    assert!(ghc_numa_in_args(&argv(&["prog", "+RTS", "--numa=3"])));
-    assert!(!ghc_numa_in_args(&argv(&["prog", "--numa"])));
-    assert!(!ghc_numa_in_args(&argv(&["prog", "--RTS", "+RTS", "--numa"])));
+    let rule = |a: &[&str]| ghc_node_rule(&ghc_rts_args(&argv(a)));
+    assert_eq!(rule(&["prog", "+RTS", "-N4", "--numa", "-RTS", "x"]), Some("--numa"));
+    assert_eq!(rule(&["prog", "+RTS", "--numa=3"]), Some("--numa"));
+    assert_eq!(rule(&["prog", "+RTS", "-N2", "-qa"]), Some("-qa"));
+    assert_eq!(rule(&["prog", "--numa"]), None);
+    assert_eq!(rule(&["prog", "--RTS", "+RTS", "--numa"]), None);
+    assert_eq!(ghc_capability_count(&ghc_rts_args(&argv(&["p", "+RTS", "-N", "-RTS"])), 6), Some(6));
+    assert_eq!(ghc_capability_count(&ghc_rts_args(&argv(&["p", "+RTS", "-N2", "-RTS"])), 6), Some(2));
+    assert_eq!(ghc_capability_count(&ghc_rts_args(&argv(&["p", "-N2"])), 6), None);
 }

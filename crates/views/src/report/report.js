@@ -1051,7 +1051,28 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       body.append(tr);
     }
     $('numa-sites').hidden = n.remote_by_site.length === 0;
+    showNumaGhc(n);
     $('numa').setAttribute('data-ready', 'true');
+  }
+  // A GHC program's collections and heap per node (the paper's per-region GC table).
+  function showNumaGhc(n) {
+    const byNode = n.ghc_gcs_by_node || [];
+    const heap = n.ghc_heap_bytes_by_node || [];
+    if (byNode.length === 0 && heap.length === 0) return;
+    $('numa-ghc-title').textContent = 'GHC collections per node' + (n.ghc_capability_node_rule ? ' (capabilities tied to nodes by +RTS ' + n.ghc_capability_node_rule + ')' : '');
+    const body = $('numa-ghc').tBodies[0];
+    n.nodes.forEach((node, i) => {
+      const gcs = byNode.find((g) => g.node === node.id);
+      const caps = (n.ghc_capabilities || []).filter((c) => c.node === node.id).map((c) => c.capability).join(', ');
+      const tr = el('tr');
+      tr.append(el('td', 'node ' + node.id), el('td', caps || '-'),
+        el('td', gcs ? gcs.gcs_by_generation.map((c, g) => 'gen ' + g + ': ' + fmtCount(c)).join(', ') : '-', 'num'),
+        el('td', gcs ? gcs.copied_bytes_by_generation.map((b, g) => 'gen ' + g + ': ' + fmtBytes(b)).join(', ') : '-', 'num'),
+        el('td', i < heap.length ? fmtBytes(heap[i]) : '-', 'num'));
+      body.append(tr);
+    });
+    $('numa-ghc-title').hidden = false;
+    $('numa-ghc').hidden = false;
   }
   // ---- GHC heap: the RTS's layers at each major GC, stacked under VmRSS ----------
   const ghc = (function () {
