@@ -75,6 +75,10 @@ impl GhcRows {
     }
 }
 
+/// Generations counted at most (`+RTS -G`; a corrupt eventlog may name any):
+/// tables are indexed by generation.
+const MAX_GENERATIONS: u32 = 256;
+
 /// The ledger after one garbage collection.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GhcPoint {
@@ -240,10 +244,10 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
     let mut live = 0u64;
     let mut times = Vec::new();
     let mut by_cap: BTreeMap<Option<u32>, Vec<u64>> = BTreeMap::new();
-    let max_generation = ghc.iter().filter(|m| m.kind == "gc").filter_map(|m| m.get("generation")).fold(0.0, f64::max) as u32;
+    let max_generation = ghc.iter().filter(|m| m.kind == "gc").filter_map(|m| m.get("generation")).filter(|&g| g < f64::from(MAX_GENERATIONS)).fold(0.0, f64::max) as u32;
     for gc in ghc.iter().filter(|m| m.kind == "gc") {
         let Some(heap_size) = gc.get("heap_size_bytes").map(|v| v as u64) else { continue };
-        let generation = gc.get("generation").map(|g| g as u32);
+        let generation = gc.get("generation").map(|g| g as u32).filter(|&g| g < MAX_GENERATIONS);
         let capability = gc.get("capability").map(|c| c as u32);
         out.collections += 1;
         let counts = by_cap.entry(capability).or_default();

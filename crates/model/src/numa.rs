@@ -420,13 +420,14 @@ fn ghc_capability_count(rts: &[&str], cpus: u32) -> Option<u32> {
 /// (None: no node) and sums the bytes each capability's collections copied.
 /// `capabilities` is the `-N` count, else the highest capability seen + 1.
 pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], timeline: &[crate::ghc::GhcPoint], topology: &Topology, rule: Option<&str>, capabilities: Option<u32>) -> Vec<GhcCapabilityGcs> {
-    let online = topology.nodes.iter().flat_map(|n| n.cpus.iter().copied()).max().map_or(0, |c| c + 1);
-    let count = capabilities.unwrap_or_else(|| gcs.iter().filter_map(|c| c.capability).max().map_or(1, |c| c + 1)).max(1);
+    let count = capabilities.unwrap_or_else(|| gcs.iter().filter_map(|c| c.capability).max().map_or(1, |c| c.saturating_add(1))).max(1);
     let node_of = |cap: u32| -> Option<u32> {
         match rule {
             Some("--numa") if !topology.nodes.is_empty() => Some(topology.nodes[cap as usize % topology.nodes.len()].id),
             Some("-qa") => {
-                let nodes: BTreeSet<usize> = (cap..online).step_by(count as usize).filter_map(|cpu| topology.index_of_cpu(cpu)).collect();
+                // The CPUs listed, not every number up to the highest (a
+                // corrupt topology may name CPU 2^32 - 1).
+                let nodes: BTreeSet<usize> = topology.nodes.iter().enumerate().filter(|(_, n)| n.cpus.iter().any(|&cpu| cpu >= cap && (cpu - cap) % count == 0)).map(|(i, _)| i).collect();
                 (nodes.len() == 1).then(|| topology.nodes[*nodes.first().unwrap()].id)
             }
             _ => None,
@@ -440,7 +441,7 @@ pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], timeline: &[crate
                 if generation >= copied.len() {
                     copied.resize(generation + 1, 0);
                 }
-                copied[generation] += point.copied_bytes;
+                copied[generation] = copied[generation].saturating_add(point.copied_bytes);
             }
             GhcCapabilityGcs { capability: c.capability, node: c.capability.and_then(node_of), gcs_by_generation: c.by_generation.clone(), copied_bytes_by_generation: copied }
         })
@@ -728,7 +729,7 @@ fn resident_by_node_in(topology: &Topology, placement: &Placement, range: std::o
     for m in placement.mappings.iter().filter(|m| range.contains(&m.start)) {
         for &(status, pages) in &m.runs {
             if let Some(i) = u32::try_from(status).ok().and_then(|id| topology.index_of_node(id)) {
-                out[i] += pages * placement.page_size;
+                out[i] = out[i].saturating_add(pages.saturating_mul(placement.page_size));
             }
         }
     }
