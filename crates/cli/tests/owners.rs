@@ -8,8 +8,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -20,30 +19,6 @@ const HOLD: &str = "2";
 
 fn u(value: &Value, key: &str) -> u64 {
     value[key].as_u64().unwrap_or_else(|| panic!("no {key} in {value:#}"))
-}
-
-/// VmRSS of `cmd` over the last quarter of its run (the median of samples
-/// every 10 ms), when the program holds still.
-fn holding_rss(cmd: &[String], env: &[(String, String)]) -> u64 {
-    let mut command = Command::new(&cmd[0]);
-    command.args(&cmd[1..]).env_remove("LD_PRELOAD").stdout(Stdio::null()).stderr(Stdio::null());
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let mut child = command.spawn().expect("start the program");
-    let mut samples = Vec::new();
-    while child.try_wait().expect("wait for the program").is_none() {
-        // A zombie has no VmRSS line.
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-        if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()) {
-            samples.push(kib << 10);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut tail = samples.split_off(samples.len() * 3 / 4);
-    assert!(!tail.is_empty(), "no RSS sample of {cmd:?}");
-    tail.sort_unstable();
-    tail[tail.len() / 2]
 }
 
 /// `base` with `extra` laid over it; LD_PRELOAD lists are joined, and a

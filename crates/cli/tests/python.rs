@@ -146,30 +146,6 @@ fn multiprocessing_children_are_traced_with_their_layer() {
     assert_eq!(layered, 2, "a fork child and a spawned child, each with its snapshot: {:?}", traces_in(&dir));
 }
 
-/// VmRSS of `cmd` over the last quarter of its run (the median of samples
-/// every 10 ms), while the program holds still.
-fn holding_rss(cmd: &[&str], env: &[(String, String)]) -> u64 {
-    use std::process::{Command, Stdio};
-    let mut command = Command::new(cmd[0]);
-    command.args(&cmd[1..]).env_remove("LD_PRELOAD").stdout(Stdio::null()).stderr(Stdio::null());
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let mut child = command.spawn().expect("start the program");
-    let mut samples = Vec::new();
-    while child.try_wait().expect("wait for the program").is_none() {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-        if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()) {
-            samples.push(kib << 10);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let mut tail = samples.split_off(samples.len() * 3 / 4);
-    assert!(!tail.is_empty(), "no RSS sample of {cmd:?}");
-    tail.sort_unstable();
-    tail[tail.len() / 2]
-}
-
 /// A few survivors per arena: pymalloc keeps every arena whole (its empty
 /// pools too); the ledger says so and its first remedy that needs no code
 /// change, run on the same program, lowers the RSS measured from outside.

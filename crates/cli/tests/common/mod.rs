@@ -294,3 +294,28 @@ pub fn assert_one_line_failure(out: &Output) -> String {
     assert!(out.stdout.is_empty(), "printed on stdout: {}", text(&out.stdout));
     stderr.trim().to_string()
 }
+
+/// VmRSS of `cmd` (run without memgap, with `env` added) over the last
+/// quarter of its run: the median of samples every 10 ms, while the program
+/// holds still.
+pub fn holding_rss<S: AsRef<OsStr> + std::fmt::Debug>(cmd: &[S], env: &[(String, String)]) -> u64 {
+    let mut command = Command::new(&cmd[0]);
+    command.args(&cmd[1..]).env_remove("LD_PRELOAD").stdout(Stdio::null()).stderr(Stdio::null());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("start the program");
+    let mut samples = Vec::new();
+    while child.try_wait().expect("wait for the program").is_none() {
+        // A zombie has no VmRSS line.
+        let status = fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+        if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()) {
+            samples.push(kib << 10);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let mut tail = samples.split_off(samples.len() * 3 / 4);
+    assert!(!tail.is_empty(), "no RSS sample of {cmd:?}");
+    tail.sort_unstable();
+    tail[tail.len() / 2]
+}
