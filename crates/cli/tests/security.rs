@@ -5,8 +5,8 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
 use common::*;
 
@@ -137,37 +137,48 @@ fn trim_with_cap_sys_ptrace_still_refuses_another_users_process() {
 /// directory such as /tmp, at every name memgap would use, pointing at a
 /// file of root's; root then runs memgap there. Nothing outside the run
 /// changes, and a taken name stops memgap in one line with exit status 1.
-#[test]
-fn symlinks_planted_by_another_user_in_a_sticky_directory() {
+/// A world-writable sticky directory (`shared`, inside `base`) where another
+/// user, made for the test, planted a symlink at each of `names`, all to
+/// `victim`, a file of ours outside it that says "precious". None when this
+/// is not root (said why).
+fn symlinks_planted_by_another_user(base: &Path, names: &[String]) -> Option<(PathBuf, PathBuf)> {
     if proc_status(std::process::id(), "Uid").and_then(|u| u.split_whitespace().next().map(str::to_string)).as_deref() != Some("0") {
         eprintln!("not root: cannot create another user to plant symlinks; skipped");
-        return;
+        return None;
     }
-    let user = format!("mgatk{}", std::process::id() % 100_000);
+    // Tests of this file run at once: one user each.
+    static USERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let user = format!("mgatk{}x{}", std::process::id() % 100_000, USERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let made = output_of(&mut command("useradd", ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &user]));
     if !made.status.success() {
         eprintln!("useradd failed ({}); skipped", text(&made.stderr).trim());
-        return;
+        return None;
     }
     let uid = output_of(&mut command("id", ["-u", &user]));
     let uid = text(&uid.stdout).trim().to_string();
-    let (_tmp, base) = tempdir();
-    fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(base, fs::Permissions::from_mode(0o755)).unwrap();
     let shared = base.join("shared");
     fs::create_dir(&shared).unwrap();
     fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
     let victim = base.join("root-owned");
     fs::write(&victim, b"precious").unwrap();
-    let prog = compile(&base, "fork_exec.c");
-    let made_by_program = base.join("ran");
-    let first_pid = fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(1000);
-    // As the other user: a symlink at every name memgap would use.
-    let mut names: Vec<String> = ["t.mgt", "u.html", "v.mgt.snap", "planted.html", "planted.pb.gz", "planted.folded", "planted.svg", "v.partial", "v.html.partial"].map(String::from).to_vec();
-    names.extend((first_pid..first_pid + 3000).map(|pid| format!("v.{pid}.mgt")));
     let script = format!("for n in {}; do ln -s '{}' \"$n\" || exit 1; done", names.join(" "), victim.display());
     let planted = output_of(command("setpriv", [format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "sh".into(), "-c".into(), script]).current_dir(&shared));
     let _ = output_of(&mut command("userdel", [&user]));
     assert!(planted.status.success(), "{}", text(&planted.stderr));
+    Some((shared, victim))
+}
+
+#[test]
+fn symlinks_planted_by_another_user_in_a_sticky_directory() {
+    let (_tmp, base) = tempdir();
+    let first_pid = fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(1000);
+    // As the other user: a symlink at every name memgap would use.
+    let mut names: Vec<String> = ["t.mgt", "u.html", "v.mgt.snap", "planted.html", "planted.pb.gz", "planted.folded", "planted.svg", "v.partial", "v.html.partial"].map(String::from).to_vec();
+    names.extend((first_pid..first_pid + 3000).map(|pid| format!("v.{pid}.mgt")));
+    let Some((shared, victim)) = symlinks_planted_by_another_user(&base, &names) else { return };
+    let prog = compile(&base, "fork_exec.c");
+    let made_by_program = base.join("ran");
 
     // The trace's name is taken: refused before the program runs.
     let run_then_touch = format!("touch '{}'", made_by_program.display());
@@ -193,4 +204,46 @@ fn symlinks_planted_by_another_user_in_a_sticky_directory() {
     let mut outside: Vec<String> = fs::read_dir(&base).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     outside.sort();
     assert_eq!(outside, ["fork_exec", "root-owned", "shared"], "files outside the shared directory");
+}
+
+/// A GHC program's eventlog: the RTS opens whatever name it is given with
+/// fopen, following symlinks, so memgap hands it a name in a private
+/// directory of its own; the eventlog kept beside the trace is created as
+/// every trace is. Another user's symlinks at each name either could take
+/// (the kept eventlog, and the RTS's own default and per-pid names) change
+/// nothing outside the run.
+#[test]
+fn a_ghc_run_beside_symlinks_planted_by_another_user() {
+    if command("ghc", ["--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        assert!(std::env::var_os("CI").is_none(), "ghc is not installed (apt-get install ghc)");
+        eprintln!("ghc is not installed: skipped");
+        return;
+    }
+    let (_tmp, base) = tempdir();
+    let first_pid = fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(1000);
+    let mut names: Vec<String> = ["g.eventlog", "pinned.eventlog", "h.mgt.partial"].map(String::from).to_vec();
+    names.extend((first_pid..first_pid + 2000).flat_map(|pid| [format!("h.{pid}.ghc.eventlog"), format!("h.{pid}.mgt")]));
+    let Some((shared, victim)) = symlinks_planted_by_another_user(&base, &names) else { return };
+    let exe = base.join("pinned");
+    let out = output_of(command("ghc", ["-O", "-rtsopts", "-eventlog", "-outputdir"]).arg(base.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/pinned.hs")));
+    assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
+
+    // The kept eventlog's name is taken: refused before the program starts.
+    let line = assert_one_line_failure(&memgap(&shared, &["run", "-o", "g.mgt", "--", arg(&exe), "strip", "20000"]));
+    assert!(line.contains("g.eventlog") && line.contains("symlink"), "{line}");
+    assert!(!shared.join("g.mgt").exists());
+    // Free names: the run records the GHC heap, and its files are ours and private.
+    let out = under_umask_000(|| memgap(&shared, &["run", "-o", "h.mgt", "--", arg(&exe), "strip", "20000"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for name in ["h.mgt", "h.eventlog"] {
+        let path = shared.join(name);
+        let meta = fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(meta.file_type().is_file() && meta.uid() == 0, "{name}");
+        assert_eq!(mode(&path), 0o600, "{name}");
+    }
+    let ledger = memgap(&shared, &["ledger", "h.mgt", "--json"]);
+    assert!(ledger.status.success(), "{}", text(&ledger.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&ledger.stdout).unwrap();
+    assert!(json["ghc"]["timeline"].as_array().is_some_and(|t| !t.is_empty()), "{}", json["ghc"]);
+    assert_eq!(fs::read(&victim).unwrap(), b"precious", "a file outside the run changed");
 }
