@@ -131,3 +131,25 @@ fn descendants_without_the_agent_are_named_in_one_line_each() {
     let traced = dir.join(format!("t.{}.mgt", pids[2]));
     assert!(number(&summary_json(&traced), "peak_live_bytes") >= 8 << 20, "{}", traced.display());
 }
+
+/// `sh -c 'PROG; echo done'`: the closing verdict is about PROG, the
+/// traced process with the largest gap, and a short table names the others.
+#[test]
+fn a_wrapping_shell_gets_the_inner_programs_verdict() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "frees_at.c");
+    let script = format!("{} 100 300; echo done", arg(&prog));
+    let out = memgap(&dir, &["run", "-o", "t.mgt", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let inner: Vec<String> = traces_in(&dir).into_iter().filter(|name| name != "t.mgt").collect();
+    assert_eq!(inner.len(), 1, "{inner:?}");
+    let inner_trace = dir.join(&inner[0]);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with(&format!("memgap: {} — ", inner_trace.display())), "the verdict is not about the program:\n{stderr}");
+    let chosen = stderr.lines().find(|l| l.starts_with("memgap: > ")).unwrap_or_else(|| panic!("no table:\n{stderr}"));
+    assert!(chosen.contains(&inner[0]) && chosen.contains("frees_at 100 300"), "{chosen}");
+    assert!(stderr.lines().any(|l| l.starts_with("memgap:   ") && l.contains("(t.mgt)") && l.contains("sh -c")), "the shell is listed:\n{stderr}");
+    assert!(stderr.contains("retained") || stderr.contains("fragmented"), "the program's gap is explained:\n{stderr}");
+    assert!(stderr.trim_end().ends_with(&format!("details: memgap ledger|blame|map|report {}", inner_trace.display())), "{stderr}");
+}

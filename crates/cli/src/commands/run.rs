@@ -342,7 +342,6 @@ fn child_started(pid: u32) {
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
-    let mut at_moment = None;
     if !recorded {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
@@ -359,40 +358,83 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
                 trace.display()
             );
         }
-    } else {
-        match memgap_model::closing(trace) {
-            Ok(memgap_model::Closing { summary: s, moment, end }) => {
-                eprintln!(
-                    "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
-                    trace.display(),
-                    memgap_views::format::count(s.total_events),
-                    bytes(s.peak_live_bytes),
-                    bytes(s.peak_rss_bytes),
-                    bytes(s.live_bytes_at_end),
-                    if s.truncated { " (cut short)" } else { "" }
-                );
-                if s.dropped_events > 0 {
-                    eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough, or signal handlers interrupted memgap's hooks too often", memgap_views::format::count(s.dropped_events));
-                }
-                at_moment = moment.map(|moment| (moment, end));
-            }
-            Err(error) => eprintln!("memgap: {}: {error}", trace.display()),
-        }
     }
     let others = sibling_traces(pattern, run_id, trace);
-    if !others.is_empty() {
-        let names: Vec<String> = others.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-        eprintln!("memgap: {} more from processes it started: {}", others.len(), names.join(", "));
+    if !recorded && others.is_empty() {
+        return;
     }
-    if recorded {
-        if let Some((ledger, end)) = at_moment {
-            eprint!("{}", memgap_views::ledger::brief(&ledger));
-            if let Some(end) = end {
-                eprint!("{}", memgap_views::ledger::end_state(&end));
-            }
+    // Each process's closing, the top one's first; of a large tree, the
+    // processes with the largest traces only (a replay each).
+    const WEIGHED: usize = 32;
+    let mut by_size: Vec<&PathBuf> = others.iter().collect();
+    by_size.sort_by_key(|path| std::cmp::Reverse(std::fs::metadata(path).map_or(0, |m| m.len())));
+    let unweighed = by_size.len().saturating_sub(WEIGHED);
+    by_size.truncate(WEIGHED);
+    let mut closings: Vec<(PathBuf, memgap_model::Closing)> = Vec::new();
+    for path in std::iter::once(trace).filter(|_| recorded).chain(by_size.into_iter().map(PathBuf::as_path)) {
+        match memgap_model::closing(path) {
+            Ok(closing) => closings.push((path.to_path_buf(), closing)),
+            Err(error) => eprintln!("memgap: {}: {error}", path.display()),
         }
-        eprintln!("memgap: details: memgap ledger|blame|map|report {}", trace.display());
     }
+    let gap = |closing: &memgap_model::Closing| closing.moment.as_ref().map_or(0, memgap_model::gap_bytes);
+    // The verdict is about the process with the most to explain (the top one on a tie).
+    let Some(chosen) = closings.iter().enumerate().max_by_key(|(i, (_, c))| (gap(c), std::cmp::Reverse(*i))).map(|(i, _)| i) else { return };
+    let (chosen_trace, closing) = &closings[chosen];
+    let s = &closing.summary;
+    eprintln!(
+        "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
+        chosen_trace.display(),
+        memgap_views::format::count(s.total_events),
+        bytes(s.peak_live_bytes),
+        bytes(s.peak_rss_bytes),
+        bytes(s.live_bytes_at_end),
+        if s.truncated { " (cut short)" } else { "" }
+    );
+    if s.dropped_events > 0 {
+        eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough, or signal handlers interrupted memgap's hooks too often", memgap_views::format::count(s.dropped_events));
+    }
+    if closings.len() > 1 {
+        eprintln!("memgap: {} traced processes; the verdict is about the one with the largest gap between RSS and its live heap:", closings.len() + unweighed);
+        eprintln!("memgap:   {:>8} {:>10} {:>10}  command (trace)", "pid", "peak RSS", "gap");
+        let mut order: Vec<usize> = (0..closings.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(gap(&closings[i].1)));
+        const LISTED: usize = 8;
+        for &i in order.iter().take(LISTED) {
+            let (path, c) = &closings[i];
+            let command = if c.summary.argv.is_empty() { c.summary.command.clone() } else { c.summary.argv.join(" ") };
+            eprintln!(
+                "memgap: {} {:>8} {:>10} {:>10}  {} ({})",
+                if i == chosen { ">" } else { " " },
+                c.summary.pid,
+                bytes(c.summary.peak_rss_bytes),
+                bytes(gap(c)),
+                cut(&command, 60),
+                path.file_name().unwrap_or_default().to_string_lossy()
+            );
+        }
+        let unlisted = closings.len().saturating_sub(LISTED) + unweighed;
+        if unlisted > 0 {
+            eprintln!("memgap:   … and {unlisted} more (memgap summary TRACE for each)");
+        }
+    }
+    if let Some(ledger) = &closing.moment {
+        eprint!("{}", memgap_views::ledger::brief(ledger));
+        if let Some(end) = &closing.end {
+            eprint!("{}", memgap_views::ledger::end_state(end));
+        }
+    }
+    eprintln!("memgap: details: memgap ledger|blame|map|report {}", chosen_trace.display());
+}
+
+/// `text` cut to `width` characters, an ellipsis marking the cut.
+fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut short: String = text.chars().take(width.saturating_sub(1)).collect();
+    short.push('…');
+    short
 }
 
 /// Traces of this run other than the top process's, found by run id.
