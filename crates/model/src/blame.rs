@@ -495,5 +495,49 @@ fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEnt
 }
 
 pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
-    ALLOCATOR_MODULES.iter().any(|m| frame.module.contains(m)) || frame.function.as_deref().is_some_and(|f| skip.iter().any(|prefix| f.starts_with(prefix)))
+    ALLOCATOR_MODULES.iter().any(|m| frame.module.contains(m))
+        || frame.function.as_deref().map(without_return_type).is_some_and(|f| skip.iter().any(|prefix| f.starts_with(prefix)))
+}
+
+/// A demangled C++ function template's name starts with its return type
+/// ("void std::vector<int>::_M_realloc_insert<int>(…)", "std::string
+/// make_name(int)"): the name proper follows the last space outside angle
+/// brackets before the argument list. Operators keep their whole name.
+fn without_return_type(function: &str) -> &str {
+    if function.contains("operator") {
+        return function;
+    }
+    let mut depth = 0i32;
+    let mut last_space = None;
+    for (i, c) in function.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            '(' if depth == 0 => break,
+            ' ' if depth == 0 => last_space = Some(i),
+            _ => {}
+        }
+    }
+    last_space.map_or(function, |i| &function[i + 1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_return_type_before_a_template_name_is_looked_past() {
+        let frame = |f: &str| Frame { function: Some(f.into()), file: None, line: None, module: "/usr/bin/prog".into(), module_offset: 0, inlined: false, address: 0 };
+        for library in [
+            "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>(__gnu_cxx::__normal_iterator<int*, std::vector<int> >, int const&)",
+            "void std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_construct<char const*>(char const*, char const*, std::forward_iterator_tag)",
+            "operator new(unsigned long)",
+            "std::vector<int, std::allocator<int> >::push_back(int const&)",
+        ] {
+            assert!(is_allocator_frame(&frame(library), ALLOCATOR_FUNCTIONS), "{library}");
+        }
+        for program in ["std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > make_name(int)", "main", "(anonymous namespace)::build(int)", "unsigned long table::grow(unsigned long)", "cache::operator[](int)"] {
+            assert!(!is_allocator_frame(&frame(program), ALLOCATOR_FUNCTIONS), "{program}");
+        }
+    }
 }
