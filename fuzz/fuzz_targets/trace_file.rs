@@ -11,6 +11,7 @@
 use std::io::Write;
 
 use libfuzzer_sys::fuzz_target;
+use memgap_model::blame::DEFAULT_TEMPORARY_MS;
 use memgap_model::{At, BlameOptions, BlameOrder};
 use memgap_trace::framing::{FileHeader, encode_chunk};
 
@@ -41,12 +42,14 @@ fuzz_target!(|data: &[u8]| {
     let path = std::env::temp_dir().join(format!("memgap-fuzz-{}.mgt", std::process::id()));
     std::fs::File::create(&path).and_then(|mut f| f.write_all(&file)).expect("write the input to a temporary file");
     let _ = memgap_model::Summary::of_trace(&path);
-    for at in [At::Peak, At::End] {
+    for at in [At::Gap, At::Peak, At::End] {
         let _ = memgap_model::ledger_at(&path, at, true);
     }
     let _ = memgap_model::timeline(&path);
-    let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: 10, per_stack: true, skip: Vec::new() };
-    let _ = memgap_model::blame(&path, &options);
-    let _ = memgap_model::report::report(&path);
+    for order in [BlameOrder::Fragmentation, BlameOrder::Temporary] {
+        let options = BlameOptions { at: At::Gap, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: DEFAULT_TEMPORARY_MS };
+        let _ = memgap_model::blame(&path, &options);
+    }
+    let _ = memgap_model::report::report(&path, At::Gap);
     let _ = std::fs::remove_file(&path);
 });

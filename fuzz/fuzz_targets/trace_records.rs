@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use memgap_model::numa::NumaOptions;
+use memgap_model::blame::DEFAULT_TEMPORARY_MS;
 use memgap_model::{At, BlameOptions, BlameOrder};
 use memgap_trace::TraceWriter;
 use memgap_trace::event::{Event, EventKind, encode_all};
@@ -61,13 +62,13 @@ fuzz_target!(|choices: &[u8]| {
     let path = private_dir().join("input.mgt");
     std::fs::write(&path, &file).expect("write the input to a temporary file");
     let _ = memgap_model::Summary::of_trace(&path);
-    for at in [At::Peak, At::End, At::Seconds(0.0)] {
+    for at in [At::Gap, At::Peak, At::End, At::Seconds(0.0)] {
         let _ = memgap_model::ledger_at(&path, at, true);
     }
     let _ = memgap_model::timeline(&path);
-    for order in [BlameOrder::Fragmentation, BlameOrder::Live, BlameOrder::Leaked] {
-        let _ = memgap_model::blame(&path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new() });
+    for order in [BlameOrder::Fragmentation, BlameOrder::Live, BlameOrder::Leaked, BlameOrder::Allocated, BlameOrder::Temporary] {
+        let _ = memgap_model::blame(&path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: DEFAULT_TEMPORARY_MS });
     }
-    let _ = memgap_model::report::report(&path);
+    let _ = memgap_model::report::report(&path, At::Gap);
     let _ = memgap_model::numa::numa(&path, &NumaOptions { at: At::Peak, machine_topology: None, top: 10 });
 });
