@@ -276,6 +276,12 @@ pub fn append_chunk(path: &Path, raw: &[u8]) -> Result<bool, TraceError> {
 
 /// [`append_chunk`] on an open file (`path` only names it in errors).
 pub fn append_chunk_to(file: &mut File, path: &Path, raw: &[u8]) -> Result<bool, TraceError> {
+    append_chunks_to(file, path, std::iter::once(raw))
+}
+
+/// Appends several chunks to an open trace, walking its chunk headers once
+/// (see [`append_chunk`]). Returns whether a partial chunk was cut.
+pub fn append_chunks_to<'a>(file: &mut File, path: &Path, raws: impl IntoIterator<Item = &'a [u8]>) -> Result<bool, TraceError> {
     let io_err = |e: io::Error| TraceError::Io { path: path.to_path_buf(), source: e };
     if !file.metadata().map_err(io_err)?.file_type().is_file() {
         return Err(TraceError::NotATrace);
@@ -298,10 +304,12 @@ pub fn append_chunk_to(file: &mut File, path: &Path, raw: &[u8]) -> Result<bool,
     if cut {
         file.set_len(end as u64).map_err(io_err)?;
     }
-    let mut chunk = Vec::new();
-    encode_chunk(raw, &mut chunk);
     file.seek(SeekFrom::Start(end as u64)).map_err(io_err)?;
-    file.write_all(&chunk).map_err(io_err)?;
+    let mut chunk = Vec::new();
+    for raw in raws {
+        encode_chunk(raw, &mut chunk);
+        file.write_all(&chunk).map_err(io_err)?;
+    }
     Ok(cut)
 }
 

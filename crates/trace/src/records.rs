@@ -306,6 +306,26 @@ pub enum Record<'a> {
     Unknown { tag: u8 },
 }
 
+/// Raw chunk bytes held before a new chunk starts (a chunk holds at most 16 MiB).
+const APPENDED_CHUNK_BYTES: usize = 1 << 20;
+
+/// Appends records to an existing trace (the samples and metrics memgap adds
+/// after a run), in chunks of about 1 MiB; see [`crate::framing::append_chunk`].
+pub fn append_records_to<'a>(file: &mut std::fs::File, path: &std::path::Path, records: impl IntoIterator<Item = Record<'a>>) -> Result<(), crate::TraceError> {
+    let mut chunks = vec![Vec::new()];
+    for record in records {
+        if chunks.last().is_some_and(|raw| raw.len() >= APPENDED_CHUNK_BYTES) {
+            chunks.push(Vec::new());
+        }
+        record.encode(chunks.last_mut().expect("one chunk at least"));
+    }
+    chunks.retain(|raw| !raw.is_empty());
+    if !chunks.is_empty() {
+        crate::framing::append_chunks_to(file, path, chunks.iter().map(Vec::as_slice))?;
+    }
+    Ok(())
+}
+
 fn frame(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
     out.push(tag);
     varint::push_bytes(out, body);
@@ -662,6 +682,35 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn appended_records_are_read_back_in_chunks_of_about_a_mebibyte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.mgt");
+        std::fs::write(&path, crate::framing::FileHeader::new(7).encode()).unwrap();
+        let note = |i: u64| Record::Note { time: i, text: format!("{i:01000}") };
+        let mut file = std::fs::File::options().read(true).write(true).open(&path).unwrap();
+        append_records_to(&mut file, &path, (0..3000).map(note)).unwrap();
+        append_records_to(&mut file, &path, std::iter::empty()).unwrap();
+        append_records_to(&mut file, &path, [note(3000)]).unwrap();
+        let (mut chunks, mut times) = (0, Vec::new());
+        crate::TraceFile::open(&path)
+            .unwrap()
+            .for_each_chunk(|_, raw| {
+                chunks += 1;
+                assert!(raw.len() < APPENDED_CHUNK_BYTES + 2048);
+                times.extend(Records::new(raw).map(|r| match r.unwrap() {
+                    Record::Note { time, .. } => time,
+                    other => panic!("{other:?}"),
+                }));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(times, (0..=3000).collect::<Vec<_>>());
+        assert_eq!(chunks, 4);
+    }
+
     #[test]
     fn resident_pages_of_a_range_past_the_bitmap() {
         let bitmap = Residency::Bitmap(vec![0b1010_0101, 0b0000_0001]);
@@ -676,8 +725,6 @@ mod tests {
         assert_eq!(Residency::None.resident_runs(0..1 << 40), vec![]);
         assert_eq!(Residency::Unknown.resident_in(0..9), 0);
     }
-
-    use super::*;
 
     #[test]
     fn every_record_round_trips() {

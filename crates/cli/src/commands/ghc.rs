@@ -14,7 +14,6 @@ use anyhow::{Context, bail};
 use memgap_model::ghc::{GhcInput, report};
 use memgap_source_ghc::{detect, eventlog, metrics, rts_text};
 use memgap_trace::files::{self, PrivateDir};
-use memgap_trace::framing;
 use memgap_trace::records::{Metrics, Record, Records};
 
 use crate::output;
@@ -251,21 +250,12 @@ fn process_start(trace: &Path) -> Option<(u64, u64)> {
     found
 }
 
-/// Appends records to the top trace in chunks of about 1 MiB (a chunk holds
-/// at most 16 MiB).
+/// Appends records to the top trace.
 fn append(traces: &RunTraces, records: &[Metrics]) -> Result<(), String> {
     let Some((path, mut file)) = traces.open(traces.top_pid) else {
         return Err("not a trace this run wrote".into());
     };
-    let mut raw = Vec::new();
-    for (i, metrics) in records.iter().enumerate() {
-        Record::Metrics(metrics.clone()).encode(&mut raw);
-        if raw.len() >= 1 << 20 || i + 1 == records.len() {
-            framing::append_chunk_to(&mut file, &path, &raw).map_err(|e| e.to_string())?;
-            raw.clear();
-        }
-    }
-    Ok(())
+    memgap_trace::records::append_records_to(&mut file, &path, records.iter().cloned().map(Record::Metrics)).map_err(|e| e.to_string())
 }
 
 /// An eventlog's bytes: a regular file only (a FIFO or a device would

@@ -16,12 +16,11 @@ use memgap_views::format::bytes;
 use crate::agent;
 
 mod go;
-mod node;
 mod numa;
 mod placement;
 mod python;
 mod recorder;
-mod ruby;
+mod samplers;
 mod traces;
 mod untraced;
 
@@ -120,8 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
-    let ruby = if args.trim_only { None } else { ruby::RubySampler::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
-    let node = if args.trim_only { None } else { node::NodeSampler::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
+    let samplers = if args.trim_only { Vec::new() } else { samplers::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
 
     let sampling = match args.numa && !args.trim_only {
         true => Some(numa::prepare(&mut command).context("cannot prepare NUMA sampling")?),
@@ -200,12 +198,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for process in untraced.iter().filter(|_| !args.quiet) {
         eprintln!("memgap: not traced: process {} ({}) ran without memgap's agent: {}", process.pid, process.command, process.why);
     }
-    if let Some(ruby) = ruby {
-        ruby.finish(&traces);
-    }
-    if let Some(node) = node {
-        node.finish(&traces);
-    }
+    samplers::finish(samplers, &traces);
     let recorded = traces.open(top_pid).is_some();
     let samples = sampling.map(numa::Sampling::finish);
     if recorded {

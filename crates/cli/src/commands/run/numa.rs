@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use memgap_source_numa::sampling::{PMU_DEVICES, Sampler, probe_precise};
-use memgap_trace::framing;
 use memgap_trace::numa::MemorySamples;
 use memgap_trace::records::Record;
 
@@ -143,8 +142,8 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::tra
         if pieces.is_empty() {
             pieces.push(&[]);
         }
-        for (i, piece) in pieces.into_iter().enumerate() {
-            let record = MemorySamples {
+        let records = pieces.into_iter().enumerate().map(|(i, piece)| {
+            Record::MemorySamples(MemorySamples {
                 source: batch.source.clone(),
                 precise_unavailable: batch.precise_unavailable.clone(),
                 period: batch.period,
@@ -153,13 +152,10 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::tra
                 // The kernel's count of lost samples is for the whole run: told once, in the top trace.
                 lost: if i == 0 && pid == top_pid { batch.lost } else { 0 },
                 samples: piece.to_vec(),
-            };
-            let mut raw = Vec::new();
-            Record::MemorySamples(record).encode(&mut raw);
-            if let Err(error) = framing::append_chunk_to(&mut file, &path, &raw) {
-                eprintln!("memgap: cannot add NUMA samples to {}: {error}", path.display());
-                break;
-            }
+            })
+        });
+        if let Err(error) = memgap_trace::records::append_records_to(&mut file, &path, records) {
+            eprintln!("memgap: cannot add NUMA samples to {}: {error}", path.display());
         }
     }
 }
