@@ -96,3 +96,45 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command and every argument, positional ones included, says what
+    /// it is in `--help` (and so in the man pages and completions).
+    #[test]
+    fn every_command_and_argument_has_a_help_text() {
+        let mut missing = Vec::new();
+        let mut command = Cli::command();
+        command.build();
+        collect_missing_help(&command, "memgap", &mut missing);
+        assert!(missing.is_empty(), "without a help text:\n{}", missing.join("\n"));
+    }
+
+    fn collect_missing_help(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        if command.get_about().is_none() && command.get_long_about().is_none() {
+            missing.push(format!("{path} (the command itself)"));
+        }
+        for argument in command.get_arguments() {
+            let id = argument.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if argument.get_help().is_none() && argument.get_long_help().is_none() {
+                let shown = match (argument.get_long(), argument.get_short()) {
+                    (Some(long), _) => format!("--{long}"),
+                    (None, Some(short)) => format!("-{short}"),
+                    (None, None) => format!("<{}>", argument.get_value_names().and_then(|names| names.first()).map_or(id.to_uppercase(), |name| name.to_string())),
+                };
+                missing.push(format!("{path} {shown}"));
+            }
+        }
+        for subcommand in command.get_subcommands() {
+            if subcommand.get_name() == "help" {
+                continue;
+            }
+            collect_missing_help(subcommand, &format!("{path} {}", subcommand.get_name()), missing);
+        }
+    }
+}

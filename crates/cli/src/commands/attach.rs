@@ -37,6 +37,7 @@ pub struct Args {
     /// Trace file [default: memgap-attach.<pid or port>.mgt].
     #[arg(short, long, value_name = "TRACE")]
     output: Option<PathBuf>,
+    /// No closing summary on stderr (errors are still printed).
     #[arg(short, long)]
     quiet: bool,
 }

@@ -15,6 +15,7 @@ use crate::output;
 /// free soonest (--by temporary).
 #[derive(clap::Args)]
 pub struct Args {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,
@@ -26,7 +27,8 @@ pub struct Args {
     /// An allocation freed within this many milliseconds is temporary.
     #[arg(long, value_name = "MS", default_value_t = memgap_model::blame::DEFAULT_TEMPORARY_MS)]
     temporary_ms: u64,
-    #[arg(long, default_value_t = 20)]
+    /// How many sites (or stacks) to list.
+    #[arg(long, value_name = "N", default_value_t = 20)]
     top: usize,
     /// One entry per full call stack instead of per allocation site.
     #[arg(long)]
@@ -35,6 +37,7 @@ pub struct Args {
     /// (besides malloc, operator new and friends); repeatable.
     #[arg(long, value_name = "PREFIX")]
     skip: Vec<String>,
+    /// Print the entries as a JSON list instead of a table.
     #[arg(long)]
     json: bool,
 }

@@ -14,6 +14,7 @@ use super::blame::options;
 /// temporary part), as a pprof profile (`go tool pprof`) or folded stacks.
 #[derive(clap::Args)]
 pub struct ExportArgs {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,
@@ -23,20 +24,25 @@ pub struct ExportArgs {
     /// Write collapsed stacks ("a;b;c bytes") here.
     #[arg(long, value_name = "FILE")]
     folded: Option<PathBuf>,
-    /// The value of the folded stacks.
-    #[arg(long, default_value = "fragmentation")]
+    /// The value of the folded stacks: fragmentation, live or leaked bytes at
+    /// the snapshot, or over the whole run bytes allocated or temporary.
+    #[arg(long, default_value = "fragmentation", value_name = "fragmentation|live|leaked|allocated|temporary")]
     by: BlameOrder,
 }
 
 /// A flame graph (SVG) of call stacks weighted by fragmentation, live or leaked bytes.
 #[derive(clap::Args)]
 pub struct FlamegraphArgs {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
+    /// Where to write the SVG.
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     #[command(flatten)]
     at: super::AtArg,
-    #[arg(long, default_value = "fragmentation")]
+    /// The weight of each stack: fragmentation, live or leaked bytes at the
+    /// snapshot, or over the whole run bytes allocated or temporary.
+    #[arg(long, default_value = "fragmentation", value_name = "fragmentation|live|leaked|allocated|temporary")]
     by: BlameOrder,
 }
 

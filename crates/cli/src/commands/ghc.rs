@@ -24,12 +24,15 @@ use super::run::RunTraces;
 /// capability, and whether pinned blocks fragment the heap.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The eventlog a GHC program wrote with `+RTS -l` (a cut one is read up
+    /// to its last complete event).
     eventlog: PathBuf,
     /// RSS samples of the same run: one line per sample, `SECONDS BYTES
     /// [LAZYFREE_BYTES]`, seconds since the program started (`#` starts a
     /// comment), e.g. from a loop reading VmRSS in /proc/PID/status.
     #[arg(long, value_name = "RSS-SAMPLES")]
     rss: Option<PathBuf>,
+    /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
 }

@@ -11,9 +11,11 @@ use crate::output;
 /// fragmented, retained, lazy_free, runtime, other), with a verdict.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,
+    /// Print JSON (stable keys, listed in the README) instead of tables.
     #[arg(long)]
     json: bool,
     /// Also list every mapping and the row its bytes went to.

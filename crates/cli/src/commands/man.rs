@@ -26,6 +26,7 @@ pub struct ManArgs {
 /// fish: `~/.config/fish/completions/memgap.fish`.
 #[derive(clap::Args)]
 pub struct CompletionsArgs {
+    /// The shell to print the script for.
     #[arg(value_enum)]
     shell: clap_complete::Shell,
 }

@@ -12,6 +12,7 @@ use crate::output;
 /// blocks (and how full they are), which are free but kept, which are released.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,

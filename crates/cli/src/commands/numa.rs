@@ -27,6 +27,7 @@ pub struct Args {
     /// Allocation sites listed with remote bytes.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// Print JSON (stable keys, listed in the README) instead of tables.
     #[arg(long)]
     json: bool,
 }

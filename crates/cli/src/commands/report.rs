@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 /// blame and a flame graph.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
     /// Where to write it [default: the trace's name with .html].
     #[arg(short, long, value_name = "FILE")]

@@ -16,6 +16,7 @@ use memgap_trace::shared::{self, Area};
 /// Take a snapshot of a process being recorded by `memgap run`, now.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The process: one `memgap run` records (a child it follows too).
     pid: u32,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 10.0)]

@@ -12,6 +12,7 @@ use crate::output;
 pub struct Args {
     /// The process (as root, any process, also one in a container, by its host pid).
     pid: u32,
+    /// Print JSON (stable keys, listed in the README) instead of tables.
     #[arg(long)]
     json: bool,
     /// Also list every mapping and its group.

@@ -13,7 +13,9 @@ use crate::output;
 /// only one of its threads is held, for the length of the call.
 #[derive(clap::Args)]
 pub struct Args {
+    /// The process (glibc's malloc, x86-64; your own, or any as root).
     pid: u32,
+    /// Print the measurement as JSON instead of text.
     #[arg(long)]
     json: bool,
     /// Make the call on this thread (default: the first one found outside the allocator).
