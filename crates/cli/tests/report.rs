@@ -132,6 +132,7 @@ fn every_panel_is_filled_and_drawn_in_chromium() {
     }
     assert!(dom.contains("fragmentation"), "the verdict names the dominant row");
     assert!(dom.contains("site_sparse") && dom.contains("site_dense"), "blame lists culprit.c's sites");
+    assert!(dom.contains("their fragmentation sums to the ledger\u{2019}s fragmented row"), "malloc alone: blame covers the whole row");
     let attribute = |name: &str| -> u64 {
         let after = dom.split(&format!("{name}=\"")).nth(1).unwrap_or_else(|| panic!("no {name} in the DOM"));
         after[..after.find('"').unwrap()].parse::<f64>().unwrap() as u64
@@ -206,6 +207,8 @@ fn a_ruby_trace_shows_the_ruby_layer_and_others_do_not() {
     let dom = dump_dom(browser, &format!("file://{}", dir.join("burst.html").display()));
     assert!(dom.contains("id=\"ruby\" class=\"panel\" data-ready=\"true\""), "the Ruby panel is not ready");
     assert!(dom.contains("Ruby-page fragmentation") && dom.contains("Ruby 3"), "the Ruby panel lists the layer");
+    // Blame charges malloc's blocks only: its sum is not the whole fragmented row, and says so.
+    assert!(dom.contains("malloc\u{2019}s part of the ledger\u{2019}s fragmented row") && dom.contains("ruby\u{2019}s own heap ("), "the blame note names Ruby's free slots");
     // Ruby's major GCs are marked on the timeline.
     let marks = dom.split("data-gc-marks=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
     assert!(marks.is_some_and(|n| n >= 2), "GC marks on the timeline: {marks:?}");

@@ -808,6 +808,24 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   }
 
   // ---- blame -------------------------------------------------------------------
+  // Blame sees malloc's blocks: a runtime's own heap (pymalloc's arenas, Ruby's
+  // object pages, V8's spaces) can hold fragmented bytes no call site is
+  // charged for, so a sum short of the row says where the rest is.
+  const MALLOC_OWNERS = new Set(['glibc', 'jemalloc', 'tcmalloc', 'mimalloc', 'malloc']);
+  function blameSumNote(b) {
+    const moment = snapshots[data.moment.index];
+    const unblamed = moment.rows.fragmented - b.fragmented_bytes;
+    if (unblamed <= Math.max(4096, moment.rows.fragmented / 100)) {
+      return 'their fragmentation sums to the ledger\u2019s fragmented row (' + fmtBytes(b.fragmented_bytes) + ').';
+    }
+    const runtimeOwners = (moment.owners || []).filter((o) => !MALLOC_OWNERS.has(o.owner) && (o.rows.fragmented || 0) > 0);
+    const rest = runtimeOwners.length
+      ? 'inside ' + runtimeOwners.map((o) => o.owner + '\u2019s own heap (' + fmtBytes(o.rows.fragmented) + ')').join(' and ')
+      : fmtBytes(unblamed);
+    return 'their fragmentation sums to malloc\u2019s part of the ledger\u2019s fragmented row (' + fmtBytes(b.fragmented_bytes) + ' of ' +
+      fmtBytes(moment.rows.fragmented) + '); the rest is ' + rest + ', which blame does not split by call site.';
+  }
+
   function showBlame() {
     const b = data.blame;
     const table = $('blame-table');
@@ -815,8 +833,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       $('blame-note').textContent = 'No allocation site holds live blocks at ' + fmtSeconds(data.moment.seconds) + '.';
       return;
     }
-    $('blame-note').textContent = b.sites + ' allocation sites at ' + fmtSeconds(b.at_seconds) + '; their fragmentation sums to the ledger\u2019s fragmented row (' +
-      fmtBytes(b.fragmented_bytes) + ').' + (b.has_stacks ? '' : ' The trace has no call stacks (memgap run --no-stacks).') +
+    $('blame-note').textContent = b.sites + ' allocation sites at ' + fmtSeconds(b.at_seconds) + '; ' + blameSumNote(b) + (b.has_stacks ? '' : ' The trace has no call stacks (memgap run --no-stacks).') +
       (b.entries.length < b.sites ? ' Showing the top ' + b.entries.length + ' by each column.' : '');
     let key = 'fragmentation', descending = true;
     const SHOWN = 200;
