@@ -206,3 +206,41 @@ fn snap_takes_a_snapshot_of_a_running_process() {
         assert!(stderr.starts_with("memgap:") && stderr.contains(expected), "{stderr}");
     }
 }
+
+/// memgap's own memory (the agent's heap, static data and code, the area it
+/// shares with the recorder) is named apart, and is what a plain run of the
+/// same program does not have: RSS less it is within a few hundred KiB of the
+/// plain run's VmRSS (the rest: libgcc_s, which the agent needs, and libc
+/// pages its code touches: 280-550 KiB measured), for a tiny program and a
+/// larger one. The
+/// verdict's ratio leaves it out.
+#[test]
+fn memgaps_own_memory_is_named_apart_and_is_what_a_plain_run_lacks() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "holds_live.c");
+    for mb in ["0", "48"] {
+        let plain = holding_rss(&[arg(&prog), mb, "800"], &[]) as f64;
+        let trace = dir.join(format!("t{mb}.mgt"));
+        let out = memgap(&dir, &["run", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), mb, "800"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("memgap's own"), "run names memgap's own memory apart:\n{stderr}");
+        let l: Value = serde_json::from_slice(&memgap(&dir, &["ledger", arg(&trace), "--at", "end", "--json"]).stdout).expect("ledger JSON");
+        assert_rows_add_up(&l);
+        let (rss, own, program) = (field(&l, "rss_bytes"), field(&l, "memgap_bytes"), field(&l, "program_rss_bytes"));
+        assert_eq!(program, rss - own, "{l:#}");
+        assert!(own >= 64.0 * 1024.0 && own <= row(&l, "other"), "memgap's own {own} is part of other: {l:#}");
+        // What memgap adds, measured: the traced run's RSS less the plain run's.
+        assert!(own <= rss - plain + 128.0 * 1024.0, "memgap claims {own} B, more than the {} B a traced run adds ({mb} MiB)", rss - plain);
+        assert!(own >= 0.5 * (rss - plain), "memgap's own {own} B explains less than half of the {} B a traced run adds ({mb} MiB)", rss - plain);
+        assert!((program - plain).abs() <= 768.0 * 1024.0, "RSS less memgap's own is {program} B, the plain run's {plain} B ({mb} MiB): {l:#}");
+        // The verdict's ratio is the program's RSS to its live heap.
+        let verdict = l["verdict"].as_str().unwrap();
+        let ratio: f64 = verdict.split(" (").nth(1).and_then(|s| s.split('x').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no ratio in {verdict}"));
+        let expected = program / row(&l, "live").max(1.0);
+        assert!((ratio - expected).abs() <= 0.01 * expected + 0.1, "verdict ratio {ratio}, program RSS / live {expected}: {verdict}");
+        assert!(verdict.contains("memgap's own") && !verdict.contains("memgap's buffers"), "{verdict}");
+        let table = text(&memgap(&dir, &["ledger", arg(&trace), "--at", "end"]).stdout);
+        assert!(table.lines().any(|line| line.contains("of it") && line.contains("memgap's own memory")), "{table}");
+    }
+}

@@ -205,6 +205,13 @@ pub struct Ledger {
     pub moment: Option<crate::snapshots::Moment>,
     pub rss_bytes: u64,
     pub rows: Rows,
+    /// memgap's own resident memory, counted in the `other` row: the agent's
+    /// buffers and heap, its static data and code, the area it shares with
+    /// the recorder. The program would not have it without memgap.
+    pub memgap_bytes: u64,
+    /// RSS less memgap's own memory: what the program's gap is measured
+    /// against (the verdicts' ratios and shares).
+    pub program_rss_bytes: u64,
     /// What VmRSS before and after the snapshot cannot explain: how far the
     /// sum of the rows (read in between) lies outside the two readings; the
     /// distance to rss_bytes when they agree.
@@ -424,6 +431,10 @@ fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, o
         let Some(walked_pages) = walks.pages[index] else {
             let other = &mut ledger.other_breakdown;
             entry.class = match () {
+                _ if is_memgap_file(&mapping.name) => {
+                    other.agent += mapping.rss;
+                    "memgap"
+                }
                 _ if mapping.perms.ends_with('s') => {
                     other.shmem += mapping.rss;
                     "shmem"
@@ -566,6 +577,7 @@ fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, o
 /// verdict. Called again after an owner lays a layer over the ledger.
 pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     let other = &ledger.other_breakdown;
+    let memgap = other.agent;
     let mut rows = Rows {
         lazy_free: ledger.unowned_lazy_free_bytes,
         runtime: ledger.stacks_bytes,
@@ -578,6 +590,8 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
         released += share.released_bytes;
     }
     ledger.rows = rows;
+    ledger.memgap_bytes = memgap.min(rows.other);
+    ledger.program_rss_bytes = ledger.rss_bytes.saturating_sub(ledger.memgap_bytes);
     ledger.released_bytes = released;
     ledger.residual_bytes = residual(ledger.rss_bytes, ledger.rss_moved_bytes, rows.total());
     let present: Vec<&dyn HeapOwner> = owners.iter().filter(|o| o.present()).map(|o| o.as_ref()).collect();
@@ -602,6 +616,11 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
 }
 
 impl Ledger {
+    /// RSS less memgap's own memory: the program's.
+    pub fn program_rss(&self) -> u64 {
+        self.rss_bytes.saturating_sub(self.memgap_bytes)
+    }
+
     /// An owner's part of the rows.
     pub fn share(&self, owner: &str) -> Option<&OwnerShare> {
         self.owners.iter().find(|s| s.owner == owner)
@@ -980,6 +999,18 @@ struct BlockShare {
     last_page: u64,
 }
 
+/// memgap's agent library, or the area it shares with the recorder
+/// (`<run dir>/<pid>.<n>.area`): memgap's, not the program's.
+fn is_memgap_file(name: &str) -> bool {
+    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+    if name.ends_with("/libmemgap_agent.so") {
+        return true;
+    }
+    let mut parts = name.rsplit('/');
+    let (file, dir) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    file.ends_with(memgap_trace::shared::AREA_SUFFIX) && dir.starts_with("memgap-")
+}
+
 fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 { 0.0 } else { part as f64 * 100.0 / whole as f64 }
 }
@@ -992,18 +1023,13 @@ fn mib(bytes: u64) -> String {
 /// thread stacks), or for an owner without a verdict of its own: the
 /// dominant row besides live, and the remedies that apply.
 pub fn verdict(l: &Ledger) -> String {
-    let rss = l.rss_bytes.max(1);
+    let rss = l.program_rss().max(1);
     let r = &l.rows;
     let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
-    let mut gap_rows = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("other", r.other), ("runtime", r.runtime)];
+    let mut gap_rows = program_gap_rows(l);
     gap_rows.sort_by(|a, b| b.1.cmp(&a.1));
     let (dominant, bytes) = gap_rows[0];
-    let opening = format!(
-        "The program holds {} of live heap; the kernel charges {} of RSS ({:.1}x).",
-        mib(r.live),
-        mib(l.rss_bytes),
-        l.rss_bytes as f64 / r.live.max(1) as f64
-    );
+    let opening = opening(l);
     let share = percent(bytes, rss);
     if bytes < r.live / 4 && r.live > heap_total / 2 {
         return format!("{opening} Most of it is live data: the allocator and runtime add little. Shrinking RSS means holding less.");
@@ -1023,15 +1049,39 @@ pub fn verdict(l: &Ledger) -> String {
     format!("{opening} {body}{tries}")
 }
 
-/// "X% of RSS is outside every heap: …" with `other`'s parts.
+/// The rows besides live that make the program's gap, `other` without
+/// memgap's own memory.
+pub fn program_gap_rows(l: &Ledger) -> [(&'static str, u64); 6] {
+    let r = &l.rows;
+    let other = r.other.saturating_sub(l.memgap_bytes);
+    [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("other", other), ("runtime", r.runtime)]
+}
+
+/// "The program holds X of live heap; the kernel charges Y of RSS (Zx)":
+/// RSS less memgap's own memory, which is named apart.
+pub fn opening(l: &Ledger) -> String {
+    let rss = l.program_rss();
+    let ratio = rss as f64 / l.rows.live.max(1) as f64;
+    if l.memgap_bytes == 0 {
+        return format!("The program holds {} of live heap; the kernel charges {} of RSS ({ratio:.1}x).", mib(l.rows.live), mib(rss));
+    }
+    format!(
+        "The program holds {} of live heap; the kernel charges {} of RSS for it ({ratio:.1}x), memgap's own {} left out.",
+        mib(l.rows.live),
+        mib(rss),
+        mib(l.memgap_bytes)
+    )
+}
+
+/// "X% of RSS is outside every heap: …" with `other`'s parts (memgap's own
+/// memory is not among them: it is named apart).
 pub fn other_sentence(l: &Ledger, share: f64, bytes: u64) -> String {
     format!(
-        "{share:.0}% of RSS ({}) is outside the heap: code and file mappings {}, the program's own anonymous mmaps {}, static data {}, memgap's buffers {}, unclassified {}.",
+        "{share:.0}% of RSS ({}) is outside the heap: code and file mappings {}, the program's own anonymous mmaps {}, static data {}, unclassified {}.",
         mib(bytes),
         mib(l.other_breakdown.file + l.other_breakdown.shmem),
         mib(l.other_breakdown.program_mmap),
         mib(l.other_breakdown.static_data),
-        mib(l.other_breakdown.agent),
         mib(l.other_breakdown.unclassified)
     )
 }

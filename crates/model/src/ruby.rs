@@ -173,8 +173,10 @@ pub fn attach(ledger: &mut Ledger, layer: &RubyLayer) {
 
 fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
     let b = crate::human_bytes;
-    let rss = l.rss_bytes.max(1);
-    let gap = l.rss_bytes.saturating_sub(ruby.known_bytes);
+    // memgap's own memory is not the program's: left out of the ratio and the gap.
+    let program_rss = l.program_rss();
+    let rss = program_rss.max(1);
+    let gap = program_rss.saturating_sub(ruby.known_bytes);
     let ruby_rows = l.share(NAME).map_or(0, |s| s.rows.retained + s.rows.fragmented + s.rows.lazy_free);
     let malloc_lost = (l.rows.retained + l.rows.fragmented + l.rows.lazy_free).saturating_sub(ruby_rows);
     let ruby_lost = ruby.free_slots_bytes + ruby.page_overhead_bytes;
@@ -182,8 +184,8 @@ fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
         "Ruby {} knows of {} (its live objects and the data they own); the kernel charges {} ({:.1}x), {} more.",
         ruby.version,
         b(ruby.known_bytes),
-        b(l.rss_bytes),
-        l.rss_bytes as f64 / ruby.known_bytes.max(1) as f64,
+        b(program_rss),
+        program_rss as f64 / ruby.known_bytes.max(1) as f64,
         b(gap)
     );
     let layer = if malloc_lost >= ruby_lost {

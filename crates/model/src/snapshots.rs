@@ -175,9 +175,42 @@ fn scan(path: &Path) -> Result<Scan, TraceError> {
     Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time) })
 }
 
-/// The gap of a computed ledger: RSS less the live row and memgap's own buffers.
+/// The gap of a computed ledger: RSS less the live row and memgap's own memory.
 pub fn gap_bytes(ledger: &Ledger) -> u64 {
-    ledger.rss_bytes.saturating_sub(ledger.rows.live + ledger.other_breakdown.agent)
+    ledger.program_rss().saturating_sub(ledger.rows.live)
+}
+
+/// The resident bytes of memgap's own ranges at a snapshot (not their
+/// length: the area shared with the recorder is reserved far larger than
+/// what the agent has touched). A mapping inside a range counts its smaps
+/// RSS; one the range only partly covers, its resident pages there.
+fn agent_resident_bytes(snapshot: &Snapshot) -> u64 {
+    let page = snapshot.page_size.max(1);
+    // Disjoint and in order, so each mapping is looked at about once
+    // (smaps lists mappings in address order).
+    let mut ranges: Vec<(u64, u64)> = snapshot.agent_ranges.iter().map(|&(start, length)| (start, start.saturating_add(length))).collect();
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    let mappings = &snapshot.mappings;
+    let mut resident = 0u64;
+    for (start, end) in merged {
+        let first = mappings.partition_point(|m| m.end <= start);
+        for m in mappings[first..].iter().take_while(|m| m.start < end).filter(|m| m.end > start) {
+            resident = resident.saturating_add(if m.start >= start && m.end <= end {
+                m.rss
+            } else {
+                let (from, to) = (start.max(m.start), end.min(m.end));
+                m.residency.resident_in((from - m.start) / page..(to - m.start).div_ceil(page)).saturating_mul(page)
+            });
+        }
+    }
+    resident
 }
 
 /// The gap at each snapshot without computing ledgers (a ledger classifies
@@ -228,7 +261,7 @@ impl Visitor for GapVisitor {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         let rss = if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss };
-        let agent: u64 = snapshot.agent_ranges.iter().map(|&(_, length)| length).sum();
+        let agent = agent_resident_bytes(snapshot);
         self.gaps.push(rss.saturating_sub(self.state.live.live_bytes().saturating_add(agent)));
     }
 }

@@ -21,6 +21,11 @@ const PAGE: usize = 4096;
 
 struct FreeLists {
     heads: [*mut u8; CLASSES],
+    /// Per class, the part of its newest slab not handed out yet: blocks are
+    /// cut from it one at a time, so a slab's pages become resident only as
+    /// the agent uses them (threading the whole slab onto the free list up
+    /// front touched every page: 256 KiB resident per class in use).
+    fresh: [(*mut u8, usize); CLASSES],
 }
 
 struct Lists(UnsafeCell<FreeLists>);
@@ -28,7 +33,7 @@ struct Lists(UnsafeCell<FreeLists>);
 unsafe impl Sync for Lists {}
 
 static LOCK: SpinLock = SpinLock::new();
-static LISTS: Lists = Lists(UnsafeCell::new(FreeLists { heads: [null_mut(); CLASSES] }));
+static LISTS: Lists = Lists(UnsafeCell::new(FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] }));
 
 fn class_of(layout: Layout) -> Option<usize> {
     let size = layout.size().max(layout.align()).max(16);
@@ -37,6 +42,37 @@ fn class_of(layout: Layout) -> Option<usize> {
 
 fn large_len(layout: Layout) -> usize {
     layout.size().next_multiple_of(PAGE)
+}
+
+impl FreeLists {
+    /// A block of `class`: a freed one, else the next one of the class's
+    /// newest slab, else the first of a new slab from `new_slab`.
+    ///
+    /// # Safety
+    /// The lists hold blocks of `SLAB_BYTES`-long writable slabs that
+    /// `new_slab` returns (or null).
+    unsafe fn take(&mut self, class: usize, new_slab: impl FnOnce() -> *mut u8) -> *mut u8 {
+        let block = 16 << class;
+        let p = self.heads[class];
+        if !p.is_null() {
+            self.heads[class] = unsafe { (p as *mut *mut u8).read() };
+            return p;
+        }
+        // Blocks of one class are cut at multiples of their size from
+        // page-aligned slabs, so each is aligned to its size.
+        let (next, left) = &mut self.fresh[class];
+        if *left < block {
+            let slab = new_slab();
+            if slab.is_null() {
+                return null_mut();
+            }
+            (*next, *left) = (slab, SLAB_BYTES);
+        }
+        let p = *next;
+        *next = p.wrapping_add(block);
+        *left -= block;
+        p
+    }
 }
 
 pub struct OwnMemory;
@@ -49,23 +85,7 @@ unsafe impl GlobalAlloc for OwnMemory {
         let Some(class) = class_of(layout) else { return sys::mmap_anonymous(large_len(layout)) };
         let _guard = LOCK.lock();
         let lists = unsafe { &mut *LISTS.0.get() };
-        if lists.heads[class].is_null() {
-            // Blocks of one class are carved at multiples of their size from
-            // page-aligned slabs, so each is aligned to its size.
-            let slab = sys::mmap_anonymous(SLAB_BYTES);
-            if slab.is_null() {
-                return null_mut();
-            }
-            let block = 16 << class;
-            for offset in (0..SLAB_BYTES).step_by(block).rev() {
-                let p = unsafe { slab.add(offset) };
-                unsafe { (p as *mut *mut u8).write(lists.heads[class]) };
-                lists.heads[class] = p;
-            }
-        }
-        let p = lists.heads[class];
-        lists.heads[class] = unsafe { (p as *mut *mut u8).read() };
-        p
+        unsafe { lists.take(class, || sys::mmap_anonymous(SLAB_BYTES)) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -108,5 +128,29 @@ mod tests {
         let p = unsafe { OwnMemory.alloc(big) };
         unsafe { p.write_bytes(7, 100_000) };
         unsafe { OwnMemory.dealloc(p, big) };
+    }
+
+    #[test]
+    fn a_slab_is_touched_only_where_blocks_are_handed_out() {
+        // Slabs from a painted buffer: a page of the slab that nothing
+        // wrote to would never become resident.
+        const PAINT: u8 = 0x5a;
+        let mut memory = vec![PAINT; 2 * SLAB_BYTES + PAGE];
+        let base = memory.as_mut_ptr().wrapping_add(memory.as_ptr().align_offset(PAGE));
+        let mut slabs = [base, base.wrapping_add(SLAB_BYTES)].into_iter();
+        let mut lists = FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] };
+        let class = 9; // 8 KiB blocks, 32 to a slab
+        let blocks: Vec<*mut u8> = (0..3).map(|_| unsafe { lists.take(class, || slabs.next().unwrap()) }).collect();
+        assert_eq!(blocks, [base, base.wrapping_add(8192), base.wrapping_add(16384)]);
+        let untouched = unsafe { core::slice::from_raw_parts(base.wrapping_add(3 * 8192), SLAB_BYTES - 3 * 8192) };
+        assert!(untouched.iter().all(|&b| b == PAINT), "the rest of the slab is not written");
+        // A freed block is handed out again first; a used-up slab brings the next.
+        unsafe { (blocks[1] as *mut *mut u8).write(lists.heads[class]) };
+        lists.heads[class] = blocks[1];
+        assert_eq!(unsafe { lists.take(class, || unreachable!()) }, blocks[1]);
+        for _ in 3..32 {
+            unsafe { lists.take(class, || unreachable!()) };
+        }
+        assert_eq!(unsafe { lists.take(class, || slabs.next().unwrap()) }, base.wrapping_add(SLAB_BYTES));
     }
 }

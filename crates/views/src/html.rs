@@ -174,6 +174,7 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "reason": l.snapshot_reason,
         "rss": l.rss_bytes,
         "rows": l.rows,
+        "memgap": l.memgap_bytes,
         "residual": l.residual_bytes,
         "released": l.released_bytes,
         "trim": l.trim_would_return_bytes,

@@ -34,14 +34,18 @@ pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> String {
     out
 }
 
-/// The rows with bytes, share of RSS and a bar, then their sum.
-pub(crate) fn rows_table(rows: &[(&str, u64)], rss: u64) -> String {
+/// The rows with bytes, share of RSS and a bar, then their sum; memgap's
+/// own memory (`memgap`, part of `other`) on a line of its own under it.
+pub(crate) fn rows_table(rows: &[(&str, u64)], rss: u64, memgap: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "  {:<12} {:>11} {:>7}", "row", "bytes", "% RSS");
     for &(name, value) in rows {
         let share = percent(value, rss);
         let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
         let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
+        if name == "other" && memgap > 0 {
+            let _ = writeln!(out, "  {:<12} {:>11} {:>6.1}%  memgap's own memory (its buffers, heap, static data and code), not the program's", "  of it", bytes(memgap), percent(memgap, rss));
+        }
     }
     let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(rows.iter().map(|r| r.1).sum()));
     out
@@ -51,7 +55,7 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "memgap ledger — {title} — {}", crate::format::moment(l.moment.as_ref(), l.at_seconds, l.snapshot_reason));
     let _ = writeln!(out);
-    out.push_str(&rows_table(&l.rows.named(), l.rss_bytes));
+    out.push_str(&rows_table(&l.rows.named(), l.rss_bytes, l.memgap_bytes));
     let _ = writeln!(
         out,
         "  {:<12} {:>11}   residual {} ({:.2}%)",
@@ -195,7 +199,13 @@ fn ruby_layer(r: &memgap_model::ruby::RubyLayer) -> String {
 /// A few lines for the end of `memgap run`: the rows as shares of RSS and
 /// the verdict, each line prefixed `memgap: `.
 pub fn brief(l: &Ledger) -> String {
-    let rows: Vec<String> = l.rows.named().iter().filter(|(_, v)| *v > 0).map(|(name, v)| format!("{name} {} ({:.0}%)", bytes(*v), percent(*v, l.rss_bytes))).collect();
+    // memgap's own memory is named apart from the program's `other`.
+    let mut named = l.rows.named();
+    named[6].1 = named[6].1.saturating_sub(l.memgap_bytes);
+    let mut rows: Vec<String> = named.iter().filter(|(_, v)| *v > 0).map(|(name, v)| format!("{name} {} ({:.0}%)", bytes(*v), percent(*v, l.rss_bytes))).collect();
+    if l.memgap_bytes > 0 {
+        rows.push(format!("and memgap's own {} ({:.0}%, not the program's)", bytes(l.memgap_bytes), percent(l.memgap_bytes, l.rss_bytes)));
+    }
     let at = l.moment.as_ref().map_or_else(|| format!("at {:.2} s, ", l.at_seconds), |m| format!("{}\nmemgap: ", m.line()));
     let mut out = format!("memgap: {at}RSS {}: {}\n", bytes(l.rss_bytes), rows.join(", "));
     for line in wrap(&l.verdict, 90, "memgap: ").lines() {

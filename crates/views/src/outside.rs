@@ -18,7 +18,7 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let threads = if l.threads == 1 { "1 thread".to_string() } else { format!("{} threads", l.threads) };
     let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — from /proc, no recording", l.pid, l.command);
     let _ = writeln!(out);
-    out.push_str(&crate::ledger::rows_table(&l.rows.named(), l.rss_bytes));
+    out.push_str(&crate::ledger::rows_table(&l.rows.named(), l.rss_bytes, 0));
     let _ = writeln!(out, "  {:<12} {:>11}   residual {}", "RSS (kernel)", bytes(l.rss_bytes), crate::ledger::signed_bytes(l.residual_bytes));
     let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
     let _ = writeln!(out);

@@ -78,14 +78,14 @@ pub fn finding_bytes(findings: &[Finding], owner: &str, kind: &str) -> u64 {
 /// The malloc's verdict: the dominant row besides live, what it is, and its
 /// remedies (only this allocator's).
 pub fn verdict(l: &Ledger, owner: &str) -> String {
-    let rss = l.rss_bytes.max(1);
+    let rss = l.program_rss().max(1);
     let r = &l.rows;
     let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
-    let mut gap_rows = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("other", r.other), ("runtime", r.runtime)];
+    let mut gap_rows = crate::ledger::program_gap_rows(l);
     gap_rows.sort_by(|a, b| b.1.cmp(&a.1));
     let (dominant, bytes) = gap_rows[0];
     let b = human_bytes;
-    let opening = format!("The program holds {} of live heap; the kernel charges {} of RSS ({:.1}x).", b(r.live), b(l.rss_bytes), l.rss_bytes as f64 / r.live.max(1) as f64);
+    let opening = crate::ledger::opening(l);
     let share = bytes as f64 * 100.0 / rss as f64;
     if bytes < r.live / 4 && r.live > heap_total / 2 {
         return format!("{opening} Most of it is live data: the allocator and runtime add little. Shrinking RSS means holding less.");

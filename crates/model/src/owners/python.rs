@@ -189,7 +189,7 @@ impl HeapOwner for PythonOwner {
         let part = ledger.share(NAME)?;
         let section: PythonSection = ledger.section(NAME)?;
         let b = human_bytes;
-        let rss = ledger.rss_bytes.max(1);
+        let rss = ledger.program_rss().max(1);
         let r = &part.rows;
         let mut text = format!(
             "CPython {}'s pymalloc holds {} of RSS in {} arenas for {} of allocated blocks ({} objects and buffers of up to 512 bytes).",

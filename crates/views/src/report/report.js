@@ -19,7 +19,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   const ROW_MEANING = {
     live: 'bytes the program requested and holds', slack: 'headers, alignment, rounding inside live blocks',
     fragmented: 'free bytes on pages that hold live blocks', retained: 'resident pages with no live block',
-    lazy_free: "MADV_FREE'd, still counted", runtime: 'thread stacks', other: 'files, shared memory, own mmaps, static data, memgap',
+    lazy_free: "MADV_FREE'd, still counted", runtime: 'thread stacks', other: 'files, shared memory, own mmaps, static data (and memgap\u2019s own memory, shown apart)',
   };
 
   function fmtBytes(v) {
@@ -107,7 +107,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       [fmtBytes(moment.rows.fragmented), 'fragmented (' + percent(moment.rows.fragmented, moment.rss) + ')', '#pagemap'],
       [fmtBytes(moment.rows.retained), 'retained (' + percent(moment.rows.retained, moment.rss) + ')', '#pagemap'],
       [fmtBytes(moment.trim), 'malloc_trim would return', '#ledger'],
-      [fmtBytes(moment.rows.other), 'other', '#ledger'],
+      [fmtBytes(moment.rows.other - moment.memgap), 'other', '#ledger'],
+      [fmtBytes(moment.memgap), 'memgap’s own (not the program’s)', '#ledger'],
       [String(moment.arenas), 'glibc arenas', '#ledger'],
     ];
     for (const [value, label, href] of numbers) {
@@ -197,6 +198,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       return line && s.rows.live - line[1] > Math.max(1 << 20, s.rows.live / 10);
     });
     legend($('timeline-legend'), ROWS.map((r) => [ROW_COLOURS[r], r, ROW_MEANING[r] + ' (a bar at each snapshot)'])
+      .concat(snapshots.some((s) => s.memgap > 0) ? [[PALETTE.memgap, 'memgap\u2019s own', 'memgap\u2019s buffers, heap, static data and code, part of other on top of it: not the program\u2019s, left out of the verdict and the gap']] : [])
       .concat(live.length ? [[ROW_COLOURS.live, mallocOnly ? 'live heap (malloc\u2019s part)' : 'live heap', 'the bytes the program holds from malloc after every malloc and free, from the trace\u2019s events'
         + (mallocOnly ? '; a runtime\u2019s own heap (Ruby\u2019s object pages, pymalloc\u2019s arenas) is measured at snapshots only, in the bars' : ''), 'line']] : [])
       .concat([[PALETTE.vm_rss, 'VmRSS', 'the kernel\u2019s resident set size, at every sample', 'line']])
@@ -269,9 +271,15 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
         let base = 0;
         for (const row of ROWS) {
           const v = s.rows[row];
-          if (v > 0) {
+          // memgap's own memory, part of other, on top in its own colour.
+          const own = row === 'other' ? Math.min(v, s.memgap || 0) : 0;
+          if (v - own > 0) {
             ctx.fillStyle = ROW_COLOURS[row];
-            ctx.fillRect(x0, y(base + v), w, y(base) - y(base + v));
+            ctx.fillRect(x0, y(base + v - own), w, y(base) - y(base + v - own));
+          }
+          if (own > 0) {
+            ctx.fillStyle = PALETTE.memgap;
+            ctx.fillRect(x0, y(base + v), w, y(base + v - own) - y(base + v));
           }
           base += v;
         }
@@ -414,6 +422,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       if (i >= 0) {
         const s = snapshots[i];
         lines.push('', 'snapshot ' + i + ' (' + s.reason + ') at ' + fmtSeconds(s.seconds) + ', RSS ' + fmtBytes(s.rss));
+        if (s.memgap > 0) lines.push('  ' + 'memgap\u2019s'.padEnd(11) + fmtBytes(s.memgap).padStart(11) + ' (own, in other)');
         for (const row of ROWS.slice().reverse()) lines.push('  ' + row.padEnd(11) + fmtBytes(s.rows[row]).padStart(11));
         lines.push(i === selected ? 'selected' : 'click to select');
       }
@@ -743,6 +752,19 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       barCell.append(bar);
       tr.append(name, el('td', fmtBytes(s.rows[row]), 'num'), el('td', percent(s.rows[row], s.rss), 'num'), barCell);
       body.append(tr);
+      if (row === 'other' && s.memgap > 0) {
+        // memgap's own memory is part of other, named apart: the verdict leaves it out.
+        const own = el('tr', null, 'memgap-own');
+        const label = el('td', 'of it, memgap’s own');
+        label.title = 'memgap’s buffers, heap, static data and code: not the program’s, left out of the verdict and the gap';
+        const ownBar = el('div', null, 'bar');
+        ownBar.style.width = Math.max(0, Math.min(100, s.memgap * 100 / Math.max(1, s.rss))) * 3 + 'px';
+        ownBar.style.background = PALETTE.memgap;
+        const ownCell = el('td');
+        ownCell.append(ownBar);
+        own.append(label, el('td', fmtBytes(s.memgap), 'num'), el('td', percent(s.memgap, s.rss), 'num'), ownCell);
+        body.append(own);
+      }
     }
     const rssRow = el('tr');
     rssRow.append(el('th', 'VmRSS'), el('th', fmtBytes(s.rss), 'num'), el('th', 'residual ' + fmtBytes(s.residual), 'num'), el('th'));
