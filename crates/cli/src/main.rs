@@ -112,6 +112,19 @@ mod tests {
         assert!(missing.is_empty(), "without a help text:\n{}", missing.join("\n"));
     }
 
+    /// The README's commands table has a row for every subcommand.
+    #[test]
+    fn the_readme_lists_every_command() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+        let table = &readme[readme.find("\n## Commands\n").expect("a Commands section in README.md")..];
+        let missing: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|command| command.get_name().to_string())
+            .filter(|name| !table.contains(&format!("| `memgap {name}")))
+            .collect();
+        assert!(missing.is_empty(), "README.md's commands table has no row for: {}", missing.join(", "));
+    }
+
     fn collect_missing_help(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
         if command.get_about().is_none() && command.get_long_about().is_none() {
             missing.push(format!("{path} (the command itself)"));
