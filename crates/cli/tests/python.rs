@@ -179,3 +179,125 @@ fn empty_pools_in_live_arenas_and_the_remedy_that_returns_them() {
     eprintln!("{}: RSS {} MiB plain, {} MiB with it (expected savings {} MiB)", first["id"], plain >> 20, remedied >> 20, u(&first["expected_savings_bytes"]) >> 20);
     assert!(remedied * 2 <= plain, "{}: {plain} B plain, {remedied} B with it", first["id"]);
 }
+
+/// Blame's entries as JSON, ordered by `by`.
+fn blame(dir: &Path, trace: &str, by: &str) -> Vec<Value> {
+    let out = memgap(dir, &["blame", "--json", "--by", by, trace]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+}
+
+/// "function file:line" of a frame or entry (the file's name only).
+fn place(frame: &Value) -> String {
+    let file = frame["file"].as_str().unwrap_or("");
+    format!("{} {}:{}", frame["function"].as_str().unwrap_or("?"), file.rsplit('/').next().unwrap_or(file), frame["line"].as_u64().unwrap_or(0))
+}
+
+fn is_python_frame(frame: &Value) -> bool {
+    frame["file"].as_str().is_some_and(|f| f.ends_with(".py") || f.starts_with("<frozen"))
+}
+
+/// Python frames in blame, flame graphs and pprof: the line of the script
+/// that grew its cache (a dict comprehension), under the functions that
+/// called it, in place of the interpreter's eval loop; none with
+/// --python-stacks=off. The program's output and pymalloc's own counts are
+/// those of a plain run.
+#[test]
+fn blame_names_the_python_line_that_grows_a_cache() {
+    let (_tmp, dir) = tempdir();
+    let cache = script("cache.py");
+    let args = [arg(&cache), "200000", "20", "--stats"];
+    let plain = run_plain(&dir, DEBIAN_PYTHON, &args);
+    let mut run = vec!["run", "-q", "-o", "cache.mgt", "--", DEBIAN_PYTHON];
+    run.extend_from_slice(&args);
+    let traced = memgap(&dir, &run);
+    assert!(traced.status.success(), "{}", text(&traced.stderr));
+    assert_eq!(text(&traced.stdout), text(&plain.stdout));
+    let (plain_stats, traced_stats) = (text(&plain.stderr), text(&traced.stderr));
+    assert_eq!(malloc_stat(&traced_stats, "# arenas allocated current"), malloc_stat(&plain_stats, "# arenas allocated current"));
+    let (ours, theirs) = (malloc_stat(&traced_stats, "# bytes in allocated blocks"), malloc_stat(&plain_stats, "# bytes in allocated blocks"));
+    assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "{ours} traced against {theirs} plain");
+
+    let entries = blame(&dir, "cache.mgt", "live");
+    let top = &entries[0];
+    assert_eq!(place(top), "build.<locals>.<dictcomp> cache.py:19", "{top:#}");
+    assert!(top["file"].as_str().unwrap().ends_with("tests/programs/python/cache.py"), "{top:#}");
+    // The dict's table: the 200,000 entries' slots, mostly deleted since.
+    assert!(u(&top["live_bytes"]) > 4 << 20, "{top:#}");
+    let stack: Vec<String> = top["stack"].as_array().unwrap().iter().map(place).collect();
+    let python: Vec<&String> = stack.iter().filter(|p| p.contains("cache.py")).collect();
+    assert_eq!(python, ["build.<locals>.<dictcomp> cache.py:19", "build cache.py:19", "main cache.py:24", "<module> cache.py:36"], "{stack:#?}");
+    // Native frames around them: what the interpreter called to grow the
+    // dict above, how it was started below; its eval loop replaced.
+    let first_python = stack.iter().position(|p| p.contains("cache.py")).unwrap();
+    assert!(first_python > 0 && stack.iter().skip(first_python).any(|p| p.starts_with("Py_RunMain")), "{stack:#?}");
+    assert!(!stack.iter().any(|p| p.starts_with("_PyEval_EvalFrameDefault")), "{stack:#?}");
+
+    // Flame graph, folded stacks and pprof show the same frames.
+    let (pprof, folded, svg) = (dir.join("cache.pb.gz"), dir.join("cache.folded"), dir.join("cache.svg"));
+    let out = memgap(&dir, &["export", "cache.mgt", "--pprof", arg(&pprof), "--folded", arg(&folded)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    assert!(folded.lines().any(|l| l.contains("<module>;main;build;build.<locals>.<dictcomp>")), "{folded}");
+    let out = memgap(&dir, &["flamegraph", "cache.mgt", "-o", arg(&svg)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("build.&lt;locals&gt;.&lt;dictcomp&gt;"));
+    let profile = memgap_views::export::read_pprof(&std::fs::read(&pprof).unwrap()).unwrap();
+    let string = |index: i64| profile.string_table[index as usize].as_str();
+    let lines: Vec<(String, String, i64)> = profile
+        .location
+        .iter()
+        .flat_map(|location| &location.line)
+        .map(|line| {
+            let function = &profile.function[line.function_id as usize - 1];
+            (string(function.name).to_string(), string(function.filename).rsplit('/').next().unwrap().to_string(), line.line)
+        })
+        .collect();
+    assert!(lines.contains(&("build.<locals>.<dictcomp>".into(), "cache.py".into(), 19)), "{lines:?}");
+
+    // Off: native frames only, the same program output.
+    let mut run = vec!["run", "-q", "--python-stacks=off", "-o", "off.mgt", "--", DEBIAN_PYTHON];
+    run.extend_from_slice(&args);
+    let off = memgap(&dir, &run);
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert_eq!(text(&off.stdout), text(&plain.stdout));
+    let entries = blame(&dir, "off.mgt", "live");
+    assert!(!entries.is_empty());
+    for entry in &entries {
+        assert!(!is_python_frame(entry) && !entry["stack"].as_array().unwrap().iter().any(is_python_frame), "{entry:#}");
+    }
+}
+
+/// A differently shaped program: buffers (bytearrays, malloc'd by the
+/// interpreter) made by a nested function of a class with __slots__,
+/// called from two places: one site, two stacks, each with its caller.
+#[test]
+fn blame_names_a_nested_python_function_called_from_two_places() {
+    let (_tmp, dir) = tempdir();
+    let journal = script("journal.py");
+    let plain = run_plain(&dir, DEBIAN_PYTHON, &[arg(&journal), "300", "200"]);
+    let out = memgap(&dir, &["run", "-q", "-o", "journal.mgt", "--", DEBIAN_PYTHON, arg(&journal), "300", "200"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&plain.stdout));
+    assert_eq!(text(&out.stdout), format!("500 {}\n", 300 * 65536 + 200 * 16384));
+    // Over the whole run: the buffers are freed at exit, before the last snapshot.
+    let entries = blame(&dir, "journal.mgt", "allocated");
+    let top = &entries[0];
+    assert_eq!(place(top), "Journal.record.<locals>.page journal.py:19", "{top:#}");
+    assert_eq!(top["stacks"], 2, "{top:#}");
+    assert_eq!(u(&top["allocations"]), 500, "{top:#}");
+    assert!(u(&top["allocated_bytes"]) >= 300 * 65536 + 200 * 16384, "{top:#}");
+    // The stack shown is the one allocating most: 300 buffers of 64 KiB from from_requests.
+    let stack: Vec<String> = top["stack"].as_array().unwrap().iter().filter(|f| is_python_frame(f)).map(place).collect();
+    assert_eq!(stack, ["Journal.record.<locals>.page journal.py:19", "Journal.record journal.py:21", "from_requests journal.py:26", "main journal.py:37", "<module> journal.py:42"], "{top:#}");
+    let per_stack = memgap(&dir, &["blame", "--json", "--by", "allocated", "--per-stack", "journal.mgt"]);
+    let per_stack: Value = serde_json::from_slice(&per_stack.stdout).unwrap();
+    let callers: Vec<(String, u64)> = per_stack
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| place(e).starts_with("Journal.record.<locals>.page"))
+        .map(|e| (e["stack"].as_array().unwrap().iter().filter(|f| is_python_frame(f)).map(place).nth(2).unwrap_or_default(), u(&e["allocations"])))
+        .collect();
+    assert_eq!(callers, [("from_requests journal.py:26".to_string(), 300), ("from_replay journal.py:31".to_string(), 200)], "{per_stack:#}");
+}

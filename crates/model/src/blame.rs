@@ -15,7 +15,9 @@
 use std::path::Path;
 
 use memgap_replay::{Change, Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
+use memgap_symbolize::python::{PythonCodes, is_python};
 use memgap_symbolize::{Frame, Symbolizer};
+use memgap_trace::python::{PythonCode, is_python_frame};
 use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -172,6 +174,8 @@ pub(crate) struct BlameVisitor {
     inherited_time: Option<u64>,
     modules: Vec<Module>,
     exe: String,
+    /// The code objects Python frames name.
+    python: PythonCodes,
 }
 
 /// One call stack's allocations over the whole run.
@@ -278,6 +282,10 @@ impl Visitor for BlameVisitor {
         self.stacks.insert(id, frames.to_vec());
     }
 
+    fn python_code(&mut self, image: u32, code: &PythonCode) {
+        self.python.add(image, code);
+    }
+
     /// Inherited blocks keep the parent's stacks; they were not allocated here.
     fn inherited(&mut self, item: Inherited<'_>) {
         if let Inherited::Event(event) = &item {
@@ -341,7 +349,7 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     }
 
     let mut symbolizer = Symbolizer::new(&v.modules);
-    let mut addresses: Vec<u64> = totals.keys().filter_map(|id| v.stacks.get(id)).flatten().map(|&ip| ip.saturating_sub(1)).collect();
+    let mut addresses: Vec<u64> = totals.keys().filter_map(|id| v.stacks.get(id)).flatten().filter(|&&ip| !is_python_frame(ip)).map(|&ip| ip.saturating_sub(1)).collect();
     addresses.sort_unstable();
     addresses.dedup();
     let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
@@ -353,8 +361,9 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     let stacks: Vec<(Vec<Frame>, Option<Frame>, Totals)> = totals
         .into_iter()
         .map(|(id, t)| {
-            let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect()).unwrap_or_default();
-            let site = frames.iter().find(|frame| !is_allocator_frame(frame, &skip)).or(frames.first()).cloned();
+            let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default())).unwrap_or_default();
+            // Under Python code, the line of Python that called into the interpreter's C.
+            let site = frames.iter().find(|frame| is_python(frame)).or_else(|| frames.iter().find(|frame| !is_allocator_frame(frame, &skip))).or(frames.first()).cloned();
             if let Some(site) = &site {
                 site_of_stack.insert(id, site_label(site));
             }

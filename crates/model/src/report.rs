@@ -190,6 +190,10 @@ impl Visitor for ReportVisitor {
         self.numa.stack(id, frames);
     }
 
+    fn python_code(&mut self, image: u32, code: &memgap_trace::python::PythonCode) {
+        self.blame.python_code(image, code);
+    }
+
     fn note(&mut self, time: u64, text: &str) {
         self.owners.note(text);
         self.summary.note(time, text);

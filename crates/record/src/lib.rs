@@ -24,6 +24,7 @@ pub mod hooks;
 mod own_memory;
 mod process;
 mod python;
+mod python_frames;
 mod real;
 mod stacks;
 mod recorder;

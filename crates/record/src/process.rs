@@ -20,6 +20,8 @@ pub struct Config {
     pub stacks: StackMode,
     /// Frames kept per stack at most.
     pub stack_depth: usize,
+    /// Python frames in stacks, when the process is a CPython the agent knows.
+    pub python_stacks: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,7 @@ impl Config {
                 _ => StackMode::Dwarf,
             },
             stack_depth: env_number(c"MEMGAP_STACK_DEPTH", 10).unwrap_or(64).clamp(1, 256) as usize,
+            python_stacks: env(c"MEMGAP_PYTHON_STACKS") != Some(b"off"),
             // Enough for bursts; more only adds to the program's RSS when
             // the recorder falls behind for good (4 threads on 2 CPUs: a 128
             // MiB pool filled up, and the run took no less time than with 32).

@@ -108,6 +108,7 @@ pub fn install() {
     CURRENT_ALLOCATOR_NAME.store(symbol(c"_PyMem_GetCurrentAllocatorName"), Relaxed);
     let ours = ArenaAllocator { ctx: core::ptr::null_mut(), alloc: Some(arena_alloc), free: Some(arena_free) };
     unsafe { set(&ours) };
+    crate::python_frames::install(major, minor, symbol);
     let version = unsafe { &mut *VERSION.0.get() };
     let len = number.len().min(version.0.len());
     version.0[..len].copy_from_slice(&number[..len]);

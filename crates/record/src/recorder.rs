@@ -99,6 +99,11 @@ fn start_recording() -> bool {
     open_area(config_ref())
 }
 
+/// Whether `memgap run` wants Python frames in stacks (`--python-stacks`).
+pub fn python_stacks_wanted() -> bool {
+    config().is_some_and(|config| config.python_stacks)
+}
+
 fn config_ref() -> &'static Config {
     config().expect("config is set before use")
 }
@@ -317,6 +322,7 @@ extern "C" fn on_fork_child() {
     let forking_thread = if forking.is_null() { None } else { Some(unsafe { (*forking).thread }) };
     sys::agent_ranges::reset_lock();
     crate::own_memory::reset_after_fork();
+    crate::python_frames::reset_after_fork();
     buffers::reset_after_fork(forking_thread);
     area::forget_after_fork();
     FINISHED.store(false, Relaxed);

@@ -46,9 +46,14 @@ pub struct ThreadStacks {
     /// On the heap: thread stacks may be small.
     table: alloc::boxed::Box<[Slot]>,
     next_id: u32,
-    /// The last captured stack. Here rather than on the program's stack:
-    /// zeroing 2 KiB per allocation cost more than the unwinding it feeds.
+    /// Ids whose frames the trace has: a native stack first seen under
+    /// Python frames is defined only with them.
+    defined: alloc::vec::Vec<u64>,
+    /// The last captured stack (native frames, then any Python frames).
+    /// Here rather than on the program's stack: zeroing 2 KiB per
+    /// allocation cost more than the unwinding it feeds.
     frames: alloc::boxed::Box<[u64]>,
+    python: alloc::boxed::Box<[u64]>,
 }
 
 impl ThreadStacks {
@@ -57,7 +62,9 @@ impl ThreadStacks {
             unwinder: ThreadUnwinder::new(),
             table: alloc::vec![Slot::default(); TABLE_SLOTS].into_boxed_slice(),
             next_id: 1,
-            frames: alloc::vec![0; MAX_DEPTH].into_boxed_slice(),
+            defined: alloc::vec::Vec::new(),
+            frames: alloc::vec![0; MAX_DEPTH + crate::python_frames::MAX_PYTHON_FRAMES].into_boxed_slice(),
+            python: alloc::vec![0; crate::python_frames::MAX_PYTHON_FRAMES].into_boxed_slice(),
         }
     }
 
@@ -65,6 +72,8 @@ impl ThreadStacks {
     /// none) and, when the id is new, the depth of its frames (see
     /// [`Self::captured`]) to define it with; 0 otherwise. Walks are
     /// remembered under their id, so a repeated stack costs no unwinding.
+    /// A thread running Python code gets its Python frames after the
+    /// native ones, under an id of their own.
     #[inline(always)]
     pub fn capture(&mut self) -> (u32, usize) {
         let depth = DEPTH.load(Relaxed);
@@ -77,17 +86,64 @@ impl ThreadStacks {
             _ => return (0, 0),
         };
         let frames = &mut self.frames[..depth];
-        match self.unwinder.capture_remembered(frames, skip, frame_pointers) {
-            Capture::Remembered(id) => (id, 0),
-            Capture::Walked(0) => (0, 0),
+        let (native, walked) = match self.unwinder.capture_remembered(frames, skip, frame_pointers) {
+            Capture::Remembered(id) => (id, None),
+            Capture::Walked(0) => (0, Some(0)),
             Capture::Walked(depth) => {
                 let frames = core::mem::take(&mut self.frames);
-                let (id, new) = self.intern(&frames[..depth]);
+                let (id, _) = self.intern(&frames[..depth]);
                 self.frames = frames;
                 self.unwinder.remember(id);
-                (id, if new { depth } else { 0 })
+                (id, Some(depth))
             }
+        };
+        let python = crate::python_frames::capture(&mut self.python);
+        if python == 0 {
+            if native == 0 || self.is_defined(native) {
+                return (native, 0);
+            }
+            let depth = match walked {
+                Some(depth) => depth,
+                None => self.walk_again(depth, skip, frame_pointers),
+            };
+            self.set_defined(native);
+            return (native, depth);
         }
+        let hash = self.python[..python].iter().fold(0x6a09_e667_f3bc_c908u64 ^ native as u64, |h, &f| mix(h, f)) | 1;
+        let (id, new) = self.intern_hash(hash);
+        if !new && self.is_defined(id) {
+            return (id, 0);
+        }
+        let native_depth = match walked {
+            Some(depth) => depth,
+            None if native == 0 => 0,
+            None => self.walk_again(depth, skip, frame_pointers),
+        };
+        self.frames[native_depth..native_depth + python].copy_from_slice(&self.python[..python]);
+        self.set_defined(id);
+        (id, native_depth + python)
+    }
+
+    /// The native frames again, walked without the memo (which gave an id
+    /// whose frames this capture needs).
+    #[inline(always)]
+    fn walk_again(&mut self, depth: usize, skip: usize, frame_pointers: bool) -> usize {
+        let frames = &mut self.frames[..depth];
+        // Inlined into append_allocation, as the memo's walk is: the same
+        // frames above it.
+        if frame_pointers { self.unwinder.capture_frame_pointers(frames, skip) } else { self.unwinder.capture(frames, skip) }
+    }
+
+    fn is_defined(&self, id: u32) -> bool {
+        self.defined.get(id as usize / 64).is_some_and(|word| word & (1 << (id % 64)) != 0)
+    }
+
+    fn set_defined(&mut self, id: u32) {
+        let word = id as usize / 64;
+        if word >= self.defined.len() {
+            self.defined.resize(word + 1, 0);
+        }
+        self.defined[word] |= 1 << (id % 64);
     }
 
     /// The stack [`Self::capture`] took, `depth` frames deep.
@@ -99,7 +155,12 @@ impl ThreadStacks {
     /// The id of this stack, and whether it is new (must be defined).
     #[inline(always)]
     pub fn intern(&mut self, frames: &[u64]) -> (u32, bool) {
-        let hash = frames.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &f| (h.rotate_left(5) ^ f).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)) | 1;
+        let hash = frames.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &f| mix(h, f)) | 1;
+        self.intern_hash(hash)
+    }
+
+    #[inline(always)]
+    fn intern_hash(&mut self, hash: u64) -> (u32, bool) {
         let slot = &mut self.table[(hash >> 32) as usize % TABLE_SLOTS];
         if slot.hash == hash {
             return (slot.id, false);
@@ -109,6 +170,11 @@ impl ThreadStacks {
         *slot = Slot { hash, id };
         (id, true)
     }
+}
+
+#[inline(always)]
+fn mix(hash: u64, frame: u64) -> u64 {
+    (hash.rotate_left(5) ^ frame).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
 #[cfg(test)]

@@ -144,6 +144,11 @@ impl Visitor for Inheriting<'_> {
         self.target.stack(id, frames);
     }
 
+    /// The code objects the parent's stacks name, like its stacks.
+    fn python_code(&mut self, image: u32, code: &memgap_trace::python::PythonCode) {
+        self.target.python_code(image, code);
+    }
+
     /// A grandparent's history, when the parent's forking image is its first.
     fn inherited(&mut self, item: Inherited<'_>) {
         match item {

@@ -12,6 +12,7 @@ use std::path::Path;
 use memgap_trace::event::{self, DeltaState, Event};
 use memgap_trace::records::{Clock, End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::numa::{MemorySamples, Placement, Topology};
+use memgap_trace::python::PythonCode;
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
@@ -59,6 +60,9 @@ pub trait Visitor {
     /// A call stack (return addresses, innermost first) under the id that
     /// events carry in `Event::stack`; always before the first such event.
     fn stack(&mut self, _id: u32, _frames: &[u64]) {}
+    /// A Python code object that the Python frames of image `image`'s
+    /// stacks name (see [`memgap_trace::python`]); file order, not merged.
+    fn python_code(&mut self, _image: u32, _code: &PythonCode) {}
     fn note(&mut self, _time: u64, _text: &str) {}
     /// The agent's END record: the image ended (exit or exec) or recording failed.
     fn end(&mut self, _end: &End) {}
@@ -124,6 +128,12 @@ impl StackIds {
     fn global_id(&mut self, local: u32, defines: bool, decoding: &mut Decoding, visitor: &mut impl Visitor) -> u32 {
         let local = local as usize;
         if defines {
+            if decoding.image != 0 {
+                // Python frames name code ids of their image.
+                for frame in &mut decoding.frames {
+                    *frame = memgap_trace::python::with_image(*frame, decoding.image);
+                }
+            }
             let next_id = decoding.stack_ids.len() as u32 + 1;
             let id = *decoding.stack_ids.entry(decoding.frames.clone()).or_insert_with(|| {
                 visitor.stack(next_id, &decoding.frames);
@@ -154,6 +164,8 @@ struct Decoding {
     /// Every distinct call stack → its id (ids start at 1; 0 is "none").
     stack_ids: FxHashMap<Vec<u64>, u32>,
     frames: Vec<u64>,
+    /// The current image's number (PROCESS `image`).
+    image: u32,
 }
 
 /// A thread's stack ids from here on are taken for corruption and read as
@@ -399,6 +411,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
                     self.outcome.timeline.start(&process);
                 }
                 self.lineage.image = Some((process.pid, process.start_time, process.start_monotonic_ns));
+                self.decoding.image = process.image;
                 self.visitor.process(&process);
             }
             Record::Fork(fork) => self.inherit(&fork),
@@ -412,6 +425,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
             }
             Record::Exit(exit) => self.exit = Some(exit),
             Record::Note { time, text } => self.visitor.note(time, &text),
+            Record::PythonCode(code) => self.visitor.python_code(self.decoding.image, &code),
             Record::Unknown { .. } => {}
         }
     }
@@ -461,6 +475,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
         let cut = Cut::of(fork);
         let mut parent = Inheriting::new(&mut *self.visitor, cut, child_start_time, child_start_ns);
         let lineage = Lineage { dir: self.lineage.dir.clone(), run_id: self.lineage.run_id, generation: self.lineage.generation + 1, cut: Some(cut), ..Lineage::default() };
+        let image = self.decoding.image;
         let mut merger = Merger::new(&mut parent, std::mem::take(&mut self.decoding), lineage);
         let read = trace.for_each_chunk_until(|_, chunk| {
             for record in Records::new(chunk).flatten() {
@@ -474,6 +489,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
         merger.release(u64::MAX);
         let (found, failure) = (merger.lineage.cut.is_some_and(|cut| cut.found), merger.lineage.failure.take());
         self.decoding = std::mem::take(&mut merger.decoding);
+        self.decoding.image = image;
         read.map_err(|error| format!("its trace {} cannot be read ({error})", path.display()))?;
         if !found {
             return Err(format!("its trace {} does not hold the image that forked", path.display()));

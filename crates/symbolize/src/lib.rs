@@ -32,6 +32,7 @@
 //! ```
 
 mod module_files;
+pub mod python;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -19,7 +19,7 @@ use crate::TraceError;
 
 pub const FILE_MAGIC: [u8; 8] = *b"MEMGAPT\0";
 pub const VERSION_MAJOR: u16 = 2;
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 pub const FILE_HEADER_LEN: usize = 32;
 
 pub const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"MGCK");

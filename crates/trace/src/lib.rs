@@ -24,6 +24,7 @@ pub mod files;
 pub mod framing;
 pub mod mutate;
 pub mod numa;
+pub mod python;
 pub mod reader;
 pub mod records;
 pub mod shared;

@@ -16,6 +16,7 @@ pub const TAG_THREAD: u8 = 10;
 pub const TAG_ALLOCATOR: u8 = 11;
 pub const TAG_METRICS: u8 = 12;
 pub const TAG_FORK: u8 = 13;
+pub const TAG_PYTHON_CODE: u8 = 14;
 /// NUMA records (see [`crate::numa`]).
 pub const TAG_TOPOLOGY: u8 = 20;
 pub const TAG_PLACEMENT: u8 = 21;
@@ -303,6 +304,8 @@ pub enum Record<'a> {
     Topology(crate::numa::Topology),
     Placement(crate::numa::Placement),
     MemorySamples(crate::numa::MemorySamples),
+    /// A Python code object that frames of this image's stacks name.
+    PythonCode(crate::python::PythonCode),
     Unknown { tag: u8 },
 }
 
@@ -440,6 +443,15 @@ impl Record<'_> {
             Record::MemorySamples(s) => {
                 crate::numa::encode_samples(b, s);
                 TAG_MEMORY_SAMPLES
+            }
+            Record::PythonCode(code) => {
+                for v in [code.id as u64, code.first_line as u64, code.line_table_format as u64] {
+                    varint::push(b, v);
+                }
+                varint::push_bytes(b, code.file.as_bytes());
+                varint::push_bytes(b, code.qualified_name.as_bytes());
+                varint::push_bytes(b, &code.line_table);
+                TAG_PYTHON_CODE
             }
             Record::Unknown { tag } => *tag,
         };
@@ -676,6 +688,14 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
         TAG_TOPOLOGY => Record::Topology(crate::numa::decode_topology(&mut c, body.len())?),
         TAG_PLACEMENT => Record::Placement(crate::numa::decode_placement(&mut c, body.len())?),
         TAG_MEMORY_SAMPLES => Record::MemorySamples(crate::numa::decode_samples(&mut c, body.len())?),
+        TAG_PYTHON_CODE => Record::PythonCode(crate::python::PythonCode {
+            id: u32_of(c.varint()?)?,
+            first_line: u32_of(c.varint()?)?,
+            line_table_format: u8::try_from(c.varint()?).map_err(|_| Malformed)?,
+            file: c.string()?,
+            qualified_name: c.string()?,
+            line_table: c.bytes()?.to_vec(),
+        }),
         tag => Record::Unknown { tag },
     })
 }
@@ -768,6 +788,14 @@ mod tests {
                     crate::numa::MemorySample { monotonic_ns: 50, pid: 7, tid: 8, cpu: 1, addr: 0x7f00_0000_1000, node: 0, data_source: 0 },
                     crate::numa::MemorySample { monotonic_ns: 40, pid: 7, tid: 9, cpu: 0, addr: 0x1000, node: crate::numa::FAULT, data_source: 3 },
                 ],
+            }),
+            Record::PythonCode(crate::python::PythonCode {
+                id: 3,
+                first_line: 18,
+                line_table_format: crate::python::LINE_TABLE_CPYTHON_311,
+                file: "/srv/cache.py".into(),
+                qualified_name: "Cache.build.<locals>.<dictcomp>".into(),
+                line_table: vec![0x80, 0x00, 0xd8, 0x04],
             }),
         ];
         let mut chunk = Vec::new();

@@ -67,6 +67,10 @@ pub struct Args {
     /// 4x cheaper, for programs built with -fno-omit-frame-pointer).
     #[arg(long, default_value = "dwarf", value_parser = ["dwarf", "fp"])]
     unwind: String,
+    /// Python frames in call stacks (CPython 3.11): `file.py:LINE in function`
+    /// where the interpreter ran Python code; off records native frames only.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    python_stacks: String,
     /// After the run, write the HTML report beside the trace (<trace stem>.html).
     #[arg(long)]
     report: bool,
@@ -116,6 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let stacks = if args.no_stacks { "none" } else { args.unwind.as_str() };
         command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
+        command.env("MEMGAP_PYTHON_STACKS", &args.python_stacks);
     }
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
