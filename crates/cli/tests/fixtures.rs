@@ -1,0 +1,134 @@
+//! Recorded traces with the answers memgap gave for them: one trace per
+//! heap owner (glibc's main and thread arenas, jemalloc, mimalloc, pymalloc,
+//! Ruby, Node) and one of trace format 1.0, in tests/fixtures/traces. Each
+//! is read with `summary`, `ledger` and `blame` (`--json`, default moment) and
+//! compared with `<name>.expected.json` beside it, so a change in what any
+//! command answers for a trace shows up as a diff to review. After a change
+//! meant to alter the answers:
+//!
+//!     MEMGAP_UPDATE_FIXTURES=1 cargo test --release --test fixtures
+//!
+//! rewrites the expected files (review them with `git diff`).
+//!
+//! The programs these traces name are gone (recorded from a temporary
+//! directory), so their frames read `module+offset` everywhere; the system
+//! libraries' frames are named only where the library is the very one
+//! recorded (same build-id: Debian 12's), elsewhere they read
+//! `module+offset` too, and blame is then compared by its sizes alone.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces")
+}
+
+fn answer(dir: &Path, args: &[&str]) -> Value {
+    let out = memgap(dir, args);
+    assert!(out.status.success(), "memgap {args:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("memgap {args:?}: not JSON: {e}"))
+}
+
+fn answers(dir: &Path, trace: &str) -> Value {
+    json!({
+        "summary": answer(dir, &["summary", trace, "--json"]),
+        "ledger": answer(dir, &["ledger", trace, "--json"]),
+        "blame": answer(dir, &["blame", trace, "--json"]),
+    })
+}
+
+/// Where two answers first differ, as a JSON path.
+fn first_difference(expected: &Value, got: &Value, path: &str) -> Option<String> {
+    match (expected, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))).find_map(|key| match (a.get(key), b.get(key)) {
+                (Some(x), Some(y)) => first_difference(x, y, &format!("{path}.{key}")),
+                (x, y) => Some(format!("{path}.{key}: expected {}, got {}", show(x), show(y))),
+            })
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            a.iter().zip(b).enumerate().find_map(|(i, (x, y))| first_difference(x, y, &format!("{path}[{i}]"))).or_else(|| {
+                (a.len() != b.len()).then(|| format!("{path}: expected {} items, got {}", a.len(), b.len()))
+            })
+        }
+        _ => (expected != got).then(|| format!("{path}: expected {expected}, got {got}")),
+    }
+}
+
+fn show(value: Option<&Value>) -> String {
+    value.map_or_else(|| "nothing".to_string(), |v| v.to_string().chars().take(200).collect())
+}
+
+/// Blame without its frames' names: what stays the same on a machine whose
+/// system libraries are not the recorded ones.
+fn blame_sizes(blame: &Value) -> Value {
+    let entries = blame.as_array().map(|entries| entries.iter().map(|e| json!([e["objects"], e["live_bytes"], e["fragmentation_bytes"]])).collect());
+    Value::Array(entries.unwrap_or_default())
+}
+
+/// Whether blame could name the system libraries' frames: it notes every
+/// module it could not (the programs' own are gone on purpose).
+fn libraries_are_the_recorded_ones(dir: &Path, trace: &str) -> bool {
+    let out = memgap(dir, &["blame", trace]);
+    !text(&out.stdout).lines().any(|line| line.trim_start().starts_with("note: /") && (line.contains("/lib/") || line.contains("/lib64/")))
+}
+
+#[test]
+fn every_fixture_gets_its_expected_answers() {
+    let dir = fixtures_dir();
+    let update = std::env::var_os("MEMGAP_UPDATE_FIXTURES").is_some();
+    let mut traces: Vec<String> = std::fs::read_dir(&dir)
+        .expect("tests/fixtures/traces")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".mgt"))
+        .collect();
+    traces.sort();
+    assert!(traces.len() >= 8, "{traces:?}");
+    let mut failures = Vec::new();
+    for trace in &traces {
+        let got = answers(&dir, trace);
+        let expected_path = dir.join(trace.replace(".mgt", ".expected.json"));
+        if update {
+            std::fs::write(&expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+            continue;
+        }
+        let expected: Value = match std::fs::read(&expected_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", expected_path.display())),
+            Err(e) => panic!("{}: {e}; run MEMGAP_UPDATE_FIXTURES=1 cargo test --release --test fixtures", expected_path.display()),
+        };
+        let (mut expected, mut got) = (expected, got);
+        if !libraries_are_the_recorded_ones(&dir, trace) {
+            eprintln!("{trace}: this machine's system libraries are not the recorded ones; blame is compared by its sizes");
+            expected["blame"] = blame_sizes(&expected["blame"]);
+            got["blame"] = blame_sizes(&got["blame"]);
+        }
+        if let Some(difference) = first_difference(&expected, &got, trace) {
+            failures.push(difference);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "answers changed (if meant: MEMGAP_UPDATE_FIXTURES=1 cargo test --release --test fixtures, then review git diff tests/fixtures):\n{}",
+        failures.join("\n")
+    );
+}
+
+/// A trace of format 1.0 (before events could omit a repeated time) reads
+/// as a recorded run: its events, snapshots and exit.
+#[test]
+fn a_format_one_trace_reads_whole() {
+    let dir = fixtures_dir();
+    let trace = "format-1.0-glibc.mgt";
+    assert_eq!(&std::fs::read(dir.join(trace)).unwrap()[8..10], &1u16.to_le_bytes(), "the fixture is a 1.0 trace");
+    let summary = answer(&dir, &["summary", trace, "--json"]);
+    // owners_churn main 8: 8 MiB of 1000-byte blocks (a multiple of 512), all but one in 512 freed.
+    let blocks = (8 << 20) / 1000 / 512 * 512;
+    assert!(events(&summary, "malloc") >= blocks, "{summary:#}");
+    assert!(events(&summary, "free") >= blocks - blocks / 512, "{summary:#}");
+    let ledger = answer(&dir, &["ledger", trace, "--json", "--at", "end"]);
+    assert!(ledger["rows"]["retained"].as_u64().unwrap() > 4 << 20, "{ledger:#}");
+}
