@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""memgap vs heaptrack, side by side, in one run.
+"""memgap vs heaptrack (and memray on Python workloads), side by side, in one run.
 
     python3 bench/run.py [--quick | --smoke] [--repeat N] [--only churn,deep] [--out DIR]
 
 Builds the workloads in bench/workloads/, then for each workload runs plain, every
 memgap variant the CLI supports and heaptrack interleaved (A B C A B C ..., after one
 warm-up round), counts instructions with `perf stat`, measures each trace's size and
+(Python workloads) adds memray, installed from PyPI into bench/.memray/ by pip, and
 how fast each tool analyses it, and writes RATIOS to DIR/latest.md and DIR/latest.json.
 No timing is asserted: the point is the comparison. See bench/README.md.
 Python standard library only.
@@ -29,6 +30,12 @@ WORKLOAD_SOURCES = BENCH_DIR / "workloads"
 REPO_DIR = BENCH_DIR.parent
 DEFAULT_MEMGAP = REPO_DIR / "target" / "release" / "memgap"
 MIB = 1024 * 1024
+
+# memray for the Python workloads: pip installs this version into a venv in the bench's
+# own private directory (mode 0700), once; the workloads then run on that venv's python
+# (the system interpreter, through the venv's symlink) under every tool.
+MEMRAY_VERSION = "1.20.0"
+MEMRAY_DIR = BENCH_DIR / ".memray"
 
 # heaptrack 1.4's interpreter can grow to tens of GiB on many distinct stacks and take the
 # machine with it (baseline §5.1); an address-space cap makes it die alone instead.
@@ -63,13 +70,15 @@ class Workload:
     name: str
     argv: list
     env: dict = field(default_factory=dict)
+    python: bool = False  # a CPython script: Python-only tools (memray, --python-stacks) apply
 
 
 @dataclass
 class Tool:
     name: str  # as shown in the report: "plain", "memgap", "memgap --no-stacks", "heaptrack"
-    kind: str  # "plain" | "memgap" | "heaptrack"
+    kind: str  # "plain" | "memgap" | "heaptrack" | "memray"
     flags: list = field(default_factory=list)
+    python_only: bool = False
 
 
 @dataclass
@@ -79,6 +88,7 @@ class Setup:
     memgap_tools: list = field(default_factory=list)
     memgap_quiet: bool = False
     heaptrack: bool = False
+    memray_python: Path = None  # the venv's interpreter, with memray installed
     perf_ok: bool = False
     notes: list = field(default_factory=list)
 
@@ -118,10 +128,41 @@ def check_environment(memgap_path):
     setup.memgap_tools = [Tool("memgap", "memgap")] + [
         Tool(f"memgap {flag}", "memgap", [flag])
         for flag in ("--no-stacks", "--trim-only") if flag in help_text.stdout]
+    if "--python-stacks" in help_text.stdout:
+        setup.memgap_tools.append(Tool("memgap --python-stacks=off", "memgap", ["--python-stacks=off"], python_only=True))
     agent = memgap_path.parent / "libmemgap_agent.so"
     if not agent.is_file():
         setup.notes.append(f"note: {agent} not found next to the CLI")
     return setup
+
+
+def setup_memray(setup):
+    """memray from PyPI in a venv of bench/.memray (made 0700), once; None (and a note) if that fails."""
+    system_python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    venv = MEMRAY_DIR / "venv"
+    python = venv / "bin" / "python3"
+
+    def installed():
+        if not python.exists():
+            return False
+        version = subprocess.run([str(python), "-m", "memray", "--version"], capture_output=True, text=True)
+        return version.returncode == 0 and version.stdout.strip() == MEMRAY_VERSION
+
+    if not installed():
+        MEMRAY_DIR.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(MEMRAY_DIR, 0o700)
+        steps = [[system_python, "-m", "venv", str(venv)],
+                 [str(python), "-m", "pip", "install", "--quiet", f"memray=={MEMRAY_VERSION}"]]
+        for step in steps:
+            result = subprocess.run(step, capture_output=True, text=True)
+            if result.returncode != 0:
+                setup.notes.append(f"memray columns skipped: `{' '.join(step[-3:])}` failed: "
+                                   f"{(result.stderr or result.stdout).strip().splitlines()[-1:]}")
+                return
+        if not installed():
+            setup.notes.append("memray columns skipped: memray did not install")
+            return
+    setup.memray_python = python
 
 
 def perf_counts_instructions(perf_installed):
@@ -163,10 +204,18 @@ def build(build_dir, divisor, setup):
         workloads.append(Workload("sqlite", ["sqlite3", ":memory:", f".read {sql}"]))
     else:
         setup.notes.append("sqlite workload skipped: no sqlite3")
-    # The system interpreter, not a pyenv shim (a shell script that would be profiled too).
+    # The system interpreter, not a pyenv shim (a shell script that would be profiled too);
+    # with memray, the same interpreter through the venv that has memray.
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    if setup.memray_python:
+        python = setup.memray_python
     workloads.append(Workload("python", [python, WORKLOAD_SOURCES / "pydict.py", 500_000 // divisor, 5],
-                              env={"PYTHONMALLOC": "malloc"}))
+                              env={"PYTHONMALLOC": "malloc"}, python=True))
+    # The default allocator: pymalloc serves the small objects, malloc the dict tables and
+    # the interpreter's own blocks (what memray and memgap both see by default).
+    if divisor < SIZES["smoke"]["divisor"]:
+        workloads.append(Workload("python-pymalloc", [python, WORKLOAD_SOURCES / "pydict.py", 1_000_000 // divisor, 5],
+                                  python=True))
     for workload in workloads:
         workload.argv = [str(arg) for arg in workload.argv]
     return workloads
@@ -191,7 +240,7 @@ class Bench:
 
     def trace_path(self, workload, tool):
         slug = tool.name.replace(" --", "-").replace(" ", "-")
-        suffix = ".mgt" if tool.kind == "memgap" else ".zst"  # heaptrack appends .zst itself
+        suffix = {"memgap": ".mgt", "memray": ".bin"}.get(tool.kind, ".zst")  # heaptrack appends .zst itself
         return self.work_dir / "traces" / f"{workload.name}.{slug}{suffix}"
 
     def command(self, workload, tool):
@@ -201,6 +250,8 @@ class Bench:
         if tool.kind == "memgap":
             quiet = ["--quiet"] if self.setup.memgap_quiet else []
             return [str(self.setup.memgap), "run", "-o", str(trace), *quiet, *tool.flags, "--", *workload.argv]
+        if tool.kind == "memray":
+            return [workload.argv[0], "-m", "memray", "run", "-q", "-f", "-o", str(trace), *tool.flags, *workload.argv[1:]]
         stem = str(trace)[:-len(".zst")]
         return ["prlimit", f"--as={HEAPTRACK_MEMORY_CAP_GIB << 30}", "heaptrack", "-o", stem, *workload.argv]
 
@@ -359,6 +410,7 @@ def trace_stats(size, events, analysis_runs, analysis_tool):
 
 def bench_workload(bench, workload, tools, repeat, perf_runs, analysis_runs):
     print(f"== {workload.name}: {' '.join(workload.argv)}", flush=True)
+    tools = [tool for tool in tools if workload.python or not tool.python_only]
     results = {tool.name: {"kind": tool.kind, "runs": []} for tool in tools}
     expected_checksum = None
     for round_index in range(repeat + 1):  # round 0 is the uncounted warm-up
@@ -394,6 +446,8 @@ def bench_workload(bench, workload, tools, repeat, perf_runs, analysis_runs):
             result["trace"] = memgap_trace_stats(bench, workload, tool, analysis_runs)
         elif tool.kind == "heaptrack":
             result["trace"] = heaptrack_trace_stats(bench, workload, tool, analysis_runs)
+        elif tool.kind == "memray" and bench.trace_path(workload, tool).is_file():
+            result["trace"] = {"trace_bytes": bench.trace_path(workload, tool).stat().st_size}
         bench.trace_path(workload, tool).unlink(missing_ok=True)  # churn traces reach ~100 MB
     summarise(results)
     return {"argv": workload.argv, "env": workload.env, "tools": results}
@@ -421,6 +475,14 @@ def summarise(results):
         if result.get("instructions") and plain.get("instructions"):
             result["instructions_ratio"] = result["instructions"] / plain["instructions"]
 
+    # memgap's overhead (ratio - 1) as a share of each memray variant's, by CPU time.
+    for name, memray in results.items():
+        if memray["kind"] != "memray" or "cpu_ratio" not in memray:
+            continue
+        for result in results.values():
+            if result["kind"] == "memgap" and "cpu_ratio" in result and memray["cpu_ratio"] > 1:
+                result.setdefault("vs_memray", {})[name] = (result["cpu_ratio"] - 1) / (memray["cpu_ratio"] - 1)
+
     heaptrack = results.get("heaptrack")
     if not heaptrack or "error" in heaptrack:
         return
@@ -440,6 +502,8 @@ def summarise(results):
 
 # Issue 11's targets, each checked on the figures of this run.
 STACKS_SHARE_OF_HEAPTRACK = 1 / 3
+# Issue 26's: on Python workloads, memgap's overhead at most half of memray's.
+SHARE_OF_MEMRAY = 1 / 2
 NO_STACKS_CHURN_RATIO = 1.3
 TRIM_ONLY_RATIO = 1.02
 ANALYSIS_VS_HEAPTRACK_PRINT = 10
@@ -478,6 +542,17 @@ def check_targets(report):
             key = slowdown_key(trim_only)
             add("memgap --trim-only < 1.02× plain", name, f"{trim_only[key]:.3f}× ({key.split('_')[0]}), wall {trim_only['wall_ratio']:.3f}×",
                 "< 1.02×", trim_only[key] < TRIM_ONLY_RATIO)
+        for memray_name, memray in tools.items():
+            if memray.get("kind") != "memray" or "cpu_ratio" not in memray:
+                continue
+            for memgap_name in ("memgap", "memgap --python-stacks=off"):
+                memgap = tools.get(memgap_name, {})
+                if "cpu_ratio" not in memgap:
+                    continue
+                mine, theirs = memgap["cpu_ratio"] - 1, memray["cpu_ratio"] - 1
+                add(f"{memgap_name} overhead ≤ ½ of {memray_name}'s", name,
+                    f"{mine:.2f} vs {theirs:.2f} (CPU; wall {memgap.get('wall_ratio', 0) - 1:.2f} vs {memray.get('wall_ratio', 0) - 1:.2f})",
+                    f"≤ {theirs * SHARE_OF_MEMRAY:.2f}", mine <= theirs * SHARE_OF_MEMRAY)
         mine, theirs = stacks.get("trace", {}), heaptrack.get("trace", {})
         if mine.get("bytes_per_event") and theirs.get("bytes_per_event"):
             add("trace bytes/event below heaptrack's", name, f"{mine['bytes_per_event']:.2f}",
@@ -577,6 +652,17 @@ def markdown_report(report):
     if not comparisons:
         lines.append("| — | no memgap and heaptrack pair measured | | | | |")
 
+    memray_rows = [(name, tool, result["vs_memray"]) for name, workload in report["workloads"].items()
+                   for tool, result in workload.get("tools", {}).items() if "vs_memray" in result]
+    if memray_rows:
+        lines += ["", "## memgap ÷ memray (Python)", "",
+                  "memgap's overhead (CPU × − 1) divided by memray's: below 0.5 meets the goal of at most half.", "",
+                  "| workload | memgap variant | " + " | ".join(sorted({m for _, _, v in memray_rows for m in v})) + " |",
+                  "|---|---|" + "---|" * len({m for _, _, v in memray_rows for m in v})]
+        for name, tool, versus in memray_rows:
+            columns = sorted({m for _, _, v in memray_rows for m in v})
+            lines.append(f"| {name} | {tool} | " + " | ".join(fmt(versus.get(m), 3) for m in columns) + " |")
+
     lines += ["", "## Traces and analysis", "",
               "Events: memgap = sum of `events` in `memgap summary --json`; heaptrack = `+`/`-` lines in the "
               "decompressed trace. Analysis: `memgap summary --json` (replay and summary) and `memgap report` "
@@ -586,7 +672,7 @@ def markdown_report(report):
     for name, workload in report["workloads"].items():
         for tool, result in workload.get("tools", {}).items():
             trace = result.get("trace")
-            if trace is None:
+            if trace is None or "events" not in trace and "error" not in trace:
                 continue
             if "error" in trace:
                 lines.append(f"| {name} | {tool} | FAILED: {trace['error'][:120]} | | | | | |")
@@ -600,7 +686,7 @@ def markdown_report(report):
                          f"{fmt(trace.get('report_s'), 3)} | {fmt_count(trace.get('report_events_per_s'))} | "
                          f"{fmt(trace.get('report_peak_rss_mib'), 1)} |")
 
-    lines += ["", "## Targets (issue 11)", "",
+    lines += ["", "## Targets (issues 11 and 26)", "",
               "Each target checked on this run's figures; slowdowns compare instructions where perf counts them, "
               "else CPU time.", "",
               "| target | workload | measured | goal | met |", "|---|---|---|---|---|"]
@@ -624,6 +710,7 @@ def describe_machine(args, setup):
         "memgap_variants": [tool.name for tool in setup.memgap_tools],
         "heaptrack_version": command_output(["heaptrack", "--version"]) if setup.heaptrack else "heaptrack n/a",
         "heaptrack_memory_cap_gib": HEAPTRACK_MEMORY_CAP_GIB,
+        "memray_version": MEMRAY_VERSION if setup.memray_python else None,
         "load_average_at_start": os.getloadavg(),
         "notes": setup.notes,
     }
@@ -642,6 +729,8 @@ def main():
     parser.add_argument("--perf-runs", type=int, help="perf stat runs per tool (default 3, quick and smoke 1)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds before one run is killed")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (binaries, logs)")
+    parser.add_argument("--memray", action=argparse.BooleanOptionalAction, default=None,
+                        help="memray on the Python workloads (default: on, except with --smoke)")
     args = parser.parse_args()
     args.sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = SIZES[args.sizes]
@@ -650,6 +739,8 @@ def main():
     analysis_runs = sizes["analysis_runs"]
 
     setup = check_environment(args.memgap.resolve())
+    if args.memray if args.memray is not None else args.sizes != "smoke":
+        setup_memray(setup)
     for note in setup.notes:
         print(f"bench: {note}", file=sys.stderr)
     work_dir = Path(tempfile.mkdtemp(prefix="memgap-bench-"))
@@ -663,6 +754,8 @@ def main():
                          f"have {', '.join(w.name for w in workloads)}")
             workloads = [w for w in workloads if w.name in wanted]
         tools = [Tool("plain", "plain")] + setup.memgap_tools + ([Tool("heaptrack", "heaptrack")] if setup.heaptrack else [])
+        if setup.memray_python:
+            tools += [Tool("memray", "memray", python_only=True), Tool("memray --native", "memray", ["--native"], python_only=True)]
         bench = Bench(setup, work_dir, args.timeout)
         report = {"meta": describe_machine(args, setup), "workloads": {}}
         for workload in workloads:
