@@ -141,6 +141,13 @@ fn multiprocessing_children_are_traced_with_their_layer() {
         assert!(u(&py["allocated_blocks_bytes"]) > 300 << 10, "{trace}: {py:#}");
         assert!(l["owners"].as_array().unwrap().iter().any(|o| o["owner"] == "python"), "{trace}: {:#}", l["owners"]);
         rows_add_up(l);
+        // Python frames in the child's own stacks: the fork child records
+        // the code objects it inherited again, into its own trace.
+        let top = &blame(&dir, &trace, "allocated")[0];
+        assert_eq!(place(top), "child.<locals>.<listcomp> children.py:13", "{trace}: {top:#}");
+        let stack = top["stack"].as_array().unwrap();
+        assert!(stack.iter().filter(|f| is_python_frame(f)).count() >= 4, "{trace}: {top:#}");
+        assert!(!stack.iter().any(|f| f["function"].as_str().is_some_and(|f| f.starts_with("<python code"))), "{trace}: every code object named: {top:#}");
         layered += 1;
     }
     assert_eq!(layered, 2, "a fork child and a spawned child, each with its snapshot: {:?}", traces_in(&dir));
@@ -300,4 +307,27 @@ fn blame_names_a_nested_python_function_called_from_two_places() {
         .map(|e| (e["stack"].as_array().unwrap().iter().filter(|f| is_python_frame(f)).map(place).nth(2).unwrap_or_default(), u(&e["allocations"])))
         .collect();
     assert_eq!(callers, [("from_requests journal.py:26".to_string(), 300), ("from_replay journal.py:31".to_string(), 200)], "{per_stack:#}");
+}
+
+/// Interpreters whose frame layout the agent does not read (pyenv's 3.10,
+/// 3.12 and 3.13, where installed) run as plain, with native frames only.
+#[test]
+fn other_python_versions_run_unharmed_with_native_frames_only() {
+    let (_tmp, dir) = tempdir();
+    let journal = script("journal.py");
+    for version in ["3.10.13", "3.12.1", "3.13.0"] {
+        let python = format!("/root/.pyenv/versions/{version}/bin/python3");
+        if !Path::new(&python).exists() {
+            continue;
+        }
+        let trace = format!("journal-{version}.mgt");
+        let plain = run_plain(&dir, &python, &[arg(&journal), "30", "20"]);
+        let traced = memgap(&dir, &["run", "-q", "-o", &trace, "--", &python, arg(&journal), "30", "20"]);
+        assert_same_behaviour(&plain, &traced);
+        let entries = blame(&dir, &trace, "allocated");
+        assert!(!entries.is_empty(), "{version}");
+        for entry in &entries {
+            assert!(!entry["stack"].as_array().unwrap().iter().any(|f| f["file"].as_str().is_some_and(|f| f.ends_with("journal.py"))), "{version}: {entry:#}");
+        }
+    }
 }
