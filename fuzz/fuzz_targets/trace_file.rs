@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = memgap_model::timeline(&path);
     for order in [BlameOrder::Fragmentation, BlameOrder::Temporary] {
-        let options = BlameOptions { at: At::Gap, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: DEFAULT_TEMPORARY_MS };
+        let options = BlameOptions { at: At::Gap, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: DEFAULT_TEMPORARY_MS, full_names: false };
         let _ = memgap_model::blame(&path, &options);
     }
     let _ = memgap_model::report::report(&path, At::Gap);

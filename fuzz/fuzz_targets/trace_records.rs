@@ -67,7 +67,7 @@ fuzz_target!(|choices: &[u8]| {
     }
     let _ = memgap_model::timeline(&path);
     for order in [BlameOrder::Fragmentation, BlameOrder::Live, BlameOrder::Leaked, BlameOrder::Allocated, BlameOrder::Temporary] {
-        let _ = memgap_model::blame(&path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: DEFAULT_TEMPORARY_MS });
+        let _ = memgap_model::blame(&path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: DEFAULT_TEMPORARY_MS, full_names: false });
     }
     let _ = memgap_model::report::report(&path, At::Gap);
     let _ = memgap_model::numa::numa(&path, &NumaOptions { at: At::Peak, machine_topology: None, top: 10 });

@@ -319,3 +319,72 @@ fn fmt_count(n: u64) -> String {
     }
     out
 }
+
+/// C++ names are shortened by default wherever blame's names go (the
+/// terminal, JSON, folded stacks, the flame graph, the report): cpp_alloc's
+/// std::map frames run past 1,000 characters demangled, cpp_templates's
+/// past 8,000. `--full-names` gives them whole.
+#[test]
+fn cpp_names_are_short_unless_full_names_is_asked() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile_with(&dir, "cpp_alloc.cpp", "cpp_alloc", &["-O1", "-g"]);
+    let trace = dir.join("cpp_alloc.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(5), "cpp_alloc exits 5: {}", text(&out.stderr));
+    let longest = |full: &[&str]| -> String {
+        let entries = blame(&trace, &[&["--per-stack", "--by", "allocated"], full].concat());
+        let names = entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).map(str::to_string).collect::<Vec<_>>());
+        names.max_by_key(|n| n.chars().count()).unwrap_or_default()
+    };
+    let (short, full) = (longest(&[]), longest(&["--full-names"]));
+    assert!(full.chars().count() > 1000 && full.contains("std::_Rb_tree<std::__cxx11::basic_string<char"), "{full}");
+    assert!(short.chars().count() <= 160 && !short.contains(", "), "{short}");
+    let sites = |full: &[&str]| -> Vec<String> { blame(&trace, &[&["--by", "allocated"], full].concat()).iter().map(|e| function(e).to_string()).collect() };
+    assert!(sites(&[]).iter().any(|s| s == "vectors_and_strings"), "the program's own names stay: {:?}", sites(&[]));
+    for by in ["fragmentation", "live", "leaked", "allocated", "temporary"] {
+        for per_stack in [&[][..], &["--per-stack"][..]] {
+            let mut args = vec!["blame", arg(&trace), "--by", by];
+            args.extend_from_slice(per_stack);
+            let out = memgap(&dir, &args);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            let table = text(&out.stdout);
+            assert!(table.lines().all(|l| l.chars().count() <= 200), "a line over 200 characters (--by {by} {per_stack:?}):\n{table}");
+        }
+    }
+    // The report shows whole stacks.
+    for (flag, long) in [(None, false), (Some("--full-names"), true)] {
+        let html = dir.join(format!("{long}.html"));
+        let mut args = vec!["report", arg(&trace), "-o", arg(&html)];
+        args.extend(flag);
+        assert!(memgap(&dir, &args).status.success());
+        let html = std::fs::read_to_string(&html).unwrap();
+        // The data sits in the page as JSON with `<` escaped.
+        assert_eq!(html.contains("std::allocator\\u003cchar\\u003e \\u003e"), long, "report names (--full-names: {long})");
+        assert!(html.contains("vectors_and_strings"));
+    }
+    // Folded stacks and flame graphs start at the allocation site: the
+    // program's own templates are what they name (cpp_templates: a member
+    // template called with a lambda).
+    let prog = compile_with(&dir, "cpp_templates.cpp", "cpp_templates", &["-O0", "-g"]);
+    let trace = record(&dir, &prog, &[]);
+    for (flag, long) in [(None, false), (Some("--full-names"), true)] {
+        let folded = dir.join(format!("{long}.folded"));
+        let svg = dir.join(format!("{long}.svg"));
+        for mut args in [vec!["export", arg(&trace), "--by", "allocated", "--folded", arg(&folded)], vec!["flamegraph", arg(&trace), "--by", "allocated", "-o", arg(&svg)]] {
+            args.extend(flag);
+            let out = memgap(&dir, &args);
+            assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        }
+        let folded = std::fs::read_to_string(&folded).unwrap();
+        let (whole, short) = ("main;grow<main()::<lambda(std::size_t)> >", "main;grow<…>");
+        assert!(folded.contains(if long { whole } else { short }) && !folded.contains(if long { short } else { whole }), "--full-names {long}:\n{folded}");
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert_eq!(svg.contains("lambda(std::size_t)"), long, "flame graph names (--full-names: {long})");
+    }
+    let widest = |full: &[&str]| {
+        let entries = blame(&trace, &[&["--per-stack", "--by", "allocated"], full].concat());
+        entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).map(|f| f.chars().count()).collect::<Vec<_>>()).max().unwrap_or(0)
+    };
+    let (short, whole) = (widest(&[]), widest(&["--full-names"]));
+    assert!(short <= 160 && whole > 5000, "the widest name: {short} characters short, {whole} whole");
+}

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use memgap_replay::{Change, Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
 use memgap_symbolize::python::{PythonCodes, is_python};
-use memgap_symbolize::{Frame, Symbolizer};
+use memgap_symbolize::{Frame, Symbolizer, short_name};
 use memgap_trace::python::{PythonCode, is_python_frame};
 use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
@@ -150,6 +150,10 @@ pub struct BlameOptions {
     pub skip: Vec<String>,
     /// Allocations freed within this many milliseconds are temporary.
     pub temporary_ms: u64,
+    /// Function names as demangled, whole; by default C++ names are
+    /// shortened (templates and argument lists collapsed, see
+    /// [`memgap_symbolize::short_name`]).
+    pub full_names: bool,
 }
 
 /// Also the heap state of the report's single replay (report.rs).
@@ -365,15 +369,23 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
             // Under Python code, the line of Python that called into the interpreter's C.
             let site = frames.iter().find(|frame| is_python(frame)).or_else(|| frames.iter().find(|frame| !is_allocator_frame(frame, &skip))).or(frames.first()).cloned();
             if let Some(site) = &site {
-                site_of_stack.insert(id, site_label(site));
+                let label = if options.full_names || is_python(site) { site_label(site) } else { site_label(&Frame { function: site.function.as_deref().map(short_name), ..site.clone() }) };
+                site_of_stack.insert(id, label);
             }
             (frames, site, t)
         })
         .collect();
-    let by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_ref(), frames.clone(), 1)).collect();
+    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_ref(), frames.clone(), 1)).collect();
+    // Sites are told apart by their whole names; only then shortened.
     let all_entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
-    let churn = if options.per_stack { rank(merge_by_site(&stacks), BlameOrder::Temporary, CHURN_TOP) } else { rank(all_entries.clone(), BlameOrder::Temporary, CHURN_TOP) };
-    let entries = rank(all_entries, options.order, options.top);
+    let mut churn = if options.per_stack { rank(merge_by_site(&stacks), BlameOrder::Temporary, CHURN_TOP) } else { rank(all_entries.clone(), BlameOrder::Temporary, CHURN_TOP) };
+    let mut entries = rank(all_entries, options.order, options.top);
+    if !options.full_names {
+        let mut shortened = FxHashMap::default();
+        for entry in entries.iter_mut().chain(&mut by_stack).chain(&mut churn) {
+            shorten_names(entry, &mut shortened);
+        }
+    }
     let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe).cloned();
     Blame {
         at_seconds,
@@ -420,6 +432,28 @@ pub fn program_frames(stack: &[Frame]) -> &[Frame] {
     match stack.iter().position(|frame| !is_allocator_frame(frame, ALLOCATOR_FUNCTIONS)) {
         Some(site) => &stack[site..],
         None => stack,
+    }
+}
+
+/// The entry's function names in their short form (`cache`: each whole
+/// name's, computed once).
+fn shorten_names(entry: &mut BlameEntry, cache: &mut FxHashMap<String, String>) {
+    let mut short = |name: &mut String| {
+        if let Some(known) = cache.get(name.as_str()) {
+            name.clone_from(known);
+        } else {
+            let s = short_name(name);
+            cache.insert(std::mem::replace(name, s.clone()), s);
+        }
+    };
+    // Python frames (no module) keep their qualified names.
+    if let Some(function) = entry.function.as_mut().filter(|_| !entry.module.is_empty()) {
+        short(function);
+    }
+    for frame in entry.stack.iter_mut().filter(|frame| !is_python(frame)) {
+        if let Some(function) = &mut frame.function {
+            short(function);
+        }
     }
 }
 

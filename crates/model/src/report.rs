@@ -248,6 +248,11 @@ fn downsample(samples: &[RssSample], points: usize) -> Vec<RssSample> {
 /// The report's data, about the moment `at`, in one replay (and one more
 /// to find the largest gap); `None` when the trace has no snapshot.
 pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
+    report_with_names(path, at, false)
+}
+
+/// [`report`], with function names whole (`full_names`) or shortened.
+pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option<Report>, MomentError> {
     let Some(moment) = resolve(path, at)? else { return Ok(None) };
     let infos = list(path)?;
     let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(moment.index, |s| s.index);
@@ -284,7 +289,7 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
         })
         .collect();
     let blame = v.moment_ledger.as_ref().map(|ledger| {
-        let options = BlameOptions { at, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new(), temporary_ms: blame::DEFAULT_TEMPORARY_MS };
+        let options = BlameOptions { at, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new(), temporary_ms: blame::DEFAULT_TEMPORARY_MS, full_names };
         let mut blame = blame::assemble(&v.blame, snapshots.get(moment.index).map_or(0.0, |l| l.at_seconds), ledger, &options);
         blame.moment = Some(moment.clone());
         blame

@@ -129,7 +129,7 @@ fn read_every_way(items: &[Item], per_chunk: usize) {
         let _ = ledger_at(&path, at, true);
     }
     let _ = timeline(&path);
-    let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: 10, per_stack: false, skip: Vec::new(), temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS };
+    let options = BlameOptions { at: At::Peak, order: BlameOrder::Fragmentation, top: 10, per_stack: false, skip: Vec::new(), temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS, full_names: false };
     let _ = blame(&path, &options);
     let report = report::report(&path, At::Gap);
     // `memgap run`'s single replay gives the report's summary (both count

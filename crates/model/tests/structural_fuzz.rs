@@ -73,7 +73,7 @@ fn every_model_path(path: &Path) {
     }
     let _ = timeline(path);
     for order in [BlameOrder::Fragmentation, BlameOrder::Live, BlameOrder::Leaked, BlameOrder::Allocated, BlameOrder::Temporary] {
-        let _ = blame(path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS });
+        let _ = blame(path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS, full_names: false });
     }
     let _ = report::report(path, At::Gap);
     let _ = memgap_model::numa::numa(path, &NumaOptions { at: At::Peak, machine_topology: None, top: 10 });

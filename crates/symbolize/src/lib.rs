@@ -33,6 +33,7 @@
 
 mod module_files;
 pub mod python;
+mod short_name;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,7 @@ use memgap_trace::records::Module;
 use rustc_hash::FxHashMap;
 
 pub use module_files::{DEFAULT_DEBUG_DIRS, Warning};
+pub use short_name::short_name;
 use module_files::SymbolFile;
 
 /// One function at one address. An address inside inlined code gives several

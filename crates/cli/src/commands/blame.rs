@@ -40,15 +40,19 @@ pub struct Args {
     /// Print the entries as a JSON list instead of a table.
     #[arg(long)]
     json: bool,
+    /// Function names as demangled, whole (by default C++ names are
+    /// shortened: `std::vector<…>::_M_realloc_insert<…>(…)`).
+    #[arg(long)]
+    full_names: bool,
 }
 
 pub fn options(at: At, by: BlameOrder, top: usize, per_stack: bool, skip: Vec<String>) -> BlameOptions {
-    BlameOptions { at, order: by, top, per_stack, skip, temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS }
+    BlameOptions { at, order: by, top, per_stack, skip, temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS, full_names: false }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let options = BlameOptions { temporary_ms: args.temporary_ms, ..options(args.at.at, args.by, args.top, args.per_stack, args.skip) };
+    let options = BlameOptions { temporary_ms: args.temporary_ms, full_names: args.full_names, ..options(args.at.at, args.by, args.top, args.per_stack, args.skip) };
     let Some(blame) = memgap_model::blame(&args.trace, &options).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };

@@ -28,6 +28,10 @@ pub struct ExportArgs {
     /// the snapshot, or over the whole run bytes allocated or temporary.
     #[arg(long, default_value = "fragmentation", value_name = "fragmentation|live|leaked|allocated|temporary")]
     by: BlameOrder,
+    /// Function names as demangled, whole (by default C++ names are
+    /// shortened: `std::vector<…>::_M_realloc_insert<…>(…)`).
+    #[arg(long)]
+    full_names: bool,
 }
 
 /// A flame graph (SVG) of call stacks weighted by fragmentation, live or leaked bytes.
@@ -44,6 +48,10 @@ pub struct FlamegraphArgs {
     /// snapshot, or over the whole run bytes allocated or temporary.
     #[arg(long, default_value = "fragmentation", value_name = "fragmentation|live|leaked|allocated|temporary")]
     by: BlameOrder,
+    /// Function names as demangled, whole (by default C++ names are
+    /// shortened: `std::vector<…>::_M_realloc_insert<…>(…)`).
+    #[arg(long)]
+    full_names: bool,
 }
 
 /// The profile's sample types, in the order of [`WeightedStack::values`]
@@ -73,9 +81,9 @@ fn value_index(by: BlameOrder) -> usize {
 /// The stacks at the moment `at` names, from the allocation site outwards,
 /// the executable, and that moment (said on stderr once the output is
 /// written: export and flamegraph print nothing else).
-fn weighted_stacks(trace: &Path, at: At) -> anyhow::Result<(Vec<WeightedStack>, Option<MainBinary>, Option<memgap_model::Moment>)> {
+fn weighted_stacks(trace: &Path, at: At, full_names: bool) -> anyhow::Result<(Vec<WeightedStack>, Option<MainBinary>, Option<memgap_model::Moment>)> {
     let name = trace.display().to_string();
-    let Some(blame): Option<Blame> = memgap_model::blame(trace, &options(at, BlameOrder::Live, usize::MAX, true, Vec::new())).with_context(|| name.clone())? else {
+    let Some(blame): Option<Blame> = memgap_model::blame(trace, &memgap_model::BlameOptions { full_names, ..options(at, BlameOrder::Live, usize::MAX, true, Vec::new()) }).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
     let main = blame.main_module.map(|m| MainBinary { path: m.path, base: m.base, size: m.size, build_id: m.build_id });
@@ -115,7 +123,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     if args.pprof.is_none() && args.folded.is_none() {
         bail!("say what to write: --pprof FILE and/or --folded FILE");
     }
-    let (stacks, main, moment) = weighted_stacks(&args.trace, args.at.at)?;
+    let (stacks, main, moment) = weighted_stacks(&args.trace, args.at.at, args.full_names)?;
     if let Some(path) = &args.pprof {
         let types: Vec<SampleType> = SAMPLE_TYPES.iter().map(|&(name, unit)| SampleType { name: name.into(), unit: unit.into() }).collect();
         write(path, &memgap_views::export::pprof(&stacks, &types, main.as_ref()))?;
@@ -128,7 +136,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn flamegraph(args: FlamegraphArgs) -> anyhow::Result<ExitCode> {
-    let (stacks, _, moment) = weighted_stacks(&args.trace, args.at.at)?;
+    let (stacks, _, moment) = weighted_stacks(&args.trace, args.at.at, args.full_names)?;
     let title = format!("memgap: {} bytes by call stack — {}", SAMPLE_TYPES[value_index(args.by)].0.trim_end_matches("_space"), args.trace.display());
     let svg = memgap_views::export::flamegraph_svg(&stacks, value_index(args.by), "bytes", &title)?;
     write(&args.output, svg.as_bytes())?;

@@ -223,7 +223,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if args.report && recorded {
         let html = super::report::default_output(&trace);
-        match super::report::write(&trace, &html, memgap_model::At::default()) {
+        match super::report::write(&trace, &html, memgap_model::At::default(), false) {
             Ok(()) if !args.quiet => eprintln!("memgap: report: {}", html.display()),
             Ok(()) => {}
             Err(error) => eprintln!("memgap: no report: {error:#}"),

@@ -158,7 +158,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     }
     if args.report {
         let html = crate::commands::report::default_output(&trace_path);
-        match crate::commands::report::write(&trace_path, &html, memgap_model::At::default()) {
+        match crate::commands::report::write(&trace_path, &html, memgap_model::At::default(), false) {
             Ok(()) if !args.quiet => eprintln!("memgap: report: {}", html.display()),
             Ok(()) => {}
             Err(error) => eprintln!("memgap: no report: {error:#}"),
