@@ -1,8 +1,15 @@
 //! The configurations `memgap compare` runs a command under: glibc's
-//! default, its two remedies, the other allocators Debian packages, and the
-//! user's own (`--config NAME=VAR=VALUE...`).
+//! default, its two remedies, the other allocators Debian packages, the NUMA
+//! remedies (numactl's policies, GHC's `+RTS --numa`), and the user's own
+//! (`--config NAME=VAR=VALUE...`, `--wrap NAME=PROGRAM ARGS...`).
+//!
+//! A configuration sets environment variables, or runs the command under
+//! another program (a wrapper: `numactl --interleave=all CMD...`), or both.
 
+use std::ffi::OsString;
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use memgap_model::compare::ConfigSpec;
@@ -49,7 +56,7 @@ pub fn builtins(trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<
         .iter()
         .map(|builtin| {
             let env: Vec<(String, String)> = builtin.env.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
-            let mut spec = ConfigSpec { name: builtin.name.into(), env, package: builtin.package.map(String::from), available: true, note: None };
+            let mut spec = ConfigSpec { name: builtin.name.into(), env, wrapper: Vec::new(), package: builtin.package.map(String::from), available: true, note: None };
             let library = match &builtin.preload {
                 None => return spec,
                 Some(Preload::Library(file)) => Path::new(&library_dir()).join(file),
@@ -68,34 +75,148 @@ pub fn builtins(trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<
         .collect()
 }
 
-/// The `--config` arguments: each `NAME=VAR=VALUE`, with more `VAR=VALUE`
-/// after spaces; a NAME given again adds to its configuration.
-pub fn parse_user(arguments: &[String], user_preload: Option<&str>) -> anyhow::Result<Vec<ConfigSpec>> {
+/// The NUMA remedies, in the order compare runs them.
+pub const NUMA_CONFIGS: [&str; 3] = ["interleave", "localalloc", "ghc-numa"];
+
+/// How long a GHC program may take to answer `+RTS --info`.
+const RTS_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The NUMA remedies for `command`: numactl's page interleaving over every
+/// node and its strict local allocation (both wrap the command), and GHC's
+/// own NUMA-aware allocation (`+RTS --numa` through GHCRTS, after the
+/// user's `ghcrts`), unavailable unless `command` is a GHC program whose RTS
+/// accepts it. Wrappers are checked by [`check_wrapper`].
+pub fn numa(command: &[OsString], ghcrts: Option<&str>) -> Vec<ConfigSpec> {
+    let numactl = |name: &str, policy: &str| ConfigSpec {
+        name: name.into(),
+        env: Vec::new(),
+        wrapper: vec!["numactl".into(), policy.into()],
+        package: Some("numactl".into()),
+        available: true,
+        note: None,
+    };
+    let ghc_flags = match ghcrts.map(str::trim).filter(|flags| !flags.is_empty()) {
+        Some(flags) => format!("{flags} --numa"),
+        None => "--numa".to_string(),
+    };
+    let mut ghc = ConfigSpec { name: NUMA_CONFIGS[2].into(), env: vec![("GHCRTS".into(), ghc_flags)], wrapper: Vec::new(), package: None, available: true, note: None };
+    let program = command.first().map(Path::new);
+    let why_not = match program.and_then(memgap_source_ghc::detect::resolve_command) {
+        None => Some(format!("{}: not found, so not known to be a GHC program", program.map_or(String::new(), |p| p.display().to_string()))),
+        Some(path) if !memgap_source_ghc::detect::is_ghc_binary(&path) => Some(format!("{} is not a GHC Haskell program (+RTS --numa is the GHC runtime's)", path.display())),
+        Some(path) => memgap_source_ghc::detect::probe_numa(&path, ghcrts, RTS_PROBE_TIMEOUT).err().map(|complaint| format!("its RTS refuses --numa: {complaint}")),
+    };
+    if let Some(why) = why_not {
+        ghc.available = false;
+        ghc.note = Some(why);
+    }
+    vec![numactl(NUMA_CONFIGS[0], "--interleave=all"), numactl(NUMA_CONFIGS[1], "--localalloc"), ghc]
+}
+
+/// How long a wrapper may take to run `true`.
+const WRAPPER_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Marks a configuration that wraps the command unavailable when its
+/// program is not installed, or when it cannot run `true` (numactl on a
+/// kernel without NUMA, a policy naming a node that does not exist): the
+/// reason is its first line on stderr.
+pub fn check_wrapper(spec: &mut ConfigSpec) {
+    let Some(program) = spec.wrapper.first() else { return };
+    if !spec.available {
+        return;
+    }
+    if memgap_source_ghc::detect::resolve_command(Path::new(program)).is_none() {
+        spec.available = false;
+        spec.note = Some(format!("{program}: command not found"));
+        return;
+    }
+    let Some(truth) = memgap_source_ghc::detect::resolve_command(Path::new("true")) else { return };
+    let started = Instant::now();
+    let child = Command::new(program).args(&spec.wrapper[1..]).arg(&truth).envs(spec.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(error) => {
+            spec.available = false;
+            spec.note = Some(format!("cannot start {program}: {error}"));
+            return;
+        }
+    };
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() < WRAPPER_PROBE_TIMEOUT => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    if status.is_some_and(|s| s.success()) {
+        return;
+    }
+    let mut stderr = String::new();
+    if let Some(pipe) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut std::io::Read::take(pipe, 4096), &mut stderr);
+    }
+    let first_line = stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no message");
+    let words = format!("{} {}", spec.wrapper.join(" "), truth.display());
+    spec.available = false;
+    spec.note = Some(match status {
+        Some(status) => format!("`{words}` failed ({status}): {first_line}"),
+        None => format!("`{words}` did not end within {} s", WRAPPER_PROBE_TIMEOUT.as_secs()),
+    });
+}
+
+/// The `--config` and `--wrap` arguments: each `--config NAME=VAR=VALUE`,
+/// with more `VAR=VALUE` after spaces; each `--wrap NAME=PROGRAM ARGS...`,
+/// words separated by spaces, put before the command. A NAME given again,
+/// by either option, adds to its configuration.
+pub fn parse_user(arguments: &[String], wraps: &[String], user_preload: Option<&str>) -> anyhow::Result<Vec<ConfigSpec>> {
     let usage = "expected --config NAME=VAR=VALUE (more VAR=VALUE separated by spaces, quoted), e.g. --config 'jemalloc-bg=LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 MALLOC_CONF=background_thread:true'";
+    let wrap_usage = "expected --wrap NAME=PROGRAM [ARGS...] (words separated by spaces, quoted), e.g. --wrap 'node1=numactl --membind=1'";
     let mut specs: Vec<ConfigSpec> = Vec::new();
-    for argument in arguments {
-        let Some((name, assignments)) = argument.trim().split_once('=') else {
-            bail!("--config {argument:?}: {usage}");
+    let mut named = |option: &str, argument: &str, usage: &str| -> anyhow::Result<(usize, String)> {
+        let Some((name, rest)) = argument.trim().split_once('=') else {
+            bail!("{option} {argument:?}: {usage}");
         };
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-            bail!("--config {argument:?}: a name is letters, digits, '.', '_' and '-'; {usage}");
+            bail!("{option} {argument:?}: a name is letters, digits, '.', '_' and '-'; {usage}");
         }
-        if BUILTINS.iter().any(|builtin| builtin.name == name) {
-            bail!("--config {name}: that is a built-in configuration; choose another name");
+        if BUILTINS.iter().any(|builtin| builtin.name == name) || NUMA_CONFIGS.contains(&name) {
+            bail!("{option} {name}: that is a built-in configuration; choose another name");
         }
         let index = match specs.iter().position(|spec| spec.name == name) {
             Some(index) => index,
             None => {
-                specs.push(ConfigSpec { name: name.into(), env: Vec::new(), package: None, available: true, note: None });
+                specs.push(ConfigSpec { name: name.into(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None });
                 specs.len() - 1
             }
         };
+        Ok((index, rest.to_string()))
+    };
+    let mut assignments_of = Vec::new();
+    for argument in arguments {
+        assignments_of.push(named("--config", argument, usage)?);
+    }
+    let mut wrappers_of = Vec::new();
+    for argument in wraps {
+        wrappers_of.push(named("--wrap", argument, wrap_usage)?);
+    }
+    for (index, assignments) in assignments_of {
         for assignment in assignments.split_whitespace() {
             match assignment.split_once('=') {
                 Some((variable, value)) if !variable.is_empty() => specs[index].env.push((variable.to_string(), value.to_string())),
-                _ => bail!("--config {name}: {assignment:?} is not VAR=VALUE; {usage}"),
+                _ => bail!("--config {}: {assignment:?} is not VAR=VALUE; {usage}", specs[index].name),
             }
         }
+    }
+    for (index, words) in wrappers_of {
+        let words: Vec<String> = words.split_whitespace().map(String::from).collect();
+        if words.is_empty() {
+            bail!("--wrap {}: no program to run the command under; {wrap_usage}", specs[index].name);
+        }
+        specs[index].wrapper.extend(words);
     }
     Ok(specs.into_iter().map(|spec| finish(spec, user_preload)).collect())
 }
@@ -139,10 +260,10 @@ pub fn remedies_of_ledger(ledger: &serde_json::Value) -> anyhow::Result<Vec<Reme
 /// a directory is memgap's trim library or one in the system's library
 /// directory.
 pub fn from_remedies(remedies: &[Remedy], trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<ConfigSpec> {
-    let mut specs = vec![ConfigSpec { name: REMEDIES_BASELINE.into(), env: Vec::new(), package: None, available: true, note: None }];
+    let mut specs = vec![ConfigSpec { name: REMEDIES_BASELINE.into(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None }];
     for remedy in remedies {
         let expected = format!("{}: {} (expected to save {})", remedy.owner, remedy.description, memgap_model::human_bytes(remedy.expected_savings_bytes));
-        let mut spec = ConfigSpec { name: remedy.id.clone(), env: remedy.env.clone(), package: None, available: true, note: Some(expected.clone()) };
+        let mut spec = ConfigSpec { name: remedy.id.clone(), env: remedy.env.clone(), wrapper: Vec::new(), package: None, available: true, note: Some(expected.clone()) };
         if remedy.env.is_empty() {
             spec.available = false;
             spec.note = Some(format!("a change to the program, not measurable here — {expected}"));
@@ -269,7 +390,7 @@ mod tests {
 
     #[test]
     fn user_configs() {
-        let parse = |arguments: &[&str]| parse_user(&arguments.iter().map(|a| a.to_string()).collect::<Vec<_>>(), None);
+        let parse = |arguments: &[&str]| parse_user(&arguments.iter().map(|a| a.to_string()).collect::<Vec<_>>(), &[], None);
         let specs = parse(&["je=MALLOC_CONF=a:1,b:2 OTHER=x=y", "je=THIRD=3", "two=A=1"]).unwrap();
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].name, "je");
@@ -282,5 +403,46 @@ mod tests {
         assert!(parse(&["glibc=A=1"]).is_err());
         assert!(parse(&["noenv"]).is_err());
         assert!(parse(&["x=A=1 ./prog"]).unwrap_err().to_string().contains("\"./prog\" is not VAR=VALUE"));
+    }
+
+    #[test]
+    fn wrappers_join_their_configuration() {
+        let strings = |list: &[&str]| list.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let specs = parse_user(&strings(&["node1=MALLOC_ARENA_MAX=1"]), &strings(&["node1=numactl  --membind=1", "plain=nice -n 5"]), None).unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].wrapper, ["numactl", "--membind=1"]);
+        assert_eq!(env(&specs[0], "MALLOC_ARENA_MAX"), Some("1"));
+        assert_eq!((specs[1].name.as_str(), specs[1].wrapper.as_slice(), specs[1].env.is_empty()), ("plain", &["nice".to_string(), "-n".into(), "5".into()][..], true));
+        assert!(parse_user(&[], &strings(&["empty=  "]), None).unwrap_err().to_string().contains("no program to run the command under"));
+        assert!(parse_user(&[], &strings(&["interleave=numactl -i all"]), None).unwrap_err().to_string().contains("built-in configuration"));
+        assert!(parse_user(&[], &strings(&["numactl --interleave=all"]), None).unwrap_err().to_string().contains("a name is letters"));
+    }
+
+    #[test]
+    fn a_wrapper_that_cannot_run_true_is_unavailable() {
+        let spec = |wrapper: &[&str]| ConfigSpec { name: "w".into(), env: Vec::new(), wrapper: wrapper.iter().map(|w| w.to_string()).collect(), package: None, available: true, note: None };
+        let mut fine = spec(&["env", "A=1"]);
+        check_wrapper(&mut fine);
+        assert!(fine.available, "{fine:?}");
+        let mut missing = spec(&["memgap-no-such-wrapper", "-x"]);
+        check_wrapper(&mut missing);
+        assert_eq!(missing.note.as_deref(), Some("memgap-no-such-wrapper: command not found"));
+        let mut failing = spec(&["sh", "-c", "echo refused >&2; exit 3"]);
+        check_wrapper(&mut failing);
+        assert!(!failing.available);
+        assert!(failing.note.as_deref().unwrap().ends_with(": refused"), "{failing:?}");
+    }
+
+    #[test]
+    fn ghc_numa_needs_a_ghc_program() {
+        let specs = numa(&["sh".into(), "-c".into(), "true".into()], Some("-N2"));
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, NUMA_CONFIGS);
+        assert_eq!(specs[0].wrapper, ["numactl", "--interleave=all"]);
+        assert_eq!(specs[1].wrapper, ["numactl", "--localalloc"]);
+        assert_eq!(env(&specs[2], "GHCRTS"), Some("-N2 --numa"));
+        assert!(!specs[2].available && specs[2].note.as_deref().unwrap().contains("is not a GHC Haskell program"), "{:?}", specs[2]);
+        let missing = numa(&["./memgap-no-such-program".into()], None);
+        assert!(!missing[2].available && missing[2].note.as_deref().unwrap().contains("not found"), "{:?}", missing[2]);
     }
 }

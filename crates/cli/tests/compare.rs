@@ -8,6 +8,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -346,4 +347,150 @@ fn remedies_of_a_trace_are_measured_and_rank_the_ledgers_remedies() {
         assert!(verdict.contains(remedy["id"].as_str().unwrap()), "{verdict}");
     }
     assert!(tries.contains("(measured: steady RSS"), "{verdict}");
+}
+
+/// The CPUs a process may run on, as the kernel lists them.
+const ALLOWED_CPUS: &str = "grep Cpus_allowed_list /proc/self/status";
+
+/// `--wrap` runs the command under another program: taskset narrows the
+/// CPUs the kernel lets it use (its own /proc status shows it), `--config`
+/// adds environment to the same configuration, and a wrapper that is not
+/// installed, or that cannot run `true`, is listed as unavailable with why.
+#[test]
+fn a_wrapping_configuration_runs_the_command_under_its_program() {
+    let (_tmp, dir) = tempdir();
+    let script = format!("{ALLOWED_CPUS}; echo \"tag ${{MEMGAP_TEST_TAG:-none}}\"");
+    let c = compare_json(
+        &dir,
+        &[
+            "--repeat",
+            "1",
+            "--only",
+            "cpu0,gone,refused",
+            "--wrap",
+            "cpu0=taskset -c 0",
+            "--config",
+            "cpu0=MEMGAP_TEST_TAG=wrapped",
+            "--wrap",
+            "gone=memgap-no-such-wrapper --fast",
+            "--wrap",
+            "refused=false",
+            "--show-diff",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let cpu0 = config(&c, "cpu0");
+    assert_eq!(cpu0["wrapper"], serde_json::json!(["taskset", "-c", "0"]), "{cpu0:#}");
+    assert_eq!(cpu0["env"]["MEMGAP_TEST_TAG"], "wrapped", "{cpu0:#}");
+    assert_eq!((&cpu0["available"], &cpu0["repeats"], &cpu0["exit_code"]), (&Value::Bool(true), &Value::from(1), &Value::from(0)), "{cpu0:#}");
+    let got: Vec<&str> = cpu0["output_diff"].as_array().unwrap().iter().filter_map(|d| d["got"].as_str()).collect();
+    assert!(got.contains(&"tag wrapped"), "the configuration's environment reached the command: {cpu0:#}");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus > 1 {
+        assert!(got.iter().any(|line| line.starts_with("Cpus_allowed_list:") && line.ends_with("\t0")), "taskset ran the command on CPU 0 alone: {cpu0:#}");
+    }
+    let glibc = config(&c, "glibc");
+    assert_eq!(glibc["wrapper"], serde_json::json!([]), "{glibc:#}");
+    let gone = config(&c, "gone");
+    assert_eq!((&gone["available"], &gone["repeats"]), (&Value::Bool(false), &Value::from(0)), "{gone:#}");
+    assert_eq!(gone["note"], "memgap-no-such-wrapper: command not found", "{gone:#}");
+    let refused = config(&c, "refused");
+    assert_eq!(refused["available"], false, "`false true` fails: {refused:#}");
+    assert!(refused["note"].as_str().unwrap().starts_with("`false /"), "{refused:#}");
+
+    let out = memgap(&dir, &["compare", "--repeat", "1", "--only", "cpu0", "--wrap", "cpu0=taskset -c 0", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("cpu0: taskset -c 0 CMD"), "{}", text(&out.stdout));
+    let bad = memgap(&dir, &["compare", "--wrap", "cpu0=", "--", "true"]);
+    assert!(assert_one_line_failure(&bad).contains("--wrap cpu0: no program to run the command under"), "{}", text(&bad.stderr));
+}
+
+/// The machine's NUMA nodes, as sysfs lists them (1 without NUMA).
+fn numa_nodes() -> usize {
+    std::fs::read_dir("/sys/devices/system/node").map_or(1, |d| d.flatten().filter(|e| e.file_name().to_string_lossy().strip_prefix("node").is_some_and(|n| n.parse::<u32>().is_ok())).count().max(1))
+}
+
+/// numactl's policies wrap the command and GHC's --numa is offered only to
+/// a GHC program whose RTS takes it. On one node they are left out unless
+/// asked for (said in a note); asked for, they run, and every run's first
+/// touches are sampled: at least one per page the program writes, all on
+/// the one node, which the notes call trivially local.
+#[test]
+fn numa_configurations_and_their_first_touch_figures() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "numa_touch.c");
+    let nodes = numa_nodes();
+    let plain = compare_json(&dir, &["--repeat", "1", "--only", "arena-max-2", "--", arg(&program), "8"]);
+    let names: Vec<&str> = plain["configs"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    if nodes == 1 {
+        assert_eq!(names, ["glibc", "arena-max-2"], "{plain:#}");
+        assert!(plain["numa"].is_null(), "{plain:#}");
+        assert!(plain["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("this machine has one NUMA node: the NUMA configurations (interleave, localalloc, ghc-numa)")), "{plain:#}");
+    }
+
+    // numa_touch 16: 16 MiB from the main thread and 4 MiB from each of two threads, every byte written.
+    let c = compare_json(&dir, &["--numa", "--repeat", "1", "--only", "interleave,localalloc,ghc-numa", "--", arg(&program), "16"]);
+    let numactl = Command::new("numactl").arg("--show").output().is_ok_and(|o| o.status.success());
+    let written_pages = 24 * 256;
+    assert_eq!(c["numa"]["nodes"], nodes, "{:#}", c["numa"]);
+    for name in ["glibc", "interleave", "localalloc"] {
+        let config = config(&c, name);
+        if name != "glibc" {
+            assert_eq!(config["package"], "numactl", "{config:#}");
+            assert_eq!(config["wrapper"][0], "numactl", "{config:#}");
+            assert_eq!(config["available"], numactl, "numactl is installed: {numactl}: {config:#}");
+            if !numactl {
+                continue;
+            }
+        }
+        let runs = if name == "glibc" { 2 } else { 1 }; // the default runs first and last
+        assert_eq!((&config["repeats"], &config["exit_code"], &config["output_differs"]), (&Value::from(runs), &Value::from(0), &Value::Bool(false)), "{config:#}");
+        let numa = &config["numa"];
+        if c["numa"]["unavailable_reason"].is_string() {
+            eprintln!("skipped the NUMA figures: {}", c["numa"]["unavailable_reason"]);
+            continue;
+        }
+        assert!(numa["basis"] == "first-touch" || numa["basis"] == "access", "{numa:#}");
+        if numa["basis"] == "first-touch" {
+            // A page whose process had exited before its node was asked is unresolved, not dropped.
+            let samples = numa["samples"].as_u64().unwrap();
+            assert!(samples >= written_pages * runs, "every page written is a first touch: {samples} samples, {written_pages} pages per run: {numa:#}");
+            let placed: u64 = numa["matrix"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap()).map(|v| v.as_u64().unwrap()).sum();
+            assert_eq!(placed + numa["unresolved"].as_u64().unwrap(), samples, "{numa:#}");
+        }
+        let per_run: Vec<u64> = config["runs"].as_array().unwrap().iter().map(|r| r["numa"]["samples"].as_u64().unwrap()).collect();
+        assert_eq!(per_run.iter().sum::<u64>(), numa["samples"].as_u64().unwrap(), "{config:#}");
+        assert!(numa["rate_per_second"].as_f64().is_some_and(|r| r > 0.0), "{numa:#}");
+        if nodes == 1 {
+            assert_eq!(numa["local_fraction"], 1.0, "{numa:#}");
+            assert_eq!(numa["by_distance"], serde_json::json!([{"distance": 10, "events": numa["matrix"][0][0]}]), "{numa:#}");
+        }
+    }
+    let ghc = config(&c, "ghc-numa");
+    assert_eq!((&ghc["available"], &ghc["env"]["GHCRTS"]), (&Value::Bool(false), &Value::from("--numa")), "{ghc:#}");
+    assert!(ghc["note"].as_str().unwrap().contains("is not a GHC Haskell program"), "{ghc:#}");
+    if nodes == 1 {
+        assert_eq!(c["numa"]["trivially_local"], true, "{:#}", c["numa"]);
+        assert!(c["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("trivially local")), "{c:#}");
+    }
+
+    // Debian's GHC 9.0.2 RTS is built without NUMA support: it says so, before main.
+    if Command::new("ghc").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let exe = dir.join("numa_caps");
+        let out = output_of(Command::new("ghc").args(["-O", "-threaded", "-rtsopts", "-outputdir"]).arg(dir.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/numa_caps.hs")));
+        assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
+        let c = compare_json(&dir, &["--numa", "--repeat", "1", "--only", "ghc-numa", "--", arg(&exe), "1000"]);
+        let ghc = config(&c, "ghc-numa");
+        let truth = output_of(Command::new(&exe).args(["+RTS", "--numa", "-RTS", "1"]));
+        let refused = text(&truth.stderr).contains("compiled without NUMA support");
+        assert_eq!(ghc["available"], !refused, "the RTS's own answer to --numa: {}\n{ghc:#}", text(&truth.stderr));
+        if refused {
+            assert!(ghc["note"].as_str().unwrap().contains("This GHC build was compiled without NUMA support"), "{ghc:#}");
+        }
+    } else {
+        eprintln!("ghc is not installed: the GHC part is skipped");
+    }
 }

@@ -1,6 +1,8 @@
 //! Measuring a command from outside, with no agent: the RSS of its process
 //! tree sampled from /proc over the run, its CPU time from `wait4`'s rusage,
-//! its exit status, and a hash of its stdout. `memgap compare` runs the same
+//! its exit status, and a hash of its stdout; where asked, the NUMA
+//! locality of its memory events (perf_event_open samples of its process
+//! tree, [`memgap_source_numa::launch`]). `memgap compare` runs the same
 //! command under several allocators with it.
 //!
 //! Not for: recording heap events (the agent, `crates/record`) or comparing
@@ -11,7 +13,8 @@
 //! use std::time::Duration;
 //! let command = ["python3".into(), "-c".into(), "x = [0] * 10**7".into()];
 //! let env = [("MALLOC_ARENA_MAX".to_string(), "2".to_string())];
-//! let run = memgap_measure::measure(&command, &env, Duration::from_millis(10))?;
+//! let setup = memgap_measure::Setup { interval: Duration::from_millis(10), numa: None };
+//! let run = memgap_measure::measure(&command, &env, &setup)?;
 //! println!("{} samples, {:.2} s CPU, exit {}", run.samples.len(), run.cpu_seconds, run.exit_code);
 //! # Ok::<(), memgap_measure::MeasureError>(())
 //! ```
@@ -21,7 +24,7 @@ mod process_tree;
 mod run;
 
 pub use process_tree::ProcessTree;
-pub use run::measure;
+pub use run::{Setup, measure};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {

@@ -7,7 +7,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use memgap_model::compare::{RssSample, Run, Stdout};
+use memgap_model::compare::{RssSample, Run, RunLocality, Stdout};
+use memgap_model::numa::{SampleBatch, Topology, access_locality};
 
 use crate::MeasureError;
 use crate::capture::Capture;
@@ -19,10 +20,22 @@ const STDERR_TAIL_BYTES: u64 = 2048;
 /// default's; larger output is compared by its hash.
 const STDOUT_KEPT_BYTES: u64 = 2 << 20;
 
+/// How a command is measured.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// How often the RSS of its process tree is sampled.
+    pub interval: Duration,
+    /// The machine's NUMA topology, when the locality of its memory events
+    /// is wanted: memory accesses where the CPU can sample them, else first
+    /// touches (page faults), of the whole process tree.
+    pub numa: Option<Topology>,
+}
+
 /// Runs `command` (program and arguments) with `env` added to memgap's own
 /// environment and stdin from /dev/null; samples the RSS of its process
-/// tree every `interval` until it exits.
-pub fn measure(command: &[OsString], env: &[(String, String)], interval: Duration) -> Result<Run, MeasureError> {
+/// tree every `setup.interval` until it exits.
+pub fn measure(command: &[OsString], env: &[(String, String)], setup: &Setup) -> Result<Run, MeasureError> {
+    let interval = setup.interval;
     let (program, args) = command.split_first().expect("a command to run");
     let io_error = |what| move |source| MeasureError::Io { what, source };
     let mut stdout = Capture::new().map_err(io_error("cannot create a temporary file for the command's stdout"))?;
@@ -35,8 +48,24 @@ pub fn measure(command: &[OsString], env: &[(String, String)], interval: Duratio
         .stdout(stdout.stdio().map_err(io_error("cannot pass the stdout file"))?)
         .stderr(stderr.stdio().map_err(io_error("cannot pass the stderr file"))?);
 
+    let numa_sampling = match &setup.numa {
+        Some(_) => Some(memgap_source_numa::launch::prepare(&mut process).map_err(io_error("cannot prepare NUMA sampling"))?),
+        None => None,
+    };
     let started = Instant::now();
-    let child = process.spawn().map_err(|source| spawn_error(program, source))?;
+    let spawned = process.spawn();
+    if let Some(sampling) = &numa_sampling {
+        sampling.spawned();
+    }
+    let child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            if let Some(sampling) = numa_sampling {
+                let _ = sampling.finish();
+            }
+            return Err(spawn_error(program, source));
+        }
+    };
     let pid = child.id();
     let (stop, stopped) = mpsc::channel();
     let sampler = thread::spawn(move || sample_until_stopped(pid, started, interval, stopped));
@@ -46,8 +75,19 @@ pub fn measure(command: &[OsString], env: &[(String, String)], interval: Duratio
     let wall_seconds = started.elapsed().as_secs_f64();
     let _ = stop.send(());
     let samples = sampler.join().expect("the RSS sampler does not panic");
+    // Drained before the reap: the last samples' pages are asked while the
+    // process, a zombie by now, still holds its pid.
+    let numa = numa_sampling.map(|sampling| sampling.finish());
     waited.map_err(io_error("waiting for the command"))?;
     let (status, usage) = reap(pid).map_err(io_error("reaping the command"))?;
+    let numa = match (numa, &setup.numa) {
+        (Some(samples), Some(topology)) => Some(samples.map(|record| {
+            let batch = SampleBatch::from_record(&record);
+            let nowhere = |_: u64| None;
+            RunLocality { locality: access_locality(topology, batch.kind(), &batch, &nowhere), access_unavailable_reason: batch.precise_unavailable.clone() }
+        })),
+        _ => None,
+    };
 
     let (stdout_hash, stdout_bytes) = stdout.hash().map_err(io_error("reading the command's stdout back"))?;
     let stdout_lines = stdout.lines(STDOUT_KEPT_BYTES).map_err(io_error("reading the command's stdout back"))?;
@@ -62,6 +102,7 @@ pub fn measure(command: &[OsString], env: &[(String, String)], interval: Duratio
         stdout_bytes,
         stdout: stdout_lines.map_or(Stdout::Hashed, Stdout::Lines),
         stderr_tail: stderr.tail(STDERR_TAIL_BYTES).unwrap_or_default(),
+        numa,
     })
 }
 
@@ -143,7 +184,7 @@ mod tests {
 
     fn sh(script: &str, env: &[(String, String)]) -> Result<Run, MeasureError> {
         let command = ["sh".into(), "-c".into(), script.into()];
-        measure(&command, env, Duration::from_millis(10))
+        measure(&command, env, &Setup { interval: Duration::from_millis(10), numa: None })
     }
 
     #[test]
@@ -181,8 +222,30 @@ mod tests {
 
     #[test]
     fn a_missing_command_is_not_found() {
-        let error = measure(&["/nonexistent/memgap-test".into()], &[], Duration::from_millis(10)).unwrap_err();
+        let error = measure(&["/nonexistent/memgap-test".into()], &[], &Setup { interval: Duration::from_millis(10), numa: None }).unwrap_err();
         assert_eq!(error.shell_exit_code(), Some(127));
         assert_eq!(error.to_string(), "/nonexistent/memgap-test: command not found");
+    }
+
+    /// A child that touches 8 MiB: its first touches are sampled, each on
+    /// the node of the CPU that touched it when the machine has one node.
+    #[test]
+    fn samples_first_touches_of_the_process_tree() {
+        let topology = memgap_source_numa::topology::this_machine();
+        let nodes = topology.nodes.len();
+        let setup = Setup { interval: Duration::from_millis(10), numa: Some(topology) };
+        let command = ["sh".into(), "-c".into(), "x=$(head -c 8388608 /dev/zero | tr '\\0' a); echo ${#x}".into()];
+        let run = measure(&command, &[], &setup).unwrap();
+        assert_eq!(run.stdout, Stdout::Lines(vec!["8388608".into()]));
+        let locality = match run.numa.expect("sampling was asked for") {
+            Ok(sampled) => sampled.locality,
+            Err(reason) => return eprintln!("skipped: {reason}"), // perf_event_open not permitted here
+        };
+        assert!(locality.samples > 1000, "{locality:?}");
+        assert!(locality.kind == "first-touch" || locality.kind == "access", "{locality:?}");
+        if nodes == 1 {
+            assert_eq!(locality.local_fraction, Some(1.0), "{locality:?}");
+            assert!(locality.weighted_rate_per_second.is_some_and(|rate| rate > 0.0), "{locality:?}");
+        }
     }
 }

@@ -7,10 +7,12 @@
 //! only computes, so every rule here is testable without running anything.
 
 pub mod measured;
+pub mod numa;
 pub mod output;
 
 use serde::Serialize;
 
+pub use numa::{ComparisonNuma, ConfigNuma, RunLocality, RunNuma};
 pub use output::{OutputDiff, OutputModel, Stdout};
 
 /// Samples kept per configuration for an RSS-over-time chart.
@@ -63,6 +65,9 @@ pub struct Run {
     pub stdout: Stdout,
     /// The end of what the command wrote to stderr, to explain a failure.
     pub stderr_tail: String,
+    /// Its memory samples' locality when NUMA sampling was asked for, or
+    /// why there are none.
+    pub numa: Option<Result<RunLocality, String>>,
 }
 
 impl Default for Run {
@@ -77,17 +82,22 @@ impl Default for Run {
             stdout_bytes: 0,
             stdout: Stdout::Lines(Vec::new()),
             stderr_tail: String::new(),
+            numa: None,
         }
     }
 }
 
-/// One configuration: the environment it adds to the command's.
+/// One configuration: the environment it adds to the command's, and the
+/// command it runs the command under (`numactl --interleave=all`).
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigSpec {
     pub name: String,
     /// In the order set; shown as a JSON object.
     #[serde(serialize_with = "env_as_object")]
     pub env: Vec<(String, String)>,
+    /// Words put before the command (a program and its options); empty for
+    /// a configuration that only sets the environment.
+    pub wrapper: Vec<String>,
     /// The Debian package that provides its allocator.
     pub package: Option<String>,
     pub available: bool,
@@ -167,11 +177,13 @@ pub struct Options {
     pub interval_ms: u64,
     /// Do not compare stdout at all.
     pub ignore_output: bool,
+    /// The machine's NUMA nodes, when the runs' memory was sampled.
+    pub numa_nodes: Option<usize>,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { steady_from: None, final_at: None, metric: Metric::Steady, interval_ms: 10, ignore_output: false }
+        Options { steady_from: None, final_at: None, metric: Metric::Steady, interval_ms: 10, ignore_output: false, numa_nodes: None }
     }
 }
 
@@ -191,6 +203,8 @@ pub struct RunFigures {
     pub stdout_hash: String,
     /// Lines of its stdout that the default's own runs do not allow.
     pub output_differs_lines: usize,
+    /// Its NUMA figures, when its memory was sampled.
+    pub numa: Option<RunNuma>,
 }
 
 /// The lowest and highest value over a configuration's runs.
@@ -227,6 +241,7 @@ pub struct ConfigResult {
     pub available: bool,
     #[serde(serialize_with = "env_as_object")]
     pub env: Vec<(String, String)>,
+    pub wrapper: Vec<String>,
     pub package: Option<String>,
     pub note: Option<String>,
     /// Runs made (0 when not available).
@@ -265,6 +280,9 @@ pub struct ConfigResult {
     /// The end of stderr of its first failed run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_stderr: Option<String>,
+    /// Locality of its sampled memory events (accesses or first touches),
+    /// when the comparison sampled them.
+    pub numa: Option<ConfigNuma>,
 }
 
 impl ConfigResult {
@@ -317,6 +335,8 @@ pub struct Comparison {
     pub recommendation: Recommendation,
     /// The configuration the recommendation names, if it names one to use.
     pub recommended: Option<String>,
+    /// The NUMA sampling of the runs, when there was any.
+    pub numa: Option<ComparisonNuma>,
     pub notes: Vec<String>,
 }
 
@@ -363,6 +383,13 @@ pub fn compare(command: Vec<String>, specs: Vec<ConfigSpec>, runs: Vec<Vec<Run>>
     {
         notes.push(format!("some runs ended before --final-at {at} s: their final RSS is taken before their exit"));
     }
+    let numa_summary = options.numa_nodes.map(|nodes| {
+        let sampled: Vec<&RunLocality> = runs.iter().flatten().filter_map(|r| r.numa.as_ref()?.as_ref().ok()).collect();
+        let refusals: Vec<&str> = runs.iter().flatten().filter_map(|r| r.numa.as_ref()?.as_ref().err().map(String::as_str)).collect();
+        let (summary, numa_notes) = numa::summarize(nodes, &sampled, &refusals);
+        notes.extend(numa_notes);
+        summary
+    });
     Comparison {
         command,
         stdin: "/dev/null",
@@ -379,6 +406,7 @@ pub fn compare(command: Vec<String>, specs: Vec<ConfigSpec>, runs: Vec<Vec<Run>>
         recommended: recommendation.config.clone(),
         recommendation,
         configs,
+        numa: numa_summary,
         notes,
     }
 }
@@ -413,7 +441,9 @@ fn reduce(spec: ConfigSpec, runs: &[Run], options: &Options, model: &OutputModel
         })
     })();
     let first_failure = runs.iter().find(|r| r.exit_code != 0 && !r.stderr_tail.is_empty());
+    let localities: Vec<&RunLocality> = runs.iter().filter_map(|r| r.numa.as_ref()?.as_ref().ok()).collect();
     ConfigResult {
+        numa: numa::reduce(&localities),
         repeats: runs.len(),
         peak_rss_bytes: median_of(|f| f.peak_rss_bytes as f64).map(|v| v.round() as u64),
         steady_rss_bytes: median_of(|f| f.steady_rss_bytes as f64).map(|v| v.round() as u64),
@@ -441,6 +471,7 @@ fn reduce(spec: ConfigSpec, runs: &[Run], options: &Options, model: &OutputModel
         name: spec.name,
         available: spec.available,
         env: spec.env,
+        wrapper: spec.wrapper,
         package: spec.package,
         note: spec.note,
     }
@@ -484,6 +515,7 @@ pub fn figures(run: &Run, options: &Options) -> RunFigures {
         exit_code: run.exit_code,
         stdout_hash: format!("{:016x}", run.stdout_hash),
         output_differs_lines: 0,
+        numa: run.numa.as_ref().and_then(|n| n.as_ref().ok()).map(|n| RunNuma::of(&n.locality)),
     }
 }
 
@@ -669,7 +701,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn spec(name: &str) -> ConfigSpec {
-        ConfigSpec { name: name.into(), env: Vec::new(), package: None, available: true, note: None }
+        ConfigSpec { name: name.into(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None }
     }
 
     /// A run whose RSS is `peak` during its first half and `steady` after,

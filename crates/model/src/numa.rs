@@ -271,6 +271,18 @@ pub struct SampleBatch {
 }
 
 impl SampleBatch {
+    /// The samples of one sampling session, every process of it.
+    pub fn from_record(record: &MemorySamples) -> SampleBatch {
+        let mut batch = SampleBatch::default();
+        batch.add(record, None);
+        batch
+    }
+
+    /// `access` for precise memory-access samples, `first-touch` for page faults.
+    pub fn kind(&self) -> &'static str {
+        if self.is_precise() { "access" } else { "first-touch" }
+    }
+
     fn add(&mut self, record: &MemorySamples, pid: Option<u32>) {
         if self.source.is_empty() {
             self.source = record.source.clone();
@@ -690,7 +702,7 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
             Some(index) => index,
             None => &|_| None,
         };
-        let kind = if v.samples.is_precise() { "access" } else { "first-touch" };
+        let kind = v.samples.kind();
         let sampled = access_locality(&topology, kind, &v.samples, fallback);
         if v.samples.is_precise() {
             report.access_matrix = Some(sampled.matrix.clone());

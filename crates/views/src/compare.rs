@@ -32,7 +32,13 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
     let mut table = Table::new();
     table.load_style(NOTHING);
     let spread_header = format!("{} ±", c.metric.name());
-    table.set_header(vec!["  config", "peak RSS", "", "steady RSS", "", "final RSS", "", "settled", &spread_header, "wall", "", "CPU", "", "exit", "stdout"]);
+    let mut header = vec!["  config", "peak RSS", "", "steady RSS", "", "final RSS", "", "settled", &spread_header, "wall", "", "CPU", "", "exit", "stdout"];
+    let numa_basis = c.numa.as_ref().map(|numa| numa.basis.unwrap_or("none"));
+    let numa_headers = numa_basis.map(|basis| [format!("{basis} local"), "NUMA rate/s".to_string()]);
+    if let Some(headers) = &numa_headers {
+        header.extend(headers.iter().map(String::as_str));
+    }
+    table.set_header(header);
     for config in &ran {
         let ratio = |r: Option<f64>| if config.name == c.baseline { String::new() } else { r.map_or(String::new(), |r| format!("{r:.2}×")) };
         let stdout = if config.output_differs {
@@ -43,7 +49,7 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
             "same".to_string()
         };
         let exit = config.exit_code.map_or("?".to_string(), |code| code.to_string()) + if config.exit_differs { " !" } else { "" };
-        table.add_row(vec![
+        let mut row = vec![
             format!("  {}", config.name),
             config.peak_rss_bytes.map(bytes).unwrap_or_default(),
             ratio(config.peak_rss_ratio),
@@ -59,9 +65,15 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
             ratio(config.cpu_ratio),
             exit,
             stdout.to_string(),
-        ]);
+        ];
+        if numa_headers.is_some() {
+            let numa = config.numa.as_ref();
+            row.push(numa.and_then(|n| n.local_fraction).map_or("-".to_string(), |f| format!("{f:.2}")));
+            row.push(numa.and_then(|n| n.rate_per_second).map_or("-".to_string(), rate));
+        }
+        table.add_row(row);
     }
-    for column in 1..=13 {
+    for column in (1..=13).chain(15..=16) {
         if let Some(column) = table.column_mut(column) {
             column.set_cell_alignment(CellAlignment::Right);
         }
@@ -90,9 +102,24 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
         c.metric.name(),
         c.baseline
     );
-    for config in ran.iter().filter(|config| !config.env.is_empty()) {
-        let env: Vec<String> = config.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
-        let _ = writeln!(out, "  {}: {}", config.name, env.join(" "));
+    if let Some(numa) = &c.numa
+        && numa.basis.is_some()
+    {
+        let events = if numa.basis == Some("access") { "sampled memory accesses" } else { "first touches (page faults)" };
+        let _ = writeln!(
+            out,
+            "  NUMA ({}): local: the share of {events} on the node of the CPU, median over runs; rate: Σ distance × {} ÷ seconds (local distance 10), median.",
+            if numa.nodes == 1 { "1 node".to_string() } else { format!("{} nodes", numa.nodes) },
+            if numa.basis == Some("access") { "accesses" } else { "first touches" }
+        );
+    }
+    for config in ran.iter().filter(|config| !config.env.is_empty() || !config.wrapper.is_empty()) {
+        let mut words: Vec<String> = config.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
+        if !config.wrapper.is_empty() {
+            words.push(config.wrapper.join(" "));
+            words.push("CMD".to_string());
+        }
+        let _ = writeln!(out, "  {}: {}", config.name, words.join(" "));
     }
     for config in &ran {
         if let Some(stderr) = &config.failure_stderr {
@@ -109,6 +136,16 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
     let _ = writeln!(out);
     let _ = writeln!(out, "  Recommendation: {}", c.recommendation.text);
     out
+}
+
+/// Events per second: 1234 → "1.2 k".
+fn rate(per_second: f64) -> String {
+    match per_second {
+        r if r >= 1e9 => format!("{:.1} G", r / 1e9),
+        r if r >= 1e6 => format!("{:.1} M", r / 1e6),
+        r if r >= 1e3 => format!("{:.1} k", r / 1e3),
+        r => format!("{r:.0}"),
+    }
 }
 
 /// Half the range of a configuration's runs of `metric`, as a share of its median.
@@ -186,7 +223,7 @@ mod tests {
     fn spec(name: &str, available: bool) -> ConfigSpec {
         let package = (!available).then(|| "libjemalloc2".to_string());
         let note = (!available).then(|| "not installed".to_string());
-        ConfigSpec { name: name.into(), env: vec![("MALLOC_ARENA_MAX".into(), "2".into())], package, available, note }
+        ConfigSpec { name: name.into(), env: vec![("MALLOC_ARENA_MAX".into(), "2".into())], wrapper: Vec::new(), package, available, note }
     }
 
     #[test]
@@ -215,5 +252,40 @@ mod tests {
         assert!(text.contains("20.0 MiB"), "{text}");
         assert!(text.contains("0.25×"), "{text}");
         assert!(text.contains("jemalloc: not installed (apt install libjemalloc2)"), "{text}");
+    }
+
+    #[test]
+    fn numa_columns_and_the_wrapped_command() {
+        use memgap_model::compare::RunLocality;
+        use memgap_model::numa::{AccessLocality, DistanceCount};
+        let sampled = |local: u64, remote: u64| {
+            let mut r = run(10 << 20, 1, 0);
+            let by_distance = vec![DistanceCount { distance: 10, events: local }, DistanceCount { distance: 21, events: remote }];
+            let locality = AccessLocality {
+                kind: "first-touch",
+                source: "page-faults".into(),
+                matrix: vec![vec![local, remote], vec![0, 0]],
+                weighted_rate_per_second: Some((10 * local + 21 * remote) as f64),
+                by_distance,
+                local_fraction: Some(local as f64 / (local + remote) as f64),
+                seconds: 1.0,
+                samples: local + remote,
+                ..AccessLocality::default()
+            };
+            r.numa = Some(Ok(RunLocality { locality, access_unavailable_reason: "no PMU".into() }));
+            r
+        };
+        let mut interleave = spec("interleave", true);
+        interleave.env.clear();
+        interleave.wrapper = vec!["numactl".into(), "--interleave=all".into()];
+        let options = Options { numa_nodes: Some(2), ..Options::default() };
+        let c = reduce(vec!["./prog".into()], vec![spec("glibc", true), interleave], vec![vec![sampled(1000, 0), sampled(980, 20)], vec![sampled(500, 500)]], options);
+        let text = compare(&c, false);
+        assert!(text.contains("first-touch local") && text.contains("NUMA rate/s"), "{text}");
+        assert!(text.contains("0.99") && text.contains("0.50"), "{text}");
+        assert!(text.contains("15.5 k"), "the interleaved rate, (10 × 500 + 21 × 500) / s: {text}");
+        assert!(text.contains("interleave: numactl --interleave=all CMD"), "{text}");
+        assert!(text.contains("NUMA (2 nodes): local: the share of first touches"), "{text}");
+        assert!(text.contains("note: NUMA figures are first-touch locality") && text.contains("no PMU"), "{text}");
     }
 }

@@ -1,7 +1,9 @@
 //! `memgap compare [--repeat N] [--metric M] [--json] [--config NAME=ENV...]...
-//! [--remedies TRACE] -- CMD...`: runs CMD under glibc's default, its
-//! remedies and the other allocators (or under the remedies a trace's
-//! ledger names), and compares memory and time.
+//! [--wrap NAME=PREFIX...]... [--numa] [--remedies TRACE] -- CMD...`: runs
+//! CMD under glibc's default, its remedies and the other allocators (or under
+//! the remedies a trace's ledger names), and with `--numa` (by default on a
+//! machine with several nodes) under the NUMA remedies with the locality of
+//! each run's memory events, and compares memory and time.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -44,6 +46,22 @@ pub struct Args {
     /// Repeatable; repeating a NAME adds to it.
     #[arg(long = "config", value_name = "NAME=ENV")]
     configs: Vec<String>,
+    /// An extra configuration that runs the command under another program:
+    /// NAME=PROGRAM ARGS..., words separated by spaces (quote them), put
+    /// before CMD, e.g. `--wrap 'node1=numactl --membind=1'`. Repeatable; a
+    /// NAME also given to --config gets both.
+    #[arg(long = "wrap", value_name = "NAME=PREFIX")]
+    wraps: Vec<String>,
+    /// Add the NUMA configurations (interleave: numactl --interleave=all;
+    /// localalloc: numactl --localalloc; ghc-numa: GHCRTS=--numa) and sample
+    /// each run's memory accesses, or first touches where the CPU cannot,
+    /// for its NUMA local fraction and rate. [default: when this machine has
+    /// more than one NUMA node, except with --remedies]
+    #[arg(long, conflicts_with = "no_numa")]
+    numa: bool,
+    /// Neither NUMA configurations nor NUMA sampling, even on a machine with several nodes.
+    #[arg(long)]
+    no_numa: bool,
     /// Run only these configurations (comma-separated names) besides the default.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     only: Vec<String>,
@@ -103,7 +121,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => configs::builtins(trim, user_preload.as_deref()),
     };
-    specs.extend(configs::parse_user(&args.configs, user_preload.as_deref())?);
+    let topology = memgap_source_numa::topology::this_machine();
+    let several_nodes = topology.nodes.len() > 1;
+    let only_names_numa = args.only.iter().any(|name| configs::NUMA_CONFIGS.contains(&name.as_str()));
+    let numa = args.numa || (!args.no_numa && ((several_nodes && args.remedies.is_none()) || only_names_numa));
+    let mut notes = Vec::new();
+    if numa {
+        specs.extend(configs::numa(&args.command, std::env::var("GHCRTS").ok().as_deref()));
+    } else if !several_nodes && !args.no_numa && args.remedies.is_none() {
+        notes.push(format!(
+            "this machine has one NUMA node: the NUMA configurations ({}) and the NUMA figures are left out; --numa runs them anyway (their figures are then trivially local)",
+            configs::NUMA_CONFIGS.join(", ")
+        ));
+    }
+    specs.extend(configs::parse_user(&args.configs, &args.wraps, user_preload.as_deref())?);
     if !args.only.is_empty() {
         if let Some(unknown) = args.only.iter().find(|name| !specs.iter().any(|spec| &spec.name == *name)) {
             let names: Vec<&str> = specs.iter().map(|spec| spec.name.as_str()).collect();
@@ -115,9 +146,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             index == 1 || args.only.contains(&spec.name)
         });
     }
+    for spec in specs.iter_mut() {
+        configs::check_wrapper(spec);
+    }
 
-    let interval = Duration::from_millis(args.interval_ms);
-    let mut runs = match run_interleaved(&specs, &args.command, args.repeat.map(|r| r as usize), interval) {
+    let setup = memgap_measure::Setup { interval: Duration::from_millis(args.interval_ms), numa: numa.then(|| topology.clone()) };
+    let mut runs = match run_interleaved(&specs, &args.command, args.repeat.map(|r| r as usize), &setup) {
         Ok(runs) => runs,
         Err(error) => match error.shell_exit_code() {
             Some(code) => {
@@ -144,8 +178,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         MetricArg::Steady => Metric::Steady,
         MetricArg::Final => Metric::Final,
     };
-    let options = Options { steady_from: args.steady_from, final_at: args.final_at, metric, interval_ms: args.interval_ms, ignore_output: args.ignore_output };
+    let options = Options {
+        steady_from: args.steady_from,
+        final_at: args.final_at,
+        metric,
+        interval_ms: args.interval_ms,
+        ignore_output: args.ignore_output,
+        numa_nodes: numa.then_some(topology.nodes.len()),
+    };
     let mut comparison = compare::compare(command, specs, runs, options);
+    comparison.notes.extend(notes);
     if !noise.is_empty() {
         comparison.notes.push(format!("text matching --output-regex was left out of the stdout comparison ({})", args.output_regex.join(", ")));
     }
@@ -191,14 +233,21 @@ fn remedies_of_trace(trace: &std::path::Path) -> anyhow::Result<Vec<configs::Rem
 /// its own runs span the whole comparison (whatever drifts with time
 /// during it shows up between them). `repeat` None: decided after the
 /// default's first run.
-fn run_interleaved(specs: &[ConfigSpec], command: &[OsString], repeat: Option<usize>, interval: Duration) -> Result<Vec<Vec<Run>>, memgap_measure::MeasureError> {
+fn run_interleaved(specs: &[ConfigSpec], command: &[OsString], repeat: Option<usize>, setup: &memgap_measure::Setup) -> Result<Vec<Vec<Run>>, memgap_measure::MeasureError> {
     let available: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].available).collect();
     let mut runs = vec![Vec::new(); specs.len()];
     let Some(&baseline) = available.first() else { return Ok(runs) };
     let progress = std::io::stderr().is_terminal();
     let measure = |index: usize, done: usize, total: usize| -> Result<Run, memgap_measure::MeasureError> {
         let spec = &specs[index];
-        let run = memgap_measure::measure(command, &spec.env, interval)?;
+        let wrapped: Vec<OsString>;
+        let command = if spec.wrapper.is_empty() {
+            command
+        } else {
+            wrapped = spec.wrapper.iter().map(OsString::from).chain(command.iter().cloned()).collect();
+            &wrapped
+        };
+        let run = memgap_measure::measure(command, &spec.env, setup)?;
         if progress {
             let peak = run.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0).max(run.max_rss_bytes);
             eprintln!("memgap: [{done}/{total}] {}: {}, peak RSS {}, exit {}", spec.name, seconds(run.wall_seconds), bytes(peak), run.exit_code);

@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn judged_against_the_defaults_noise() {
         let configs = [("default", 100 * MIB, "ok"), ("glibc-trim", 20 * MIB, "ok"), ("glibc-arena-max", 110 * MIB, "ok"), ("glibc-trim-threshold", 98 * MIB, "ok"), ("odd", 10 * MIB, "not ok")];
-        let specs = configs.iter().map(|(name, _, _)| ConfigSpec { name: name.to_string(), env: Vec::new(), package: None, available: true, note: None }).collect();
+        let specs = configs.iter().map(|(name, _, _)| ConfigSpec { name: name.to_string(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None }).collect();
         let comparison = compare(vec!["prog".into()], specs, configs.iter().map(|&(_, steady, output)| runs(steady, output)).collect(), Options::default());
         let m = measurements(&comparison);
         let outcomes: Vec<(&str, Outcome)> = m.remedies.iter().map(|(id, x)| (id.as_str(), x.outcome)).collect();

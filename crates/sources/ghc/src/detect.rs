@@ -50,17 +50,55 @@ pub enum RtsSupport {
 
 /// Asks the program's RTS (see the module comment). At most `timeout`.
 pub fn probe(program: &Path, timeout: Duration) -> RtsSupport {
-    let child = Command::new(program)
-        .args(["+RTS", "-l", "-ol/dev/null", "--info", "-RTS"])
-        .env_remove("GHCRTS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
-        Err(error) => return RtsSupport::Refused { reason: error.to_string() },
+    let answer = ask_rts(program, &["+RTS", "-l", "-ol/dev/null", "--info", "-RTS"], None, timeout);
+    match answer {
+        Err(reason) => RtsSupport::Refused { reason },
+        Ok(RtsAnswer { success: true, complaint: None, stdout }) if info_field(&stdout, "GHC RTS").is_some() => {
+            RtsSupport::Eventlog { ghc_version: info_field(&stdout, "GHC version").unwrap_or_default(), rts_way: info_field(&stdout, "RTS way").unwrap_or_default() }
+        }
+        Ok(RtsAnswer { complaint: Some(line), .. }) => RtsSupport::Refused { reason: line },
+        Ok(_) => RtsSupport::Refused { reason: "the program did not answer `+RTS --info`".into() },
+    }
+}
+
+/// Whether the program's RTS takes `--numa` from GHCRTS (after the
+/// user's own `ghcrts`), as `memgap compare`'s ghc-numa configuration sets
+/// it: GHCRTS is read before the command line, so `PROG +RTS --info -RTS`
+/// answers only once `--numa` was accepted, before `main` runs. Err: the
+/// RTS's complaint (an RTS built without NUMA support says so).
+pub fn probe_numa(program: &Path, ghcrts: Option<&str>, timeout: Duration) -> Result<(), String> {
+    let flags = match ghcrts.map(str::trim).filter(|flags| !flags.is_empty()) {
+        Some(flags) => format!("{flags} --numa"),
+        None => "--numa".to_string(),
     };
+    match ask_rts(program, &["+RTS", "--info", "-RTS"], Some(&flags), timeout)? {
+        RtsAnswer { complaint: Some(line), .. } => Err(line),
+        RtsAnswer { success: true, stdout, .. } if info_field(&stdout, "GHC RTS").is_some() => Ok(()),
+        _ => Err("the program did not answer `+RTS --info`".into()),
+    }
+}
+
+struct RtsAnswer {
+    success: bool,
+    stdout: String,
+    /// The first line the RTS wrote on stderr.
+    complaint: Option<String>,
+}
+
+/// Runs the program with `args` (and GHCRTS set to `ghcrts`, or removed),
+/// stdin empty, for at most `timeout`; Err when it could not start or did
+/// not end in time.
+fn ask_rts(program: &Path, args: &[&str], ghcrts: Option<&str>, timeout: Duration) -> Result<RtsAnswer, String> {
+    let mut command = Command::new(program);
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    match ghcrts {
+        Some(flags) => command.env("GHCRTS", flags),
+        None => command.env_remove("GHCRTS"),
+    };
+    let mut child = command.spawn().map_err(|error| error.to_string())?;
+    // Read while it runs: a program that writes more than a pipe holds
+    // must not stall until the timeout.
+    let readers = [child.stdout.take().map(|mut out| std::thread::spawn(move || read_all(&mut out))), child.stderr.take().map(|mut err| std::thread::spawn(move || read_all(&mut err)))];
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -73,26 +111,23 @@ pub fn probe(program: &Path, timeout: Duration) -> RtsSupport {
             }
         }
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        let _ = out.read_to_string(&mut stdout);
-    }
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut stderr);
-    }
-    let Some(status) = status else { return RtsSupport::Refused { reason: "the program did not answer `+RTS --info`".into() } };
-    let field = |key: &str| {
-        let needle = format!("(\"{key}\", \"");
-        let at = stdout.find(&needle)? + needle.len();
-        Some(stdout[at..].split('"').next()?.to_string())
-    };
-    let complaint = stderr.lines().map(str::trim).find(|l| !l.is_empty());
-    match (status.success(), field("GHC RTS"), complaint) {
-        (true, Some(_), None) => RtsSupport::Eventlog { ghc_version: field("GHC version").unwrap_or_default(), rts_way: field("RTS way").unwrap_or_default() },
-        (_, _, Some(line)) => RtsSupport::Refused { reason: line.to_string() },
-        _ => RtsSupport::Refused { reason: "the program did not answer `+RTS --info`".into() },
-    }
+    let [stdout, stderr] = readers.map(|reader| reader.and_then(|r| r.join().ok()).unwrap_or_default());
+    let Some(status) = status else { return Err(format!("the program did not answer `{}`", args.join(" "))) };
+    Ok(RtsAnswer { success: status.success(), stdout, complaint: stderr.lines().map(str::trim).find(|l| !l.is_empty()).map(String::from) })
+}
+
+/// At most 1 MiB of what a pipe gives.
+fn read_all(pipe: &mut impl Read) -> String {
+    let mut bytes = Vec::new();
+    let _ = pipe.take(1 << 20).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A value of `+RTS --info`'s list: `("KEY", "VALUE")`.
+fn info_field(stdout: &str, key: &str) -> Option<String> {
+    let needle = format!("(\"{key}\", \"");
+    let at = stdout.find(&needle)? + needle.len();
+    Some(stdout[at..].split('"').next()?.to_string())
 }
 
 #[cfg(test)]
@@ -112,6 +147,12 @@ mod tests {
             RtsSupport::Refused { .. } => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_program_that_is_no_rts_takes_no_numa() {
+        assert!(probe_numa(Path::new("/bin/true"), None, Duration::from_secs(5)).is_err());
+        assert!(probe_numa(Path::new("/nonexistent/prog"), Some("-N2"), Duration::from_secs(5)).is_err());
     }
 
     #[test]

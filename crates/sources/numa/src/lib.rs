@@ -6,7 +6,8 @@
 //!   (no agent needed);
 //! - [`pages`]: the node of given pages of another process (move_pages);
 //! - [`sampling`]: memory-access samples (AMD IBS op, Intel PEBS mem-loads)
-//!   or, where the hardware cannot, page-fault samples, with perf_event_open.
+//!   or, where the hardware cannot, page-fault samples, with perf_event_open;
+//! - [`launch`]: those samples of a command from its first instruction.
 //!
 //! Not for: deciding what the numbers mean (the model) or showing them.
 //!
@@ -16,6 +17,7 @@
 //! # Ok::<(), memgap_source_numa::NumaError>(())
 //! ```
 
+pub mod launch;
 pub mod numa_maps;
 pub mod pages;
 pub mod sampling;
