@@ -22,6 +22,8 @@ def parse(path):
             status[scenario] = int(code)
         elif line.startswith("=== JSON "):
             name, lines = line.split(" ", 2)[2], []
+        elif line.startswith("=== COMPARE "):
+            name, lines = "compare", []
         elif line.startswith("=== END ") and name is not None:
             text = "\n".join(lines).strip()
             out[name] = (status.get(name), json.loads(text) if text else None)
@@ -155,9 +157,68 @@ def check(results):
     return rows
 
 
+# numa_readers 32 2 under each configuration: (expected local fraction as
+# first touches, its range). The main thread on CPU 0 writes every page
+# before the readers start, so first touch puts them on node 0 — unless
+# numactl interleaves them over both nodes.
+COMPARE_EXPECTED = {
+    "glibc": ("1 (all on the writer's node 0)", 0.9, 1.0),
+    "localalloc": ("1", 0.9, 1.0),
+    "interleave": ("0.5 (pages alternate between the nodes)", 0.4, 0.6),
+}
+
+
+def mean_distance(by_distance):
+    events = sum(d["events"] for d in by_distance)
+    return sum(d["distance"] * d["events"] for d in by_distance) / events if events else None
+
+
+def check_compare(results):
+    """memgap compare's NUMA configurations and figures against the placement."""
+    if "compare" not in results:
+        failures.append("compare: no result from the guest")
+        return []
+    status, c = results["compare"]
+    expect("compare", "memgap compare to exit 0", status == 0, status)
+    if c is None:
+        failures.append("compare: memgap compare printed no JSON")
+        return []
+    numa = c.get("numa") or {}
+    expect("compare", "NUMA sampling on by default with two nodes", numa.get("nodes") == 2 and not numa.get("trivially_local"), numa)
+    expect("compare", "no note about one node", not any("one NUMA node" in n for n in c["notes"]), c["notes"])
+    basis = numa.get("basis")
+    expect("compare", "access or first-touch samples", basis in ("access", "first-touch"), numa)
+    configs = {config["name"]: config for config in c["configs"]}
+    # No --numa: two nodes offer them by default (--only keeps these two).
+    expect("compare", "the NUMA configurations offered", {"interleave", "localalloc"} <= set(configs), sorted(configs))
+    rows = []
+    for name, (expected, low, high) in COMPARE_EXPECTED.items():
+        config = configs.get(name)
+        if config is None:
+            failures.append(f"compare: no configuration {name}")
+            continue
+        expect(name, "to run under compare", config["available"] and config["repeats"] >= 1 and config["exit_code"] == 0, (config["available"], config["repeats"], config["exit_code"], config.get("note")))
+        expect(name, "the same output as the default", not config["output_differs"], config.get("output_diff"))
+        n = config.get("numa") or {}
+        local = n.get("local_fraction")
+        if basis == "access":
+            # Each reader reads all of it: node 1's reads of node-0 pages are
+            # remote under the default, half remote under interleave.
+            low, high = (0.35, 0.65) if name == "interleave" else (0.4, 1.0)
+        expect(name, f"a local fraction in [{low}, {high}]", local is not None and low <= local <= high, n)
+        expect(name, "32 MiB of first touches (8192 pages) per run", basis != "first-touch" or n.get("samples", 0) >= 8192 * config["repeats"], n.get("samples"))
+        rows.append((name, config["wrapper"], expected, local, n.get("rate_per_second"), mean_distance(n.get("by_distance") or []), n.get("samples"), config.get("wall_seconds")))
+    by_name = {row[0]: row for row in rows}
+    if basis == "first-touch" and "glibc" in by_name and "interleave" in by_name:
+        near, spread = by_name["glibc"][5], by_name["interleave"][5]
+        expect("compare", "interleave's first touches farther on average than the default's", near is not None and spread is not None and spread > near, (near, spread))
+    return rows
+
+
 def main():
     results = parse(sys.argv[1])
     rows = check(results)
+    compare_rows = check_compare(results)
     print("| scenario | expected local fraction | measured local fraction | hot node (share, basis) | resident MiB by node | samples | weighted rate /s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for scenario, expected, local, hot, share, basis, resident, kind, rate in rows:
@@ -175,12 +236,22 @@ def main():
                 gens = [f"{c} ({b / MIB:.1f})" for c, b in zip(n["gcs_by_generation"], n["copied_bytes_by_generation"])] + ["-", "-"]
                 resident = f"{heap[node] / MIB:.1f}" if node < len(heap) else "-"
                 print(f"| {scenario} | {node} | {gens[0]} | {gens[1]} | {resident} |")
+    if compare_rows:
+        print()
+        print("| memgap compare (numa_readers 32 2) | wraps CMD in | expected local fraction | measured | NUMA rate /s | mean distance | samples | wall s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, wrapper, expected, local, rate, distance, samples, wall in compare_rows:
+            local_text = "-" if local is None else f"{local:.3f}"
+            rate_text = "-" if rate is None else f"{rate:,.0f}"
+            distance_text = "-" if distance is None else f"{distance:.1f}"
+            wall_text = "-" if wall is None else f"{wall:.2f}"
+            print(f"| {name} | {' '.join(wrapper) or '-'} | {expected} | {local_text} | {rate_text} | {distance_text} | {samples} | {wall_text} |")
     if failures:
         print("numa-qemu: FAILED", file=sys.stderr)
         for failure in failures:
             print("  " + failure, file=sys.stderr)
         sys.exit(1)
-    print(f"numa-qemu: ok, {len(rows) + len(GHC_ROWS)} scenarios match their placement")
+    print(f"numa-qemu: ok, {len(rows) + len(GHC_ROWS) + (1 if compare_rows else 0)} scenarios match their placement")
 
 
 if __name__ == "__main__":

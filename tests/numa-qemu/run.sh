@@ -14,6 +14,10 @@
 #               its collections are node n's; counts and bytes copied per
 #               node must add up to the RTS's own +RTS -s
 #   ghc-membind the same under numactl --membind=1: the GHC heap on node 1
+#   compare     memgap compare on numa_readers (untraced): the NUMA
+#               configurations offered by default on two nodes; the default
+#               and localalloc keep the pages on the writer's node (local
+#               fraction near 1), interleave spreads them (near 0.5)
 #
 #   bash tests/numa-qemu/run.sh            # from the repository root, as root
 #
@@ -63,7 +67,8 @@ fi
 fs=$work/fs
 mkdir -p "$fs"/{bin,sbin,proc,sys,dev,tmp,lib/memgap}
 cp /bin/busybox "$fs/bin/"
-for tool in sh mount poweroff cat mkdir echo sleep; do ln -sf busybox "$fs/bin/$tool"; done
+# `true`: compare checks that each wrapper can run it.
+for tool in sh mount poweroff cat mkdir echo sleep true; do ln -sf busybox "$fs/bin/$tool"; done
 cp "$MEMGAP_BIN" "$fs/bin/memgap"
 cp "$MEMGAP_AGENT" "$fs/lib/memgap/libmemgap_agent.so"
 cp "$(command -v numactl)" "$fs/bin/"
@@ -82,6 +87,7 @@ mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
 mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 cd /tmp
+export PATH=/bin:/sbin
 export MEMGAP_AGENT=/lib/memgap/libmemgap_agent.so
 results=/dev/ttyS1
 # The kernel's automatic NUMA balancing moves pages toward the threads that
@@ -117,6 +123,14 @@ if [ -x /bin/numa_caps ]; then
     scenario ghc /bin/memgap run --numa -o /tmp/ghc.mgt -- /bin/numa_caps 50000 +RTS -N2 -qa -qg -s -RTS
     scenario ghc-membind numactl --membind=1 /bin/memgap run --numa -o /tmp/ghc-membind.mgt -- /bin/numa_caps 50000 +RTS -N2 -qa -qg -s -RTS
 fi
+# Untraced: the default, numactl --interleave=all and --localalloc, each
+# run's first touches (or accesses) sampled; one round keeps it short.
+echo "=== compare: memgap compare --json --repeat 1 --only interleave,localalloc -- numa_readers 32 2"
+echo "=== COMPARE readers" > $results
+/bin/memgap compare --json --repeat 1 --only interleave,localalloc -- /bin/numa_readers 32 2 > $results 2> /tmp/compare.err
+echo "=== STATUS compare $?" > $results
+echo "=== END COMPARE" > $results
+cat /tmp/compare.err
 echo "=== DONE" > $results
 poweroff -f
 INIT
