@@ -70,7 +70,11 @@ fn read(mount: &Mount, path: &str, version: u8) -> Option<CgroupMemory> {
     // Paths are relative to our cgroup namespace; the mount may show a subtree.
     let relative = path.strip_prefix(mount.root.trim_end_matches('/')).unwrap_or(path);
     let dir = mount.point.join(relative.trim_start_matches('/'));
-    let (usage, limit, events) = if version == 2 { ("memory.current", "memory.max", "memory.events") } else { ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.oom_control") };
+    let (usage, limit, events) = if version == 2 {
+        ("memory.current", "memory.max", "memory.events")
+    } else {
+        ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.oom_control")
+    };
     let current_bytes = number(&dir.join(usage))?;
     let mut memory = CgroupMemory { version, path: path.to_string(), current_bytes, ..CgroupMemory::default() };
     // The effective limit is the lowest on the way up.
@@ -168,7 +172,8 @@ pub struct NamedCgroup {
 /// or its path as /proc/PID/cgroup shows it (`/system.slice/app.service`).
 pub fn v2_named(name: &str) -> Result<NamedCgroup, String> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let mount = parse_mountinfo(&mountinfo).into_iter().find(|m| m.version == 2).ok_or("no cgroup v2 (unified) hierarchy is mounted here")?;
+    let mount =
+        parse_mountinfo(&mountinfo).into_iter().find(|m| m.version == 2).ok_or("no cgroup v2 (unified) hierarchy is mounted here")?;
     named_under(name, mount)
 }
 
@@ -229,7 +234,10 @@ mod tests {
         let mounts = parse_mountinfo(text);
         assert_eq!(mounts.len(), 2);
         assert_eq!((mounts[0].version, mounts[0].options.as_str()), (1, "rw,memory"));
-        assert_eq!((mounts[1].point.to_str().unwrap(), mounts[1].root.as_str(), mounts[1].version), ("/sys/fs/cgroup/my unified", "/docker/abc", 2));
+        assert_eq!(
+            (mounts[1].point.to_str().unwrap(), mounts[1].root.as_str(), mounts[1].version),
+            ("/sys/fs/cgroup/my unified", "/docker/abc", 2)
+        );
     }
 
     #[test]

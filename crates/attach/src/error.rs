@@ -45,8 +45,10 @@ const CAP_SYS_PTRACE: u32 = 19;
 pub fn permission_cause(pid: u32) -> String {
     let own = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let target = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let privileged = field(&own, "CapEff").and_then(|caps| u64::from_str_radix(caps, 16).ok()).is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0);
-    let uid = |status: &str| field(status, "Uid").map(|uids| uids.split_whitespace().map(str::to_string).collect::<Vec<_>>()).unwrap_or_default();
+    let privileged =
+        field(&own, "CapEff").and_then(|caps| u64::from_str_radix(caps, 16).ok()).is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0);
+    let uid =
+        |status: &str| field(status, "Uid").map(|uids| uids.split_whitespace().map(str::to_string).collect::<Vec<_>>()).unwrap_or_default();
     let (own_uid, target_uids) = (uid(&own), uid(&target));
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok());
     let tracer = field(&target, "TracerPid").unwrap_or("0");

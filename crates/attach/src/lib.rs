@@ -19,9 +19,9 @@ mod error;
 mod libc_image;
 pub mod modules;
 pub mod procfs;
-pub mod residency;
 #[cfg(target_arch = "x86_64")]
 mod remote_call;
+pub mod residency;
 #[cfg(target_arch = "x86_64")]
 mod tracee;
 #[cfg(target_arch = "x86_64")]

@@ -21,10 +21,35 @@ use crate::modules::{is_libc, open_mapped};
 /// Functions of malloc.c that libc exports. While a thread runs in one, or
 /// in the internal functions they call, it may hold an arena's lock.
 const ALLOCATOR_FUNCTIONS: &[&str] = &[
-    "malloc", "free", "cfree", "calloc", "realloc", "memalign", "aligned_alloc", "posix_memalign", "valloc", "pvalloc",
-    "malloc_trim", "malloc_usable_size", "mallinfo", "mallinfo2", "malloc_stats", "malloc_info", "mallopt",
-    "__libc_malloc", "__libc_free", "__libc_calloc", "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc",
-    "__libc_mallinfo", "__libc_mallopt", "__default_morecore", "malloc_get_state", "malloc_set_state",
+    "malloc",
+    "free",
+    "cfree",
+    "calloc",
+    "realloc",
+    "memalign",
+    "aligned_alloc",
+    "posix_memalign",
+    "valloc",
+    "pvalloc",
+    "malloc_trim",
+    "malloc_usable_size",
+    "mallinfo",
+    "mallinfo2",
+    "malloc_stats",
+    "malloc_info",
+    "mallopt",
+    "__libc_malloc",
+    "__libc_free",
+    "__libc_calloc",
+    "__libc_realloc",
+    "__libc_memalign",
+    "__libc_valloc",
+    "__libc_pvalloc",
+    "__libc_mallinfo",
+    "__libc_mallopt",
+    "__default_morecore",
+    "malloc_get_state",
+    "malloc_set_state",
 ];
 /// fork holds every arena lock around the clone (glibc's atfork handling).
 const FORK_FUNCTIONS: &[&str] = &["fork", "__libc_fork", "_Fork"];
@@ -68,7 +93,8 @@ impl LibcImage {
         let bad = |why: String| AttachError::Failed(format!("{path} of process {pid}: {why}"));
         let elf = object::File::parse(&*data).map_err(|e| bad(format!("not an ELF file ({e})")))?;
         // The mapping at file offset `first.offset` starts at the segment holding that offset.
-        let segment = elf.segments().find(|s| s.file_range().0 <= first.offset && first.offset < s.file_range().0 + s.file_range().1.max(1));
+        let segment =
+            elf.segments().find(|s| s.file_range().0 <= first.offset && first.offset < s.file_range().0 + s.file_range().1.max(1));
         let segment_address = segment.map_or(0, |s| s.address() + (first.offset - s.file_range().0)) & !0xfff;
         // Load bias: run-time address = ELF address + base.
         let base = first.start.wrapping_sub(segment_address);
@@ -79,8 +105,11 @@ impl LibcImage {
             .filter_map(|s| Some((s.address()..s.address() + s.size(), s.name().ok()?.to_string())))
             .collect();
         functions.sort_by_key(|(range, _)| range.start);
-        let named = |names: &[&str]| -> Vec<Range<u64>> { functions.iter().filter(|(_, n)| names.contains(&n.as_str())).map(|(r, _)| r.clone()).collect() };
-        let malloc_trim = named(&["malloc_trim"]).first().map(|r| r.start).ok_or_else(|| bad("no malloc_trim in its dynamic symbols".into()))?;
+        let named = |names: &[&str]| -> Vec<Range<u64>> {
+            functions.iter().filter(|(_, n)| names.contains(&n.as_str())).map(|(r, _)| r.clone()).collect()
+        };
+        let malloc_trim =
+            named(&["malloc_trim"]).first().map(|r| r.start).ok_or_else(|| bad("no malloc_trim in its dynamic symbols".into()))?;
         let mut allocator_code = allocator_block(&functions).map_or_else(|| named(ALLOCATOR_FUNCTIONS), |block| vec![block]);
         allocator_code.extend(named(FORK_FUNCTIONS));
         let relocate = |ranges: Vec<Range<u64>>| ranges.into_iter().map(|r| r.start + base..r.end + base).collect::<Vec<_>>();
@@ -153,7 +182,17 @@ fn unwind_sections(elf: &object::File) -> ExplicitModuleSectionInfo<Vec<u8>> {
     let (eh_frame_svma, eh_frame) = section(".eh_frame").unzip();
     let (eh_frame_hdr_svma, eh_frame_hdr) = section(".eh_frame_hdr").unzip();
     let got_svma = elf.section_by_name(".got").map(|s| s.address()..s.address() + s.size());
-    ExplicitModuleSectionInfo { base_svma: 0, text_svma, text, got_svma, eh_frame_svma, eh_frame, eh_frame_hdr_svma, eh_frame_hdr, ..Default::default() }
+    ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma,
+        text,
+        got_svma,
+        eh_frame_svma,
+        eh_frame,
+        eh_frame_hdr_svma,
+        eh_frame_hdr,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]

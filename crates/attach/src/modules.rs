@@ -69,7 +69,8 @@ pub fn other_malloc_definers(pid: u32, mappings: &[Mapping]) -> Vec<String> {
 /// checked by inode.
 pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<Mmap, AttachError> {
     let path = mapping.name.trim_end_matches(" (deleted)");
-    let candidates = [format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end), format!("/proc/{pid}/root{path}"), path.to_string()];
+    let candidates =
+        [format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end), format!("/proc/{pid}/root{path}"), path.to_string()];
     for candidate in &candidates {
         let Ok(file) = std::fs::File::open(candidate) else { continue };
         if file.metadata().is_ok_and(|m| m.ino() == mapping.inode) {

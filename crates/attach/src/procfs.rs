@@ -3,10 +3,10 @@
 //! each thread's stack pointer, and its memory cgroup. Works on a process in
 //! another PID namespace (a container) by its host pid.
 
-use std::collections::BTreeMap;
 use memgap_model::ProcfsReading;
 use memgap_trace::records::{Mapping, Rss};
 use memgap_trace::smaps::parse_smaps;
+use std::collections::BTreeMap;
 
 use crate::cgroup;
 use crate::error::{AttachError, field};
@@ -110,7 +110,8 @@ pub fn threads(pid: u32) -> Vec<ThreadInfo> {
         .map(|tid| {
             let task = format!("/proc/{pid}/task/{tid}");
             let state = std::fs::read_to_string(format!("{task}/status")).map(|s| parse_status(&s).state).unwrap_or('?');
-            let (syscall, stack_pointer) = std::fs::read_to_string(format!("{task}/syscall")).map(|s| parse_syscall(&s)).unwrap_or((None, None));
+            let (syscall, stack_pointer) =
+                std::fs::read_to_string(format!("{task}/syscall")).map(|s| parse_syscall(&s)).unwrap_or((None, None));
             ThreadInfo { tid, state, syscall, stack_pointer }
         })
         .collect()

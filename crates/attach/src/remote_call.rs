@@ -43,7 +43,8 @@ pub fn call(
     // At a function's first instruction rsp + 8 is 16-aligned: the slot at
     // rsp holds the return address.
     let return_slot = ((saved.rsp - RED_ZONE - 256) & !15) - 8;
-    let saved_word = thread.read_word(return_slot).ok_or_else(|| AttachError::Failed(format!("cannot read the stack of thread {}", thread.tid)))?;
+    let saved_word =
+        thread.read_word(return_slot).ok_or_else(|| AttachError::Failed(format!("cannot read the stack of thread {}", thread.tid)))?;
     thread.write_word(return_slot, 0)?;
     let mut regs = saved;
     regs.rip = function;
@@ -60,7 +61,10 @@ pub fn call(
         return Err(ended());
     }
     // Put everything back, whatever happened.
-    let restored = thread.set_registers(saved).and_then(|()| thread.set_extended_state(&saved_vector)).and_then(|()| thread.write_word(return_slot, saved_word));
+    let restored = thread
+        .set_registers(saved)
+        .and_then(|()| thread.set_extended_state(&saved_vector))
+        .and_then(|()| thread.write_word(return_slot, saved_word));
     let value = outcome.map_err(|e| match e {
         CallError::Failed(e) => e,
         CallError::Abandoned => AttachError::Failed(format!(
@@ -87,7 +91,11 @@ impl From<AttachError> for CallError {
 
 /// Runs the thread until the call returns (a SIGSEGV at address 0); the
 /// value it returned, in rax.
-fn run_until_return(thread: &mut StoppedThread, patience: Duration, can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool) -> Result<u64, CallError> {
+fn run_until_return(
+    thread: &mut StoppedThread,
+    patience: Duration,
+    can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool,
+) -> Result<u64, CallError> {
     thread.resume()?;
     let mut deadline = Instant::now() + patience;
     loop {

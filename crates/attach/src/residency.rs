@@ -85,7 +85,9 @@ mod tests {
     #[test]
     fn our_own_touched_pages_are_resident() {
         let len = 64 * 4096;
-        let area = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+        let area = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        } as *mut u8;
         assert!(!area.is_null());
         for page in (0..64).step_by(2) {
             unsafe { *area.add(page * 4096) = 1 };

@@ -99,7 +99,14 @@ impl StoppedThread {
         for kind in [NT_X86_XSTATE, NT_PRFPREG] {
             let mut iov = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: buffer.len() };
             // SAFETY: the kernel writes at most iov_len bytes into `buffer`.
-            let result = unsafe { libc::ptrace(libc::PTRACE_GETREGSET, self.tid as libc::pid_t, kind as usize as *mut libc::c_void, &mut iov as *mut libc::iovec) };
+            let result = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_GETREGSET,
+                    self.tid as libc::pid_t,
+                    kind as usize as *mut libc::c_void,
+                    &mut iov as *mut libc::iovec,
+                )
+            };
             if result == 0 {
                 buffer.truncate(iov.iov_len);
                 return Ok(ExtendedState(kind, buffer));
@@ -113,10 +120,20 @@ impl StoppedThread {
         let mut bytes = state.1.clone();
         let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
         // SAFETY: the kernel reads iov_len bytes from `bytes`.
-        let result = unsafe { libc::ptrace(libc::PTRACE_SETREGSET, self.tid as libc::pid_t, state.0 as usize as *mut libc::c_void, &mut iov as *mut libc::iovec) };
+        let result = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SETREGSET,
+                self.tid as libc::pid_t,
+                state.0 as usize as *mut libc::c_void,
+                &mut iov as *mut libc::iovec,
+            )
+        };
         if result != 0 {
             let error = std::io::Error::last_os_error();
-            return Err(AttachError::Failed(format!("cannot restore the vector registers of thread {} of process {}: {error}", self.tid, self.pid)));
+            return Err(AttachError::Failed(format!(
+                "cannot restore the vector registers of thread {} of process {}: {error}",
+                self.tid, self.pid
+            )));
         }
         Ok(())
     }
@@ -150,7 +167,11 @@ impl StoppedThread {
             let waited = unsafe { libc::waitpid(self.tid as libc::pid_t, &mut status, libc::__WALL | libc::WNOHANG) };
             if waited < 0 {
                 let error = Errno::last();
-                return if error == Errno::ECHILD { Ok(Some(Stop::Gone)) } else { Err(AttachError::Failed(format!("waitpid on thread {}: {error}", self.tid))) };
+                return if error == Errno::ECHILD {
+                    Ok(Some(Stop::Gone))
+                } else {
+                    Err(AttachError::Failed(format!("waitpid on thread {}: {error}", self.tid)))
+                };
             }
             if waited == 0 {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -197,7 +218,12 @@ impl StoppedThread {
                     }
                     Some(Stop::Interrupted) => {}
                     Some(Stop::Gone) => return Ok(()),
-                    None => return Err(AttachError::Failed(format!("thread {} of process {} did not stop to be detached", self.tid, self.pid))),
+                    None => {
+                        return Err(AttachError::Failed(format!(
+                            "thread {} of process {} did not stop to be detached",
+                            self.tid, self.pid
+                        )));
+                    }
                 }
             }
         }

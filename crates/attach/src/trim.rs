@@ -85,7 +85,10 @@ pub fn malloc_trim(pid: u32, options: &TrimOptions) -> Result<TrimCall, AttachEr
         'Z' | 'X' => return Err(AttachError::Zombie(pid)),
         'T' => return Err(AttachError::Unsuitable { pid, state: "is stopped (state T); let it continue first (kill -CONT)".into() }),
         _ if status.tracer_pid != 0 => {
-            return Err(AttachError::Unsuitable { pid, state: format!("is already traced by process {} (a debugger?); detach it first", status.tracer_pid) });
+            return Err(AttachError::Unsuitable {
+                pid,
+                state: format!("is already traced by process {} (a debugger?); detach it first", status.tracer_pid),
+            });
         }
         _ => {}
     }
@@ -180,7 +183,13 @@ fn candidates(pid: u32, only: Option<u32>) -> Result<Vec<ThreadInfo>, AttachErro
 }
 
 /// Calls malloc_trim on `thread` if it is a safe place to, else says why not.
-fn try_thread(pid: u32, thread: &ThreadInfo, libc: &LibcImage, mappings: &[Mapping], options: &TrimOptions) -> Result<Result<TrimCall, Skip>, AttachError> {
+fn try_thread(
+    pid: u32,
+    thread: &ThreadInfo,
+    libc: &LibcImage,
+    mappings: &[Mapping],
+    options: &TrimOptions,
+) -> Result<Result<TrimCall, Skip>, AttachError> {
     // A SIGSEGV blocked or ignored would be reset to its default by the
     // kernel when our call's return faults: leave such threads alone.
     let task = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", thread.tid)).unwrap_or_default();
@@ -201,7 +210,9 @@ fn try_thread(pid: u32, thread: &ThreadInfo, libc: &LibcImage, mappings: &[Mappi
         stopped.detach()?;
         return Ok(Err(skip));
     }
-    let waiting_for_lock = |t: &StoppedThread, r: &libc::user_regs_struct| libc.whereabouts(r.rip, r.rsp, r.rbp, |at| t.read_word(at)) == Whereabouts::WaitingForLock;
+    let waiting_for_lock = |t: &StoppedThread, r: &libc::user_regs_struct| {
+        libc.whereabouts(r.rip, r.rsp, r.rbp, |at| t.read_word(at)) == Whereabouts::WaitingForLock
+    };
     let returned = remote_call::call(&mut stopped, libc.malloc_trim, 0, options.patience, &waiting_for_lock);
     let detached = stopped.detach();
     let returned = returned?;

@@ -12,20 +12,54 @@ use memgap_trace::smaps::parse_smaps;
 use proptest::prelude::*;
 
 fn number() -> impl Strategy<Value = String> {
-    prop_oneof![Just("0".to_string()), Just(u64::MAX.to_string()), Just("18446744073709551616".to_string()), Just("-1".to_string()), any::<u64>().prop_map(|n| n.to_string()), any::<u32>().prop_map(|n| n.to_string())]
+    prop_oneof![
+        Just("0".to_string()),
+        Just(u64::MAX.to_string()),
+        Just("18446744073709551616".to_string()),
+        Just("-1".to_string()),
+        any::<u64>().prop_map(|n| n.to_string()),
+        any::<u32>().prop_map(|n| n.to_string())
+    ]
 }
 
 fn status_text() -> impl Strategy<Value = String> {
-    let key = prop_oneof![Just("Name".to_string()), Just("State".to_string()), Just("Tgid".to_string()), Just("TracerPid".to_string()), Just("Threads".to_string()), Just("VmRSS".to_string()), Just("RssAnon".to_string()), Just("RssFile".to_string()), Just("RssShmem".to_string()), Just("VmHWM".to_string()), "[A-Za-z]{1,8}"];
-    let line = (key, number(), prop_oneof![Just(" kB".to_string()), Just("".to_string()), Just(" (sleeping)".to_string())]).prop_map(|(k, v, unit)| format!("{k}:\t{v}{unit}"));
+    let key = prop_oneof![
+        Just("Name".to_string()),
+        Just("State".to_string()),
+        Just("Tgid".to_string()),
+        Just("TracerPid".to_string()),
+        Just("Threads".to_string()),
+        Just("VmRSS".to_string()),
+        Just("RssAnon".to_string()),
+        Just("RssFile".to_string()),
+        Just("RssShmem".to_string()),
+        Just("VmHWM".to_string()),
+        "[A-Za-z]{1,8}"
+    ];
+    let line = (key, number(), prop_oneof![Just(" kB".to_string()), Just("".to_string()), Just(" (sleeping)".to_string())])
+        .prop_map(|(k, v, unit)| format!("{k}:\t{v}{unit}"));
     proptest::collection::vec(prop_oneof![line, "[ -~\t]{0,40}"], 0..20).prop_map(|lines| lines.join("\n"))
 }
 
 fn smaps_text() -> impl Strategy<Value = String> {
     let address = prop_oneof![Just(0u64), Just(u64::MAX), Just(0x5555_5555_4000), any::<u64>()];
-    let perms = prop_oneof![Just("rw-p".to_string()), Just("r-xp".to_string()), Just("---p".to_string()), Just("rw-s".to_string()), "[rwxps-]{0,6}"];
-    let name = prop_oneof![Just("".to_string()), Just("[heap]".to_string()), Just("[stack]".to_string()), Just("/usr/lib/x86_64-linux-gnu/libc.so.6".to_string()), Just("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".to_string()), "[ -~]{0,20}"];
-    let header = (address.clone(), address, perms, number(), name).prop_map(|(start, end, perms, inode, name)| format!("{start:x}-{end:x} {perms} 00000000 00:00 {inode} {name}"));
+    let perms = prop_oneof![
+        Just("rw-p".to_string()),
+        Just("r-xp".to_string()),
+        Just("---p".to_string()),
+        Just("rw-s".to_string()),
+        "[rwxps-]{0,6}"
+    ];
+    let name = prop_oneof![
+        Just("".to_string()),
+        Just("[heap]".to_string()),
+        Just("[stack]".to_string()),
+        Just("/usr/lib/x86_64-linux-gnu/libc.so.6".to_string()),
+        Just("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".to_string()),
+        "[ -~]{0,20}"
+    ];
+    let header = (address.clone(), address, perms, number(), name)
+        .prop_map(|(start, end, perms, inode, name)| format!("{start:x}-{end:x} {perms} 00000000 00:00 {inode} {name}"));
     proptest::collection::vec(prop_oneof![header, smaps_field(), smaps_field(), "[ -~]{0,30}"], 0..24).prop_map(|lines| lines.join("\n"))
 }
 
@@ -40,7 +74,8 @@ fn numa_text() -> impl Strategy<Value = String> {
         number().prop_map(|k| format!("kernelpagesize_kB={k}")),
         "[ -~]{0,12}",
     ];
-    proptest::collection::vec(proptest::collection::vec(field, 0..6).prop_map(|f| format!("7f0000000000 default {}", f.join(" "))), 0..8).prop_map(|l| l.join("\n"))
+    proptest::collection::vec(proptest::collection::vec(field, 0..6).prop_map(|f| format!("7f0000000000 default {}", f.join(" "))), 0..8)
+        .prop_map(|l| l.join("\n"))
 }
 
 proptest! {

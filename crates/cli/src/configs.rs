@@ -39,7 +39,12 @@ const BUILTINS: &[Builtin] = &[
     // MEMGAP_TRIM_INTERVAL_MS (default 1000); it interposes nothing.
     Builtin { name: "trim", preload: Some(Preload::Trim), env: &[], package: None },
     Builtin { name: "jemalloc", preload: Some(Preload::Library("libjemalloc.so.2")), env: &[], package: Some("libjemalloc2") },
-    Builtin { name: "tcmalloc", preload: Some(Preload::Library("libtcmalloc_minimal.so.4")), env: &[], package: Some("libtcmalloc-minimal4") },
+    Builtin {
+        name: "tcmalloc",
+        preload: Some(Preload::Library("libtcmalloc_minimal.so.4")),
+        env: &[],
+        package: Some("libtcmalloc-minimal4"),
+    },
     Builtin { name: "mimalloc", preload: Some(Preload::Library("libmimalloc.so.2")), env: &[], package: Some("libmimalloc2.0") },
 ];
 
@@ -56,7 +61,14 @@ pub fn builtins(trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<
         .iter()
         .map(|builtin| {
             let env: Vec<(String, String)> = builtin.env.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
-            let mut spec = ConfigSpec { name: builtin.name.into(), env, wrapper: Vec::new(), package: builtin.package.map(String::from), available: true, note: None };
+            let mut spec = ConfigSpec {
+                name: builtin.name.into(),
+                env,
+                wrapper: Vec::new(),
+                package: builtin.package.map(String::from),
+                available: true,
+                note: None,
+            };
             let library = match &builtin.preload {
                 None => return spec,
                 Some(Preload::Library(file)) => Path::new(&library_dir()).join(file),
@@ -99,12 +111,25 @@ pub fn numa(command: &[OsString], ghcrts: Option<&str>) -> Vec<ConfigSpec> {
         Some(flags) => format!("{flags} --numa"),
         None => "--numa".to_string(),
     };
-    let mut ghc = ConfigSpec { name: NUMA_CONFIGS[2].into(), env: vec![("GHCRTS".into(), ghc_flags)], wrapper: Vec::new(), package: None, available: true, note: None };
+    let mut ghc = ConfigSpec {
+        name: NUMA_CONFIGS[2].into(),
+        env: vec![("GHCRTS".into(), ghc_flags)],
+        wrapper: Vec::new(),
+        package: None,
+        available: true,
+        note: None,
+    };
     let program = command.first().map(Path::new);
     let why_not = match program.and_then(memgap_source_ghc::detect::resolve_command) {
-        None => Some(format!("{}: not found, so not known to be a GHC program", program.map_or(String::new(), |p| p.display().to_string()))),
-        Some(path) if !memgap_source_ghc::detect::is_ghc_binary(&path) => Some(format!("{} is not a GHC Haskell program (+RTS --numa is the GHC runtime's)", path.display())),
-        Some(path) => memgap_source_ghc::detect::probe_numa(&path, ghcrts, RTS_PROBE_TIMEOUT).err().map(|complaint| format!("its RTS refuses --numa: {complaint}")),
+        None => {
+            Some(format!("{}: not found, so not known to be a GHC program", program.map_or(String::new(), |p| p.display().to_string())))
+        }
+        Some(path) if !memgap_source_ghc::detect::is_ghc_binary(&path) => {
+            Some(format!("{} is not a GHC Haskell program (+RTS --numa is the GHC runtime's)", path.display()))
+        }
+        Some(path) => memgap_source_ghc::detect::probe_numa(&path, ghcrts, RTS_PROBE_TIMEOUT)
+            .err()
+            .map(|complaint| format!("its RTS refuses --numa: {complaint}")),
     };
     if let Some(why) = why_not {
         ghc.available = false;
@@ -132,7 +157,14 @@ pub fn check_wrapper(spec: &mut ConfigSpec) {
     }
     let Some(truth) = memgap_source_ghc::detect::resolve_command(Path::new("true")) else { return };
     let started = Instant::now();
-    let child = Command::new(program).args(&spec.wrapper[1..]).arg(&truth).envs(spec.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn();
+    let child = Command::new(program)
+        .args(&spec.wrapper[1..])
+        .arg(&truth)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn();
     let mut child = match child {
         Ok(child) => child,
         Err(error) => {
@@ -189,7 +221,14 @@ pub fn parse_user(arguments: &[String], wraps: &[String], user_preload: Option<&
         let index = match specs.iter().position(|spec| spec.name == name) {
             Some(index) => index,
             None => {
-                specs.push(ConfigSpec { name: name.into(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None });
+                specs.push(ConfigSpec {
+                    name: name.into(),
+                    env: Vec::new(),
+                    wrapper: Vec::new(),
+                    package: None,
+                    available: true,
+                    note: None,
+                });
                 specs.len() - 1
             }
         };
@@ -246,7 +285,9 @@ pub fn remedies_of_ledger(ledger: &serde_json::Value) -> anyhow::Result<Vec<Reme
             env: remedy
                 .get("env")
                 .and_then(|e| e.as_object())
-                .map(|env| env.iter().map(|(name, value)| (name.clone(), value.as_str().map_or_else(|| value.to_string(), String::from))).collect())
+                .map(|env| {
+                    env.iter().map(|(name, value)| (name.clone(), value.as_str().map_or_else(|| value.to_string(), String::from))).collect()
+                })
                 .unwrap_or_default(),
             expected_savings_bytes: remedy.get("expected_savings_bytes").and_then(|v| v.as_u64()).unwrap_or(0),
         })
@@ -260,10 +301,29 @@ pub fn remedies_of_ledger(ledger: &serde_json::Value) -> anyhow::Result<Vec<Reme
 /// a directory is memgap's trim library or one in the system's library
 /// directory.
 pub fn from_remedies(remedies: &[Remedy], trim: Result<&Path, String>, user_preload: Option<&str>) -> Vec<ConfigSpec> {
-    let mut specs = vec![ConfigSpec { name: REMEDIES_BASELINE.into(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None }];
+    let mut specs = vec![ConfigSpec {
+        name: REMEDIES_BASELINE.into(),
+        env: Vec::new(),
+        wrapper: Vec::new(),
+        package: None,
+        available: true,
+        note: None,
+    }];
     for remedy in remedies {
-        let expected = format!("{}: {} (expected to save {})", remedy.owner, remedy.description, memgap_model::human_bytes(remedy.expected_savings_bytes));
-        let mut spec = ConfigSpec { name: remedy.id.clone(), env: remedy.env.clone(), wrapper: Vec::new(), package: None, available: true, note: Some(expected.clone()) };
+        let expected = format!(
+            "{}: {} (expected to save {})",
+            remedy.owner,
+            remedy.description,
+            memgap_model::human_bytes(remedy.expected_savings_bytes)
+        );
+        let mut spec = ConfigSpec {
+            name: remedy.id.clone(),
+            env: remedy.env.clone(),
+            wrapper: Vec::new(),
+            package: None,
+            available: true,
+            note: Some(expected.clone()),
+        };
         if remedy.env.is_empty() {
             spec.available = false;
             spec.note = Some(format!("a change to the program, not measurable here — {expected}"));
@@ -408,19 +468,32 @@ mod tests {
     #[test]
     fn wrappers_join_their_configuration() {
         let strings = |list: &[&str]| list.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-        let specs = parse_user(&strings(&["node1=MALLOC_ARENA_MAX=1"]), &strings(&["node1=numactl  --membind=1", "plain=nice -n 5"]), None).unwrap();
+        let specs = parse_user(&strings(&["node1=MALLOC_ARENA_MAX=1"]), &strings(&["node1=numactl  --membind=1", "plain=nice -n 5"]), None)
+            .unwrap();
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].wrapper, ["numactl", "--membind=1"]);
         assert_eq!(env(&specs[0], "MALLOC_ARENA_MAX"), Some("1"));
-        assert_eq!((specs[1].name.as_str(), specs[1].wrapper.as_slice(), specs[1].env.is_empty()), ("plain", &["nice".to_string(), "-n".into(), "5".into()][..], true));
+        assert_eq!(
+            (specs[1].name.as_str(), specs[1].wrapper.as_slice(), specs[1].env.is_empty()),
+            ("plain", &["nice".to_string(), "-n".into(), "5".into()][..], true)
+        );
         assert!(parse_user(&[], &strings(&["empty=  "]), None).unwrap_err().to_string().contains("no program to run the command under"));
-        assert!(parse_user(&[], &strings(&["interleave=numactl -i all"]), None).unwrap_err().to_string().contains("built-in configuration"));
+        assert!(
+            parse_user(&[], &strings(&["interleave=numactl -i all"]), None).unwrap_err().to_string().contains("built-in configuration")
+        );
         assert!(parse_user(&[], &strings(&["numactl --interleave=all"]), None).unwrap_err().to_string().contains("a name is letters"));
     }
 
     #[test]
     fn a_wrapper_that_cannot_run_true_is_unavailable() {
-        let spec = |wrapper: &[&str]| ConfigSpec { name: "w".into(), env: Vec::new(), wrapper: wrapper.iter().map(|w| w.to_string()).collect(), package: None, available: true, note: None };
+        let spec = |wrapper: &[&str]| ConfigSpec {
+            name: "w".into(),
+            env: Vec::new(),
+            wrapper: wrapper.iter().map(|w| w.to_string()).collect(),
+            package: None,
+            available: true,
+            note: None,
+        };
         let mut fine = spec(&["env", "A=1"]);
         check_wrapper(&mut fine);
         assert!(fine.available, "{fine:?}");

@@ -138,7 +138,10 @@ mod tests {
                 let shown = match (argument.get_long(), argument.get_short()) {
                     (Some(long), _) => format!("--{long}"),
                     (None, Some(short)) => format!("-{short}"),
-                    (None, None) => format!("<{}>", argument.get_value_names().and_then(|names| names.first()).map_or(id.to_uppercase(), |name| name.to_string())),
+                    (None, None) => format!(
+                        "<{}>",
+                        argument.get_value_names().and_then(|names| names.first()).map_or(id.to_uppercase(), |name| name.to_string())
+                    ),
                 };
                 missing.push(format!("{path} {shown}"));
             }

@@ -40,7 +40,8 @@ pub fn install() {
             return;
         }
         if state.bar.is_none() && state.started.elapsed() >= show_after {
-            let style = ProgressStyle::with_template("memgap: reading trace {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {eta}").unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style = ProgressStyle::with_template("memgap: reading trace {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
             state.bar = Some(ProgressBar::new(total).with_style(style));
         }
         if let Some(bar) = &state.bar {

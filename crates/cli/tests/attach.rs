@@ -210,7 +210,8 @@ fn trim_returns_the_retained_heap_and_the_process_runs_on() {
 fn trim_on_each_thread_leaves_its_system_call_running() {
     let (_tmp, dir) = tempdir();
     let target = retainer(&dir, 2, 4);
-    let tids: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", target.pid)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let tids: Vec<String> =
+        std::fs::read_dir(format!("/proc/{}/task", target.pid)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(tids.len(), 4, "main, 2 workers, echo");
     // The main thread sleeps in clock_nanosleep, the workers in nanosleep,
     // the echo thread in accept: each call must go on after ours.

@@ -14,12 +14,17 @@ use serde_json::Value;
 fn the_benchmark_suite_runs_every_workload_under_every_tool() {
     let (_dir, out) = tempdir();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/run.py");
-    let run = Command::new("python3").arg(&script).args(["--smoke", "--memgap", arg(&memgap_bin()), "--out", arg(&out)]).output().expect("run python3 bench/run.py");
+    let run = Command::new("python3")
+        .arg(&script)
+        .args(["--smoke", "--memgap", arg(&memgap_bin()), "--out", arg(&out)])
+        .output()
+        .expect("run python3 bench/run.py");
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "bench/run.py --smoke failed: {}\n{stdout}\n{stderr}", run.status);
     assert!(out.join("latest.md").is_file(), "no latest.md");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(out.join("latest.json")).expect("latest.json")).expect("latest.json is JSON");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("latest.json")).expect("latest.json")).expect("latest.json is JSON");
     assert_eq!(report["meta"]["sizes"], "smoke");
 
     let heaptrack = Command::new("heaptrack").arg("--version").output().is_ok_and(|o| o.status.success());
@@ -60,5 +65,8 @@ fn the_benchmark_suite_runs_every_workload_under_every_tool() {
         }
     }
     let targets = report["targets"].as_array().expect("targets");
-    assert!(targets.iter().any(|t| t["target"].as_str().is_some_and(|t| t.starts_with("memgap (stacks) overhead"))), "no overhead target checked");
+    assert!(
+        targets.iter().any(|t| t["target"].as_str().is_some_and(|t| t.starts_with("memgap (stacks) overhead"))),
+        "no overhead target checked"
+    );
 }

@@ -122,7 +122,9 @@ fn deep_cpp_recursion_and_exceptions() {
     let trace = record(&dir, &prog, &["--stack-depth", "128"]);
     assert!(text(&plain.stdout).contains("caught: unwound through 20 frames"));
     let entries = blame(&trace, &["--by", "live", "--per-stack"]);
-    let deepest = entries.iter().find(|e| e["stack"].as_array().unwrap().iter().filter(|f| f["function"].as_str().is_some_and(|f| f.contains("descend"))).count() >= 60);
+    let deepest = entries.iter().find(|e| {
+        e["stack"].as_array().unwrap().iter().filter(|f| f["function"].as_str().is_some_and(|f| f.contains("descend"))).count() >= 60
+    });
     let deepest = deepest.unwrap_or_else(|| panic!("no stack 60 frames down through descend: {entries:#?}"));
     assert!(deepest["live_bytes"].as_u64().unwrap() >= 1000 * 200, "{deepest:#}");
     // The site is the program's own frame, past operator new and std::string.
@@ -140,10 +142,18 @@ fn rust_functions_are_demangled() {
     // The program asks for a snapshot while its data is alive (at exit Rust
     // has dropped it): the last snapshot but the exit one.
     let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
-    let at = timeline["snapshots"].as_array().unwrap().iter().rev().find(|l| l["snapshot_reason"] == "program").expect("a program snapshot")["at_seconds"].to_string();
+    let at = timeline["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|l| l["snapshot_reason"] == "program")
+        .expect("a program snapshot")["at_seconds"]
+        .to_string();
     let out = memgap(&dir, &["blame", arg(&trace), "--json", "--at", &at, "--by", "live", "--per-stack", "--top", "1000"]);
     let entries: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let frames: Vec<&str> = entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str())).collect();
+    let frames: Vec<&str> =
+        entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str())).collect();
     assert!(frames.iter().any(|f| f.starts_with("rust_alloc::main")), "{frames:#?}");
     assert!(!frames.iter().any(|f| f.starts_with("_ZN")), "mangled names left: {frames:#?}");
 }
@@ -186,11 +196,16 @@ fn paths_that_share_a_stack_depth_keep_their_own_stacks() {
         let prog = compile_with(dir.path(), "stack_paths.c", name, flags);
         let trace = record(dir.path(), &prog, &[]);
         let entries = blame(&trace, &["--per-stack", "--by", "live", "--top", "100"]);
-        let functions = |entry: &Value| -> Vec<String> { entry["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str().map(String::from)).collect() };
+        let functions = |entry: &Value| -> Vec<String> {
+            entry["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str().map(String::from)).collect()
+        };
         let mut paths = std::collections::BTreeSet::new();
         for entry in entries.iter().filter(|e| functions(e).iter().any(|f| f == "leaf")) {
             let stack = functions(entry);
-            let path = ["path_a", "path_b", "path_c"].iter().position(|p| stack.iter().any(|f| f == p)).unwrap_or_else(|| panic!("{name}: no path in {stack:?}"));
+            let path = ["path_a", "path_b", "path_c"]
+                .iter()
+                .position(|p| stack.iter().any(|f| f == p))
+                .unwrap_or_else(|| panic!("{name}: no path in {stack:?}"));
             let size = 101 + path as u64;
             let (live, objects) = (entry["live_bytes"].as_u64().unwrap(), entry["objects"].as_u64().unwrap());
             assert_eq!(live, objects * size, "{name}: the stack {stack:?} holds blocks of another path");
@@ -205,7 +220,8 @@ fn paths_that_share_a_stack_depth_keep_their_own_stacks() {
 
 /// What tests/programs/churn_sites.c printed it allocated at `site`: (allocations, bytes).
 fn allocated_by(program_output: &str, site: &str) -> (u64, u64) {
-    let line = program_output.lines().find(|l| l.starts_with(&format!("{site} "))).unwrap_or_else(|| panic!("no {site} in {program_output}"));
+    let line =
+        program_output.lines().find(|l| l.starts_with(&format!("{site} "))).unwrap_or_else(|| panic!("no {site} in {program_output}"));
     let numbers: Vec<u64> = line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect();
     (numbers[0], numbers[1])
 }
@@ -333,13 +349,17 @@ fn cpp_names_are_short_unless_full_names_is_asked() {
     assert_eq!(out.status.code(), Some(5), "cpp_alloc exits 5: {}", text(&out.stderr));
     let longest = |full: &[&str]| -> String {
         let entries = blame(&trace, &[&["--per-stack", "--by", "allocated"], full].concat());
-        let names = entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).map(str::to_string).collect::<Vec<_>>());
+        let names = entries.iter().flat_map(|e| {
+            e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).map(str::to_string).collect::<Vec<_>>()
+        });
         names.max_by_key(|n| n.chars().count()).unwrap_or_default()
     };
     let (short, full) = (longest(&[]), longest(&["--full-names"]));
     assert!(full.chars().count() > 1000 && full.contains("std::_Rb_tree<std::__cxx11::basic_string<char"), "{full}");
     assert!(short.chars().count() <= 160 && !short.contains(", "), "{short}");
-    let sites = |full: &[&str]| -> Vec<String> { blame(&trace, &[&["--by", "allocated"], full].concat()).iter().map(|e| function(e).to_string()).collect() };
+    let sites = |full: &[&str]| -> Vec<String> {
+        blame(&trace, &[&["--by", "allocated"], full].concat()).iter().map(|e| function(e).to_string()).collect()
+    };
     assert!(sites(&[]).iter().any(|s| s == "vectors_and_strings"), "the program's own names stay: {:?}", sites(&[]));
     for by in ["fragmentation", "live", "leaked", "allocated", "temporary"] {
         for per_stack in [&[][..], &["--per-stack"][..]] {
@@ -370,20 +390,32 @@ fn cpp_names_are_short_unless_full_names_is_asked() {
     for (flag, long) in [(None, false), (Some("--full-names"), true)] {
         let folded = dir.join(format!("{long}.folded"));
         let svg = dir.join(format!("{long}.svg"));
-        for mut args in [vec!["export", arg(&trace), "--by", "allocated", "--folded", arg(&folded)], vec!["flamegraph", arg(&trace), "--by", "allocated", "-o", arg(&svg)]] {
+        for mut args in [
+            vec!["export", arg(&trace), "--by", "allocated", "--folded", arg(&folded)],
+            vec!["flamegraph", arg(&trace), "--by", "allocated", "-o", arg(&svg)],
+        ] {
             args.extend(flag);
             let out = memgap(&dir, &args);
             assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
         }
         let folded = std::fs::read_to_string(&folded).unwrap();
         let (whole, short) = ("main;grow<main()::<lambda(std::size_t)> >", "main;grow<…>");
-        assert!(folded.contains(if long { whole } else { short }) && !folded.contains(if long { short } else { whole }), "--full-names {long}:\n{folded}");
+        assert!(
+            folded.contains(if long { whole } else { short }) && !folded.contains(if long { short } else { whole }),
+            "--full-names {long}:\n{folded}"
+        );
         let svg = std::fs::read_to_string(&svg).unwrap();
         assert_eq!(svg.contains("lambda(std::size_t)"), long, "flame graph names (--full-names: {long})");
     }
     let widest = |full: &[&str]| {
         let entries = blame(&trace, &[&["--per-stack", "--by", "allocated"], full].concat());
-        entries.iter().flat_map(|e| e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).map(|f| f.chars().count()).collect::<Vec<_>>()).max().unwrap_or(0)
+        entries
+            .iter()
+            .flat_map(|e| {
+                e["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).map(|f| f.chars().count()).collect::<Vec<_>>()
+            })
+            .max()
+            .unwrap_or(0)
     };
     let (short, whole) = (widest(&[]), widest(&["--full-names"]));
     assert!(short <= 160 && whole > 5000, "the widest name: {short} characters short, {whole} whole");

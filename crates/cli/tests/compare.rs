@@ -41,7 +41,12 @@ fn compare_json(dir: &Path, args: &[&str]) -> Value {
 }
 
 fn config<'a>(comparison: &'a Value, name: &str) -> &'a Value {
-    comparison["configs"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no config {name}: {comparison:#}"))
+    comparison["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no config {name}: {comparison:#}"))
 }
 
 /// Steady RSS of each run of a configuration.
@@ -128,7 +133,8 @@ fn a_program_no_remedy_helps_is_within_noise() {
     let (_tmp, dir) = tempdir();
     let program = compile(&dir, "holds_live.c");
     let c = compare_json(&dir, &["--only", "arena-max-2,trim", "--", arg(&program)]);
-    let names: Vec<&str> = c["configs"].as_array().unwrap().iter().filter(|c| c["available"] == true).map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        c["configs"].as_array().unwrap().iter().filter(|c| c["available"] == true).map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["glibc", "arena-max-2", "trim"]);
     // All hold the same 32 MiB: the kernel's figure within a few percent.
     for name in names {
@@ -151,7 +157,10 @@ fn jemalloc_decay_shows_as_final_rss_under_steady() {
     let (_tmp, dir) = tempdir();
     let program = compile(&dir, "decay.c");
     let decaying = format!("je-decay=LD_PRELOAD={} MALLOC_CONF=dirty_decay_ms:400,muzzy_decay_ms:0", library.display());
-    let c = compare_json(&dir, &["--repeat", "1", "--metric", "final", "--config", &decaying, "--only", "je-decay,jemalloc", "--", arg(&program)]);
+    let c = compare_json(
+        &dir,
+        &["--repeat", "1", "--metric", "final", "--config", &decaying, "--only", "je-decay,jemalloc", "--", arg(&program)],
+    );
     let decayed = config(&c, "je-decay");
     assert!(final_rss(decayed) < 0.6 * steady(decayed), "the burst freed at 0.8 s is purged by the end: {decayed:#}");
     assert!(decayed["settle_seconds"].as_f64().unwrap() > 0.8, "RSS settles only after the burst is freed: {decayed:#}");
@@ -163,8 +172,24 @@ fn jemalloc_decay_shows_as_final_rss_under_steady() {
 #[test]
 fn allocators_are_available_exactly_when_installed() {
     let (_tmp, dir) = tempdir();
-    let c = compare_json(&dir, &["--repeat", "1", "--config", "gone=LD_PRELOAD=/nonexistent/libgone.so", "--config", "mine=MALLOC_ARENA_MAX=1 MALLOC_TOP_PAD_=0", "--", "true"]);
-    let installed = [("jemalloc", "libjemalloc.so.2", "libjemalloc2"), ("tcmalloc", "libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"), ("mimalloc", "libmimalloc.so.2", "libmimalloc2.0")];
+    let c = compare_json(
+        &dir,
+        &[
+            "--repeat",
+            "1",
+            "--config",
+            "gone=LD_PRELOAD=/nonexistent/libgone.so",
+            "--config",
+            "mine=MALLOC_ARENA_MAX=1 MALLOC_TOP_PAD_=0",
+            "--",
+            "true",
+        ],
+    );
+    let installed = [
+        ("jemalloc", "libjemalloc.so.2", "libjemalloc2"),
+        ("tcmalloc", "libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"),
+        ("mimalloc", "libmimalloc.so.2", "libmimalloc2.0"),
+    ];
     for (name, file, package) in installed {
         let config = config(&c, name);
         let present = Path::new(ALLOCATOR_DIR).join(file).is_file();
@@ -191,7 +216,10 @@ fn different_output_and_exit_status_are_reported() {
     let c = compare_json(&dir, &["--", "sh", "-c", script]);
     assert_eq!((&c["output_differs"], &c["exit_differs"]), (&Value::Bool(true), &Value::Bool(true)), "{c:#}");
     let arena = config(&c, "arena-max-2");
-    assert_eq!((&arena["output_differs"], &arena["exit_differs"], &arena["exit_code"]), (&Value::Bool(true), &Value::Bool(true), &Value::from(2)));
+    assert_eq!(
+        (&arena["output_differs"], &arena["exit_differs"], &arena["exit_code"]),
+        (&Value::Bool(true), &Value::Bool(true), &Value::from(2))
+    );
     assert_eq!(arena["output_differs_lines"], 1, "{arena:#}");
     assert_eq!(arena["output_diff"][0], serde_json::json!({"line": 2, "expected": "arenas 8", "got": "arenas 2"}));
     for other in c["configs"].as_array().unwrap().iter().filter(|c| c["name"] != "arena-max-2" && c["available"] == true) {
@@ -301,11 +329,13 @@ fn remedies_of_a_trace_are_measured_and_rank_the_ledgers_remedies() {
     let before = ledger(&dir);
     let offered: Vec<&Value> = before["remedies"].as_array().unwrap().iter().collect();
     assert!(offered.iter().all(|r| r.get("measured").is_none()), "{before:#}");
-    let runnable: Vec<&str> = offered.iter().filter(|r| r["env"].as_object().is_some_and(|e| !e.is_empty())).map(|r| r["id"].as_str().unwrap()).collect();
+    let runnable: Vec<&str> =
+        offered.iter().filter(|r| r["env"].as_object().is_some_and(|e| !e.is_empty())).map(|r| r["id"].as_str().unwrap()).collect();
     assert!(runnable.contains(&"glibc-trim"), "{:#}", before["remedies"]);
 
     let c = compare_json(&dir, &["--repeat", "2", "--remedies", "t.mgt", "--", arg(&program)]);
-    let names: Vec<&str> = c["configs"].as_array().unwrap().iter().filter(|c| c["available"] == true).map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        c["configs"].as_array().unwrap().iter().filter(|c| c["available"] == true).map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names[0], "default");
     assert_eq!(&names[1..], &runnable[..], "one configuration per remedy, in the ledger's order");
     let default = steady(config(&c, "default"));
@@ -343,7 +373,12 @@ fn remedies_of_a_trace_are_measured_and_rank_the_ledgers_remedies() {
     let verdict = after["verdict"].as_str().unwrap();
     let tries = verdict.split(" Measured with memgap compare and not recommended").next().unwrap();
     for remedy in remedies.iter().filter(|r| r["measured"]["outcome"].as_str().is_some_and(|o| o != "lower")) {
-        assert!(!tries.contains(remedy["description"].as_str().unwrap()), "the verdict recommends {} which measured {}: {verdict}", remedy["id"], remedy["measured"]["outcome"]);
+        assert!(
+            !tries.contains(remedy["description"].as_str().unwrap()),
+            "the verdict recommends {} which measured {}: {verdict}",
+            remedy["id"],
+            remedy["measured"]["outcome"]
+        );
         assert!(verdict.contains(remedy["id"].as_str().unwrap()), "{verdict}");
     }
     assert!(tries.contains("(measured: steady RSS"), "{verdict}");
@@ -385,12 +420,19 @@ fn a_wrapping_configuration_runs_the_command_under_its_program() {
     let cpu0 = config(&c, "cpu0");
     assert_eq!(cpu0["wrapper"], serde_json::json!(["taskset", "-c", "0"]), "{cpu0:#}");
     assert_eq!(cpu0["env"]["MEMGAP_TEST_TAG"], "wrapped", "{cpu0:#}");
-    assert_eq!((&cpu0["available"], &cpu0["repeats"], &cpu0["exit_code"]), (&Value::Bool(true), &Value::from(1), &Value::from(0)), "{cpu0:#}");
+    assert_eq!(
+        (&cpu0["available"], &cpu0["repeats"], &cpu0["exit_code"]),
+        (&Value::Bool(true), &Value::from(1), &Value::from(0)),
+        "{cpu0:#}"
+    );
     let got: Vec<&str> = cpu0["output_diff"].as_array().unwrap().iter().filter_map(|d| d["got"].as_str()).collect();
     assert!(got.contains(&"tag wrapped"), "the configuration's environment reached the command: {cpu0:#}");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus > 1 {
-        assert!(got.iter().any(|line| line.starts_with("Cpus_allowed_list:") && line.ends_with("\t0")), "taskset ran the command on CPU 0 alone: {cpu0:#}");
+        assert!(
+            got.iter().any(|line| line.starts_with("Cpus_allowed_list:") && line.ends_with("\t0")),
+            "taskset ran the command on CPU 0 alone: {cpu0:#}"
+        );
     }
     let glibc = config(&c, "glibc");
     assert_eq!(glibc["wrapper"], serde_json::json!([]), "{glibc:#}");
@@ -410,7 +452,12 @@ fn a_wrapping_configuration_runs_the_command_under_its_program() {
 
 /// The machine's NUMA nodes, as sysfs lists them (1 without NUMA).
 fn numa_nodes() -> usize {
-    std::fs::read_dir("/sys/devices/system/node").map_or(1, |d| d.flatten().filter(|e| e.file_name().to_string_lossy().strip_prefix("node").is_some_and(|n| n.parse::<u32>().is_ok())).count().max(1))
+    std::fs::read_dir("/sys/devices/system/node").map_or(1, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().strip_prefix("node").is_some_and(|n| n.parse::<u32>().is_ok()))
+            .count()
+            .max(1)
+    })
 }
 
 /// numactl's policies wrap the command and GHC's --numa is offered only to
@@ -428,7 +475,13 @@ fn numa_configurations_and_their_first_touch_figures() {
     if nodes == 1 {
         assert_eq!(names, ["glibc", "arena-max-2"], "{plain:#}");
         assert!(plain["numa"].is_null(), "{plain:#}");
-        assert!(plain["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("this machine has one NUMA node: the NUMA configurations (interleave, localalloc, ghc-numa)")), "{plain:#}");
+        assert!(
+            plain["notes"].as_array().unwrap().iter().any(|n| n
+                .as_str()
+                .unwrap()
+                .starts_with("this machine has one NUMA node: the NUMA configurations (interleave, localalloc, ghc-numa)")),
+            "{plain:#}"
+        );
     }
 
     // numa_touch 16: 16 MiB from the main thread and 4 MiB from each of two threads, every byte written.
@@ -447,7 +500,11 @@ fn numa_configurations_and_their_first_touch_figures() {
             }
         }
         let runs = if name == "glibc" { 2 } else { 1 }; // the default runs first and last
-        assert_eq!((&config["repeats"], &config["exit_code"], &config["output_differs"]), (&Value::from(runs), &Value::from(0), &Value::Bool(false)), "{config:#}");
+        assert_eq!(
+            (&config["repeats"], &config["exit_code"], &config["output_differs"]),
+            (&Value::from(runs), &Value::from(0), &Value::Bool(false)),
+            "{config:#}"
+        );
         let numa = &config["numa"];
         if c["numa"]["unavailable_reason"].is_string() {
             eprintln!("skipped the NUMA figures: {}", c["numa"]["unavailable_reason"]);
@@ -457,8 +514,12 @@ fn numa_configurations_and_their_first_touch_figures() {
         if numa["basis"] == "first-touch" {
             // A page whose process had exited before its node was asked is unresolved, not dropped.
             let samples = numa["samples"].as_u64().unwrap();
-            assert!(samples >= written_pages * runs, "every page written is a first touch: {samples} samples, {written_pages} pages per run: {numa:#}");
-            let placed: u64 = numa["matrix"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap()).map(|v| v.as_u64().unwrap()).sum();
+            assert!(
+                samples >= written_pages * runs,
+                "every page written is a first touch: {samples} samples, {written_pages} pages per run: {numa:#}"
+            );
+            let placed: u64 =
+                numa["matrix"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap()).map(|v| v.as_u64().unwrap()).sum();
             assert_eq!(placed + numa["unresolved"].as_u64().unwrap(), samples, "{numa:#}");
         }
         let per_run: Vec<u64> = config["runs"].as_array().unwrap().iter().map(|r| r["numa"]["samples"].as_u64().unwrap()).collect();
@@ -480,7 +541,14 @@ fn numa_configurations_and_their_first_touch_figures() {
     // Debian's GHC 9.0.2 RTS is built without NUMA support: it says so, before main.
     if Command::new("ghc").arg("--version").output().is_ok_and(|o| o.status.success()) {
         let exe = dir.join("numa_caps");
-        let out = output_of(Command::new("ghc").args(["-O", "-threaded", "-rtsopts", "-outputdir"]).arg(dir.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/numa_caps.hs")));
+        let out = output_of(
+            Command::new("ghc")
+                .args(["-O", "-threaded", "-rtsopts", "-outputdir"])
+                .arg(dir.join("o"))
+                .arg("-o")
+                .arg(&exe)
+                .arg(programs_dir().join("ghc/numa_caps.hs")),
+        );
         assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
         let c = compare_json(&dir, &["--numa", "--repeat", "1", "--only", "ghc-numa", "--", arg(&exe), "1000"]);
         let ghc = config(&c, "ghc-numa");

@@ -638,16 +638,26 @@ fn a_program_s_malloc_trim_is_recorded_with_rss_before_and_after() {
     let trim = &trims[0];
     let before = trim.get("rss_before:bytes").unwrap() as u64;
     let after = trim.get("rss_after:bytes").unwrap() as u64;
-    eprintln!("malloc_trim: VmRSS {} MiB -> {} MiB (the program read {} -> {} MiB)", before / MIB, after / MIB, program_before / MIB, program_after / MIB);
+    eprintln!(
+        "malloc_trim: VmRSS {} MiB -> {} MiB (the program read {} -> {} MiB)",
+        before / MIB,
+        after / MIB,
+        program_before / MIB,
+        program_after / MIB
+    );
     assert!(before > after + 50 * MIB, "a real drop: {before} -> {after}");
     // The program's own readings, taken around the same call, agree.
-    assert!(before.abs_diff(program_before) < 4 * MIB && after.abs_diff(program_after) < 4 * MIB, "agent {before} -> {after}, program {program_before} -> {program_after}");
+    assert!(
+        before.abs_diff(program_before) < 4 * MIB && after.abs_diff(program_after) < 4 * MIB,
+        "agent {before} -> {after}, program {program_before} -> {program_after}"
+    );
     assert_eq!((trim.get("pad"), trim.get("returned")), (Some(0.0), Some(1.0)));
 
     // A snapshot follows the trim and shows what it changed.
     let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
     let timeline = timeline["snapshots"].as_array().unwrap();
-    let after_trim = timeline.iter().find(|l| l["snapshot_reason"] == "program").unwrap_or_else(|| panic!("no snapshot after the trim: {timeline:?}"));
+    let after_trim =
+        timeline.iter().find(|l| l["snapshot_reason"] == "program").unwrap_or_else(|| panic!("no snapshot after the trim: {timeline:?}"));
     assert!(after_trim["rss_bytes"].as_u64().unwrap() < before - 50 * MIB, "{after_trim}");
     let peak = timeline.iter().map(|l| l["rss_bytes"].as_u64().unwrap()).max().unwrap();
     assert!(peak > before - 10 * MIB, "the full heap was snapshotted before: peak {peak}");
@@ -655,5 +665,9 @@ fn a_program_s_malloc_trim_is_recorded_with_rss_before_and_after() {
     let table = text(&memgap(&dir, &["timeline", arg(&trace)]).stdout);
     let lines: Vec<&str> = table.lines().collect();
     let at = lines.iter().position(|l| l.contains(" malloc_trim: ")).unwrap_or_else(|| panic!("{table}"));
-    assert!(lines[at].contains(" MiB → ") && lines[at + 1].trim_start().starts_with(&format!("{:.2}", after_trim["at_seconds"].as_f64().unwrap())), "{table}");
+    assert!(
+        lines[at].contains(" MiB → ")
+            && lines[at + 1].trim_start().starts_with(&format!("{:.2}", after_trim["at_seconds"].as_f64().unwrap())),
+        "{table}"
+    );
 }

@@ -43,7 +43,8 @@ fn start_exporter(dir: &Path, args: &[&str]) -> (Running, String) {
     });
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let line = receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("memgap exporter said where it listens");
+        let line =
+            receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("memgap exporter said where it listens");
         if let Some(address) = line.strip_prefix("memgap: serving metrics on http://").and_then(|rest| rest.strip_suffix("/metrics")) {
             return (running, address.to_string());
         }
@@ -130,7 +131,10 @@ fn within(what: &str, got: f64, expected: f64, tolerance: f64) {
 #[test]
 fn prometheus_scrapes_the_ledger_of_a_running_process() {
     let prometheus_found = Command::new("prometheus").arg("--version").output().is_ok_and(|out| out.status.success());
-    assert!(prometheus_found, "prometheus is not installed: this test runs a real Prometheus (`apt-get install prometheus`; .ci/run installs it)");
+    assert!(
+        prometheus_found,
+        "prometheus is not installed: this test runs a real Prometheus (`apt-get install prometheus`; .ci/run installs it)"
+    );
     let (_tmp, dir) = tempdir();
     // Three arenas (main + two threads), each keeping every 64th of 12 MiB of
     // strings: a heap of about 36 MiB, nearly all of it free pages glibc keeps.
@@ -141,7 +145,13 @@ fn prometheus_scrapes_the_ledger_of_a_running_process() {
     // The exposition itself passes Prometheus's own linter.
     let (status, exposition) = http_get(&exporter, "/metrics");
     assert_eq!(status, 200, "{exposition}");
-    let mut promtool = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("promtool (Debian's prometheus package)");
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
     promtool.stdin.take().unwrap().write_all(exposition.as_bytes()).unwrap();
     let linted = wait_output(promtool);
     assert!(linted.status.success(), "promtool check metrics:\n{}{}\n{exposition}", text(&linted.stdout), text(&linted.stderr));
@@ -195,7 +205,11 @@ fn prometheus_scrapes_the_ledger_of_a_running_process() {
     let mut rows: Vec<(String, f64)> = stored.iter().map(|s| (s["metric"]["row"].as_str().unwrap().to_string(), sample_value(s))).collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     let expected = snapshot_rows(&json);
-    assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), expected.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), "the same rows as snapshot");
+    assert_eq!(
+        rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        expected.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        "the same rows as snapshot"
+    );
     for ((row, got), (_, want)) in rows.iter().zip(&expected) {
         within(&format!("row {row}"), *got, *want as f64, tolerance(*want as f64));
     }
@@ -266,7 +280,11 @@ fn a_process_that_exits_is_left_out_not_an_error() {
     assert_eq!(rss.len(), 1, "{after}");
     let vm_rss = proc_status_bytes(staying.pid, "VmRSS") as f64;
     assert!((rss[0].1 - vm_rss).abs() <= vm_rss * 0.05, "{} vs VmRSS {vm_rss}", rss[0].1);
-    assert_eq!(samples(&after, "memgap_scrape_skipped_processes").iter().find(|(l, _)| l.contains("vanished")).map(|s| s.1), Some(1.0), "{after}");
+    assert_eq!(
+        samples(&after, "memgap_scrape_skipped_processes").iter().find(|(l, _)| l.contains("vanished")).map(|s| s.1),
+        Some(1.0),
+        "{after}"
+    );
 
     let (status, _) = http_get(&exporter, "/nothing");
     assert_eq!(status, 404);
@@ -296,9 +314,15 @@ fn a_cgroup_and_all_processes() {
     let (_by_cgroup, by_cgroup) = start_exporter(&dir, &["--cgroup", path]);
     let (status, text) = http_get(&by_cgroup, "/metrics");
     assert_eq!(status, 200);
-    assert!(samples(&text, "memgap_rss_bytes").iter().any(|(labels, _)| labels.contains(&pid_label)), "--cgroup {path} misses the target:\n{text}");
+    assert!(
+        samples(&text, "memgap_rss_bytes").iter().any(|(labels, _)| labels.contains(&pid_label)),
+        "--cgroup {path} misses the target:\n{text}"
+    );
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mount = mountinfo.lines().find_map(|l| l.split_once(" - cgroup2 ").map(|(before, _)| before.split(' ').nth(4).unwrap().to_string())).unwrap();
+    let mount = mountinfo
+        .lines()
+        .find_map(|l| l.split_once(" - cgroup2 ").map(|(before, _)| before.split(' ').nth(4).unwrap().to_string()))
+        .unwrap();
     let current = std::fs::read_to_string(Path::new(&mount).join(path.trim_start_matches('/')).join("memory.current"));
     let exported = samples(&text, "memgap_cgroup_memory_current_bytes");
     match current {
@@ -332,7 +356,9 @@ fn bad_input_fails_in_one_line() {
 fn readme_yaml(name: &str) -> String {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
     let production = &readme[readme.find("\n## Production\n").expect("a Production section in README.md")..];
-    let start = production.find(&format!("```yaml\n# {name}\n")).unwrap_or_else(|| panic!("no ```yaml block for {name} in README's Production section"));
+    let start = production
+        .find(&format!("```yaml\n# {name}\n"))
+        .unwrap_or_else(|| panic!("no ```yaml block for {name} in README's Production section"));
     let block = &production[start + "```yaml\n".len()..];
     block[..block.find("```").unwrap()].to_string()
 }

@@ -50,11 +50,12 @@ fn first_difference(expected: &Value, got: &Value, path: &str) -> Option<String>
                 (x, y) => Some(format!("{path}.{key}: expected {}, got {}", show(x), show(y))),
             })
         }
-        (Value::Array(a), Value::Array(b)) => {
-            a.iter().zip(b).enumerate().find_map(|(i, (x, y))| first_difference(x, y, &format!("{path}[{i}]"))).or_else(|| {
-                (a.len() != b.len()).then(|| format!("{path}: expected {} items, got {}", a.len(), b.len()))
-            })
-        }
+        (Value::Array(a), Value::Array(b)) => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(x, y, &format!("{path}[{i}]")))
+            .or_else(|| (a.len() != b.len()).then(|| format!("{path}: expected {} items, got {}", a.len(), b.len()))),
         _ => (expected != got).then(|| format!("{path}: expected {expected}, got {got}")),
     }
 }
@@ -66,7 +67,8 @@ fn show(value: Option<&Value>) -> String {
 /// Blame without its frames' names: what stays the same on a machine whose
 /// system libraries are not the recorded ones.
 fn blame_sizes(blame: &Value) -> Value {
-    let entries = blame.as_array().map(|entries| entries.iter().map(|e| json!([e["objects"], e["live_bytes"], e["fragmentation_bytes"]])).collect());
+    let entries =
+        blame.as_array().map(|entries| entries.iter().map(|e| json!([e["objects"], e["live_bytes"], e["fragmentation_bytes"]])).collect());
     Value::Array(entries.unwrap_or_default())
 }
 

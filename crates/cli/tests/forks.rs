@@ -67,7 +67,11 @@ fn assert_child_knows_its_heap(mode: &str, keep_every: &str) {
     let forecast = ledger["trim_would_return_bytes"].as_f64().expect("a forecast");
     let returned = child.trim.0 - child.trim.1;
     assert!(returned > 20.0 * MIB, "{mode}: the inherited heap's free pages came back: {returned}");
-    assert!((forecast - returned).abs() <= (0.05 * returned).max(MIB), "{mode}: forecast {forecast}, malloc_trim(0) in the child returned {returned}: {:#}", ledger["heaps"]);
+    assert!(
+        (forecast - returned).abs() <= (0.05 * returned).max(MIB),
+        "{mode}: forecast {forecast}, malloc_trim(0) in the child returned {returned}: {:#}",
+        ledger["heaps"]
+    );
 
     // The blocks it kept are blamed on where the parent allocated them.
     let out = memgap(&dir, &["blame", arg(&child.trace), "--json", "--at", "end", "--by", "live", "--top", "1"]);
@@ -99,7 +103,11 @@ fn a_child_without_its_parents_trace_says_so() {
     let summary = summary_json(&child.trace);
     let notes = summary["notes"].as_array().unwrap();
     let parent = format!("forked from process {}", summary["ppid"]);
-    assert!(notes.iter().any(|n| n.as_str().unwrap().contains(&parent) && n.as_str().unwrap().contains("t.mgt")), "child {}: {notes:#?}", child.pid);
+    assert!(
+        notes.iter().any(|n| n.as_str().unwrap().contains(&parent) && n.as_str().unwrap().contains("t.mgt")),
+        "child {}: {notes:#?}",
+        child.pid
+    );
     assert!(number(&summary, "untracked_frees") > 10_000, "{summary:#}");
 }
 
@@ -125,7 +133,10 @@ fn descendants_without_the_agent_are_named_in_one_line_each() {
     let static_line = line_of(&pids[1]).unwrap_or_else(|| panic!("the static child is not named:\n{stderr}"));
     assert!(static_line.contains(arg(&fixed)) && static_line.contains("statically linked"), "{static_line}");
     assert!(line_of(&pids[2]).is_none(), "the traced child is named:\n{stderr}");
-    assert!(line_of(&pids[3]).is_some_and(|l| l.ends_with("its environment has no LD_PRELOAD")), "the shell's exec without the agent is not named:\n{stderr}");
+    assert!(
+        line_of(&pids[3]).is_some_and(|l| l.ends_with("its environment has no LD_PRELOAD")),
+        "the shell's exec without the agent is not named:\n{stderr}"
+    );
     assert_eq!(named.len(), 3, "{stderr}");
     // The traced child has its trace, with its 8 MiB.
     let traced = dir.join(format!("t.{}.mgt", pids[2]));
@@ -149,7 +160,10 @@ fn a_wrapping_shell_gets_the_inner_programs_verdict() {
     assert!(first.starts_with(&format!("memgap: {} — ", inner_trace.display())), "the verdict is not about the program:\n{stderr}");
     let chosen = stderr.lines().find(|l| l.starts_with("memgap: > ")).unwrap_or_else(|| panic!("no table:\n{stderr}"));
     assert!(chosen.contains(&inner[0]) && chosen.contains("frees_at 100 300"), "{chosen}");
-    assert!(stderr.lines().any(|l| l.starts_with("memgap:   ") && l.contains("(t.mgt)") && l.contains("sh -c")), "the shell is listed:\n{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("memgap:   ") && l.contains("(t.mgt)") && l.contains("sh -c")),
+        "the shell is listed:\n{stderr}"
+    );
     assert!(stderr.contains("retained") || stderr.contains("fragmented"), "the program's gap is explained:\n{stderr}");
     assert!(stderr.trim_end().ends_with(&format!("details: memgap ledger|blame|map|report {}", inner_trace.display())), "{stderr}");
 }

@@ -20,7 +20,13 @@ fn ghc_program(dir: &Path) -> Option<PathBuf> {
         return None;
     }
     let exe = dir.join("pinned");
-    let out = output_of(command("ghc", ["-O", "-rtsopts", "-eventlog", "-outputdir"]).arg(dir.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/pinned.hs")));
+    let out = output_of(
+        command("ghc", ["-O", "-rtsopts", "-eventlog", "-outputdir"])
+            .arg(dir.join("o"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(programs_dir().join("ghc/pinned.hs")),
+    );
     assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
     Some(exe)
 }
@@ -72,7 +78,11 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
         let ghc = &run.ghc;
         assert!(ghc.is_object(), "{name}: no ghc section in the ledger JSON:\n{}", run.stderr);
         within_5_percent(bytes(&ghc["max_live_bytes"]), rts_s(&run.stderr, "bytes maximum residency"), &format!("{name} max residency"));
-        within_5_percent(bytes(&ghc["max_heap_size_bytes"]), rts_s(&run.stderr, "total memory in use"), &format!("{name} total memory in use"));
+        within_5_percent(
+            bytes(&ghc["max_heap_size_bytes"]),
+            rts_s(&run.stderr, "total memory in use"),
+            &format!("{name} total memory in use"),
+        );
         // memgap read the same summary from the program's stderr.
         within_5_percent(bytes(&ghc["rts_summary"]["max_residency_bytes"]), rts_s(&run.stderr, "bytes maximum residency"), name);
         // The rows add up to the RSS sampled after each GC.
@@ -81,7 +91,10 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
             if rows["lazy_free"].is_null() || point["rss_bytes"].is_null() {
                 continue;
             }
-            let sum: f64 = ["live", "heap_blocks_not_live", "megablock_free", "block_descriptors", "lazy_free", "non_heap"].iter().map(|k| bytes(&rows[*k])).sum();
+            let sum: f64 = ["live", "heap_blocks_not_live", "megablock_free", "block_descriptors", "lazy_free", "non_heap"]
+                .iter()
+                .map(|k| bytes(&rows[*k]))
+                .sum();
             assert_eq!(sum, bytes(&point["rss_bytes"]), "{name}: {point}");
         }
         let caps = ghc["gcs_per_capability"].as_array().unwrap();
@@ -103,7 +116,10 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
     let out = memgap(&dir, &["report", "strip.mgt", "-o", "strip.html"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let html = std::fs::read_to_string(dir.join("strip.html")).unwrap();
-    assert!(html.contains("<section id=\"ghc\"") && html.contains("\"ghc\":{") && html.contains("Pinned fragmentation"), "no GHC panel data in the report");
+    assert!(
+        html.contains("<section id=\"ghc\"") && html.contains("\"ghc\":{") && html.contains("Pinned fragmentation"),
+        "no GHC panel data in the report"
+    );
 
     // memgap numa lists the collections per capability; without +RTS --numa
     // they are tied to no node, and it says why.
@@ -204,7 +220,8 @@ fn a_ghc_program_without_rtsopts_is_left_alone_with_advice() {
         return;
     }
     std::fs::write(dir.join("hello.hs"), "main :: IO ()\nmain = putStrLn \"hello\"\n").unwrap();
-    let out = output_of(command("ghc", ["-O", "-rtsopts=none", "-eventlog", "-outputdir", "o", "-o", "hello", "hello.hs"]).current_dir(&dir));
+    let out =
+        output_of(command("ghc", ["-O", "-rtsopts=none", "-eventlog", "-outputdir", "o", "-o", "hello", "hello.hs"]).current_dir(&dir));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = memgap(&dir, &["run", "-o", "h.mgt", "--", "./hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

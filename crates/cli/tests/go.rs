@@ -28,7 +28,10 @@ fn go_build(dir: &Path, name: &str) -> PathBuf {
     let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../go/memgap").canonicalize().unwrap();
     std::fs::write(
         source.join("go.mod"),
-        format!("module {name}\n\ngo 1.19\n\nrequire memgap.dev/go/memgap v0.0.0\n\nreplace memgap.dev/go/memgap => {}\n", helper.display()),
+        format!(
+            "module {name}\n\ngo 1.19\n\nrequire memgap.dev/go/memgap v0.0.0\n\nreplace memgap.dev/go/memgap => {}\n",
+            helper.display()
+        ),
     )
     .unwrap();
     let exe = dir.join(name);
@@ -45,16 +48,32 @@ fn go_build(dir: &Path, name: &str) -> PathBuf {
 /// a line, when chromium is not installed outside CI); fails on any console
 /// message or script error.
 fn dump_dom_in_chromium(report: &Path) -> Option<String> {
-    let Some(browser) = ["chromium", "chromium-browser"].into_iter().find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success())) else {
+    let Some(browser) =
+        ["chromium", "chromium-browser"].into_iter().find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
+    else {
         assert!(std::env::var_os("CI").is_none(), "chromium is not installed (apt-get install -y chromium)");
         eprintln!("skipped the browser check: chromium is not installed");
         return None;
     };
     let profile = tempfile::tempdir().unwrap();
-    let out = output_of(Command::new(browser).args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000", "--dump-dom"])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("file://{}", report.display())));
+    let out = output_of(
+        Command::new(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=2000",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("file://{}", report.display())),
+    );
     assert!(out.status.success(), "chromium failed:\n{}", text(&out.stderr));
     let console: Vec<String> = text(&out.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(str::to_string).collect();
     assert!(console.is_empty(), "the page logged:\n{}", console.join("\n"));
@@ -80,7 +99,11 @@ fn u(value: &Value, key: &str) -> u64 {
 
 fn within(what: &str, memgap: u64, runtime: u64, share: f64) {
     let diff = memgap.abs_diff(runtime) as f64;
-    assert!(diff <= share * runtime as f64, "{what}: memgap {memgap} vs runtime {runtime} ({:.1}% apart)", diff * 100.0 / runtime.max(1) as f64);
+    assert!(
+        diff <= share * runtime as f64,
+        "{what}: memgap {memgap} vs runtime {runtime} ({:.1}% apart)",
+        diff * 100.0 / runtime.max(1) as f64
+    );
 }
 
 /// Runs the fragmentation workload under memgap; returns each measured
@@ -107,7 +130,11 @@ fn check_against_memstats(point: &Value, ledger: &Value) {
     assert_eq!(go["source"], "runtime/metrics", "{name}: {go:#}");
     // Every resident byte in one row: the rows add up to VmRSS.
     let rss = u(ledger, "rss_bytes");
-    assert!(ledger["residual_bytes"].as_i64().unwrap().unsigned_abs() <= rss / 50, "{name}: residual {} of {rss}", ledger["residual_bytes"]);
+    assert!(
+        ledger["residual_bytes"].as_i64().unwrap().unsigned_abs() <= rss / 50,
+        "{name}: residual {} of {rss}",
+        ledger["residual_bytes"]
+    );
     let fragmented_runtime = u(point, "HeapInuse") - u(point, "HeapAlloc");
     let usage_runtime = u(point, "HeapSys") - u(point, "HeapReleased");
     let usage_memgap = u(rows, "live") + u(rows, "slack") + u(rows, "fragmented") + u(rows, "retained");
@@ -145,7 +172,12 @@ fn fragmentation_workload_agrees_with_memstats_at_every_step() {
         if step == 512 {
             for (_, ledger) in &points[2..] {
                 let verdict = ledger["verdict"].as_str().unwrap();
-                assert!(verdict.contains("fragmentation") && verdict.contains("[]T instead of []*T") && verdict.contains(&format!("spans of {per_span}")), "{verdict}");
+                assert!(
+                    verdict.contains("fragmentation")
+                        && verdict.contains("[]T instead of []*T")
+                        && verdict.contains(&format!("spans of {per_span}")),
+                    "{verdict}"
+                );
             }
             assert_eq!(kept["go"]["sparse_classes"][0], 16);
             let occupancy = class16["occupancy"].as_f64().unwrap();
@@ -177,7 +209,10 @@ fn gctrace_is_kept_when_the_user_asked_for_it_and_the_helper_is_inert_without_me
     let (_tmp, dir) = tempdir();
     let exe = go_build(&dir, "fragment");
     let trace = dir.join("t.mgt");
-    let out = memgap_cmd(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&exe), "-step", "2048"]).env("GODEBUG", "gctrace=1,madvdontneed=1").output().unwrap();
+    let out = memgap_cmd(&dir, &["run", "-q", "-o", arg(&trace), "--", arg(&exe), "-step", "2048"])
+        .env("GODEBUG", "gctrace=1,madvdontneed=1")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let stderr = text(&out.stderr);
     assert!(stderr.lines().filter(|l| l.starts_with("gc ") && l.contains(" MB goal")).count() >= 4, "{stderr}");
@@ -221,7 +256,11 @@ fn without_the_helper_the_ledger_comes_from_gctrace() {
     let exe = go_build(&dir, "service");
     let trace = dir.join("svc.mgt");
     // The service runs until killed: memgap forwards SIGTERM to it.
-    let mut child = memgap_cmd(&dir, &["run", "-q", "--snapshot-interval", "0.2", "-o", arg(&trace), "--", arg(&exe)]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = memgap_cmd(&dir, &["run", "-q", "--snapshot-interval", "0.2", "-o", arg(&trace), "--", arg(&exe)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut port = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut port).unwrap();
     // Wait for a GC line to be recorded: the service allocates steadily.
@@ -278,7 +317,8 @@ fn attach_records_a_live_service_timeline() {
     assert!(memgap(&dir, &["summary", arg(&trace)]).status.success());
 
     // Nothing listening: one line, exit 1.
-    let line = assert_one_line_failure(&memgap(&dir, &["attach", "--go", "http://127.0.0.1:1", "--duration", "1", "-o", arg(&dir.join("x.mgt"))]));
+    let line =
+        assert_one_line_failure(&memgap(&dir, &["attach", "--go", "http://127.0.0.1:1", "--duration", "1", "-o", arg(&dir.join("x.mgt"))]));
     assert!(line.contains("127.0.0.1:1"), "{line}");
 }
 
@@ -306,12 +346,17 @@ fn a_snapshot_at_each_new_rss_peak_with_its_size_classes() {
     // "burst of 200000 x 512 B, VmRSS 117112 kB": the program's own reading at its peak.
     let stdout = text(&out.stdout);
     let first = stdout.lines().next().unwrap_or_default();
-    let peak_kib: u64 = first.rsplit("VmRSS ").next().and_then(|v| v.trim_end_matches(" kB").parse().ok()).unwrap_or_else(|| panic!("{stdout}"));
+    let peak_kib: u64 =
+        first.rsplit("VmRSS ").next().and_then(|v| v.trim_end_matches(" kB").parse().ok()).unwrap_or_else(|| panic!("{stdout}"));
     let peak = peak_kib << 10;
 
     let snapshots = timeline(&dir, &trace);
     let peaks = snapshots.iter().filter(|l| l["snapshot_reason"] == "rss peak").count();
-    assert!(peaks >= 3, "{peaks} snapshots at RSS peaks: {:?}", snapshots.iter().map(|l| (&l["at_seconds"], &l["snapshot_reason"], &l["rss_bytes"])).collect::<Vec<_>>());
+    assert!(
+        peaks >= 3,
+        "{peaks} snapshots at RSS peaks: {:?}",
+        snapshots.iter().map(|l| (&l["at_seconds"], &l["snapshot_reason"], &l["rss_bytes"])).collect::<Vec<_>>()
+    );
 
     let out = memgap(&dir, &["ledger", "--at", "peak", "--json", arg(&trace)]);
     assert!(out.status.success(), "{}", text(&out.stderr));

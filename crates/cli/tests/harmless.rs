@@ -278,7 +278,8 @@ fn snap_of_a_forked_child_reaches_the_child() {
     let trace = dir.join("t.mgt");
     let mut cmd = memgap_cmd(&dir, &["run", "--quiet", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "fork-child"]);
     let running = Background::start(&mut cmd, 1);
-    let child: u32 = running.lines[0].strip_prefix("child ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{:?}", running.lines));
+    let child: u32 =
+        running.lines[0].strip_prefix("child ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| panic!("{:?}", running.lines));
     let snap = memgap(&dir, &["snap", &child.to_string()]);
     assert!(snap.status.success(), "{}", text(&snap.stderr));
     let child_trace = dir.join(format!("t.{child}.mgt"));

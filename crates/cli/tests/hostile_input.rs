@@ -56,8 +56,25 @@ fn write_trace(path: &Path, events: &[Event], snapshot: Snapshot, extra: Vec<Rec
 
 fn heap_snapshot(start: u64, end: u64) -> Snapshot {
     let rss = Rss { time: 100, vm_rss: end - start, rss_anon: end - start, ..Rss::default() };
-    let heap = Mapping { start, end, perms: "rw-p".into(), name: "[heap]".into(), rss: end - start, anonymous: end - start, residency: Residency::All, ..Mapping::default() };
-    Snapshot { time: 100, reason: SnapshotReason::Exit, rss, vm_rss_after: end - start, page_size: 4096, mappings: vec![heap], ..Snapshot::default() }
+    let heap = Mapping {
+        start,
+        end,
+        perms: "rw-p".into(),
+        name: "[heap]".into(),
+        rss: end - start,
+        anonymous: end - start,
+        residency: Residency::All,
+        ..Mapping::default()
+    };
+    Snapshot {
+        time: 100,
+        reason: SnapshotReason::Exit,
+        rss,
+        vm_rss_after: end - start,
+        page_size: 4096,
+        mappings: vec![heap],
+        ..Snapshot::default()
+    }
 }
 
 /// Every command that reads a trace, as a user would run it.
@@ -94,7 +111,13 @@ fn a_block_below_its_mapping() {
     // In address order: three blocks reaching into the heap, one wholly
     // below it, one inside. The binary search for the heap's first block
     // lands on the first of them, so the one below comes with it.
-    let events = [malloc(1, 0x1000, 0x47000), malloc(2, 0x1800, 0x3f800), malloc(3, 0x1c00, 0x40400), malloc(4, 0x2000, 0x10), malloc(5, 0x44000, 0x100)];
+    let events = [
+        malloc(1, 0x1000, 0x47000),
+        malloc(2, 0x1800, 0x3f800),
+        malloc(3, 0x1c00, 0x40400),
+        malloc(4, 0x2000, 0x10),
+        malloc(5, 0x44000, 0x100),
+    ];
     let mut snapshot = heap_snapshot(start, end);
     // Residency as mincore gives it: one bit per page of the mapping.
     snapshot.mappings[0].residency = Residency::Bitmap(vec![0xff, 0xff]);
@@ -115,7 +138,13 @@ fn a_block_of_2_to_the_57_bytes_with_numa_placement() {
             NumaNode { id: 1, cpus: vec![1], memory_bytes: 1 << 30, distances: vec![21, 10] },
         ],
     };
-    let placement = Placement { time: 100, page_size: 4096, stride: 1, mappings: vec![MappingPlacement { start, pages: 64, runs: vec![(0, 32), (1, 32)] }], ..Placement::default() };
+    let placement = Placement {
+        time: 100,
+        page_size: 4096,
+        stride: 1,
+        mappings: vec![MappingPlacement { start, pages: 64, runs: vec![(0, 32), (1, 32)] }],
+        ..Placement::default()
+    };
     write_trace(&dir.join("t.mgt"), &events, heap_snapshot(start, end), vec![Record::Topology(topology), Record::Placement(placement)]);
     every_reader(&dir, "t.mgt");
     let out = memgap_within_bound(&dir, &["numa", "t.mgt", "--json"]);
@@ -132,7 +161,9 @@ fn files_that_are_not_traces() {
     let sparse = dir.join("sparse");
     std::fs::File::create(&sparse).unwrap().set_len(4 << 30).unwrap();
     for input in [arg(&fifo), "/dev/zero", "/dev/urandom", "/dev/null", arg(&sparse)] {
-        for args in [vec!["summary", input], vec!["ledger", input], vec!["report", input, "-o", "r.html"], vec!["ghc", input], vec!["numa", input]] {
+        for args in
+            [vec!["summary", input], vec!["ledger", input], vec!["report", input, "-o", "r.html"], vec!["ghc", input], vec!["numa", input]]
+        {
             let out = memgap_within_bound(&dir, &args);
             let line = assert_one_line_failure(&out);
             assert!(!line.contains("is empty") || input == "/dev/null", "{}: {line}", args.join(" "));

@@ -225,18 +225,31 @@ fn memgaps_own_memory_is_named_apart_and_is_what_a_plain_run_lacks() {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let stderr = text(&out.stderr);
         assert!(stderr.contains("memgap's own"), "run names memgap's own memory apart:\n{stderr}");
-        let l: Value = serde_json::from_slice(&memgap(&dir, &["ledger", arg(&trace), "--at", "end", "--json"]).stdout).expect("ledger JSON");
+        let l: Value =
+            serde_json::from_slice(&memgap(&dir, &["ledger", arg(&trace), "--at", "end", "--json"]).stdout).expect("ledger JSON");
         assert_rows_add_up(&l);
         let (rss, own, program) = (field(&l, "rss_bytes"), field(&l, "memgap_bytes"), field(&l, "program_rss_bytes"));
         assert_eq!(program, rss - own, "{l:#}");
         assert!(own >= 64.0 * 1024.0 && own <= row(&l, "other"), "memgap's own {own} is part of other: {l:#}");
         // What memgap adds, measured: the traced run's RSS less the plain run's.
         assert!(own <= rss - plain + 128.0 * 1024.0, "memgap claims {own} B, more than the {} B a traced run adds ({mb} MiB)", rss - plain);
-        assert!(own >= 0.5 * (rss - plain), "memgap's own {own} B explains less than half of the {} B a traced run adds ({mb} MiB)", rss - plain);
-        assert!((program - plain).abs() <= 768.0 * 1024.0, "RSS less memgap's own is {program} B, the plain run's {plain} B ({mb} MiB): {l:#}");
+        assert!(
+            own >= 0.5 * (rss - plain),
+            "memgap's own {own} B explains less than half of the {} B a traced run adds ({mb} MiB)",
+            rss - plain
+        );
+        assert!(
+            (program - plain).abs() <= 768.0 * 1024.0,
+            "RSS less memgap's own is {program} B, the plain run's {plain} B ({mb} MiB): {l:#}"
+        );
         // The verdict's ratio is the program's RSS to its live heap.
         let verdict = l["verdict"].as_str().unwrap();
-        let ratio: f64 = verdict.split(" (").nth(1).and_then(|s| s.split('x').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no ratio in {verdict}"));
+        let ratio: f64 = verdict
+            .split(" (")
+            .nth(1)
+            .and_then(|s| s.split('x').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no ratio in {verdict}"));
         let expected = program / row(&l, "live").max(1.0);
         assert!((ratio - expected).abs() <= 0.01 * expected + 0.1, "verdict ratio {ratio}, program RSS / live {expected}: {verdict}");
         assert!(verdict.contains("memgap's own") && !verdict.contains("memgap's buffers"), "{verdict}");

@@ -196,6 +196,11 @@ fn the_default_moment_has_the_largest_gap_of_every_snapshots_ledger() {
     let chosen = json(&["ledger", arg(&trace), "--json"]);
     let largest = *gaps.iter().max().unwrap();
     // memgap's static data is left out of the cheaper count the choice uses.
-    assert!(gap(&chosen) + (256 << 10) >= largest, "chosen at {} s with a gap of {}; the snapshots' gaps {gaps:?} at {times:?}", chosen["at_seconds"], gap(&chosen));
+    assert!(
+        gap(&chosen) + (256 << 10) >= largest,
+        "chosen at {} s with a gap of {}; the snapshots' gaps {gaps:?} at {times:?}",
+        chosen["at_seconds"],
+        gap(&chosen)
+    );
     assert!(largest > 1 << 20, "{gaps:?}");
 }

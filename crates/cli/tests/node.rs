@@ -34,7 +34,8 @@ fn run_traced(dir: &Path, trace: &str, program: &str, args: &[&str]) -> Vec<Valu
     assert_eq!(traced.status.code(), plain.status.code(), "{}", text(&traced.stderr));
     assert_eq!(text(&traced.stderr), text(&plain.stderr));
     // The figures vary from run to run; the lines and their keys do not.
-    let shape = |out: &[u8]| text(out).lines().map(|l| l.split(|c: char| c.is_ascii_digit()).next().unwrap_or("").to_string()).collect::<Vec<_>>();
+    let shape =
+        |out: &[u8]| text(out).lines().map(|l| l.split(|c: char| c.is_ascii_digit()).next().unwrap_or("").to_string()).collect::<Vec<_>>();
     assert_eq!(shape(&traced.stdout), shape(&plain.stdout));
     printed_json(&traced.stdout)
 }
@@ -67,7 +68,12 @@ fn assert_within(what: &str, got: u64, expected: u64, share: f64, ledger: &Value
 fn assert_section_matches(l: &Value, printed: &Value) {
     let node = &l["node"];
     assert!(node.is_object(), "no node section: {l:#}");
-    for (key, printed_key) in [("heap_total_bytes", "heapTotal"), ("heap_used_bytes", "heapUsed"), ("external_bytes", "external"), ("array_buffers_bytes", "arrayBuffers")] {
+    for (key, printed_key) in [
+        ("heap_total_bytes", "heapTotal"),
+        ("heap_used_bytes", "heapUsed"),
+        ("external_bytes", "external"),
+        ("array_buffers_bytes", "arrayBuffers"),
+    ] {
         assert_within(key, u(&node[key]), u(&printed[printed_key]), 0.05, l);
     }
 }
@@ -121,7 +127,8 @@ fn child_process_children_are_traced_with_their_own_node_section() {
     let (_tmp, dir) = tempdir();
     let printed = run_traced(&dir, "parent.mgt", "children.js", &["24", "1600"]);
     let traces = traces_in(&dir);
-    let child = traces.iter().find(|t| t.starts_with("parent.") && *t != "parent.mgt").unwrap_or_else(|| panic!("no child trace: {traces:?}"));
+    let child =
+        traces.iter().find(|t| t.starts_with("parent.") && *t != "parent.mgt").unwrap_or_else(|| panic!("no child trace: {traces:?}"));
     let l = ledger_while_idle(&dir, child);
     assert_section_matches(&l, &printed[0]);
     assert_v8_heap_owned(&l, u(&printed[0]["physical"]));
@@ -178,9 +185,11 @@ fn semi_space_remedy_lowers_the_rss_of_a_program_with_a_large_young_generation()
     let (_tmp, dir) = tempdir();
     let printed = run_traced(&dir, "semi.mgt", "heap.js", &["40", "1600"]);
     let l = ledger_while_idle(&dir, "semi.mgt");
-    let semi = l["findings"].as_array().unwrap().iter().find(|f| f["kind"] == "semi_space").unwrap_or_else(|| panic!("{:#}", l["findings"]));
+    let semi =
+        l["findings"].as_array().unwrap().iter().find(|f| f["kind"] == "semi_space").unwrap_or_else(|| panic!("{:#}", l["findings"]));
     assert!(u(&semi["bytes"]) >= 8 << 20, "{semi:#}");
-    let remedy = l["remedies"].as_array().unwrap().iter().find(|r| r["id"] == "node-semi-space").unwrap_or_else(|| panic!("{:#}", l["remedies"]));
+    let remedy =
+        l["remedies"].as_array().unwrap().iter().find(|r| r["id"] == "node-semi-space").unwrap_or_else(|| panic!("{:#}", l["remedies"]));
     let options = remedy["env"]["NODE_OPTIONS"].as_str().unwrap();
     let program = node_program("heap.js");
     let mut cmd = command("node", [arg(&program), "40", "0"]);
@@ -189,7 +198,10 @@ fn semi_space_remedy_lowers_the_rss_of_a_program_with_a_large_young_generation()
     assert!(out.status.success(), "{}", text(&out.stderr));
     let remedied = printed_json(&out.stdout)[0].clone();
     let (plain_rss, remedied_rss) = (u(&printed[0]["rss"]), u(&remedied["rss"]));
-    eprintln!("heap.js RSS: under memgap {plain_rss}, plain with {options} {remedied_rss}; heapTotal {} -> {}", printed[0]["heapTotal"], remedied["heapTotal"]);
+    eprintln!(
+        "heap.js RSS: under memgap {plain_rss}, plain with {options} {remedied_rss}; heapTotal {} -> {}",
+        printed[0]["heapTotal"], remedied["heapTotal"]
+    );
     // The plain run has no agent, so it is compared with V8's own committed heap too.
     assert!(u(&remedied["heapTotal"]) + (8 << 20) < u(&printed[0]["heapTotal"]), "{remedied} against {}", printed[0]);
     assert!(remedied_rss + (8 << 20) < plain_rss, "{remedied} against {}", printed[0]);

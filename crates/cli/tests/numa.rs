@@ -15,7 +15,11 @@ const MIB: u64 = 1 << 20;
 
 fn machine_nodes() -> usize {
     std::fs::read_dir("/sys/devices/system/node")
-        .map(|d| d.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.strip_prefix("node").is_some_and(|i| i.parse::<u32>().is_ok()))).count())
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n.strip_prefix("node").is_some_and(|i| i.parse::<u32>().is_ok())))
+                .count()
+        })
         .unwrap_or(0)
         .max(1)
 }
@@ -42,7 +46,8 @@ fn a_real_program_under_run_numa() {
     let stderr = text(&out.stderr);
     let json = numa_json(&dir, &trace);
 
-    for key in ["nodes", "distances", "allocation_matrix_bytes", "access_matrix", "access_unavailable_reason", "local_fraction", "hot_node"] {
+    for key in ["nodes", "distances", "allocation_matrix_bytes", "access_matrix", "access_unavailable_reason", "local_fraction", "hot_node"]
+    {
         assert!(json.get(key).is_some(), "no key {key}: {json:#}");
     }
     assert_eq!(json["topology_source"], "trace");
@@ -80,7 +85,10 @@ fn a_real_program_under_run_numa() {
     let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&html)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.contains("<section id=\"numa\"") && page.contains("\"numa\":{") && page.contains("\"allocation_matrix_bytes\""), "no NUMA data in the report");
+    assert!(
+        page.contains("<section id=\"numa\"") && page.contains("\"numa\":{") && page.contains("\"allocation_matrix_bytes\""),
+        "no NUMA data in the report"
+    );
 
     if machine_nodes() == 1 {
         assert_eq!(json["local_fraction"].as_f64(), Some(1.0));
@@ -161,7 +169,13 @@ fn ghc_collections_per_node_add_up_to_the_rts_figures() {
     }
     let (_tmp, dir) = tempdir();
     let exe = dir.join("numa_caps");
-    let out = output_of(command("ghc", ["-O", "-threaded", "-rtsopts", "-eventlog", "-outputdir"]).arg(dir.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/numa_caps.hs")));
+    let out = output_of(
+        command("ghc", ["-O", "-threaded", "-rtsopts", "-eventlog", "-outputdir"])
+            .arg(dir.join("o"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(programs_dir().join("ghc/numa_caps.hs")),
+    );
     assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
     let trace = dir.join("t.mgt");
     let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&exe), "20000", "+RTS", "-N2", "-qa", "-qg", "-s", "-RTS"]);
@@ -173,7 +187,9 @@ fn ghc_collections_per_node_add_up_to_the_rts_figures() {
     let caps = json["ghc_capabilities"].as_array().unwrap();
     assert_eq!(caps.len(), 2, "both capabilities lead collections: {json:#}");
     let by_node = json["ghc_gcs_by_node"].as_array().unwrap();
-    let sum_by = |key: &str, generation: usize| -> u64 { by_node.iter().map(|n| n[key].as_array().unwrap().get(generation).and_then(Value::as_u64).unwrap_or(0)).sum() };
+    let sum_by = |key: &str, generation: usize| -> u64 {
+        by_node.iter().map(|n| n[key].as_array().unwrap().get(generation).and_then(Value::as_u64).unwrap_or(0)).sum()
+    };
     for (generation, &count) in gcs.iter().enumerate() {
         assert_eq!(sum_by("gcs_by_generation", generation), count, "generation {generation}: {json:#}");
     }

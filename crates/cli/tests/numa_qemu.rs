@@ -23,7 +23,9 @@ fn skip_reason() -> Option<String> {
     if let Err(error) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         return Some(format!("/dev/kvm is not usable ({error})"));
     }
-    let installed = |tool: &str| Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    let installed = |tool: &str| {
+        Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
     let is_root = unsafe { libc::geteuid() } == 0;
     if !is_root && !(installed("qemu-system-x86_64") && installed("numactl") && installed("cpio")) {
         return Some("qemu-system-x86, numactl or cpio is missing and only root may install them".into());

@@ -58,7 +58,12 @@ fn check_owner(dir: &Path, name: &str, cmd: &[String], env: &[(String, String)],
     let sum: u64 = l["rows"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert!(sum.abs_diff(rss) * 50 <= rss, "{name}: rows sum to {sum}, VmRSS {rss}: {:#}", l["rows"]);
     assert_eq!(l["gap_owner"].as_str(), Some(owner), "{name}: {:#}", l["owners"]);
-    let share = l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == owner).unwrap_or_else(|| panic!("{name}: no {owner} share: {:#}", l["owners"]));
+    let share = l["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["owner"] == owner)
+        .unwrap_or_else(|| panic!("{name}: no {owner} share: {:#}", l["owners"]));
     let owned: u64 = share["rows"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     // The burst's memory is the owner's: `other` keeps only what no owner
     // claims (files, memgap's buffers, the program's own small mmaps).
@@ -67,7 +72,10 @@ fn check_owner(dir: &Path, name: &str, cmd: &[String], env: &[(String, String)],
     assert!(anonymous_other * 20 <= rss, "{name}: other holds {anonymous_other} B of anonymous memory: {other:#}");
     assert!(owned * 2 >= rss, "{name}: the {owner} share holds {owned} of {rss} B");
     for finding in l["findings"].as_array().unwrap() {
-        assert!(finding["kind"].is_string() && finding["owner"].is_string() && finding["bytes"].is_u64() && finding["share"].is_f64(), "{finding:#}");
+        assert!(
+            finding["kind"].is_string() && finding["owner"].is_string() && finding["bytes"].is_u64() && finding["share"].is_f64(),
+            "{finding:#}"
+        );
     }
 
     let remedies = l["remedies"].as_array().unwrap();
@@ -80,7 +88,13 @@ fn check_owner(dir: &Path, name: &str, cmd: &[String], env: &[(String, String)],
     }
     let plain = holding_rss(cmd, env);
     let remedied = holding_rss(cmd, &with_remedy(env, &first["env"]));
-    eprintln!("{name}: {} — RSS {} MiB plain, {} MiB with it (expected savings {} MiB)", first["id"], plain >> 20, remedied >> 20, u(first, "expected_savings_bytes") >> 20);
+    eprintln!(
+        "{name}: {} — RSS {} MiB plain, {} MiB with it (expected savings {} MiB)",
+        first["id"],
+        plain >> 20,
+        remedied >> 20,
+        u(first, "expected_savings_bytes") >> 20
+    );
     assert!(remedied * 10 <= plain * 9, "{name}: {} did not lower RSS: {plain} B plain, {remedied} B with it", first["id"]);
     l
 }
@@ -134,7 +148,10 @@ fn mimalloc() {
 }
 
 fn go_command() -> Option<String> {
-    ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"].into_iter().find(|go| Command::new(go).arg("version").output().is_ok_and(|o| o.status.success())).map(str::to_string)
+    ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
+        .into_iter()
+        .find(|go| Command::new(go).arg("version").output().is_ok_and(|o| o.status.success()))
+        .map(str::to_string)
 }
 
 /// tests/programs/go/burst, with the helper package (`-tags helper`) or without.
@@ -149,7 +166,14 @@ fn go_burst(dir: &Path, helper: bool) -> Option<PathBuf> {
         std::fs::copy(programs_dir().join("go/burst").join(file), source.join(file)).unwrap();
     }
     let helper_package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../go/memgap").canonicalize().unwrap();
-    std::fs::write(source.join("go.mod"), format!("module burst\n\ngo 1.19\n\nrequire memgap.dev/go/memgap v0.0.0\n\nreplace memgap.dev/go/memgap => {}\n", helper_package.display())).unwrap();
+    std::fs::write(
+        source.join("go.mod"),
+        format!(
+            "module burst\n\ngo 1.19\n\nrequire memgap.dev/go/memgap v0.0.0\n\nreplace memgap.dev/go/memgap => {}\n",
+            helper_package.display()
+        ),
+    )
+    .unwrap();
     let exe = dir.join(if helper { "burst-helper" } else { "burst" });
     let mut build = Command::new(go);
     build.args(["build", "-o"]).arg(&exe);
@@ -173,7 +197,8 @@ fn go_without_the_helper() {
     let (_tmp, dir) = tempdir();
     let Some(exe) = go_burst(&dir, false) else { return };
     check_owner(&dir, "go-gctrace", &[arg(&exe).to_string(), "-hold".into(), HOLD.into()], &[], "go");
-    let l: Value = serde_json::from_slice(&memgap(&dir, &["ledger", arg(&dir.join("go-gctrace.mgt")), "--at", "end", "--json"]).stdout).unwrap();
+    let l: Value =
+        serde_json::from_slice(&memgap(&dir, &["ledger", arg(&dir.join("go-gctrace.mgt")), "--at", "end", "--json"]).stdout).unwrap();
     let share = &l["owners"][0];
     assert!(share["estimated"].as_str().is_some_and(|e| e.contains("gctrace")), "{share:#}");
     // One buffer in ten of 160 MiB is kept: gctrace marks about 16 MB live.
@@ -192,7 +217,14 @@ fn ghc_strip() {
     }
     let (_tmp, dir) = tempdir();
     let exe = dir.join("pinned");
-    let out = output_of(Command::new("ghc").args(["-O", "-rtsopts", "-eventlog", "-outputdir"]).arg(dir.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/pinned.hs")));
+    let out = output_of(
+        Command::new("ghc")
+            .args(["-O", "-rtsopts", "-eventlog", "-outputdir"])
+            .arg(dir.join("o"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(programs_dir().join("ghc/pinned.hs")),
+    );
     assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
     check_owner(&dir, "ghc", &[arg(&exe).to_string(), "strip".into(), "1000000".into()], &[], "ghc");
     let summary = summary_json(&dir.join("ghc.mgt"));
@@ -213,7 +245,8 @@ fn ruby_over_glibc() {
     let l = check_owner(&dir, "ruby", &["ruby".to_string(), arg(&program).to_string(), HOLD.into()], &[], "glibc");
     let ruby = &l["ruby"];
     assert!(ruby["version"].as_str().is_some_and(|v| v.starts_with('3')), "{ruby:#}");
-    let share = l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "ruby").unwrap_or_else(|| panic!("no ruby share: {:#}", l["owners"]));
+    let share =
+        l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "ruby").unwrap_or_else(|| panic!("no ruby share: {:#}", l["owners"]));
     let rows = &share["rows"];
     let owned: u64 = rows.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     // Its object pages are Ruby's share, out of the program's mmaps in

@@ -90,7 +90,9 @@ fn the_debian_package_installs_a_working_memgap() {
 
     // Its control data: depends on nothing but libc (and libgcc's unwinder).
     let control = succeed(Command::new("dpkg-deb").arg("-f").arg(&deb));
-    let field = |name: &str| control.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).unwrap_or_else(|| panic!("no {name}:\n{control}")).to_string();
+    let field = |name: &str| {
+        control.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).unwrap_or_else(|| panic!("no {name}:\n{control}")).to_string()
+    };
     assert_eq!(field("Package"), "memgap");
     assert_eq!(field("Version"), version);
     for dependency in field("Depends").split(',') {
@@ -135,7 +137,8 @@ fn the_debian_package_installs_a_working_memgap() {
     assert!(ledger["rss_bytes"].as_u64().unwrap() > 0, "{ledger:#}");
     assert!(ledger["rows"]["live"].as_u64().unwrap() >= 32_000, "{ledger:#}");
     // And its trim remedy.
-    let trimmed = output_of(Command::new(&installed).args(["run", "--trim-only", "--", "true"]).current_dir(&dir).env_remove("MEMGAP_TRIM_LIBRARY"));
+    let trimmed =
+        output_of(Command::new(&installed).args(["run", "--trim-only", "--", "true"]).current_dir(&dir).env_remove("MEMGAP_TRIM_LIBRARY"));
     assert!(trimmed.status.success(), "{}", text(&trimmed.stderr));
 
     // Manual pages where man looks for them: memgap(1) and one per command.

@@ -27,7 +27,13 @@ fn program_snapshot(dir: &Path, trace: &str) -> Value {
     let out = memgap(dir, &["timeline", "--json", trace]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
-    timeline["snapshots"].as_array().unwrap().iter().find(|l| l["snapshot_reason"] == "program").cloned().unwrap_or_else(|| panic!("no program snapshot: {timeline:#}"))
+    timeline["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["snapshot_reason"] == "program")
+        .cloned()
+        .unwrap_or_else(|| panic!("no program snapshot: {timeline:#}"))
 }
 
 /// A figure of `sys._debugmallocstats()` ("# bytes in allocated blocks = 6,859,696").
@@ -80,7 +86,8 @@ fn pymalloc_layer_matches_the_interpreters_own_counts() {
         assert_eq!(u(&py["free_in_used_pools_bytes"]), malloc_stat(&stats, "# bytes in available blocks"), "{py:#}");
         rows_add_up(&l);
         // The arenas are pymalloc's now, not the program's own mmaps.
-        let share = l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "python").unwrap_or_else(|| panic!("no python share: {l:#}"));
+        let share =
+            l["owners"].as_array().unwrap().iter().find(|o| o["owner"] == "python").unwrap_or_else(|| panic!("no python share: {l:#}"));
         let held: u64 = share["rows"].as_object().unwrap().values().map(u).sum();
         assert!(held as f64 >= 0.98 * u(&py["resident_bytes"]) as f64, "{share:#} {py:#}");
         assert!(u(&l["other_breakdown"]["program_mmap"]) < 1 << 20, "{:#}", l["other_breakdown"]);
@@ -93,7 +100,12 @@ fn pymalloc_layer_matches_the_interpreters_own_counts() {
         // pages (PYTHONMALLOC=malloc measured 94 -> 117 MiB steady RSS with
         // memgap compare), so the remedy is in the code, not the allocator.
         let remedies = l["remedies"].as_array().unwrap();
-        assert_eq!((remedies[0]["id"].as_str(), remedies[0]["env"].as_object().map(|e| e.len())), (Some("python-object-lifetimes"), Some(0)), "{:#}", l["remedies"]);
+        assert_eq!(
+            (remedies[0]["id"].as_str(), remedies[0]["env"].as_object().map(|e| e.len())),
+            (Some("python-object-lifetimes"), Some(0)),
+            "{:#}",
+            l["remedies"]
+        );
         let empty_pools = u(&py["empty_pool_bytes"]);
         for r in remedies.iter().filter(|r| r["env"]["PYTHONMALLOC"] == "malloc") {
             assert!(u(&r["expected_savings_bytes"]) <= empty_pools + u(&share["rows"]["retained"]), "{r:#} {py:#}");
@@ -147,7 +159,10 @@ fn multiprocessing_children_are_traced_with_their_layer() {
         assert_eq!(place(top), "child.<locals>.<listcomp> children.py:13", "{trace}: {top:#}");
         let stack = top["stack"].as_array().unwrap();
         assert!(stack.iter().filter(|f| is_python_frame(f)).count() >= 4, "{trace}: {top:#}");
-        assert!(!stack.iter().any(|f| f["function"].as_str().is_some_and(|f| f.starts_with("<python code"))), "{trace}: every code object named: {top:#}");
+        assert!(
+            !stack.iter().any(|f| f["function"].as_str().is_some_and(|f| f.starts_with("<python code"))),
+            "{trace}: every code object named: {top:#}"
+        );
         layered += 1;
     }
     assert_eq!(layered, 2, "a fork child and a spawned child, each with its snapshot: {:?}", traces_in(&dir));
@@ -183,7 +198,13 @@ fn empty_pools_in_live_arenas_and_the_remedy_that_returns_them() {
     let cmd = [DEBIAN_PYTHON, arg(&arenas), "2000000", "5000", "2"];
     let plain = holding_rss(&cmd, &[]);
     let remedied = holding_rss(&cmd, &env);
-    eprintln!("{}: RSS {} MiB plain, {} MiB with it (expected savings {} MiB)", first["id"], plain >> 20, remedied >> 20, u(&first["expected_savings_bytes"]) >> 20);
+    eprintln!(
+        "{}: RSS {} MiB plain, {} MiB with it (expected savings {} MiB)",
+        first["id"],
+        plain >> 20,
+        remedied >> 20,
+        u(&first["expected_savings_bytes"]) >> 20
+    );
     assert!(remedied * 2 <= plain, "{}: {plain} B plain, {remedied} B with it", first["id"]);
 }
 
@@ -197,7 +218,12 @@ fn blame(dir: &Path, trace: &str, by: &str) -> Vec<Value> {
 /// "function file:line" of a frame or entry (the file's name only).
 fn place(frame: &Value) -> String {
     let file = frame["file"].as_str().unwrap_or("");
-    format!("{} {}:{}", frame["function"].as_str().unwrap_or("?"), file.rsplit('/').next().unwrap_or(file), frame["line"].as_u64().unwrap_or(0))
+    format!(
+        "{} {}:{}",
+        frame["function"].as_str().unwrap_or("?"),
+        file.rsplit('/').next().unwrap_or(file),
+        frame["line"].as_u64().unwrap_or(0)
+    )
 }
 
 fn is_python_frame(frame: &Value) -> bool {
@@ -222,7 +248,8 @@ fn blame_names_the_python_line_that_grows_a_cache() {
     assert_eq!(text(&traced.stdout), text(&plain.stdout));
     let (plain_stats, traced_stats) = (text(&plain.stderr), text(&traced.stderr));
     assert_eq!(malloc_stat(&traced_stats, "# arenas allocated current"), malloc_stat(&plain_stats, "# arenas allocated current"));
-    let (ours, theirs) = (malloc_stat(&traced_stats, "# bytes in allocated blocks"), malloc_stat(&plain_stats, "# bytes in allocated blocks"));
+    let (ours, theirs) =
+        (malloc_stat(&traced_stats, "# bytes in allocated blocks"), malloc_stat(&plain_stats, "# bytes in allocated blocks"));
     assert!((ours as f64 - theirs as f64).abs() <= 0.01 * theirs as f64, "{ours} traced against {theirs} plain");
 
     let entries = blame(&dir, "cache.mgt", "live");
@@ -233,7 +260,11 @@ fn blame_names_the_python_line_that_grows_a_cache() {
     assert!(u(&top["live_bytes"]) > 4 << 20, "{top:#}");
     let stack: Vec<String> = top["stack"].as_array().unwrap().iter().map(place).collect();
     let python: Vec<&String> = stack.iter().filter(|p| p.contains("cache.py")).collect();
-    assert_eq!(python, ["build.<locals>.<dictcomp> cache.py:19", "build cache.py:19", "main cache.py:24", "<module> cache.py:36"], "{stack:#?}");
+    assert_eq!(
+        python,
+        ["build.<locals>.<dictcomp> cache.py:19", "build cache.py:19", "main cache.py:24", "<module> cache.py:36"],
+        "{stack:#?}"
+    );
     // Native frames around them: what the interpreter called to grow the
     // dict above, how it was started below; its eval loop replaced.
     let first_python = stack.iter().position(|p| p.contains("cache.py")).unwrap();
@@ -296,7 +327,17 @@ fn blame_names_a_nested_python_function_called_from_two_places() {
     assert!(u(&top["allocated_bytes"]) >= 300 * 65536 + 200 * 16384, "{top:#}");
     // The stack shown is the one allocating most: 300 buffers of 64 KiB from from_requests.
     let stack: Vec<String> = top["stack"].as_array().unwrap().iter().filter(|f| is_python_frame(f)).map(place).collect();
-    assert_eq!(stack, ["Journal.record.<locals>.page journal.py:19", "Journal.record journal.py:21", "from_requests journal.py:26", "main journal.py:37", "<module> journal.py:42"], "{top:#}");
+    assert_eq!(
+        stack,
+        [
+            "Journal.record.<locals>.page journal.py:19",
+            "Journal.record journal.py:21",
+            "from_requests journal.py:26",
+            "main journal.py:37",
+            "<module> journal.py:42"
+        ],
+        "{top:#}"
+    );
     let per_stack = memgap(&dir, &["blame", "--json", "--by", "allocated", "--per-stack", "journal.mgt"]);
     let per_stack: Value = serde_json::from_slice(&per_stack.stdout).unwrap();
     let callers: Vec<(String, u64)> = per_stack
@@ -304,9 +345,18 @@ fn blame_names_a_nested_python_function_called_from_two_places() {
         .unwrap()
         .iter()
         .filter(|e| place(e).starts_with("Journal.record.<locals>.page"))
-        .map(|e| (e["stack"].as_array().unwrap().iter().filter(|f| is_python_frame(f)).map(place).nth(2).unwrap_or_default(), u(&e["allocations"])))
+        .map(|e| {
+            (
+                e["stack"].as_array().unwrap().iter().filter(|f| is_python_frame(f)).map(place).nth(2).unwrap_or_default(),
+                u(&e["allocations"]),
+            )
+        })
         .collect();
-    assert_eq!(callers, [("from_requests journal.py:26".to_string(), 300), ("from_replay journal.py:31".to_string(), 200)], "{per_stack:#}");
+    assert_eq!(
+        callers,
+        [("from_requests journal.py:26".to_string(), 300), ("from_replay journal.py:31".to_string(), 200)],
+        "{per_stack:#}"
+    );
 }
 
 /// Interpreters whose frame layout the agent does not read (pyenv's 3.10,
@@ -327,7 +377,10 @@ fn other_python_versions_run_unharmed_with_native_frames_only() {
         let entries = blame(&dir, &trace, "allocated");
         assert!(!entries.is_empty(), "{version}");
         for entry in &entries {
-            assert!(!entry["stack"].as_array().unwrap().iter().any(|f| f["file"].as_str().is_some_and(|f| f.ends_with("journal.py"))), "{version}: {entry:#}");
+            assert!(
+                !entry["stack"].as_array().unwrap().iter().any(|f| f["file"].as_str().is_some_and(|f| f.ends_with("journal.py"))),
+                "{version}: {entry:#}"
+            );
         }
     }
 }

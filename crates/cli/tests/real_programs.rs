@@ -134,7 +134,10 @@ fn cases(programs: &Path) -> Vec<Case> {
 
 fn redis_server_argv() -> Vec<String> {
     let port = redis_port().to_string();
-    ["redis-server", "--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"].iter().map(|s| s.to_string()).collect()
+    ["redis-server", "--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 fn without_python_timings(text: &str) -> String {
@@ -142,7 +145,9 @@ fn without_python_timings(text: &str) -> String {
     for line in text.lines() {
         // "0:00:03 load avg: 7.97 [3/3] test_json" → "[3/3] test_json"
         let line = match line.split_once(" load avg: ") {
-            Some((clock, rest)) if clock.chars().all(|c| c.is_ascii_digit() || c == ':') => rest.split_once(' ').map_or("", |(_, tail)| tail),
+            Some((clock, rest)) if clock.chars().all(|c| c.is_ascii_digit() || c == ':') => {
+                rest.split_once(' ').map_or("", |(_, tail)| tail)
+            }
             _ => line,
         };
         if line.starts_with("Total duration:") {
@@ -197,7 +202,11 @@ fn numbers(dir: &Path) {
         let _ = writeln!(text, "{} {}", x % 10_000_000, x % 97);
     }
     write(dir, "numbers.txt", text);
-    write(dir, "count.awk", "{ n[$2]++; s[$2] += $1 } END { PROCINFO[\"sorted_in\"] = \"@ind_num_asc\"; for (k in n) printf \"%d %d %d\\n\", k, n[k], s[k] }\n");
+    write(
+        dir,
+        "count.awk",
+        "{ n[$2]++; s[$2] += $1 } END { PROCINFO[\"sorted_in\"] = \"@ind_num_asc\"; for (k in n) printf \"%d %d %d\\n\", k, n[k], s[k] }\n",
+    );
 }
 
 fn python_script(dir: &Path) {
@@ -345,7 +354,8 @@ fn drive_redis(dir: &Path, server: &mut Child) -> ServerOutput {
             let _ = writeln!(commands, "DEL key:{}", i / 2);
         }
     }
-    let _ = writeln!(commands, "DBSIZE\nLLEN list:7\nHLEN hash:9\nZRANGE zset 0 4 WITHSCORES\nGET key:19999\nSTRLEN key:299\nSCARD nothing");
+    let _ =
+        writeln!(commands, "DBSIZE\nLLEN list:7\nHLEN hash:9\nZRANGE zset 0 4 WITHSCORES\nGET key:19999\nSTRLEN key:299\nSCARD nothing");
     fs::write(dir.join("commands.txt"), commands).unwrap();
     let mut answers = cli(&[], Some(&dir.join("commands.txt")));
     // Load from redis' own benchmark client (its timings are not compared).
@@ -472,7 +482,14 @@ fn check(case: &Case, root: &Path) -> Row {
     fs::create_dir_all(&traces).unwrap();
     let top = traces.join("t.mgt");
     let plain = run(case, &work, &[]);
-    let memgap_run = [memgap_bin().to_string_lossy().into_owned(), "run".into(), "--quiet".into(), "-o".into(), top.to_string_lossy().into_owned(), "--".into()];
+    let memgap_run = [
+        memgap_bin().to_string_lossy().into_owned(),
+        "run".into(),
+        "--quiet".into(),
+        "-o".into(),
+        top.to_string_lossy().into_owned(),
+        "--".into(),
+    ];
     let traced = run(case, &work, &memgap_run);
 
     let exit_match = (plain.exit, plain.signal) == (traced.exit, traced.signal);
@@ -618,7 +635,11 @@ fn is_runnable(program: &str) -> bool {
 
 fn table_line(row: &Row) -> String {
     let mark = |ok: bool| if ok { "yes" } else { "NO" };
-    let output = if row.output_note.is_empty() { mark(row.output_match).to_string() } else { format!("{} ({})", mark(row.output_match), row.output_note) };
+    let output = if row.output_note.is_empty() {
+        mark(row.output_match).to_string()
+    } else {
+        format!("{} ({})", mark(row.output_match), row.output_note)
+    };
     format!(
         "| {} | {} | {} | {} | {} ({}) | {:.2}x | {:.2}x |",
         row.name,

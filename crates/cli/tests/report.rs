@@ -12,7 +12,9 @@ use common::*;
 
 /// Chromium, or None (the test is skipped) outside CI when it is not installed.
 fn chromium() -> Option<&'static str> {
-    let found = ["chromium", "chromium-browser"].into_iter().find(|name| output_of(&mut command("sh", ["-c", &format!("command -v {name}")])).status.success());
+    let found = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|name| output_of(&mut command("sh", ["-c", &format!("command -v {name}")])).status.success());
     if found.is_none() {
         assert!(std::env::var_os("CI").is_none(), "chromium is not installed (apt-get install -y chromium)");
         eprintln!("skipped: chromium is not installed");
@@ -84,7 +86,8 @@ fn is_used_page_colour(p: [u8; 3]) -> bool {
     let (empty, full) = (memgap_views::palette::row("fragmented").rgb, memgap_views::palette::row("live").rgb);
     (0..32).any(|fill| {
         let f = fill as f64 / 31.0;
-        let colour: Vec<u8> = empty.iter().zip(full).map(|(&e, u)| (f64::from(e) + (f64::from(u) - f64::from(e)) * f).round() as u8).collect();
+        let colour: Vec<u8> =
+            empty.iter().zip(full).map(|(&e, u)| (f64::from(e) + (f64::from(u) - f64::from(e)) * f).round() as u8).collect();
         colour.iter().zip(p).all(|(a, b)| a.abs_diff(b) <= 1)
     })
 }
@@ -208,7 +211,10 @@ fn a_ruby_trace_shows_the_ruby_layer_and_others_do_not() {
     assert!(dom.contains("id=\"ruby\" class=\"panel\" data-ready=\"true\""), "the Ruby panel is not ready");
     assert!(dom.contains("Ruby-page fragmentation") && dom.contains("Ruby 3"), "the Ruby panel lists the layer");
     // Blame charges malloc's blocks only: its sum is not the whole fragmented row, and says so.
-    assert!(dom.contains("malloc\u{2019}s part of the ledger\u{2019}s fragmented row") && dom.contains("ruby\u{2019}s own heap ("), "the blame note names Ruby's free slots");
+    assert!(
+        dom.contains("malloc\u{2019}s part of the ledger\u{2019}s fragmented row") && dom.contains("ruby\u{2019}s own heap ("),
+        "the blame note names Ruby's free slots"
+    );
     // Ruby's major GCs are marked on the timeline.
     let marks = dom.split("data-gc-marks=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
     assert!(marks.is_some_and(|n| n >= 2), "GC marks on the timeline: {marks:?}");
@@ -236,15 +242,32 @@ fn a_page_lists_its_blocks_and_their_call_sites() {
     let Some(browser) = chromium() else { return };
     let (_, html, page) = culprit_report();
     // The report's own data: where the main arena starts at the report's moment.
-    let json = page.split("<script type=\"application/json\" id=\"data\">").nth(1).and_then(|rest| rest.split("</script>").next()).expect("the data element");
+    let json = page
+        .split("<script type=\"application/json\" id=\"data\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</script>").next())
+        .expect("the data element");
     let data: serde_json::Value = serde_json::from_str(json).unwrap();
     let moment = &data["snapshots"][data["moment"]["index"].as_u64().unwrap() as usize]["pagemap"];
-    let heap = moment["maps"].as_array().unwrap().iter().find(|m| m["name"].as_str().unwrap().contains("[heap]")).expect("the main arena's page map");
-    assert!(moment["objects"]["sites"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("site_dense (culprit.c:")), "{}", moment["objects"]);
+    let heap = moment["maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"].as_str().unwrap().contains("[heap]"))
+        .expect("the main arena's page map");
+    assert!(
+        moment["objects"]["sites"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("site_dense (culprit.c:")),
+        "{}",
+        moment["objects"]
+    );
     // 4 MiB in: culprit.c's dense 256-byte blocks, about 15 to a page.
     let address = heap["start"].as_u64().unwrap() + (4 << 20);
     let dom = dump_dom(browser, &format!("file://{}#address={address:x}", html.display()));
-    let detail = dom.split("<pre id=\"pagemap-page\" class=\"page-detail\">").nth(1).and_then(|rest| rest.split("</pre>").next()).expect("the page detail");
+    let detail = dom
+        .split("<pre id=\"pagemap-page\" class=\"page-detail\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</pre>").next())
+        .expect("the page detail");
     assert!(detail.contains(&format!("0x{:x}", address)), "{detail}");
     assert!(detail.contains("live: ") && detail.contains(" blocks"), "{detail}");
     assert!(detail.matches("256 B  site_dense (culprit.c:").count() >= 4, "{detail}");
@@ -259,7 +282,11 @@ fn the_program_s_malloc_trim_is_marked_on_the_timeline() {
     let out = memgap(&dir, &["run", "-q", "--report", "-o", "trim.mgt", "--", arg(&prog)]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let page = std::fs::read_to_string(dir.join("trim.html")).unwrap();
-    let json = page.split("<script type=\"application/json\" id=\"data\">").nth(1).and_then(|rest| rest.split("</script>").next()).expect("the data element");
+    let json = page
+        .split("<script type=\"application/json\" id=\"data\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</script>").next())
+        .expect("the data element");
     let data: serde_json::Value = serde_json::from_str(json).unwrap();
     let trims = data["trims"].as_array().expect("trims in the report data");
     assert_eq!((trims.len(), data["trim_calls"].as_u64()), (1, Some(1)), "{}", data["trims"]);
@@ -274,7 +301,11 @@ fn the_program_s_malloc_trim_is_marked_on_the_timeline() {
     let marks = dom.split("data-trim-marks=\"").nth(1).and_then(|rest| rest[..rest.find('"')?].parse::<u32>().ok());
     assert_eq!(marks, Some(1), "trim marks drawn on the timeline");
     assert!(dom.contains("malloc_trim</span>"), "the legend names the marks");
-    let caption = dom.split("<p id=\"timeline-trims\" class=\"caption\">").nth(1).and_then(|rest| rest.split("</p>").next()).expect("the trim caption is shown");
+    let caption = dom
+        .split("<p id=\"timeline-trims\" class=\"caption\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</p>").next())
+        .expect("the trim caption is shown");
     assert!(caption.starts_with("The program called malloc_trim: ") && caption.contains(" MiB → "), "{caption}");
     // A C program has no runtime: no GC marks beside the trim.
     assert!(dom.contains("data-gc-marks=\"0\""), "no GC marks");

@@ -81,7 +81,10 @@ fn scattered_survivors_fragment_ruby_pages_and_compaction_fixes_it() {
     assert!(plain["ruby"]["free_slot_fraction"].as_f64().unwrap() > 0.8, "{plain:#}");
     assert!(plain["verdict"].as_str().unwrap().contains("GC.compact"), "{}", plain["verdict"]);
     assert!(u(&compacted["ruby"]["compact_count"]) >= 1, "{compacted:#}");
-    assert!(free(&compacted) < free(&plain) * 6 / 10 && pages(&compacted) < pages(&plain) * 6 / 10, "GC.compact should free pages: {compacted:#}");
+    assert!(
+        free(&compacted) < free(&plain) * 6 / 10 && pages(&compacted) < pages(&plain) * 6 / 10,
+        "GC.compact should free pages: {compacted:#}"
+    );
 }
 
 #[test]

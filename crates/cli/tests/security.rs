@@ -51,7 +51,11 @@ fn traces_reports_and_exports_are_private() {
     let out = under_umask_000(|| memgap(&dir, &["flamegraph", arg(&trace), "-o", "t.svg"]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(mode(&dir.join("t.svg")), 0o600);
-    let partials: Vec<String> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".partial")).collect();
+    let partials: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial"))
+        .collect();
     assert!(partials.is_empty(), "{partials:?}");
 }
 
@@ -126,7 +130,16 @@ fn trim_with_cap_sys_ptrace_still_refuses_another_users_process() {
     // nobody, holding CAP_SYS_PTRACE: the kernel would let it trace root's
     // process; memgap must not.
     let pid = target.pid.to_string();
-    let setpriv = ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=+sys_ptrace", "--ambient-caps=+sys_ptrace", arg(&memgap_copy), "trim", &pid];
+    let setpriv = [
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=+sys_ptrace",
+        "--ambient-caps=+sys_ptrace",
+        arg(&memgap_copy),
+        "trim",
+        &pid,
+    ];
     let out = output_of(command("setpriv", setpriv).current_dir(&dir));
     let line = assert_one_line_failure(&out);
     assert!(line.contains("belongs to uid 0") && line.contains("uid 65534") && line.contains("only on your own processes"), "{line}");
@@ -163,7 +176,10 @@ fn symlinks_planted_by_another_user(base: &Path, names: &[String]) -> Option<(Pa
     let victim = base.join("root-owned");
     fs::write(&victim, b"precious").unwrap();
     let script = format!("for n in {}; do ln -s '{}' \"$n\" || exit 1; done", names.join(" "), victim.display());
-    let planted = output_of(command("setpriv", [format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "sh".into(), "-c".into(), script]).current_dir(&shared));
+    let planted = output_of(
+        command("setpriv", [format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "sh".into(), "-c".into(), script])
+            .current_dir(&shared),
+    );
     let _ = output_of(&mut command("userdel", [&user]));
     assert!(planted.status.success(), "{}", text(&planted.stderr));
     Some((shared, victim))
@@ -174,7 +190,10 @@ fn symlinks_planted_by_another_user_in_a_sticky_directory() {
     let (_tmp, base) = tempdir();
     let first_pid = fs::read_to_string("/proc/sys/kernel/ns_last_pid").ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(1000);
     // As the other user: a symlink at every name memgap would use.
-    let mut names: Vec<String> = ["t.mgt", "u.html", "v.mgt.snap", "planted.html", "planted.pb.gz", "planted.folded", "planted.svg", "v.partial", "v.html.partial"].map(String::from).to_vec();
+    let mut names: Vec<String> =
+        ["t.mgt", "u.html", "v.mgt.snap", "planted.html", "planted.pb.gz", "planted.folded", "planted.svg", "v.partial", "v.html.partial"]
+            .map(String::from)
+            .to_vec();
     names.extend((first_pid..first_pid + 3000).map(|pid| format!("v.{pid}.mgt")));
     let Some((shared, victim)) = symlinks_planted_by_another_user(&base, &names) else { return };
     let prog = compile(&base, "fork_exec.c");
@@ -193,7 +212,12 @@ fn symlinks_planted_by_another_user_in_a_sticky_directory() {
     let out = memgap(&shared, &["run", "-o", "v.mgt", "--", arg(&prog)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // Outputs at taken names: one line each, exit 1.
-    for args in [&["report", "v.mgt", "-o", "planted.html"][..], &["export", "v.mgt", "--pprof", "planted.pb.gz"], &["export", "v.mgt", "--folded", "planted.folded"], &["flamegraph", "v.mgt", "-o", "planted.svg"]] {
+    for args in [
+        &["report", "v.mgt", "-o", "planted.html"][..],
+        &["export", "v.mgt", "--pprof", "planted.pb.gz"],
+        &["export", "v.mgt", "--folded", "planted.folded"],
+        &["flamegraph", "v.mgt", "-o", "planted.svg"],
+    ] {
         let line = assert_one_line_failure(&memgap(&shared, args));
         assert!(line.contains("planted") && line.contains("symlink"), "{}: {line}", args.join(" "));
     }
@@ -225,7 +249,13 @@ fn a_ghc_run_beside_symlinks_planted_by_another_user() {
     names.extend((first_pid..first_pid + 2000).flat_map(|pid| [format!("h.{pid}.ghc.eventlog"), format!("h.{pid}.mgt")]));
     let Some((shared, victim)) = symlinks_planted_by_another_user(&base, &names) else { return };
     let exe = base.join("pinned");
-    let out = output_of(command("ghc", ["-O", "-rtsopts", "-eventlog", "-outputdir"]).arg(base.join("o")).arg("-o").arg(&exe).arg(programs_dir().join("ghc/pinned.hs")));
+    let out = output_of(
+        command("ghc", ["-O", "-rtsopts", "-eventlog", "-outputdir"])
+            .arg(base.join("o"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(programs_dir().join("ghc/pinned.hs")),
+    );
     assert!(out.status.success(), "ghc failed:\n{}", text(&out.stderr));
 
     // The kept eventlog's name is taken: refused before the program starts.

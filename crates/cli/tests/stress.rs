@@ -435,7 +435,10 @@ fn a_round_with_more_events_than_a_chunk_holds_reads_back() {
     let (_tmp, dir) = tempdir();
     let prog = compile(&dir, "churn_hwm.c");
     let trace = dir.join("t.mgt");
-    let out = memgap(&dir, &["run", "--quiet", "--rss-interval", "10000", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "4000000"]);
+    let out = memgap(
+        &dir,
+        &["run", "--quiet", "--rss-interval", "10000", "--snapshot-interval", "0", "-o", arg(&trace), "--", arg(&prog), "4000000"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     // 8 M events of at least 3 bytes each: over 16 MiB in the one round.
     let s = summary_json(&trace);
@@ -508,6 +511,12 @@ fn snapshots_of_a_program_growing_fast_add_up() {
     assert!(peaks >= 5, "{peaks} peak snapshots");
     for point in points {
         let (rss, residual) = (point["rss_bytes"].as_u64().unwrap(), point["residual_bytes"].as_i64().unwrap());
-        assert!(residual.unsigned_abs() * 50 <= rss.max(1 << 20), "residual {residual} of {rss} at {:.3} s ({}), RSS moved {} meanwhile", point["at_seconds"], point["snapshot_reason"], point["rss_moved_bytes"]);
+        assert!(
+            residual.unsigned_abs() * 50 <= rss.max(1 << 20),
+            "residual {residual} of {rss} at {:.3} s ({}), RSS moved {} meanwhile",
+            point["at_seconds"],
+            point["snapshot_reason"],
+            point["rss_moved_bytes"]
+        );
     }
 }

@@ -16,7 +16,8 @@ fn frees_at(dir: &std::path::Path) -> (std::collections::HashMap<String, f64>, V
     let trace = dir.join("t.mgt");
     let out = memgap(dir, &["run", "--quiet", "--snapshot-interval", "1", "-o", arg(&trace), "--", arg(&prog), "400", "1200"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let figures = text(&out.stdout).lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k.to_string(), v.parse::<f64>().unwrap())).collect();
+    let figures =
+        text(&out.stdout).lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k.to_string(), v.parse::<f64>().unwrap())).collect();
     let json = memgap(dir, &["timeline", arg(&trace), "--json"]);
     assert!(json.status.success(), "{}", text(&json.stderr));
     let table = memgap(dir, &["timeline", arg(&trace), "--color", "never"]);
@@ -29,7 +30,12 @@ fn the_live_line_falls_when_the_program_frees() {
     let (_tmp, dir) = tempdir();
     let (program, timeline, table) = frees_at(&dir);
     let (held, kept, free_begin, free_end) = (program["held"], program["kept"], program["free_begin"], program["free_end"]);
-    let live: Vec<(f64, f64)> = timeline["live_bytes"].as_array().expect("a live_bytes series").iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect();
+    let live: Vec<(f64, f64)> = timeline["live_bytes"]
+        .as_array()
+        .expect("a live_bytes series")
+        .iter()
+        .map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap()))
+        .collect();
     assert!(live.len() > 20 && live.len() <= 8001, "{} points", live.len());
     assert!(live.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
 
@@ -49,17 +55,27 @@ fn the_live_line_falls_when_the_program_frees() {
     // recorder's round began (a few ms earlier); the frees took under 50 ms.
     const ROUND: f64 = 0.02;
     assert!(fall_began >= free_begin - ROUND, "the live line fell at {fall_began} s, before the program freed at {free_begin} s");
-    assert!(fallen_at >= free_end - ROUND && fallen_at < free_end + 0.3, "fallen at {fallen_at} s; the program freed from {free_begin} to {free_end} s");
+    assert!(
+        fallen_at >= free_end - ROUND && fallen_at < free_end + 0.3,
+        "fallen at {fallen_at} s; the program freed from {free_begin} to {free_end} s"
+    );
     assert!(fallen_at - fall_began < 0.1, "a sharp fall: {fall_began} s to {fallen_at} s");
     // Nothing but the live line says so until the next periodic snapshot, long after.
-    let next_periodic = timeline["snapshots"].as_array().unwrap().iter().filter(|l| l["snapshot_reason"] == "periodic").map(|l| l["at_seconds"].as_f64().unwrap()).find(|&t| t > fallen_at);
+    let next_periodic = timeline["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["snapshot_reason"] == "periodic")
+        .map(|l| l["at_seconds"].as_f64().unwrap())
+        .find(|&t| t > fallen_at);
     assert!(next_periodic.is_none_or(|t| t > fallen_at + 0.3), "periodic snapshot at {next_periodic:?}, the fall at {fallen_at}");
     let exit = timeline["snapshots"].as_array().unwrap().last().unwrap();
     assert_eq!(exit["snapshot_reason"], "exit");
     assert!(exit["at_seconds"].as_f64().unwrap() > fallen_at + 1.0, "the program slept 1.2 s after freeing");
 
     // VmRSS, sampled: the freed 4 KiB blocks stay resident (one in sixteen kept on every page's neighbours).
-    let rss: Vec<(f64, f64)> = timeline["vm_rss"].as_array().unwrap().iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect();
+    let rss: Vec<(f64, f64)> =
+        timeline["vm_rss"].as_array().unwrap().iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap())).collect();
     assert!(rss.iter().any(|p| p.1 >= held), "VmRSS {rss:?}");
 
     // The report draws the same series.
@@ -67,7 +83,11 @@ fn the_live_line_falls_when_the_program_frees() {
     let out = memgap(&dir, &["report", arg(&dir.join("t.mgt")), "-o", arg(&html)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let page = std::fs::read_to_string(&html).unwrap();
-    let data = page.split("<script type=\"application/json\" id=\"data\">").nth(1).and_then(|rest| rest.split("</script>").next()).expect("the report's data");
+    let data = page
+        .split("<script type=\"application/json\" id=\"data\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</script>").next())
+        .expect("the report's data");
     let data: Value = serde_json::from_str(data).unwrap();
     assert_eq!(data["live_heap"], timeline["live_bytes"], "the report's live heap line and the timeline's");
 
@@ -75,7 +95,10 @@ fn the_live_line_falls_when_the_program_frees() {
     let line = table.lines().find(|l| l.starts_with("the live heap fell most from ")).unwrap_or_else(|| panic!("{table}"));
     let seconds: Vec<f64> = line.split(" at ").skip(1).filter_map(|part| part.split(' ').next()?.parse().ok()).collect();
     assert_eq!(seconds.len(), 2, "{line}");
-    assert!(seconds[1] >= free_end - ROUND && seconds[1] < free_end + 0.3 && seconds[0] <= seconds[1], "{line}; freed from {free_begin} to {free_end} s");
+    assert!(
+        seconds[1] >= free_end - ROUND && seconds[1] < free_end + 0.3 && seconds[0] <= seconds[1],
+        "{line}; freed from {free_begin} to {free_end} s"
+    );
     let strip = table.lines().find(|l| l.trim_start().starts_with("live  ")).unwrap_or_else(|| panic!("{table}"));
     assert!(strip.contains('█') && strip.trim_end().ends_with('▁'), "{table}");
 }
@@ -92,14 +115,17 @@ fn a_plateau_after_mass_frees_gets_a_snapshot() {
     let trace = dir.join("t.mgt");
     let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "400", "300", "refill"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let program: std::collections::HashMap<String, f64> = text(&out.stdout).lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k.to_string(), v.parse::<f64>().unwrap())).collect();
-    let (held, kept, free_begin, free_end, refilled) = (program["held"], program["kept"], program["free_begin"], program["free_end"], program["refilled"]);
+    let program: std::collections::HashMap<String, f64> =
+        text(&out.stdout).lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k.to_string(), v.parse::<f64>().unwrap())).collect();
+    let (held, kept, free_begin, free_end, refilled) =
+        (program["held"], program["kept"], program["free_begin"], program["free_end"], program["refilled"]);
     let json = memgap(&dir, &["timeline", arg(&trace), "--json"]);
     assert!(json.status.success(), "{}", text(&json.stderr));
     let timeline: Value = serde_json::from_slice(&json.stdout).unwrap();
     let snapshots = timeline["snapshots"].as_array().unwrap();
     let live_of = |s: &Value| s["rows"]["live"].as_f64().unwrap();
-    let summary: Vec<String> = snapshots.iter().map(|s| format!("{} at {:.3} s: live {}", s["snapshot_reason"], s["at_seconds"], live_of(s))).collect();
+    let summary: Vec<String> =
+        snapshots.iter().map(|s| format!("{} at {:.3} s: live {}", s["snapshot_reason"], s["at_seconds"], live_of(s))).collect();
 
     // Exactly one snapshot on the plateau, the one the fall made: the live
     // heap there is what the program says it kept (plus libc's and its

@@ -57,9 +57,20 @@ fn assert_forecast_matches(args: &[&str]) -> (f64, f64) {
     let m = run(args);
     let estimate = forecast(&m.before);
     let tolerance = (0.05 * m.dropped).max(MIB);
-    assert!((estimate - m.dropped).abs() <= tolerance, "{args:?}: forecast {estimate}, malloc_trim(0) returned {}: {:#}", m.dropped, m.before["heaps"]);
+    assert!(
+        (estimate - m.dropped).abs() <= tolerance,
+        "{args:?}: forecast {estimate}, malloc_trim(0) returned {}: {:#}",
+        m.dropped,
+        m.before["heaps"]
+    );
     // Right after the trim, the next one would return nothing.
-    assert!(forecast(&m.after) <= MIB, "{args:?}: after the trim (Rss {}), forecast {}: {:#}", m.rss_after, forecast(&m.after), m.after["heaps"]);
+    assert!(
+        forecast(&m.after) <= MIB,
+        "{args:?}: after the trim (Rss {}), forecast {}: {:#}",
+        m.rss_after,
+        forecast(&m.after),
+        m.after["heaps"]
+    );
     let retained = m.before["rows"]["retained"].as_f64().unwrap();
     assert_eq!(m.before["retained_not_trimmable_bytes"].as_f64().unwrap(), retained - estimate);
     (estimate, m.dropped)
@@ -79,7 +90,12 @@ fn main_arena_with_strided_frees() {
 fn thread_arenas_emptied() {
     let m = run(&["thread-emptied"]);
     let estimate = forecast(&m.before);
-    assert!((estimate - m.dropped).abs() <= (0.05 * m.dropped).max(MIB), "forecast {estimate}, returned {}: {:#}", m.dropped, m.before["heaps"]);
+    assert!(
+        (estimate - m.dropped).abs() <= (0.05 * m.dropped).max(MIB),
+        "forecast {estimate}, returned {}: {:#}",
+        m.dropped,
+        m.before["heaps"]
+    );
     let retained = m.before["rows"]["retained"].as_f64().unwrap();
     assert!(retained - estimate > 40.0 * MIB, "the fastbin arena's top stays: retained {retained}, forecast {estimate}");
 }

@@ -84,7 +84,10 @@ pub fn measure(command: &[OsString], env: &[(String, String)], setup: &Setup) ->
         (Some(samples), Some(topology)) => Some(samples.map(|record| {
             let batch = SampleBatch::from_record(&record);
             let nowhere = |_: u64| None;
-            RunLocality { locality: access_locality(topology, batch.kind(), &batch, &nowhere), access_unavailable_reason: batch.precise_unavailable.clone() }
+            RunLocality {
+                locality: access_locality(topology, batch.kind(), &batch, &nowhere),
+                access_unavailable_reason: batch.precise_unavailable.clone(),
+            }
         })),
         _ => None,
     };
@@ -222,7 +225,8 @@ mod tests {
 
     #[test]
     fn a_missing_command_is_not_found() {
-        let error = measure(&["/nonexistent/memgap-test".into()], &[], &Setup { interval: Duration::from_millis(10), numa: None }).unwrap_err();
+        let error =
+            measure(&["/nonexistent/memgap-test".into()], &[], &Setup { interval: Duration::from_millis(10), numa: None }).unwrap_err();
         assert_eq!(error.shell_exit_code(), Some(127));
         assert_eq!(error.to_string(), "/nonexistent/memgap-test: command not found");
     }

@@ -30,14 +30,50 @@ use crate::snapshots::{At, Moment, MomentError, resolve};
 /// the allocation site is the first frame past them. Matched against the
 /// start of the function name.
 pub const ALLOCATOR_FUNCTIONS: &[&str] = &[
-    "malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc", "memalign", "valloc", "pvalloc", "reallocarray",
-    "__libc_", "operator new", "operator delete", "__rust_alloc", "__rust_realloc", "__rdl_", "__rg_", "alloc::alloc::", "alloc::raw_vec::",
-    "<alloc::raw_vec::", "alloc::vec::Vec<T,A>::reserve", "std::sys::alloc", "__gnu_cxx::new_allocator", "__gnu_cxx::__new_allocator",
-    "std::allocator", "std::__new_allocator", "std::allocator_traits", "ruby_xmalloc", "ruby_xcalloc", "ruby_xrealloc", "objspace_xmalloc",
-    "PyMem_", "_PyMem_", "PyObject_Malloc", "_PyObject_Malloc",
+    "malloc",
+    "calloc",
+    "realloc",
+    "free",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+    "reallocarray",
+    "__libc_",
+    "operator new",
+    "operator delete",
+    "__rust_alloc",
+    "__rust_realloc",
+    "__rdl_",
+    "__rg_",
+    "alloc::alloc::",
+    "alloc::raw_vec::",
+    "<alloc::raw_vec::",
+    "alloc::vec::Vec<T,A>::reserve",
+    "std::sys::alloc",
+    "__gnu_cxx::new_allocator",
+    "__gnu_cxx::__new_allocator",
+    "std::allocator",
+    "std::__new_allocator",
+    "std::allocator_traits",
+    "ruby_xmalloc",
+    "ruby_xcalloc",
+    "ruby_xrealloc",
+    "objspace_xmalloc",
+    "PyMem_",
+    "_PyMem_",
+    "PyObject_Malloc",
+    "_PyObject_Malloc",
     // Standard library containers and strings (C++, Rust): the site is the
     // program's code that used them.
-    "std::", "__gnu_cxx::", "<std::", "alloc::", "<alloc::", "core::", "<core::",
+    "std::",
+    "__gnu_cxx::",
+    "<std::",
+    "alloc::",
+    "<alloc::",
+    "core::",
+    "<core::",
 ];
 const ALLOCATOR_MODULES: &[&str] = &["libmemgap_agent.so", "libjemalloc.so", "libtcmalloc", "libmimalloc.so"];
 
@@ -233,7 +269,8 @@ impl BlameVisitor {
             return;
         }
         // Events of one round share a time: most short lives need no conversion.
-        let lifetime_ns = if time <= block.time { 0 } else { self.timeline.monotonic_ns(time).saturating_sub(self.timeline.monotonic_ns(block.time)) };
+        let lifetime_ns =
+            if time <= block.time { 0 } else { self.timeline.monotonic_ns(time).saturating_sub(self.timeline.monotonic_ns(block.time)) };
         if lifetime_ns <= self.temporary_window_ns {
             let churn = self.churn_of(block.stack);
             churn.temporary_allocations += 1;
@@ -304,7 +341,10 @@ impl Visitor for BlameVisitor {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if self.seen == self.wanted {
-            self.ledger = Some((snapshot.time, ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list)));
+            self.ledger = Some((
+                snapshot.time,
+                ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
+            ));
         } else {
             self.state.pass_snapshot(snapshot);
         }
@@ -353,7 +393,13 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     }
 
     let mut symbolizer = Symbolizer::new(&v.modules);
-    let mut addresses: Vec<u64> = totals.keys().filter_map(|id| v.stacks.get(id)).flatten().filter(|&&ip| !is_python_frame(ip)).map(|&ip| ip.saturating_sub(1)).collect();
+    let mut addresses: Vec<u64> = totals
+        .keys()
+        .filter_map(|id| v.stacks.get(id))
+        .flatten()
+        .filter(|&&ip| !is_python_frame(ip))
+        .map(|&ip| ip.saturating_sub(1))
+        .collect();
     addresses.sort_unstable();
     addresses.dedup();
     let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
@@ -365,11 +411,24 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     let stacks: Vec<(Vec<Frame>, Option<Frame>, Totals)> = totals
         .into_iter()
         .map(|(id, t)| {
-            let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default())).unwrap_or_default();
+            let frames: Vec<Frame> = v
+                .stacks
+                .get(&id)
+                .map(|ips| v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()))
+                .unwrap_or_default();
             // Under Python code, the line of Python that called into the interpreter's C.
-            let site = frames.iter().find(|frame| is_python(frame)).or_else(|| frames.iter().find(|frame| !is_allocator_frame(frame, &skip))).or(frames.first()).cloned();
+            let site = frames
+                .iter()
+                .find(|frame| is_python(frame))
+                .or_else(|| frames.iter().find(|frame| !is_allocator_frame(frame, &skip)))
+                .or(frames.first())
+                .cloned();
             if let Some(site) = &site {
-                let label = if options.full_names || is_python(site) { site_label(site) } else { site_label(&Frame { function: site.function.as_deref().map(short_name), ..site.clone() }) };
+                let label = if options.full_names || is_python(site) {
+                    site_label(site)
+                } else {
+                    site_label(&Frame { function: site.function.as_deref().map(short_name), ..site.clone() })
+                };
                 site_of_stack.insert(id, label);
             }
             (frames, site, t)
@@ -378,7 +437,11 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_ref(), frames.clone(), 1)).collect();
     // Sites are told apart by their whole names; only then shortened.
     let all_entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
-    let mut churn = if options.per_stack { rank(merge_by_site(&stacks), BlameOrder::Temporary, CHURN_TOP) } else { rank(all_entries.clone(), BlameOrder::Temporary, CHURN_TOP) };
+    let mut churn = if options.per_stack {
+        rank(merge_by_site(&stacks), BlameOrder::Temporary, CHURN_TOP)
+    } else {
+        rank(all_entries.clone(), BlameOrder::Temporary, CHURN_TOP)
+    };
     let mut entries = rank(all_entries, options.order, options.top);
     if !options.full_names {
         let mut shortened = FxHashMap::default();
@@ -570,7 +633,15 @@ mod tests {
 
     #[test]
     fn a_return_type_before_a_template_name_is_looked_past() {
-        let frame = |f: &str| Frame { function: Some(f.into()), file: None, line: None, module: "/usr/bin/prog".into(), module_offset: 0, inlined: false, address: 0 };
+        let frame = |f: &str| Frame {
+            function: Some(f.into()),
+            file: None,
+            line: None,
+            module: "/usr/bin/prog".into(),
+            module_offset: 0,
+            inlined: false,
+            address: 0,
+        };
         for library in [
             "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>(__gnu_cxx::__normal_iterator<int*, std::vector<int> >, int const&)",
             "void std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_construct<char const*>(char const*, char const*, std::forward_iterator_tag)",
@@ -579,7 +650,13 @@ mod tests {
         ] {
             assert!(is_allocator_frame(&frame(library), ALLOCATOR_FUNCTIONS), "{library}");
         }
-        for program in ["std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > make_name(int)", "main", "(anonymous namespace)::build(int)", "unsigned long table::grow(unsigned long)", "cache::operator[](int)"] {
+        for program in [
+            "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > make_name(int)",
+            "main",
+            "(anonymous namespace)::build(int)",
+            "unsigned long table::grow(unsigned long)",
+            "cache::operator[](int)",
+        ] {
             assert!(!is_allocator_frame(&frame(program), ALLOCATOR_FUNCTIONS), "{program}");
         }
     }

@@ -216,7 +216,9 @@ pub struct Range {
 
 impl Range {
     fn of(values: impl Iterator<Item = f64>) -> Option<Range> {
-        values.fold(None, |range: Option<Range>, v| Some(range.map_or(Range { min: v, max: v }, |r| Range { min: r.min.min(v), max: r.max.max(v) })))
+        values.fold(None, |range: Option<Range>, v| {
+            Some(range.map_or(Range { min: v, max: v }, |r| Range { min: r.min.min(v), max: r.max.max(v) }))
+        })
     }
 
     pub fn width(&self) -> f64 {
@@ -429,7 +431,8 @@ fn reduce(spec: ConfigSpec, runs: &[Run], options: &Options, model: &OutputModel
         Metric::Final => f.final_rss_bytes as f64,
     };
     let target = (!figures.is_empty()).then(|| median(figures.iter().map(chosen).collect()));
-    let chart_run = target.and_then(|target| runs.iter().zip(&figures).min_by(|a, b| (chosen(a.1) - target).abs().total_cmp(&(chosen(b.1) - target).abs())));
+    let chart_run = target
+        .and_then(|target| runs.iter().zip(&figures).min_by(|a, b| (chosen(a.1) - target).abs().total_cmp(&(chosen(b.1) - target).abs())));
     let settle: Vec<f64> = figures.iter().filter_map(|f| f.settle_seconds).collect();
     let spread = (|| {
         Some(Spread {
@@ -604,21 +607,41 @@ pub fn recommend(configs: &[ConfigResult], metric: Metric) -> Recommendation {
     let saves = |c: &ConfigResult| base_value - value(c) > noise;
     let fast_enough = |c: &ConfigResult| {
         let spread = |pick: fn(&Spread) -> Range| base.spread.map_or(0.0, |s| pick(&s).width());
-        within_tolerance(c.wall_seconds, base.wall_seconds, spread(|s| s.wall_seconds)) && within_tolerance(c.cpu_seconds, base.cpu_seconds, spread(|s| s.cpu_seconds))
+        within_tolerance(c.wall_seconds, base.wall_seconds, spread(|s| s.wall_seconds))
+            && within_tolerance(c.cpu_seconds, base.cpu_seconds, spread(|s| s.cpu_seconds))
     };
     let confidence_against = |c: &ConfigResult| {
         let range = c.metric_range(metric).unwrap_or(Range { min: value(c), max: value(c) });
-        if c.repeats >= CONFIDENT_RUNS && base.repeats >= CONFIDENT_RUNS && range.max < base_range.min { Confidence::High } else { Confidence::Low }
+        if c.repeats >= CONFIDENT_RUNS && base.repeats >= CONFIDENT_RUNS && range.max < base_range.min {
+            Confidence::High
+        } else {
+            Confidence::Low
+        }
     };
     let by_value = |a: &&&ConfigResult, b: &&&ConfigResult| value(a).total_cmp(&value(b));
     let best_fast = comparable.iter().filter(|c| fast_enough(c) && saves(c)).min_by(by_value);
     let lowest = comparable.iter().filter(|c| saves(c)).min_by(by_value);
-    let runs = |c: &ConfigResult| format!("{} runs {}–{}", c.repeats, crate::human_bytes(c.metric_range(metric).map_or(0.0, |r| r.min) as u64), crate::human_bytes(c.metric_range(metric).map_or(0.0, |r| r.max) as u64));
+    let runs = |c: &ConfigResult| {
+        format!(
+            "{} runs {}–{}",
+            c.repeats,
+            crate::human_bytes(c.metric_range(metric).map_or(0.0, |r| r.min) as u64),
+            crate::human_bytes(c.metric_range(metric).map_or(0.0, |r| r.max) as u64)
+        )
+    };
 
     let (mut text, confidence, config) = match (best_fast, lowest) {
         (Some(best), lowest) => {
             let confidence = confidence_against(best);
-            let mut text = format!("Use {} ({what}, {} confidence: {} against {}'s {}): {}", best.name, confidence.name(), runs(best), base.name, runs(base), cost(best, base, metric));
+            let mut text = format!(
+                "Use {} ({what}, {} confidence: {} against {}'s {}): {}",
+                best.name,
+                confidence.name(),
+                runs(best),
+                base.name,
+                runs(base),
+                cost(best, base, metric)
+            );
             let clearly_lower = |l: &&&ConfigResult| l.name != best.name && value(best) - value(l) > noise;
             if let Some(lower) = lowest.filter(clearly_lower) {
                 text.push_str(&format!("; {} goes lower but costs more time: {}", lower.name, cost(lower, base, metric)));
@@ -650,14 +673,20 @@ pub fn recommend(configs: &[ConfigResult], metric: Metric) -> Recommendation {
                 None,
             ),
             Some(_) => {
-                let clear = comparable.iter().all(|c| c.repeats >= CONFIDENT_RUNS && c.metric_range(metric).is_some_and(|r| r.min > base_range.max));
+                let clear = comparable
+                    .iter()
+                    .all(|c| c.repeats >= CONFIDENT_RUNS && c.metric_range(metric).is_some_and(|r| r.min > base_range.max));
                 (
                     format!("Keep the default ({}): every other configuration has a higher {what}", base.name),
                     if clear && base.repeats >= CONFIDENT_RUNS { Confidence::High } else { Confidence::Low },
                     None,
                 )
             }
-            None => (format!("Keep the default ({}): no other configuration ran with the same output and exit status", base.name), Confidence::Unknown, None),
+            None => (
+                format!("Keep the default ({}): no other configuration ran with the same output and exit status", base.name),
+                Confidence::Unknown,
+                None,
+            ),
         },
     };
     if !excluded.is_empty() {
@@ -707,9 +736,19 @@ mod tests {
     /// A run whose RSS is `peak` during its first half and `steady` after,
     /// printing output number `output` (a line of that many x's).
     fn run(peak: u64, steady: u64, wall: f64, cpu: f64, output: u64) -> Run {
-        let samples = (0..100).map(|i| RssSample { seconds: wall * i as f64 / 100.0, rss_bytes: if i < 50 { peak } else { steady } }).collect();
+        let samples =
+            (0..100).map(|i| RssSample { seconds: wall * i as f64 / 100.0, rss_bytes: if i < 50 { peak } else { steady } }).collect();
         let stdout = Stdout::Lines(vec!["x".repeat(output as usize)]);
-        Run { samples, wall_seconds: wall, cpu_seconds: cpu, max_rss_bytes: peak, exit_code: 0, stdout_hash: output, stdout, ..Run::default() }
+        Run {
+            samples,
+            wall_seconds: wall,
+            cpu_seconds: cpu,
+            max_rss_bytes: peak,
+            exit_code: 0,
+            stdout_hash: output,
+            stdout,
+            ..Run::default()
+        }
     }
 
     fn options() -> Options {
@@ -751,7 +790,8 @@ mod tests {
 
     #[test]
     fn downsampling_keeps_peaks() {
-        let samples: Vec<RssSample> = (0..1000).map(|i| RssSample { seconds: i as f64, rss_bytes: if i == 537 { 999 } else { 1 } }).collect();
+        let samples: Vec<RssSample> =
+            (0..1000).map(|i| RssSample { seconds: i as f64, rss_bytes: if i == 537 { 999 } else { 1 } }).collect();
         let short = downsample(&samples, MAX_CHART_SAMPLES);
         assert!(short.len() <= MAX_CHART_SAMPLES);
         assert_eq!(short.iter().map(|s| s.rss_bytes).max(), Some(999));
@@ -761,8 +801,14 @@ mod tests {
     #[test]
     fn medians_and_ratios() {
         let c = compare_runs(vec![
-            ("glibc", vec![run(100 * MIB, 80 * MIB, 1.0, 0.5, 1), run(100 * MIB, 90 * MIB, 1.2, 0.5, 1), run(100 * MIB, 70 * MIB, 1.1, 0.5, 1)]),
-            ("arena-max-2", vec![run(50 * MIB, 20 * MIB, 1.0, 0.5, 1), run(50 * MIB, 20 * MIB, 1.0, 0.5, 1), run(50 * MIB, 20 * MIB, 1.0, 0.5, 1)]),
+            (
+                "glibc",
+                vec![run(100 * MIB, 80 * MIB, 1.0, 0.5, 1), run(100 * MIB, 90 * MIB, 1.2, 0.5, 1), run(100 * MIB, 70 * MIB, 1.1, 0.5, 1)],
+            ),
+            (
+                "arena-max-2",
+                vec![run(50 * MIB, 20 * MIB, 1.0, 0.5, 1), run(50 * MIB, 20 * MIB, 1.0, 0.5, 1), run(50 * MIB, 20 * MIB, 1.0, 0.5, 1)],
+            ),
         ]);
         let base = &c.configs[0];
         assert_eq!(base.steady_rss_bytes, Some(80 * MIB));
@@ -781,7 +827,10 @@ mod tests {
 
     #[test]
     fn a_slower_config_is_a_trade_off() {
-        let c = compare_runs(vec![("glibc", vec![run(100 * MIB, 80 * MIB, 1.0, 1.0, 1)]), ("slow", vec![run(50 * MIB, 20 * MIB, 1.0, 1.5, 1)])]);
+        let c = compare_runs(vec![
+            ("glibc", vec![run(100 * MIB, 80 * MIB, 1.0, 1.0, 1)]),
+            ("slow", vec![run(50 * MIB, 20 * MIB, 1.0, 1.5, 1)]),
+        ]);
         assert_eq!(c.recommended, None);
         assert!(c.recommendation.text.contains("slow, costs more than +10 % time"), "{}", c.recommendation.text);
         assert!(c.recommendation.text.contains("CPU +50 %"), "{}", c.recommendation.text);
@@ -821,7 +870,11 @@ mod tests {
         assert_eq!(c.configs[2].exit_code, Some(134));
         assert_eq!(c.configs[2].failure_stderr.as_deref(), Some("Aborted"));
         assert_eq!(c.recommended, None);
-        assert!(c.recommendation.text.contains("not considered, their output or exit status differs: other-output, crashes"), "{}", c.recommendation.text);
+        assert!(
+            c.recommendation.text.contains("not considered, their output or exit status differs: other-output, crashes"),
+            "{}",
+            c.recommendation.text
+        );
     }
 
     #[test]
@@ -835,11 +888,17 @@ mod tests {
 
     #[test]
     fn output_that_varies_in_the_default_is_compared_by_shape() {
-        let printing = |line: &str, steady: u64| Run { stdout: Stdout::Lines(vec![line.to_string(), "done".into()]), ..run(100 * MIB, steady, 1.0, 1.0, 0) };
+        let printing = |line: &str, steady: u64| Run {
+            stdout: Stdout::Lines(vec![line.to_string(), "done".into()]),
+            ..run(100 * MIB, steady, 1.0, 1.0, 0)
+        };
         let c = compare_runs(vec![
             ("glibc", vec![printing("at 10:00:01", 80 * MIB), printing("at 10:00:03", 80 * MIB)]),
             ("arena-max-2", vec![printing("at 10:00:02", 20 * MIB)]),
-            ("other", vec![Run { stdout: Stdout::Lines(vec!["at 10:00:04".into(), "failed".into()]), ..run(100 * MIB, 10 * MIB, 1.0, 1.0, 0) }]),
+            (
+                "other",
+                vec![Run { stdout: Stdout::Lines(vec!["at 10:00:04".into(), "failed".into()]), ..run(100 * MIB, 10 * MIB, 1.0, 1.0, 0) }],
+            ),
         ]);
         assert!(c.configs[0].output_varies);
         assert_eq!(c.baseline_varying_lines, 1);
@@ -859,20 +918,33 @@ mod tests {
     #[test]
     fn gains_inside_the_defaults_own_spread_are_within_noise() {
         let c = compare_runs(vec![
-            ("glibc", vec![run(100 * MIB, 100 * MIB, 1.0, 1.0, 1), run(100 * MIB, 70 * MIB, 1.0, 1.0, 1), run(100 * MIB, 90 * MIB, 1.0, 1.0, 1)]),
-            ("trim", vec![run(100 * MIB, 75 * MIB, 1.0, 1.0, 1), run(100 * MIB, 78 * MIB, 1.0, 1.0, 1), run(100 * MIB, 80 * MIB, 1.0, 1.0, 1)]),
+            (
+                "glibc",
+                vec![run(100 * MIB, 100 * MIB, 1.0, 1.0, 1), run(100 * MIB, 70 * MIB, 1.0, 1.0, 1), run(100 * MIB, 90 * MIB, 1.0, 1.0, 1)],
+            ),
+            (
+                "trim",
+                vec![run(100 * MIB, 75 * MIB, 1.0, 1.0, 1), run(100 * MIB, 78 * MIB, 1.0, 1.0, 1), run(100 * MIB, 80 * MIB, 1.0, 1.0, 1)],
+            ),
         ]);
         // A gain of 12 MiB against a spread of 30 MiB.
         assert_eq!(c.recommended, None);
         assert_eq!(c.recommendation.confidence, Confidence::WithinNoise);
         assert!(c.recommendation.text.starts_with("Keep the default (glibc): within noise"), "{}", c.recommendation.text);
         // The same gain with a quiet default is real, but one run each is not sure.
-        let c = compare_runs(vec![("glibc", vec![run(100 * MIB, 90 * MIB, 1.0, 1.0, 1), run(100 * MIB, 90 * MIB, 1.0, 1.0, 1)]), ("trim", vec![run(100 * MIB, 78 * MIB, 1.0, 1.0, 1)])]);
+        let c = compare_runs(vec![
+            ("glibc", vec![run(100 * MIB, 90 * MIB, 1.0, 1.0, 1), run(100 * MIB, 90 * MIB, 1.0, 1.0, 1)]),
+            ("trim", vec![run(100 * MIB, 78 * MIB, 1.0, 1.0, 1)]),
+        ]);
         assert_eq!(c.recommended.as_deref(), Some("trim"));
         assert_eq!(c.recommendation.confidence, Confidence::Low);
         // Everything worse by more than the noise.
         let c = compare_runs(vec![("glibc", vec![run(100, 50, 1.0, 1.0, 1); 3]), ("jemalloc", vec![run(100, 90, 1.0, 1.0, 1); 3])]);
-        assert!(c.recommendation.text.starts_with("Keep the default (glibc): every other configuration has a higher steady RSS"), "{}", c.recommendation.text);
+        assert!(
+            c.recommendation.text.starts_with("Keep the default (glibc): every other configuration has a higher steady RSS"),
+            "{}",
+            c.recommendation.text
+        );
         assert_eq!(c.recommendation.confidence, Confidence::High);
     }
 
@@ -887,7 +959,10 @@ mod tests {
 
     /// RSS at `high` until `drop_at` of the run, `low` after.
     fn dropping(high: u64, low: u64, drop_at: f64, wall: f64) -> Run {
-        let samples = (0..=100).map(|i| i as f64 * wall / 100.0).map(|t| RssSample { seconds: t, rss_bytes: if t < drop_at * wall { high } else { low } }).collect();
+        let samples = (0..=100)
+            .map(|i| i as f64 * wall / 100.0)
+            .map(|t| RssSample { seconds: t, rss_bytes: if t < drop_at * wall { high } else { low } })
+            .collect();
         Run { samples, wall_seconds: wall, cpu_seconds: 1.0, max_rss_bytes: high, ..Run::default() }
     }
 

@@ -244,7 +244,12 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
     let mut live = 0u64;
     let mut times = Vec::new();
     let mut by_cap: BTreeMap<Option<u32>, Vec<u64>> = BTreeMap::new();
-    let max_generation = ghc.iter().filter(|m| m.kind == "gc").filter_map(|m| m.get("generation")).filter(|&g| g < f64::from(MAX_GENERATIONS)).fold(0.0, f64::max) as u32;
+    let max_generation = ghc
+        .iter()
+        .filter(|m| m.kind == "gc")
+        .filter_map(|m| m.get("generation"))
+        .filter(|&g| g < f64::from(MAX_GENERATIONS))
+        .fold(0.0, f64::max) as u32;
     for gc in ghc.iter().filter(|m| m.kind == "gc") {
         let Some(heap_size) = gc.get("heap_size_bytes").map(|v| v as u64) else { continue };
         let generation = gc.get("generation").map(|g| g as u32).filter(|&g| g < MAX_GENERATIONS);
@@ -319,7 +324,12 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
         let labels = census.values.iter().filter(|(n, _)| n != "breakdown" && n != "era");
         let total: f64 = labels.clone().map(|&(_, v)| v).sum();
         let arr_words = census.get("ARR_WORDS").unwrap_or(0.0);
-        out.pinned_share.push(PinnedShare { seconds: seconds(census.monotonic_ns), arr_words_bytes: arr_words as u64, total_bytes: total as u64, share: if total > 0.0 { arr_words / total } else { 0.0 } });
+        out.pinned_share.push(PinnedShare {
+            seconds: seconds(census.monotonic_ns),
+            arr_words_bytes: arr_words as u64,
+            total_bytes: total as u64,
+            share: if total > 0.0 { arr_words / total } else { 0.0 },
+        });
     }
     for (kind, target) in [("rts_summary", &mut out.rts_summary), ("inventory", &mut out.inventory)] {
         if let Some(m) = ghc.iter().rev().find(|m| m.kind == kind) {
@@ -362,7 +372,16 @@ fn verdict(report: &GhcReport) -> GhcVerdict {
         let mib = |b: u64| b as f64 / MIB;
         let rss = p.rss_bytes.map(|r| format!(", RSS {:.1} MiB", mib(r))).unwrap_or_default();
         let census = report.census_at(p.seconds);
-        let census = census.map(|c| format!(" The -hT census at {:.2} s counts {:.0}% of the heap as ARR_WORDS ({:.1} MiB): pinned blocks are counted whole.", c.seconds, c.share * 100.0, mib(c.arr_words_bytes))).unwrap_or_default();
+        let census = census
+            .map(|c| {
+                format!(
+                    " The -hT census at {:.2} s counts {:.0}% of the heap as ARR_WORDS ({:.1} MiB): pinned blocks are counted whole.",
+                    c.seconds,
+                    c.share * 100.0,
+                    mib(c.arr_words_bytes)
+                )
+            })
+            .unwrap_or_default();
         parts.push(format!(
             "Pinned fragmentation: after the major GC at {:.2} s the heap is {:.1} MiB{rss} for {:.1} MiB of live data, and {:.1} MiB ({:.0}%) of that live data was not copied by the GC: it sits in pinned blocks (ByteString, pinned byte arrays) or large objects, which never move. A pinned block stays whole while any object in it lives, so dead neighbours of a few survivors count as live, and the RTS keeps free blocks in proportion to live data (-F, default 2).{census} Remedies: keep the survivors in unpinned storage (ShortByteString, Data.Text ≥ 2, unpinned byte arrays); copy the retained slices (Data.ByteString.copy) so they pack into fresh blocks; retain contiguous runs (take) rather than strided survivors (every 10th).",
             p.seconds,
@@ -375,7 +394,12 @@ fn verdict(report: &GhcReport) -> GhcVerdict {
     // LazyFree while the program ran (up to the settled major GC: the RTS's
     // final GC at exit frees everything, and says nothing about the run).
     let until = report.settled.as_ref().map_or(f64::INFINITY, |p| p.seconds);
-    let lazy = report.timeline.iter().filter(|p| p.seconds <= until).filter_map(|p| Some((p.rows.lazy_free?, p.rss_bytes?))).max_by_key(|&(lazy, _)| lazy);
+    let lazy = report
+        .timeline
+        .iter()
+        .filter(|p| p.seconds <= until)
+        .filter_map(|p| Some((p.rows.lazy_free?, p.rss_bytes?)))
+        .max_by_key(|&(lazy, _)| lazy);
     if let Some((lazy, rss)) = lazy.filter(|&(lazy, rss)| lazy >= 16 << 20 && lazy * 4 >= rss) {
         verdict.lazy_free = true;
         parts.push(format!(
@@ -499,7 +523,12 @@ impl crate::ledger::HeapOwner for GhcOwner {
             out.sort_by_key(|&(t, _)| t);
             out
         };
-        let input = GhcInput { metrics: std::mem::take(&mut self.metrics), rss: convert(&self.rss), lazy_free: convert(&self.lazy_free), origin_ns: self.origin_ns.unwrap_or(0) };
+        let input = GhcInput {
+            metrics: std::mem::take(&mut self.metrics),
+            rss: convert(&self.rss),
+            lazy_free: convert(&self.lazy_free),
+            origin_ns: self.origin_ns.unwrap_or(0),
+        };
         self.report = report(&input);
         self.metrics = input.metrics;
     }
@@ -523,7 +552,11 @@ impl crate::ledger::HeapOwner for GhcOwner {
         self.metrics
             .iter()
             .filter(|m| m.kind == "gc")
-            .map(|m| crate::ledger::GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: m.get("generation").is_some_and(|g| g >= 1.0) })
+            .map(|m| crate::ledger::GcMark {
+                seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns),
+                source: NAME.into(),
+                major: m.get("generation").is_some_and(|g| g >= 1.0),
+            })
             .collect()
     }
 
@@ -568,7 +601,12 @@ impl crate::ledger::HeapOwner for GhcOwner {
         let (Some(report), Some(part)) = (&self.report, ledger.share(NAME)) else { return out };
         if report.verdict.pinned_fragmentation {
             let bytes = part.rows.fragmented + part.rows.retained;
-            out.push(crate::ledger::Finding { kind: "pinned_fragmentation", owner: NAME, bytes, share: crate::ledger::owner::share(bytes, ledger.rss_bytes) });
+            out.push(crate::ledger::Finding {
+                kind: "pinned_fragmentation",
+                owner: NAME,
+                bytes,
+                share: crate::ledger::owner::share(bytes, ledger.rss_bytes),
+            });
         }
         out
     }
@@ -591,7 +629,13 @@ impl crate::ledger::HeapOwner for GhcOwner {
         if retained >= WORTH_TRYING {
             // The RTS keeps free megablocks in proportion to live data
             // (-F, default 2): -F1.2 keeps (1.2 + 1) / (2 + 1) of them.
-            out.push(Remedy::new("ghc-smaller-factor", NAME, "keep fewer free megablocks after a major GC: GHCRTS=-F1.2", &[("GHCRTS", "-F1.2")], retained * 4 / 15));
+            out.push(Remedy::new(
+                "ghc-smaller-factor",
+                NAME,
+                "keep fewer free megablocks after a major GC: GHCRTS=-F1.2",
+                &[("GHCRTS", "-F1.2")],
+                retained * 4 / 15,
+            ));
         }
         let pinned = bytes("pinned_fragmentation");
         if pinned >= WORTH_TRYING {
@@ -627,7 +671,9 @@ impl crate::ledger::HeapOwner for GhcOwner {
 /// Indexes of the GHC heap's committed mappings: the read-write parts of a
 /// run of adjacent anonymous mappings spanning at least [`RESERVATION_MIN`].
 fn heap_mappings(mappings: &[crate::ledger::MappingLedger]) -> Vec<usize> {
-    let anonymous = |m: &crate::ledger::MappingLedger| m.name.is_empty() && m.perms.ends_with('p') && matches!(m.class, "program mmap" | "unclassified" | "other");
+    let anonymous = |m: &crate::ledger::MappingLedger| {
+        m.name.is_empty() && m.perms.ends_with('p') && matches!(m.class, "program mmap" | "unclassified" | "other")
+    };
     let mut out = Vec::new();
     let mut i = 0;
     while i < mappings.len() {
@@ -654,7 +700,13 @@ mod tests {
     const MB: u64 = 1 << 20;
 
     fn gc(ns: u64, generation: u32, heap: u64, live: Option<u64>, copied: u64, frag: u64) -> Metrics {
-        let mut values = vec![("capability".to_string(), 0.0), ("generation".into(), generation as f64), ("copied_bytes".into(), copied as f64), ("fragmentation_bytes".into(), frag as f64), ("heap_size_bytes".into(), heap as f64)];
+        let mut values = vec![
+            ("capability".to_string(), 0.0),
+            ("generation".into(), generation as f64),
+            ("copied_bytes".into(), copied as f64),
+            ("fragmentation_bytes".into(), frag as f64),
+            ("heap_size_bytes".into(), heap as f64),
+        ];
         if let Some(live) = live {
             values.push(("live_bytes".into(), live as f64));
         }
@@ -705,7 +757,12 @@ mod tests {
     #[test]
     fn a_closure_type_census_is_quoted_from_before_the_gc() {
         let mut input = strip();
-        let census = |ns: u64, arr: f64, other: f64| Metrics { monotonic_ns: ns, source: "ghc".into(), kind: "heap_profile".into(), values: vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), arr), (":".into(), other)] };
+        let census = |ns: u64, arr: f64, other: f64| Metrics {
+            monotonic_ns: ns,
+            source: "ghc".into(),
+            kind: "heap_profile".into(),
+            values: vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), arr), (":".into(), other)],
+        };
         input.metrics.extend([census(1_800_000_000, 32.0 * MB as f64, 8.0 * MB as f64), census(1_950_000_000, 1.0, 0.0)]);
         let report = report(&input).unwrap();
         assert_eq!(report.pinned_share.len(), 2);
@@ -727,7 +784,19 @@ mod tests {
 
     #[test]
     fn lazy_free_inside_the_heap_comes_out_of_megablock_free() {
-        let mut point = GhcPoint { rss_bytes: Some(100 * MB), heap_size_bytes: 80 * MB, lazy_free_smaps_bytes: Some(50 * MB), rows: GhcRows { live: 20 * MB, heap_blocks_not_live: 0, megablock_free: 59 * MB as i64, block_descriptors: MB, ..GhcRows::default() }, ..GhcPoint::default() };
+        let mut point = GhcPoint {
+            rss_bytes: Some(100 * MB),
+            heap_size_bytes: 80 * MB,
+            lazy_free_smaps_bytes: Some(50 * MB),
+            rows: GhcRows {
+                live: 20 * MB,
+                heap_blocks_not_live: 0,
+                megablock_free: 59 * MB as i64,
+                block_descriptors: MB,
+                ..GhcRows::default()
+            },
+            ..GhcPoint::default()
+        };
         place_lazy_free(&mut point);
         assert_eq!((point.rows.lazy_free, point.rows.megablock_free, point.rows.non_heap), (Some(50 * MB), 29 * MB as i64, Some(0)));
         let sum: i64 = point.rows.named().iter().map(|(_, v)| v.unwrap()).sum();
@@ -750,7 +819,10 @@ mod tests {
     #[test]
     fn lazy_free_comes_from_a_snapshot_at_the_same_heap_size() {
         let series = [(10, 1), (20, 2), (40, 4)];
-        assert_eq!([nearest(&series, 0), nearest(&series, 14), nearest(&series, 16), nearest(&series, 31), nearest(&series, 99)], [Some(1), Some(1), Some(2), Some(4), Some(4)]);
+        assert_eq!(
+            [nearest(&series, 0), nearest(&series, 14), nearest(&series, 16), nearest(&series, 31), nearest(&series, 99)],
+            [Some(1), Some(1), Some(2), Some(4), Some(4)]
+        );
         assert_eq!(nearest(&[], 5), None);
         // GCs at 0, 10 (heap 5), 20, 30 (heap 3), 50 (heap 1); snapshots at 12 and 60.
         let ms = 1_000_000;

@@ -286,7 +286,11 @@ impl GlibcTrimModel {
     /// The chunks in some thread's tcache, as block extents sorted by
     /// start, leaving out any a live block overlaps (the model lost track).
     pub fn tcache_extents(&self, live: &[(u64, u64)]) -> Vec<(u64, u64)> {
-        let mut extents: Vec<(u64, u64)> = self.tcache_chunks.iter().map(|(&addr, &(_, size))| (addr - EXTENT_TO_CHUNK, addr - 2 * EXTENT_TO_CHUNK + size + EXTENT_TO_CHUNK)).collect();
+        let mut extents: Vec<(u64, u64)> = self
+            .tcache_chunks
+            .iter()
+            .map(|(&addr, &(_, size))| (addr - EXTENT_TO_CHUNK, addr - 2 * EXTENT_TO_CHUNK + size + EXTENT_TO_CHUNK))
+            .collect();
         extents.sort_unstable();
         extents.retain(|&(start, end)| {
             let i = live.partition_point(|&(_, live_end)| live_end <= start);
@@ -312,7 +316,13 @@ impl GlibcTrimModel {
             for _ in 0..16 {
                 let Some(&(_, thread)) = self.heap_births.get(&slot) else { break };
                 match self.home_slots.get(&thread) {
-                    Some(&home) if home != slot && self.heap_births.contains_key(&home) && self.heap_births[&home].0 < self.heap_births[&slot].0 => slot = home,
+                    Some(&home)
+                        if home != slot
+                            && self.heap_births.contains_key(&home)
+                            && self.heap_births[&home].0 < self.heap_births[&slot].0 =>
+                    {
+                        slot = home
+                    }
                     _ => break,
                 }
             }
@@ -492,10 +502,17 @@ impl TrimForecast {
 /// The forecast for a glibc program's snapshot. `live` are the live blocks'
 /// extents (`[block − 8, block + usable)`) sorted by start; `countable`
 /// says which mappings are classified page by page.
-pub fn forecast(model: &mut GlibcTrimModel, snapshot: &memgap_trace::records::Snapshot, live: &[(u64, u64)], page: u64, countable: impl Fn(&memgap_trace::records::Mapping) -> bool) -> TrimForecast {
+pub fn forecast(
+    model: &mut GlibcTrimModel,
+    snapshot: &memgap_trace::records::Snapshot,
+    live: &[(u64, u64)],
+    page: u64,
+    countable: impl Fn(&memgap_trace::records::Mapping) -> bool,
+) -> TrimForecast {
     let mappings = &snapshot.mappings;
     const HEAP_MAX: u64 = 1 << HEAP_ALIGN_SHIFT;
-    let heap_mappings: Vec<&memgap_trace::records::Mapping> = mappings.iter().filter(|m| m.is_private_writable_anonymous() && countable(m)).collect();
+    let heap_mappings: Vec<&memgap_trace::records::Mapping> =
+        mappings.iter().filter(|m| m.is_private_writable_anonymous() && countable(m)).collect();
     let tcache = model.tcache_extents(live);
     // An arena's heaps (64 MiB-aligned) mapped next to each other show up as
     // one mapping: each is a heap of its own. Only heaps holding chunks or
@@ -516,7 +533,12 @@ pub fn forecast(model: &mut GlibcTrimModel, snapshot: &memgap_trace::records::Sn
             let last = extents.partition_point(|&(extent_start, _)| extent_start < mapping.end);
             // A heap inside one chunk releases nothing: the heaps where
             // chunks start and end are the ones that can.
-            extents[first..last.max(first)].iter().flat_map(|&(start, end)| [start.max(mapping.start) >> HEAP_ALIGN_SHIFT, end.saturating_sub(1).min(mapping.end - 1) >> HEAP_ALIGN_SHIFT]).collect()
+            extents[first..last.max(first)]
+                .iter()
+                .flat_map(|&(start, end)| {
+                    [start.max(mapping.start) >> HEAP_ALIGN_SHIFT, end.saturating_sub(1).min(mapping.end - 1) >> HEAP_ALIGN_SHIFT]
+                })
+                .collect()
         };
         let born = &births[births.partition_point(|&slot| slot < first_slot)..births.partition_point(|&slot| slot < end_slot)];
         let mut slots: Vec<u64> = born.iter().copied().chain(in_mapping(live)).chain(in_mapping(&tcache)).collect();
@@ -527,7 +549,8 @@ pub fn forecast(model: &mut GlibcTrimModel, snapshot: &memgap_trace::records::Sn
             heaps.push((mapping, start, (start + HEAP_MAX).min(mapping.end)));
         }
     }
-    let arena_starts: Vec<u64> = heaps.iter().filter(|(m, start, _)| m.name != "[heap]" && start % HEAP_MAX == 0).map(|&(_, start, _)| start).collect();
+    let arena_starts: Vec<u64> =
+        heaps.iter().filter(|(m, start, _)| m.name != "[heap]" && start % HEAP_MAX == 0).map(|&(_, start, _)| start).collect();
     let roles = model.arena_roles(&arena_starts);
     let mut forecast = TrimForecast::default();
     for &(mapping, start, end) in &heaps {
@@ -555,7 +578,13 @@ pub fn forecast(model: &mut GlibcTrimModel, snapshot: &memgap_trace::records::Sn
             let Some(ranges) = forecast.heaps.get(&mapping.start) else { continue };
             for &(start, end) in ranges.ranges() {
                 let pages = (start - mapping.start) / page..(end - mapping.start) / page;
-                left.extend(mapping.residency.resident_runs(pages).into_iter().map(|run| (mapping.start + run.start * page, mapping.start + run.end * page)));
+                left.extend(
+                    mapping
+                        .residency
+                        .resident_runs(pages)
+                        .into_iter()
+                        .map(|run| (mapping.start + run.start * page, mapping.start + run.end * page)),
+                );
             }
         }
         model.trim_seen(left);

@@ -109,7 +109,11 @@ impl GoState {
     fn apply(&mut self, metrics: Metrics) {
         match metrics.kind.as_str() {
             "build" => {
-                self.version = metrics.values.iter().find_map(|(name, _)| name.strip_prefix("go_info{version=\"")?.strip_suffix("\"}").map(str::to_string)).or(self.version.take());
+                self.version = metrics
+                    .values
+                    .iter()
+                    .find_map(|(name, _)| name.strip_prefix("go_info{version=\"")?.strip_suffix("\"}").map(str::to_string))
+                    .or(self.version.take());
             }
             "size_classes" => {
                 let mut classes: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
@@ -241,7 +245,10 @@ fn is_go_heap(mapping: &Mapping, named: bool) -> bool {
     if named {
         return mapping.name == "[anon: Go: heap]";
     }
-    mapping.is_private_writable_anonymous() && mapping.name.is_empty() && mapping.start.is_multiple_of(HEAP_CHUNK) && mapping.end.is_multiple_of(HEAP_CHUNK)
+    mapping.is_private_writable_anonymous()
+        && mapping.name.is_empty()
+        && mapping.start.is_multiple_of(HEAP_CHUNK)
+        && mapping.end.is_multiple_of(HEAP_CHUNK)
 }
 
 fn resident_bytes(mapping: &Mapping, page: u64) -> u64 {
@@ -291,7 +298,10 @@ impl GoOwner {
             self.last_live = Some((metrics.monotonic_ns, bytes, exact));
             s.live_bytes_at_end = bytes;
         }
-        let threads = metrics.get(N_GOROUTINES).map(|g| (g, "goroutines")).or_else(|| metrics.get(N_GCTRACE_PROCS).map(|p| (p, "procs (GOMAXPROCS)")));
+        let threads = metrics
+            .get(N_GOROUTINES)
+            .map(|g| (g, "goroutines"))
+            .or_else(|| metrics.get(N_GCTRACE_PROCS).map(|p| (p, "procs (GOMAXPROCS)")));
         if let Some((count, kind)) = threads {
             let count = count.max(0.0) as u32;
             if self.summary.threads_kind != "goroutines" || kind == "goroutines" {
@@ -340,7 +350,10 @@ impl HeapOwner for GoOwner {
 
     fn gc_marks(&self, start_ns: u64) -> Vec<GcMark> {
         // Go's collector is not generational: every cycle is a full one.
-        self.gc_times.iter().map(|&ns| GcMark { seconds: crate::owners::seconds_since(start_ns, ns), source: NAME.into(), major: true }).collect()
+        self.gc_times
+            .iter()
+            .map(|&ns| GcMark { seconds: crate::owners::seconds_since(start_ns, ns), source: NAME.into(), major: true })
+            .collect()
     }
 
     fn findings(&self, ledger: &Ledger) -> Vec<Finding> {
@@ -365,7 +378,11 @@ impl HeapOwner for GoOwner {
 
 /// What copying the survivors of sparse classes would give back.
 fn sparse_saving(g: &GoLedger) -> u64 {
-    g.sparse_classes.iter().filter_map(|s| g.size_classes.iter().find(|c| c.size == *s)).map(|c| (c.spans_estimate - c.spans_needed) * c.span_bytes).sum()
+    g.sparse_classes
+        .iter()
+        .filter_map(|s| g.size_classes.iter().find(|c| c.size == *s))
+        .map(|c| (c.spans_estimate - c.spans_needed) * c.span_bytes)
+        .sum()
 }
 
 fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
@@ -387,12 +404,24 @@ fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
             &[("GOMEMLIMIT", &limit_text)],
             retained,
         ));
-        out.push(Remedy::new("go-free-os-memory", NAME, "return free spans at once from the program after a burst: debug.FreeOSMemory()", &[], retained));
+        out.push(Remedy::new(
+            "go-free-os-memory",
+            NAME,
+            "return free spans at once from the program after a burst: debug.FreeOSMemory()",
+            &[],
+            retained,
+        ));
     }
     let goal_room = g.heap_goal_bytes.map_or(0, |goal| goal.saturating_sub(live));
     if retained + fragmented >= WORTH_TRYING && goal_room >= WORTH_TRYING {
         // GOGC=50 halves the room the heap grows into between collections.
-        out.push(Remedy::new("go-gogc", NAME, "collect more often, so the heap grows less past its live data: GOGC=50", &[("GOGC", "50")], goal_room / 2));
+        out.push(Remedy::new(
+            "go-gogc",
+            NAME,
+            "collect more often, so the heap grows less past its live data: GOGC=50",
+            &[("GOGC", "50")],
+            goal_room / 2,
+        ));
     }
     let sparse = sparse_saving(&g);
     if sparse >= WORTH_TRYING {
@@ -405,7 +434,13 @@ fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
         ));
     }
     if lazy >= WORTH_TRYING {
-        out.push(Remedy::new("go-madvdontneed", NAME, "return memory with MADV_DONTNEED, so RSS falls at once: GODEBUG=madvdontneed=1", &[("GODEBUG", "madvdontneed=1")], lazy));
+        out.push(Remedy::new(
+            "go-madvdontneed",
+            NAME,
+            "return memory with MADV_DONTNEED, so RSS falls at once: GODEBUG=madvdontneed=1",
+            &[("GODEBUG", "madvdontneed=1")],
+            lazy,
+        ));
     }
     out
 }
@@ -519,7 +554,11 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
     let mut sparse: Vec<&GoSizeClass> = g
         .size_classes
         .iter()
-        .filter(|c| c.spans_estimate >= 2 * c.spans_needed.max(1) && c.occupancy <= LOW_OCCUPANCY && c.unused_bytes_estimate >= LOW_OCCUPANCY_MIN_BYTES)
+        .filter(|c| {
+            c.spans_estimate >= 2 * c.spans_needed.max(1)
+                && c.occupancy <= LOW_OCCUPANCY
+                && c.unused_bytes_estimate >= LOW_OCCUPANCY_MIN_BYTES
+        })
         .collect();
     sparse.sort_by_key(|c| std::cmp::Reverse(c.unused_bytes_estimate));
     g.sparse_classes = sparse.iter().map(|c| c.size).collect();
@@ -556,7 +595,16 @@ fn size_classes(go: &GoState, heap_unused: u64) -> Vec<GoSizeClass> {
     // Spans per class lie between what the live objects need and the fewer
     // of one per live object and what the class's peak needed; share the
     // runtime's unused bytes out over that room.
-    let room: Vec<u64> = classes.iter().map(|c| if c.objects_per_span == 0 { 0 } else { c.live_objects.min(c.peak_live_objects.div_ceil(c.objects_per_span)).max(c.spans_needed) - c.spans_needed }).collect();
+    let room: Vec<u64> = classes
+        .iter()
+        .map(|c| {
+            if c.objects_per_span == 0 {
+                0
+            } else {
+                c.live_objects.min(c.peak_live_objects.div_ceil(c.objects_per_span)).max(c.spans_needed) - c.spans_needed
+            }
+        })
+        .collect();
     let unused_at_least: u64 = classes.iter().map(|c| (c.spans_needed * c.span_bytes).saturating_sub(c.live_bytes)).sum();
     let room_bytes: u64 = classes.iter().zip(&room).map(|(c, r)| r * c.span_bytes).sum();
     let to_share = heap_unused.saturating_sub(unused_at_least).min(room_bytes);
@@ -607,7 +655,8 @@ pub fn verdict(l: &Ledger) -> String {
             crate::ledger::remedies_sentence(l)
         );
     }
-    let mut gap = [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("runtime", r.runtime), ("other", r.other)];
+    let mut gap =
+        [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("runtime", r.runtime), ("other", r.other)];
     gap.sort_by_key(|row| std::cmp::Reverse(row.1));
     let (dominant, bytes) = gap[0];
     let share = percent(bytes, rss);
@@ -676,7 +725,12 @@ mod tests {
     const HEAP: u64 = 0x3a9e_b8c0_0000;
 
     fn metrics(ns: u64, kind: &str, values: &[(&str, f64)]) -> Metrics {
-        Metrics { monotonic_ns: ns, source: "go".into(), kind: kind.into(), values: values.iter().map(|(n, v)| (n.to_string(), *v)).collect() }
+        Metrics {
+            monotonic_ns: ns,
+            source: "go".into(),
+            kind: kind.into(),
+            values: values.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        }
     }
 
     fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
@@ -694,9 +748,31 @@ mod tests {
             page_size: 4096,
             rss: Rss { vm_rss: rss, ..Rss::default() },
             mappings: vec![
-                Mapping { start: 0x400000, end: 0x500000, perms: "r-xp".into(), inode: 7, name: "/bin/prog".into(), rss: MIB, ..Mapping::default() },
-                Mapping { start: HEAP, end: HEAP + heap_pages * 4096, perms: "rw-p".into(), rss: resident_pages * 4096, residency: Residency::Bitmap(bits), ..Mapping::default() },
-                Mapping { start: 0x7f00_0010_0000, end: 0x7f00_0020_0000, perms: "rw-p".into(), rss: MIB, residency: Residency::All, ..Mapping::default() },
+                Mapping {
+                    start: 0x400000,
+                    end: 0x500000,
+                    perms: "r-xp".into(),
+                    inode: 7,
+                    name: "/bin/prog".into(),
+                    rss: MIB,
+                    ..Mapping::default()
+                },
+                Mapping {
+                    start: HEAP,
+                    end: HEAP + heap_pages * 4096,
+                    perms: "rw-p".into(),
+                    rss: resident_pages * 4096,
+                    residency: Residency::Bitmap(bits),
+                    ..Mapping::default()
+                },
+                Mapping {
+                    start: 0x7f00_0010_0000,
+                    end: 0x7f00_0020_0000,
+                    perms: "rw-p".into(),
+                    rss: MIB,
+                    residency: Residency::All,
+                    ..Mapping::default()
+                },
             ],
             ..Snapshot::default()
         }
@@ -710,7 +786,11 @@ mod tests {
         go.add(&Metrics { monotonic_ns: 1, source: "go".into(), kind: "size_classes".into(), values: classes });
         go.add(&metrics(1, "build", &[("go_info{version=\"go1.26.8\"}", 1.0)]));
         // 1<<20 16-byte objects allocated, then all but every 512th freed.
-        go.add(&metrics(2, "sample", &[(N_HEAP_OBJECTS, 16.0 * MIB as f64), (N_HEAP_UNUSED, 0.0), ("/gc/heap/allocs-by-size:bytes[17]", 1048576.0)]));
+        go.add(&metrics(
+            2,
+            "sample",
+            &[(N_HEAP_OBJECTS, 16.0 * MIB as f64), (N_HEAP_UNUSED, 0.0), ("/gc/heap/allocs-by-size:bytes[17]", 1048576.0)],
+        ));
         let unused = 2081.0 * 8192.0 - 2048.0 * 16.0;
         go.add(&metrics(
             3,
@@ -746,7 +826,11 @@ mod tests {
         assert_eq!((class.size, class.live_objects, class.peak_live_objects, class.spans_needed), (16, 2048, 1048576, 5));
         assert_eq!(class.spans_estimate, 2048, "one span per survivor: {class:?}");
         assert_eq!(g.sparse_classes, vec![16]);
-        assert!(l.verdict.contains("fragmentation") && l.verdict.contains("[]T instead of []*T") && l.verdict.contains("504"), "{}", l.verdict);
+        assert!(
+            l.verdict.contains("fragmentation") && l.verdict.contains("[]T instead of []*T") && l.verdict.contains("504"),
+            "{}",
+            l.verdict
+        );
     }
 
     #[test]

@@ -80,7 +80,12 @@ impl HeapState {
     /// malloc_trim still tells what that trim left.
     pub fn pass_snapshot(&mut self, snapshot: &memgap_trace::records::Snapshot) {
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
-            let live: Vec<(u64, u64)> = self.live.in_address_order().iter().map(|&(addr, block)| (addr.saturating_sub(crate::owners::glibc::GLIBC_HEADER), addr + block.usable())).collect();
+            let live: Vec<(u64, u64)> = self
+                .live
+                .in_address_order()
+                .iter()
+                .map(|&(addr, block)| (addr.saturating_sub(crate::owners::glibc::GLIBC_HEADER), addr + block.usable()))
+                .collect();
             let page = crate::ledger::plausible_page_size(snapshot.page_size);
             let walks = crate::ledger::PageWalks::of(snapshot, page, false);
             crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| walks.by_page(m.start));
@@ -145,7 +150,8 @@ impl HeapState {
     /// any mapping it cuts.
     fn unmap(&mut self, start: u64, len: u64) {
         let end = start.saturating_add(len);
-        let overlapping: Vec<(u64, u64)> = self.program_mappings.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
+        let overlapping: Vec<(u64, u64)> =
+            self.program_mappings.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
         for (s, e) in overlapping {
             self.program_mappings.remove(&s);
             if s < start {

@@ -132,9 +132,13 @@ pub struct SizeBucket {
 pub enum PageClass {
     NotResident,
     /// Resident, holds blocks; `fill` = bytes taken by blocks, 0..=255 for the whole page.
-    Used { fill: u8 },
+    Used {
+        fill: u8,
+    },
     /// Resident, holds no block; `trimmable` if malloc_trim(0) would return it.
-    Free { trimmable: bool },
+    Free {
+        trimmable: bool,
+    },
     Agent,
     ProgramMmap,
 }
@@ -342,7 +346,13 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
 }
 
 /// [`compute`], classifying one by one the pages `walks` says.
-fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owners: &mut [Box<dyn HeapOwner>], walks: PageWalks) -> Ledger {
+fn compute_walking(
+    state: &mut HeapState,
+    snapshot: &Snapshot,
+    detail: Detail,
+    owners: &mut [Box<dyn HeapOwner>],
+    walks: PageWalks,
+) -> Ledger {
     let page = plausible_page_size(snapshot.page_size);
     // A program allocating fast moves RSS while the snapshot is taken. The
     // anonymous mappings, most of the sum, are read last (mincore), right
@@ -352,7 +362,11 @@ fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, o
         snapshot_reason: reason_name(snapshot.reason),
         allocator: state.allocator.clone(),
         snapshot_cost_ms: snapshot.cost_ns as f64 / 1e6,
-        rss_moved_bytes: if snapshot.vm_rss_after > 0 && snapshot.rss.vm_rss > 0 { snapshot.vm_rss_after as i64 - snapshot.rss.vm_rss as i64 } else { 0 },
+        rss_moved_bytes: if snapshot.vm_rss_after > 0 && snapshot.rss.vm_rss > 0 {
+            snapshot.vm_rss_after as i64 - snapshot.rss.vm_rss as i64
+        } else {
+            0
+        },
         ..Ledger::default()
     };
     // Owners that know their mappings take them first.
@@ -455,7 +469,10 @@ fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, o
         let first = blocks.partition_point(|b| b.end <= mapping.start);
         let last = blocks.partition_point(|b| b.start < mapping.end);
         let mapping_blocks = &blocks[first..last.max(first)];
-        let allocator_owned = has_malloc && (mapping.name == "[heap]" || !mapping_blocks.is_empty() || (bss_of.is_none() && state.ever_held_blocks(mapping.start, mapping.end)));
+        let allocator_owned = has_malloc
+            && (mapping.name == "[heap]"
+                || !mapping_blocks.is_empty()
+                || (bss_of.is_none() && state.ever_held_blocks(mapping.start, mapping.end)));
         let mut heap = HeapLedger {
             name: heap_name(mapping, layout),
             kind: layout.heap_kind(mapping),
@@ -465,34 +482,52 @@ fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, o
             ..HeapLedger::default()
         };
         let before = ledger.other_breakdown;
-        let (pages, taken) = account_pages(mapping, mapping_blocks, page, walked_pages, &trim, allocator_owned, &agent_ranges, state, &mut heap, &mut ledger.other_breakdown);
+        let (pages, taken) = account_pages(
+            mapping,
+            mapping_blocks,
+            page,
+            walked_pages,
+            &trim,
+            allocator_owned,
+            &agent_ranges,
+            state,
+            &mut heap,
+            &mut ledger.other_breakdown,
+        );
         if allocator_owned {
-            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, BlockShare { fragmentation, resident_live, first_page, last_page }| {
-                let bucket = 64 - block.size.max(1).leading_zeros() as usize;
-                if buckets.len() <= bucket {
-                    buckets.resize_with(bucket + 1, SizeBucket::default);
-                }
-                let entry = &mut buckets[bucket];
-                entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
-                entry.max_size = (1u64 << bucket) - 1;
-                entry.blocks += 1;
-                entry.live_bytes += resident_live;
-                entry.fragmented_bytes += fragmentation.round() as u64;
-                if detail.stacks {
-                    let (s, counted_up_to) = stacks.entry(block.stack).or_insert((StackShare { stack: block.stack, ..StackShare::default() }, None));
-                    s.objects += 1;
-                    s.live_bytes += resident_live;
-                    s.taken_bytes += block.end - block.start;
-                    s.fragmentation_bytes += fragmentation;
-                    // Blocks come in address order: count each page once per stack.
-                    let from = match *counted_up_to {
-                        Some((start, last)) if start == mapping.start => first_page.max(last + 1),
-                        _ => first_page,
-                    };
-                    s.pages += mapping.residency.resident_in(from..last_page + 1);
-                    *counted_up_to = Some((mapping.start, last_page.max(from.saturating_sub(1))));
-                }
-            });
+            share_fragmentation(
+                mapping,
+                mapping_blocks,
+                page,
+                &taken,
+                |block, BlockShare { fragmentation, resident_live, first_page, last_page }| {
+                    let bucket = 64 - block.size.max(1).leading_zeros() as usize;
+                    if buckets.len() <= bucket {
+                        buckets.resize_with(bucket + 1, SizeBucket::default);
+                    }
+                    let entry = &mut buckets[bucket];
+                    entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
+                    entry.max_size = (1u64 << bucket) - 1;
+                    entry.blocks += 1;
+                    entry.live_bytes += resident_live;
+                    entry.fragmented_bytes += fragmentation.round() as u64;
+                    if detail.stacks {
+                        let (s, counted_up_to) =
+                            stacks.entry(block.stack).or_insert((StackShare { stack: block.stack, ..StackShare::default() }, None));
+                        s.objects += 1;
+                        s.live_bytes += resident_live;
+                        s.taken_bytes += block.end - block.start;
+                        s.fragmentation_bytes += fragmentation;
+                        // Blocks come in address order: count each page once per stack.
+                        let from = match *counted_up_to {
+                            Some((start, last)) if start == mapping.start => first_page.max(last + 1),
+                            _ => first_page,
+                        };
+                        s.pages += mapping.residency.resident_in(from..last_page + 1);
+                        *counted_up_to = Some((mapping.start, last_page.max(from.saturating_sub(1))));
+                    }
+                },
+            );
         }
         // MADV_FREE'd pages are still resident and counted: they hold no
         // blocks, so they sit among the retained pages.
@@ -532,7 +567,14 @@ fn compute_walking(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, o
         if allocator_owned {
             if want_pages {
                 let objects = detail.objects.then(|| page_objects(mapping, mapping_blocks, page, pages.len(), listed_per_page));
-                ledger.page_maps.push(PageMap { name: heap.name.clone(), start: mapping.start, page_size: page, pages, nodes: Vec::new(), objects });
+                ledger.page_maps.push(PageMap {
+                    name: heap.name.clone(),
+                    start: mapping.start,
+                    page_size: page,
+                    pages,
+                    nodes: Vec::new(),
+                    objects,
+                });
             }
             if heap.kind == "mapping" {
                 merged.mappings += 1;
@@ -600,7 +642,9 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     findings.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.kind.cmp(b.kind)));
     let mut remedies: Vec<Remedy> = present.iter().flat_map(|o| o.remedies(ledger, &findings)).collect();
     // Best first: most saved; on a tie, one that needs no change to the code.
-    remedies.sort_by(|a, b| b.expected_savings_bytes.cmp(&a.expected_savings_bytes).then(a.env.is_empty().cmp(&b.env.is_empty())).then(a.id.cmp(b.id)));
+    remedies.sort_by(|a, b| {
+        b.expected_savings_bytes.cmp(&a.expected_savings_bytes).then(a.env.is_empty().cmp(&b.env.is_empty())).then(a.id.cmp(b.id))
+    });
     if let Some(measured) = &ledger.measured_remedies {
         crate::compare::measured::rank(&mut remedies, measured);
     }
@@ -711,7 +755,10 @@ pub(crate) fn plausible_page_size(page_size: u64) -> u64 {
 /// Whether `mapping` can be classified page by page: page-aligned, not
 /// empty, and not larger than [`MAX_PAGES_PER_MAPPING`].
 pub(crate) fn countable_by_page(mapping: &Mapping, page: u64) -> bool {
-    mapping.end > mapping.start && mapping.start % page == 0 && mapping.end % page == 0 && (mapping.end - mapping.start) / page <= MAX_PAGES_PER_MAPPING
+    mapping.end > mapping.start
+        && mapping.start % page == 0
+        && mapping.end % page == 0
+        && (mapping.end - mapping.start) / page <= MAX_PAGES_PER_MAPPING
 }
 
 /// Pages of one snapshot classified one by one (shown in its page maps)
@@ -739,7 +786,8 @@ pub(crate) struct PageWalks {
 
 impl PageWalks {
     pub(crate) fn of(snapshot: &Snapshot, page: u64, show_pages: bool) -> PageWalks {
-        let (mut claimed_left, mut unlisted_left) = if show_pages { (CLAIMED_PAGES_PER_SNAPSHOT, UNLISTED_PAGES_PER_SNAPSHOT) } else { (0, 0) };
+        let (mut claimed_left, mut unlisted_left) =
+            if show_pages { (CLAIMED_PAGES_PER_SNAPSHOT, UNLISTED_PAGES_PER_SNAPSHOT) } else { (0, 0) };
         let pages = snapshot
             .mappings
             .iter()
@@ -815,7 +863,9 @@ fn account_pages(
     let mut classes = Vec::with_capacity(if allocator_owned { count } else { 0 });
     for i in 0..count {
         let (taken, requested) = if allocator_owned { (taken[i], requested[i]) } else { (0, 0) };
-        if let Some(class) = classify.pages(page_start(i as u64), 1, mapping.residency.is_resident(i), u64::from(taken), u64::from(requested)) {
+        if let Some(class) =
+            classify.pages(page_start(i as u64), 1, mapping.residency.is_resident(i), u64::from(taken), u64::from(requested))
+        {
             classes.push(class);
         }
     }
@@ -828,7 +878,9 @@ fn account_pages(
         for b in &blocks[blocks_from..] {
             edges.extend([b.start, b.addr, b.addr.saturating_add(b.size), b.end]);
         }
-        let agents_from = agent_ranges.partition_point(|&(start, len)| start.saturating_add(len) <= tail).min(agent_ranges.partition_point(|&(start, _)| start < mapping.end));
+        let agents_from = agent_ranges
+            .partition_point(|&(start, len)| start.saturating_add(len) <= tail)
+            .min(agent_ranges.partition_point(|&(start, _)| start < mapping.end));
         for &(start, len) in &agent_ranges[agents_from..] {
             edges.extend([start, start.saturating_add(len)]);
         }
@@ -841,7 +893,8 @@ fn account_pages(
         edges.extend(state.glibc_trim.left_by_last_trim_edges(tail, mapping.end));
         // The pages holding an edge are classified alone; the pages
         // between two of them are alike.
-        let mut special: Vec<u64> = edges.into_iter().filter(|&at| at >= tail && at < mapping.end).map(|at| (at - mapping.start) / page).collect();
+        let mut special: Vec<u64> =
+            edges.into_iter().filter(|&at| at >= tail && at < mapping.end).map(|at| (at - mapping.start) / page).collect();
         special.sort_unstable();
         special.dedup();
         let mut at = count as u64;
@@ -865,7 +918,9 @@ fn account_pages(
 fn page_taken(blocks: &[BlockExtent], start: u64, page: u64) -> (u64, u64) {
     let end = start + page;
     let first = blocks.partition_point(|b| b.end <= start);
-    blocks[first..].iter().take_while(|b| b.start < end).fold((0, 0), |(taken, requested), b| (taken + overlap(b.start, b.end, start, end), requested + overlap(b.addr, b.addr.saturating_add(b.size), start, end)))
+    blocks[first..].iter().take_while(|b| b.start < end).fold((0, 0), |(taken, requested), b| {
+        (taken + overlap(b.start, b.end, start, end), requested + overlap(b.addr, b.addr.saturating_add(b.size), start, end))
+    })
 }
 
 /// Puts pages of one mapping into the rows.
@@ -948,7 +1003,13 @@ fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usi
 
 /// Shares each used page's free bytes among its blocks by the bytes each
 /// takes there; calls `visit` with each block and what it holds.
-fn share_fragmentation(mapping: &Mapping, blocks: &[BlockExtent], page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, BlockShare)) {
+fn share_fragmentation(
+    mapping: &Mapping,
+    blocks: &[BlockExtent],
+    page: u64,
+    taken: &[u32],
+    mut visit: impl FnMut(&BlockExtent, BlockShare),
+) {
     for b in blocks {
         // Blocks of a corrupt trace may lie outside the mapping: the pages
         // walked are the mapping's classified ones (the rest are not
@@ -1042,8 +1103,13 @@ pub fn verdict(l: &Ledger) -> String {
             "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under pressure.",
             mib(bytes)
         ),
-        "slack" => format!("{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.", mib(bytes)),
-        "runtime" => format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", mib(bytes)),
+        "slack" => format!(
+            "{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.",
+            mib(bytes)
+        ),
+        "runtime" => {
+            format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", mib(bytes))
+        }
         _ => other_sentence(l, share, bytes),
     };
     let tries = remedies_sentence(l);
@@ -1055,7 +1121,14 @@ pub fn verdict(l: &Ledger) -> String {
 pub fn program_gap_rows(l: &Ledger) -> [(&'static str, u64); 6] {
     let r = &l.rows;
     let other = r.other.saturating_sub(l.memgap_bytes);
-    [("fragmented", r.fragmented), ("retained", r.retained), ("lazy_free", r.lazy_free), ("slack", r.slack), ("other", other), ("runtime", r.runtime)]
+    [
+        ("fragmented", r.fragmented),
+        ("retained", r.retained),
+        ("lazy_free", r.lazy_free),
+        ("slack", r.slack),
+        ("other", other),
+        ("runtime", r.runtime),
+    ]
 }
 
 /// "The program holds X of live heap; the kernel charges Y of RSS (Zx)":
@@ -1124,7 +1197,15 @@ mod tests {
         Snapshot {
             page_size: PAGE,
             rss: Rss { vm_rss: rss, ..Rss::default() },
-            mappings: vec![Mapping { start: HEAP, end: HEAP + pages * PAGE, perms: "rw-p".into(), name: "[heap]".into(), rss: pages * PAGE, residency, ..Mapping::default() }],
+            mappings: vec![Mapping {
+                start: HEAP,
+                end: HEAP + pages * PAGE,
+                perms: "rw-p".into(),
+                name: "[heap]".into(),
+                rss: pages * PAGE,
+                residency,
+                ..Mapping::default()
+            }],
             ..Snapshot::default()
         }
     }
@@ -1133,13 +1214,23 @@ mod tests {
     fn page_objects_list_each_pages_blocks_and_spanning_blocks_on_every_page() {
         // A block over pages 0-2, then two small blocks on page 2.
         let blocks = [(HEAP + 16, 2 * PAGE + 100), (HEAP + 2 * PAGE + 200, 40), (HEAP + 2 * PAGE + 300, 50)];
-        let ledger = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, objects: true, ..Detail::default() }, &mut glibc());
+        let ledger = compute(
+            &mut state_with(&blocks),
+            &snapshot(4, Residency::All, 4 * PAGE),
+            Detail { pages: true, objects: true, ..Detail::default() },
+            &mut glibc(),
+        );
         let objects = ledger.page_maps[0].objects.as_ref().expect("objects asked for");
         assert_eq!(objects.blocks, vec![1, 1, 3, 0]);
         assert_eq!(objects.live_bytes, vec![(PAGE - 16) as u32, PAGE as u32, (16 + 100 + 40 + 50) as u32, 0]);
         let listed: Vec<(u32, u64)> = objects.listed.iter().map(|b| (b.page, b.addr)).collect();
         assert_eq!(listed, vec![(0, HEAP + 16), (1, HEAP + 16), (2, HEAP + 16), (2, HEAP + 2 * PAGE + 200), (2, HEAP + 2 * PAGE + 300)]);
-        let plain = compute(&mut state_with(&blocks), &snapshot(4, Residency::All, 4 * PAGE), Detail { pages: true, ..Detail::default() }, &mut glibc());
+        let plain = compute(
+            &mut state_with(&blocks),
+            &snapshot(4, Residency::All, 4 * PAGE),
+            Detail { pages: true, ..Detail::default() },
+            &mut glibc(),
+        );
         assert!(plain.page_maps[0].objects.is_none());
     }
 
@@ -1147,7 +1238,12 @@ mod tests {
     fn one_block_per_page_is_fragmented_and_rows_add_up() {
         // 16 pages, one 64-byte block at the start of each.
         let blocks: Vec<(u64, u64)> = (0..16).map(|i| (HEAP + 16 + i * PAGE, 64)).collect();
-        let ledger = compute(&mut state_with(&blocks), &snapshot(16, Residency::All, 16 * PAGE), Detail { pages: true, stacks: true, objects: true }, &mut glibc());
+        let ledger = compute(
+            &mut state_with(&blocks),
+            &snapshot(16, Residency::All, 16 * PAGE),
+            Detail { pages: true, stacks: true, objects: true },
+            &mut glibc(),
+        );
         assert_eq!(ledger.rows.live, 16 * 64);
         assert_eq!(ledger.rows.slack, 16 * 8 + 16 * 8, "8 bytes of header + 8 of rounding per block");
         assert_eq!(ledger.rows.fragmented, 16 * (PAGE - 80));
@@ -1168,7 +1264,12 @@ mod tests {
         // A 7-page block with pages 1, 3 and 4 not resident, then a small block.
         let blocks = [(HEAP + 16, 7 * PAGE - 100), (HEAP + 7 * PAGE + 16, 64)];
         let residency = Residency::Bitmap(vec![0b1110_0101]);
-        let ledger = compute(&mut state_with(&blocks), &snapshot(8, residency, 5 * PAGE), Detail { stacks: true, ..Detail::default() }, &mut glibc());
+        let ledger = compute(
+            &mut state_with(&blocks),
+            &snapshot(8, residency, 5 * PAGE),
+            Detail { stacks: true, ..Detail::default() },
+            &mut glibc(),
+        );
         // Pages 0, 2, 5 and 6 of the big block: its first 16 bytes are its header, its last 84 are past its end.
         assert_eq!(ledger.rows.live, (PAGE - 16) + PAGE + PAGE + (PAGE - 84) + 64);
         assert_eq!(ledger.by_stack.iter().map(|s| s.live_bytes).sum::<u64>(), ledger.rows.live);
@@ -1227,7 +1328,13 @@ mod tests {
 
     #[test]
     fn a_snapshot_walks_claimed_and_unlisted_pages_up_to_its_budgets() {
-        let mapping = |start: u64, pages: u64, residency: Residency| Mapping { start, end: start + pages * PAGE, perms: "rw-p".into(), residency, ..Mapping::default() };
+        let mapping = |start: u64, pages: u64, residency: Residency| Mapping {
+            start,
+            end: start + pages * PAGE,
+            perms: "rw-p".into(),
+            residency,
+            ..Mapping::default()
+        };
         let half = CLAIMED_PAGES_PER_SNAPSHOT / 2;
         let at = |i: u64| HEAP + i * (1 << 40);
         let snap = Snapshot {
@@ -1250,7 +1357,10 @@ mod tests {
         assert_eq!(walks.pages, vec![Some(half), Some(half), Some(0), Some(64), Some(64), Some(unlisted_left), Some(0), None]);
         assert!(walks.by_page(at(0)) && walks.by_page(at(2)) && !walks.by_page(at(7)));
         // A real snapshot's bitmaps and claims are walked in full.
-        let real = Snapshot { mappings: vec![mapping(at(0), 1 << 20, Residency::All), mapping(at(1), 1 << 26, Residency::Bitmap(vec![1; 1 << 23]))], ..snap };
+        let real = Snapshot {
+            mappings: vec![mapping(at(0), 1 << 20, Residency::All), mapping(at(1), 1 << 26, Residency::Bitmap(vec![1; 1 << 23]))],
+            ..snap
+        };
         assert_eq!(PageWalks::of(&real, PAGE, true).pages, vec![Some(1 << 20), Some(1 << 26)]);
         // Without page maps, only what bitmaps list.
         assert_eq!(PageWalks::of(&real, PAGE, false).pages, vec![Some(0), Some(1 << 26)]);
@@ -1261,7 +1371,12 @@ mod tests {
     #[test]
     fn overlapping_blocks_are_walked_from_where_the_previous_ended() {
         let blocks: Vec<(u64, u64)> = (0..1000).map(|i| (HEAP + 16 + i * 16, 63 * PAGE)).collect();
-        let ledger = compute(&mut state_with(&blocks), &snapshot(64, Residency::All, 64 * PAGE), Detail { pages: true, stacks: true, objects: true }, &mut glibc());
+        let ledger = compute(
+            &mut state_with(&blocks),
+            &snapshot(64, Residency::All, 64 * PAGE),
+            Detail { pages: true, stacks: true, objects: true },
+            &mut glibc(),
+        );
         assert_eq!(ledger.live_blocks, 1000);
         assert_eq!(ledger.residual_bytes, 0);
         assert_eq!(ledger.rows.live + ledger.rows.slack + ledger.rows.fragmented + ledger.rows.retained, 64 * PAGE);
@@ -1341,7 +1456,15 @@ mod tests {
         let snapshot = Snapshot {
             page_size: PAGE,
             rss: Rss { vm_rss: pages * PAGE, ..Rss::default() },
-            mappings: vec![Mapping { start: heap, end: heap + pages * PAGE, perms: "rw-p".into(), name: "[heap]".into(), rss: pages * PAGE, residency: Residency::All, ..Mapping::default() }],
+            mappings: vec![Mapping {
+                start: heap,
+                end: heap + pages * PAGE,
+                perms: "rw-p".into(),
+                name: "[heap]".into(),
+                rss: pages * PAGE,
+                residency: Residency::All,
+                ..Mapping::default()
+            }],
             ..Snapshot::default()
         };
         let ledger = compute(&mut state, &snapshot, Detail::default(), &mut glibc());

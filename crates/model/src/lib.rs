@@ -22,15 +22,15 @@
 
 pub mod blame;
 pub mod compare;
-pub mod go;
 pub mod ghc;
 pub mod glibc_trim;
+pub mod go;
 mod heap_state;
 pub mod ledger;
 pub mod numa;
-pub mod report;
-pub mod owners;
 mod outside;
+pub mod owners;
+pub mod report;
 pub mod ruby;
 pub mod series;
 mod snapshots;
@@ -40,11 +40,18 @@ pub mod trim_marks;
 pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use go::{GoLedger, GoSizeClass};
 pub use heap_state::HeapState;
-pub use ledger::{Finding, GcMark, HeapLedger, HeapOwner, Ledger, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap, Remedy, Rows, SizeBucket};
+pub use ledger::{
+    Finding, GcMark, HeapLedger, HeapOwner, Ledger, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap, Remedy, Rows, SizeBucket,
+};
 pub use outside::assess as assess_cgroup;
-pub use outside::{CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS, outside_ledger};
+pub use outside::{
+    CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS,
+    outside_ledger,
+};
 pub use series::SeriesPoint;
-pub use snapshots::{At, Closing, Moment, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline};
+pub use snapshots::{
+    At, Closing, Moment, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline,
+};
 pub use summary::{SizeCount, Summary};
 pub use trim_marks::TrimMark;
 
@@ -60,6 +67,12 @@ pub fn human_bytes(value: u64) -> String {
         scaled /= 1024.0;
         unit += 1;
     }
-    let digits = if scaled >= 100.0 { 0 } else if scaled >= 10.0 { 1 } else { 2 };
+    let digits = if scaled >= 100.0 {
+        0
+    } else if scaled >= 10.0 {
+        1
+    } else {
+        2
+    };
     format!("{scaled:.digits$} {}", UNITS[unit])
 }

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use memgap_replay::{Inherited, Block, ThreadEvent, Visitor, replay};
+use memgap_replay::{Block, Inherited, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::numa::{self as records, MemorySample, MemorySamples, Placement};
 use memgap_trace::records::{Module, Process, Snapshot, Thread};
@@ -60,7 +60,12 @@ impl Topology {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| records::NumaNode { id: n.id, cpus: n.cpus.clone(), memory_bytes: n.memory_bytes, distances: self.distances.get(i).cloned().unwrap_or_default() })
+            .map(|(i, n)| records::NumaNode {
+                id: n.id,
+                cpus: n.cpus.clone(),
+                memory_bytes: n.memory_bytes,
+                distances: self.distances.get(i).cloned().unwrap_or_default(),
+            })
             .collect();
         records::Topology { nodes }
     }
@@ -140,7 +145,13 @@ pub type ThreadNodes = FxHashMap<u32, BTreeSet<usize>>;
 
 /// Splits every live block over the pages it covers and tallies its bytes
 /// by (allocating thread's row, page's node).
-pub fn allocation_locality<'a>(topology: &Topology, blocks: impl IntoIterator<Item = (u64, &'a Block)>, threads: &ThreadNodes, pages: &dyn PageNodes, page_size: u64) -> AllocationLocality {
+pub fn allocation_locality<'a>(
+    topology: &Topology,
+    blocks: impl IntoIterator<Item = (u64, &'a Block)>,
+    threads: &ThreadNodes,
+    pages: &dyn PageNodes,
+    page_size: u64,
+) -> AllocationLocality {
     let n = topology.nodes.len();
     let mut rows: Vec<String> = topology.nodes.iter().map(|node| format!("node {}", node.id)).collect();
     rows.push("multi-node threads".into());
@@ -431,7 +442,13 @@ fn ghc_capability_count(rts: &[&str], cpus: u32) -> Option<u32> {
 /// Ties a GHC program's per-capability collections to nodes by `rule`
 /// (None: no node) and sums the bytes each capability's collections copied.
 /// `capabilities` is the `-N` count, else the highest capability seen + 1.
-pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], timeline: &[crate::ghc::GhcPoint], topology: &Topology, rule: Option<&str>, capabilities: Option<u32>) -> Vec<GhcCapabilityGcs> {
+pub fn ghc_capability_nodes(
+    gcs: &[crate::ghc::CapabilityGcs],
+    timeline: &[crate::ghc::GhcPoint],
+    topology: &Topology,
+    rule: Option<&str>,
+    capabilities: Option<u32>,
+) -> Vec<GhcCapabilityGcs> {
     let count = capabilities.unwrap_or_else(|| gcs.iter().filter_map(|c| c.capability).max().map_or(1, |c| c.saturating_add(1))).max(1);
     let node_of = |cap: u32| -> Option<u32> {
         match rule {
@@ -439,7 +456,13 @@ pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], timeline: &[crate
             Some("-qa") => {
                 // The CPUs listed, not every number up to the highest (a
                 // corrupt topology may name CPU 2^32 - 1).
-                let nodes: BTreeSet<usize> = topology.nodes.iter().enumerate().filter(|(_, n)| n.cpus.iter().any(|&cpu| cpu >= cap && (cpu - cap) % count == 0)).map(|(i, _)| i).collect();
+                let nodes: BTreeSet<usize> = topology
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| n.cpus.iter().any(|&cpu| cpu >= cap && (cpu - cap) % count == 0))
+                    .map(|(i, _)| i)
+                    .collect();
                 (nodes.len() == 1).then(|| topology.nodes[*nodes.first().unwrap()].id)
             }
             _ => None,
@@ -455,7 +478,12 @@ pub fn ghc_capability_nodes(gcs: &[crate::ghc::CapabilityGcs], timeline: &[crate
                 }
                 copied[generation] = copied[generation].saturating_add(point.copied_bytes);
             }
-            GhcCapabilityGcs { capability: c.capability, node: c.capability.and_then(node_of), gcs_by_generation: c.by_generation.clone(), copied_bytes_by_generation: copied }
+            GhcCapabilityGcs {
+                capability: c.capability,
+                node: c.capability.and_then(node_of),
+                gcs_by_generation: c.by_generation.clone(),
+                copied_bytes_by_generation: copied,
+            }
         })
         .collect()
 }
@@ -465,8 +493,14 @@ pub fn ghc_gcs_by_node(capabilities: &[GhcCapabilityGcs]) -> Vec<GhcNodeGcs> {
     let mut by_node: BTreeMap<u32, GhcNodeGcs> = BTreeMap::new();
     for c in capabilities {
         let Some(node) = c.node else { continue };
-        let entry = by_node.entry(node).or_insert_with(|| GhcNodeGcs { node, gcs_by_generation: Vec::new(), copied_bytes_by_generation: Vec::new() });
-        for (sums, values) in [(&mut entry.gcs_by_generation, &c.gcs_by_generation), (&mut entry.copied_bytes_by_generation, &c.copied_bytes_by_generation)] {
+        let entry = by_node.entry(node).or_insert_with(|| GhcNodeGcs {
+            node,
+            gcs_by_generation: Vec::new(),
+            copied_bytes_by_generation: Vec::new(),
+        });
+        for (sums, values) in
+            [(&mut entry.gcs_by_generation, &c.gcs_by_generation), (&mut entry.copied_bytes_by_generation, &c.copied_bytes_by_generation)]
+        {
             if sums.len() < values.len() {
                 sums.resize(values.len(), 0);
             }
@@ -638,11 +672,14 @@ pub fn add_ghc(report: &mut NumaReport, ghc: &crate::ghc::GhcReport) {
     let rule = ghc_node_rule(&rts);
     let topology = Topology { nodes: report.nodes.clone(), distances: report.distances.clone() };
     let cpus = topology.nodes.iter().map(|n| n.cpus.len() as u32).sum();
-    report.ghc_capabilities = ghc_capability_nodes(&ghc.gcs_per_capability, &ghc.timeline, &topology, rule, ghc_capability_count(&rts, cpus));
+    report.ghc_capabilities =
+        ghc_capability_nodes(&ghc.gcs_per_capability, &ghc.timeline, &topology, rule, ghc_capability_count(&rts, cpus));
     report.ghc_gcs_by_node = ghc_gcs_by_node(&report.ghc_capabilities);
     report.ghc_capability_node_rule = rule;
     if rule.is_none() && !report.ghc_capabilities.is_empty() {
-        report.notes.push("GHC collections per capability are not tied to nodes: the program ran without +RTS --numa or -qa on its command line".into());
+        report.notes.push(
+            "GHC collections per capability are not tied to nodes: the program ran without +RTS --numa or -qa on its command line".into(),
+        );
     }
 }
 
@@ -659,11 +696,8 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
             options.machine_topology.clone().unwrap_or_default()
         }
     };
-    let threads: ThreadNodes = v
-        .thread_cpus
-        .iter()
-        .map(|(&thread, cpus)| (thread, cpus.iter().filter_map(|&cpu| topology.index_of_cpu(cpu)).collect()))
-        .collect();
+    let threads: ThreadNodes =
+        v.thread_cpus.iter().map(|(&thread, cpus)| (thread, cpus.iter().filter_map(|&cpu| topology.index_of_cpu(cpu)).collect())).collect();
     report.multi_node_threads = threads.values().filter(|nodes| nodes.len() > 1).count() as u64;
     report.at_seconds = at_seconds;
 
@@ -671,7 +705,8 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
         None if wanted.is_none() => report.placement_unavailable_reason = Some("the trace has no snapshot".into()),
         None => report.placement_unavailable_reason = Some("the snapshot has no placement record (recorded by an older memgap)".into()),
         Some((_, _, placement)) if placement.error != 0 => {
-            report.placement_unavailable_reason = Some(format!("move_pages failed in the traced process: {}", std::io::Error::from_raw_os_error(placement.error)));
+            report.placement_unavailable_reason =
+                Some(format!("move_pages failed in the traced process: {}", std::io::Error::from_raw_os_error(placement.error)));
         }
         Some((blocks, agent_ranges, placement)) => {
             report.resident_bytes_by_node = resident_by_node(&topology, placement, agent_ranges);
@@ -680,7 +715,8 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
                 report.ghc_heap_bytes_by_node.clear();
             }
             report.placement_cost_seconds = Some(placement.cost_ns as f64 / 1e9);
-            let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &placement.index(), placement.page_size);
+            let locality =
+                allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &placement.index(), placement.page_size);
             report.local_fraction = locality.local_fraction();
             report.allocation_local_bytes = locality.local_bytes;
             report.allocation_remote_bytes = locality.remote_bytes;
@@ -712,7 +748,8 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
         }
         report.sampled = Some(sampled);
     }
-    (report.hot_node, report.hot_node_share, report.hot_node_basis) = hot_node(&topology, report.sampled.as_ref(), &report.resident_bytes_by_node);
+    (report.hot_node, report.hot_node_share, report.hot_node_basis) =
+        hot_node(&topology, report.sampled.as_ref(), &report.resident_bytes_by_node);
     report.nodes = topology.nodes;
     report.distances = topology.distances;
     report
@@ -752,13 +789,16 @@ fn resident_by_node_in(topology: &Topology, placement: &Placement, range: std::o
 /// else of the resident heap.
 fn hot_node(topology: &Topology, sampled: Option<&AccessLocality>, resident: &[u64]) -> (Option<u32>, Option<f64>, Option<&'static str>) {
     let (columns, basis): (Vec<u64>, &'static str) = match sampled {
-        Some(s) if s.matrix.iter().flatten().any(|&c| c > 0) => {
-            ((0..topology.nodes.len()).map(|j| s.matrix.iter().map(|row| row[j]).sum()).collect(), if s.kind == "access" { "accesses" } else { "first touches" })
-        }
+        Some(s) if s.matrix.iter().flatten().any(|&c| c > 0) => (
+            (0..topology.nodes.len()).map(|j| s.matrix.iter().map(|row| row[j]).sum()).collect(),
+            if s.kind == "access" { "accesses" } else { "first touches" },
+        ),
         _ => (resident.to_vec(), "resident heap bytes"),
     };
     let total: u64 = columns.iter().sum();
-    let Some((best, &value)) = columns.iter().enumerate().max_by_key(|&(i, &v)| (v, std::cmp::Reverse(i))) else { return (None, None, None) };
+    let Some((best, &value)) = columns.iter().enumerate().max_by_key(|&(i, &v)| (v, std::cmp::Reverse(i))) else {
+        return (None, None, None);
+    };
     if total == 0 {
         return (None, None, None);
     }
@@ -779,7 +819,11 @@ fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> V
     let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
     let mut sites: BTreeMap<SiteKey, (u64, u64)> = BTreeMap::new();
     for (id, (remote, placed)) in remote {
-        let frames: Vec<Frame> = v.stacks.get(&id).map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect()).unwrap_or_default();
+        let frames: Vec<Frame> = v
+            .stacks
+            .get(&id)
+            .map(|ips| ips.iter().flat_map(|ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()).collect())
+            .unwrap_or_default();
         let site = frames.iter().find(|f| !is_allocator_frame(f, ALLOCATOR_FUNCTIONS)).or(frames.first());
         let key = match site {
             Some(f) => (Some(f.function.clone().unwrap_or_else(|| f.label())), f.file.clone(), f.line, f.module.clone()),
@@ -791,7 +835,14 @@ fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> V
     }
     let mut out: Vec<RemoteSite> = sites
         .into_iter()
-        .map(|((function, file, line, module), (remote_bytes, placed_bytes))| RemoteSite { function, file, line, module, remote_bytes, placed_bytes })
+        .map(|((function, file, line, module), (remote_bytes, placed_bytes))| RemoteSite {
+            function,
+            file,
+            line,
+            module,
+            remote_bytes,
+            placed_bytes,
+        })
         .collect();
     out.sort_by(|a, b| b.remote_bytes.cmp(&a.remote_bytes).then_with(|| a.function.cmp(&b.function)));
     out.truncate(top);
@@ -824,7 +875,8 @@ impl ProcessPlacement {
     /// From numa_maps lines: (start, policy, kind, bytes by node id).
     pub fn new(pid: u32, topology: Topology, maps: Vec<(u64, String, String, BTreeMap<u32, u64>)>) -> ProcessPlacement {
         let n = topology.nodes.len();
-        let mut out = ProcessPlacement { pid, resident_bytes_by_node: vec![0; n], heap_bytes_by_node: vec![0; n], ..ProcessPlacement::default() };
+        let mut out =
+            ProcessPlacement { pid, resident_bytes_by_node: vec![0; n], heap_bytes_by_node: vec![0; n], ..ProcessPlacement::default() };
         for (start, policy, kind, bytes_by_node) in maps {
             let heap = kind == "heap" || kind.is_empty();
             for (&id, &bytes) in &bytes_by_node {

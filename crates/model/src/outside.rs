@@ -202,7 +202,11 @@ impl TrimReport {
             heap_after_bytes: after.groups.heap,
             returned_bytes: before.rss_bytes as i64 - after.rss_bytes as i64,
             heap_returned_bytes,
-            heap_returned_percent: if before.groups.heap == 0 { 0.0 } else { heap_returned_bytes as f64 * 100.0 / before.groups.heap as f64 },
+            heap_returned_percent: if before.groups.heap == 0 {
+                0.0
+            } else {
+                heap_returned_bytes as f64 * 100.0 / before.groups.heap as f64
+            },
         }
     }
 }
@@ -218,7 +222,12 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
         allocator: reading.allocator.clone(),
         rss_bytes: status.vm_rss,
         unknown_rows: UNKNOWN_ROWS.to_vec(),
-        status: StatusRss { vm_rss_bytes: status.vm_rss, rss_anon_bytes: status.rss_anon, rss_file_bytes: status.rss_file, rss_shmem_bytes: status.rss_shmem },
+        status: StatusRss {
+            vm_rss_bytes: status.vm_rss,
+            rss_anon_bytes: status.rss_anon,
+            rss_file_bytes: status.rss_file,
+            rss_shmem_bytes: status.rss_shmem,
+        },
         cgroup: reading.cgroup.clone().map(assess),
         numa: reading.numa.clone(),
         ..ProcessLedger::default()
@@ -283,7 +292,8 @@ fn classify(mapping: &Mapping, previous: Option<&Mapping>, stack_pointers: &[u64
     // glibc puts a thread's guard pages (PROT_NONE) right below its stack.
     // A glibc heap's reservation ends on a 64 MiB boundary, so what follows
     // one is aligned and is not taken for a stack.
-    let after_guard = adjacent_previous.is_some_and(|p| p.perms == "---p" && p.inode == 0 && p.name.is_empty() && p.end - p.start <= 1 << 20)
+    let after_guard = adjacent_previous
+        .is_some_and(|p| p.perms == "---p" && p.inode == 0 && p.name.is_empty() && p.end - p.start <= 1 << 20)
         && !mapping.start.is_multiple_of(GLIBC_HEAP_ALIGN);
     let writable = mapping.perms.starts_with("rw");
     if writable && (mapping.name == "[stack]" || mapping.name.starts_with("[stack:") || holds_stack_pointer) {
@@ -372,7 +382,16 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn map(start: u64, end: u64, perms: &str, name: &str, inode: u64, rss: u64) -> Mapping {
-        Mapping { start, end, perms: perms.into(), name: name.into(), inode, rss, anonymous: if inode == 0 { rss } else { 0 }, ..Mapping::default() }
+        Mapping {
+            start,
+            end,
+            perms: perms.into(),
+            name: name.into(),
+            inode,
+            rss,
+            anonymous: if inode == 0 { rss } else { 0 },
+            ..Mapping::default()
+        }
     }
 
     fn reading(mappings: Vec<Mapping>, vm_rss: u64) -> ProcfsReading {
@@ -402,9 +421,10 @@ mod tests {
         ];
         let total: u64 = maps.iter().map(|m| m.rss).sum();
         let l = outside_ledger(&reading(maps, total));
-        assert_eq!(l.mappings.iter().map(|m| m.class).collect::<Vec<_>>(), [
-            "file", "file", "static data", "heap", "heap", "other", "heap", "other", "stack", "shmem", "heap", "stack", "other"
-        ]);
+        assert_eq!(
+            l.mappings.iter().map(|m| m.class).collect::<Vec<_>>(),
+            ["file", "file", "static data", "heap", "heap", "other", "heap", "other", "stack", "shmem", "heap", "stack", "other"]
+        );
         assert_eq!(l.groups.heap, (20 + 30 + 64 + 3) * MIB);
         assert_eq!(l.rows.heap, l.groups.heap - MIB);
         assert_eq!(l.rows.lazy_free, MIB);
@@ -439,8 +459,13 @@ mod tests {
 
     #[test]
     fn trim_report() {
-        let ledger = |rss, heap| ProcessLedger { pid: 9, rss_bytes: rss, groups: Groups { heap, ..Groups::default() }, ..ProcessLedger::default() };
-        let report = TrimReport::new(&ledger(100 * MIB, 80 * MIB), &ledger(40 * MIB, 20 * MIB), TrimCall { method: "ptrace".into(), ..TrimCall::default() });
+        let ledger =
+            |rss, heap| ProcessLedger { pid: 9, rss_bytes: rss, groups: Groups { heap, ..Groups::default() }, ..ProcessLedger::default() };
+        let report = TrimReport::new(
+            &ledger(100 * MIB, 80 * MIB),
+            &ledger(40 * MIB, 20 * MIB),
+            TrimCall { method: "ptrace".into(), ..TrimCall::default() },
+        );
         assert_eq!((report.returned_bytes, report.heap_returned_bytes), (60 * MIB as i64, 60 * MIB as i64));
         assert_eq!(report.heap_returned_percent, 75.0);
         let json = serde_json::to_value(&report).unwrap();

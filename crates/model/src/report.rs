@@ -11,12 +11,12 @@ use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, 
 
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
 use crate::ledger::{self, Detail, Ledger};
-use crate::owners::Owners;
-use crate::trim_marks::{TrimMark, TrimMarks};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
+use crate::owners::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
 use crate::snapshots::{At, Moment, MomentError, SERIES_BUCKETS, list, resolve};
 use crate::summary::{Builder, Summary};
+use crate::trim_marks::{TrimMark, TrimMarks};
 
 /// Snapshots with a page map besides the peak and the end.
 const SPACED_PAGE_MAPS: usize = 12;
@@ -289,7 +289,15 @@ pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option
         })
         .collect();
     let blame = v.moment_ledger.as_ref().map(|ledger| {
-        let options = BlameOptions { at, order: BlameOrder::Fragmentation, top: usize::MAX, per_stack: false, skip: Vec::new(), temporary_ms: blame::DEFAULT_TEMPORARY_MS, full_names };
+        let options = BlameOptions {
+            at,
+            order: BlameOrder::Fragmentation,
+            top: usize::MAX,
+            per_stack: false,
+            skip: Vec::new(),
+            temporary_ms: blame::DEFAULT_TEMPORARY_MS,
+            full_names,
+        };
         let mut blame = blame::assemble(&v.blame, snapshots.get(moment.index).map_or(0.0, |l| l.at_seconds), ledger, &options);
         blame.moment = Some(moment.clone());
         blame
@@ -317,7 +325,20 @@ pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option
     });
     let last = snapshots.len().saturating_sub(1);
     let moment = Moment { index: moment.index.min(last), ..moment };
-    Ok(Some(Report { summary, peak: peak.min(last), moment, snapshots, rss: downsample(&rss, RSS_POINTS), live_heap, blame, numa, ghc, gc_marks, trim_marks, trim_calls }))
+    Ok(Some(Report {
+        summary,
+        peak: peak.min(last),
+        moment,
+        snapshots,
+        rss: downsample(&rss, RSS_POINTS),
+        live_heap,
+        blame,
+        numa,
+        ghc,
+        gc_marks,
+        trim_marks,
+        trim_calls,
+    }))
 }
 
 #[cfg(test)]
@@ -335,7 +356,8 @@ mod tests {
 
     #[test]
     fn downsampling_keeps_extremes() {
-        let samples: Vec<RssSample> = (0..10_000).map(|i| RssSample { seconds: i as f64, vm_rss: if i == 5000 { 99 } else { i % 7 } }).collect();
+        let samples: Vec<RssSample> =
+            (0..10_000).map(|i| RssSample { seconds: i as f64, vm_rss: if i == 5000 { 99 } else { i % 7 } }).collect();
         let kept = downsample(&samples, 100);
         assert!(kept.len() <= 100);
         assert!(kept.iter().any(|s| s.vm_rss == 99));

@@ -48,12 +48,17 @@ pub struct RubyLayer {
 /// `metrics` are Ruby's, in file order), with page and slot sizes from the
 /// sampler's meta line (Ruby's own GC::INTERNAL_CONSTANTS).
 pub fn layer_at(metrics: &[&Metrics], version: &str, start_monotonic_ns: u64, monotonic_ns: u64) -> Option<RubyLayer> {
-    let meta = metrics.iter().rev().find(|m| m.kind == "meta" && m.monotonic_ns <= monotonic_ns).or_else(|| metrics.iter().find(|m| m.kind == "meta"))?;
+    let meta = metrics
+        .iter()
+        .rev()
+        .find(|m| m.kind == "meta" && m.monotonic_ns <= monotonic_ns)
+        .or_else(|| metrics.iter().find(|m| m.kind == "meta"))?;
     let slot_size = meta.get("rvalue_size")? as u64;
     let page_size = meta.get("heap_page_size")? as u64;
     let sample = metrics.iter().filter(|m| m.kind != "meta" && m.monotonic_ns <= monotonic_ns).max_by_key(|m| m.monotonic_ns)?;
     // The last deep sample (with memsize_of_all) since the last major GC or start.
-    let deep = metrics.iter().filter(|m| m.monotonic_ns <= monotonic_ns && m.get("memsize_of_all").is_some()).max_by_key(|m| m.monotonic_ns);
+    let deep =
+        metrics.iter().filter(|m| m.monotonic_ns <= monotonic_ns && m.get("memsize_of_all").is_some()).max_by_key(|m| m.monotonic_ns);
     let get = |name: &str| sample.get(name).unwrap_or(0.0).max(0.0) as u64;
     let object_pages = get("heap_allocated_pages");
     let live_slots = get("heap_live_slots");
@@ -123,12 +128,18 @@ impl HeapOwner for RubyOwner {
     }
 
     fn gc_marks(&self, start_ns: u64) -> Vec<GcMark> {
-        self.metrics.iter().filter(|m| m.kind == "major_gc").map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true }).collect()
+        self.metrics
+            .iter()
+            .filter(|m| m.kind == "major_gc")
+            .map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true })
+            .collect()
     }
 
     fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
         let refs: Vec<&Metrics> = self.metrics.iter().collect();
-        let Some(layer) = layer_at(&refs, self.version.as_deref().unwrap_or(""), self.start_monotonic_ns.unwrap_or(0), monotonic_ns) else { return };
+        let Some(layer) = layer_at(&refs, self.version.as_deref().unwrap_or(""), self.start_monotonic_ns.unwrap_or(0), monotonic_ns) else {
+            return;
+        };
         attach(ledger, &layer);
     }
 
@@ -146,7 +157,13 @@ impl HeapOwner for RubyOwner {
         if free < 1 << 20 {
             return Vec::new();
         }
-        vec![Remedy::new("ruby-compact", NAME, "move surviving objects together so whole object pages free up: GC.compact after a burst, or GC.auto_compact = true", &[], free)]
+        vec![Remedy::new(
+            "ruby-compact",
+            NAME,
+            "move surviving objects together so whole object pages free up: GC.compact after a burst, or GC.auto_compact = true",
+            &[],
+            free,
+        )]
     }
 
     fn headline(&self, ledger: &Ledger) -> Option<String> {
@@ -216,14 +233,34 @@ mod tests {
     use crate::ledger::Rows;
 
     fn m(ns: u64, kind: &str, values: &[(&str, f64)]) -> Metrics {
-        Metrics { monotonic_ns: ns, source: SOURCE.into(), kind: kind.into(), values: values.iter().map(|&(n, v)| (n.to_string(), v)).collect() }
+        Metrics {
+            monotonic_ns: ns,
+            source: SOURCE.into(),
+            kind: kind.into(),
+            values: values.iter().map(|&(n, v)| (n.to_string(), v)).collect(),
+        }
     }
 
     fn samples() -> Vec<Metrics> {
         vec![
             m(10, "meta", &[("rvalue_size", 40.0), ("heap_page_size", 16384.0)]),
-            m(20, "major_gc", &[("heap_allocated_pages", 100.0), ("heap_available_slots", 40900.0), ("heap_live_slots", 400.0), ("heap_free_slots", 40400.0), ("heap_final_slots", 100.0), ("memsize_of_all", 1_000_000.0)]),
-            m(30, "sample", &[("heap_allocated_pages", 10.0), ("heap_available_slots", 4090.0), ("heap_live_slots", 4000.0), ("heap_free_slots", 90.0)]),
+            m(
+                20,
+                "major_gc",
+                &[
+                    ("heap_allocated_pages", 100.0),
+                    ("heap_available_slots", 40900.0),
+                    ("heap_live_slots", 400.0),
+                    ("heap_free_slots", 40400.0),
+                    ("heap_final_slots", 100.0),
+                    ("memsize_of_all", 1_000_000.0),
+                ],
+            ),
+            m(
+                30,
+                "sample",
+                &[("heap_allocated_pages", 10.0), ("heap_available_slots", 4090.0), ("heap_live_slots", 4000.0), ("heap_free_slots", 90.0)],
+            ),
         ]
     }
 

@@ -34,10 +34,9 @@ struct Bucket {
 impl Bucket {
     fn merge(a: Option<Bucket>, b: Option<Bucket>) -> Option<Bucket> {
         match (a, b) {
-            (Some(a), Some(b)) => Some(Bucket {
-                low: if b.low.1 < a.low.1 { b.low } else { a.low },
-                high: if b.high.1 > a.high.1 { b.high } else { a.high },
-            }),
+            (Some(a), Some(b)) => {
+                Some(Bucket { low: if b.low.1 < a.low.1 { b.low } else { a.low }, high: if b.high.1 > a.high.1 { b.high } else { a.high } })
+            }
             (a, b) => a.or(b),
         }
     }
@@ -131,7 +130,18 @@ mod tests {
     #[test]
     fn a_short_spike_and_a_drop_survive_a_million_values() {
         // Rises slowly to 1,000,000, spikes once, drops to 7 at 900,000 and stays there.
-        let values = (0..1_000_000u64).map(|t| (t, if t == 123_457 { 50_000_000 } else if t >= 900_000 { 7 } else { t }));
+        let values = (0..1_000_000u64).map(|t| {
+            (
+                t,
+                if t == 123_457 {
+                    50_000_000
+                } else if t >= 900_000 {
+                    7
+                } else {
+                    t
+                },
+            )
+        });
         let points = series(values, 1000);
         assert!(points.len() <= 4001, "{} points", points.len());
         assert!(points.len() >= 1000, "{} points", points.len());
@@ -140,7 +150,10 @@ mod tests {
         // The drop: the last high point before it and the first low point after it are close.
         let before = points.iter().rfind(|p| p.bytes > 800_000).unwrap();
         let after = points.iter().find(|p| p.bytes == 7).unwrap();
-        assert!(before.seconds < 900_000.0 && after.seconds >= 900_000.0 && after.seconds - before.seconds < 2000.0, "{before:?} {after:?}");
+        assert!(
+            before.seconds < 900_000.0 && after.seconds >= 900_000.0 && after.seconds - before.seconds < 2000.0,
+            "{before:?} {after:?}"
+        );
         assert_eq!(points.last().unwrap().bytes, 7);
     }
 

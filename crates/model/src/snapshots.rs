@@ -4,9 +4,9 @@ use std::path::Path;
 
 use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline as EventClock, Visitor, replay};
 use memgap_trace::TraceError;
-use serde::Serialize;
 use memgap_trace::TraceFile;
 use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, Snapshot, Thread};
+use serde::Serialize;
 
 use crate::heap_state::HeapState;
 use crate::ledger::{self, Ledger};
@@ -98,14 +98,19 @@ impl Moment {
 pub enum MomentError {
     Trace(TraceError),
     /// `--at SECONDS` after the trace's last record.
-    PastTheEnd { asked: f64, ends: f64 },
+    PastTheEnd {
+        asked: f64,
+        ends: f64,
+    },
 }
 
 impl std::fmt::Display for MomentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MomentError::Trace(error) => error.fmt(f),
-            MomentError::PastTheEnd { asked, ends } => write!(f, "--at {asked} is past the end of the trace ({ends:.2} s); ask for 0 to {ends:.2}, or gap, peak or end"),
+            MomentError::PastTheEnd { asked, ends } => {
+                write!(f, "--at {asked} is past the end of the trace ({ends:.2} s); ask for 0 to {ends:.2}, or gap, peak or end")
+            }
         }
     }
 }
@@ -171,7 +176,11 @@ fn scan(path: &Path) -> Result<Scan, TraceError> {
         Ok(())
     })?;
     found.sort_by_key(|&(time, _)| time);
-    let snapshots = found.into_iter().enumerate().map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss }).collect();
+    let snapshots = found
+        .into_iter()
+        .enumerate()
+        .map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss })
+        .collect();
     Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time) })
 }
 
@@ -281,7 +290,9 @@ impl Scan {
     /// to hundredths, so those count as reached).
     fn check(&self, at: At) -> Result<(), MomentError> {
         match at {
-            At::Seconds(asked) if !self.snapshots.is_empty() && asked > self.end_seconds + 0.005 => Err(MomentError::PastTheEnd { asked, ends: self.end_seconds }),
+            At::Seconds(asked) if !self.snapshots.is_empty() && asked > self.end_seconds + 0.005 => {
+                Err(MomentError::PastTheEnd { asked, ends: self.end_seconds })
+            }
             _ => Ok(()),
         }
     }
@@ -293,13 +304,22 @@ impl Scan {
             At::Gap if snapshots.len() == 1 => (snapshots.first(), "gap", "the only snapshot".to_string()),
             // The earliest of equal gaps: the moment the gap was first that large.
             At::Gap => (
-                gaps.iter().take(snapshots.len()).enumerate().max_by_key(|&(index, gap)| (*gap, std::cmp::Reverse(index))).and_then(|(index, _)| snapshots.get(index)).or(snapshots.last()),
+                gaps.iter()
+                    .take(snapshots.len())
+                    .enumerate()
+                    .max_by_key(|&(index, gap)| (*gap, std::cmp::Reverse(index)))
+                    .and_then(|(index, _)| snapshots.get(index))
+                    .or(snapshots.last()),
                 "gap",
                 "the largest gap between RSS and the live heap".to_string(),
             ),
             At::Peak => (snapshots.iter().max_by_key(|s| (s.vm_rss, s.index)), "peak", "the RSS peak".to_string()),
             At::End => (snapshots.last(), "end", "the last snapshot".to_string()),
-            At::Seconds(t) => (snapshots.iter().min_by(|a, b| (a.seconds - t).abs().total_cmp(&(b.seconds - t).abs())), "seconds", format!("the snapshot nearest to {t} s")),
+            At::Seconds(t) => (
+                snapshots.iter().min_by(|a, b| (a.seconds - t).abs().total_cmp(&(b.seconds - t).abs())),
+                "seconds",
+                format!("the snapshot nearest to {t} s"),
+            ),
         };
         best.map(|s| Moment { index: s.index, seconds: s.seconds, chosen, reason })
     }
@@ -412,7 +432,15 @@ impl Visitor for LedgerVisitor<'_> {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         self.owners.snapshot_seen(snapshot);
         if (self.wanted)(self.seen) {
-            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() }, &mut self.owners.list)));
+            self.ledgers.push((
+                snapshot.time,
+                ledger::compute(
+                    &mut self.state,
+                    snapshot,
+                    ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() },
+                    &mut self.owners.list,
+                ),
+            ));
         } else {
             self.state.pass_snapshot(snapshot);
         }
@@ -424,16 +452,36 @@ fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Res
     Ok(ledgers_and_summary(path, wanted, want_pages, None)?.0)
 }
 
-fn ledgers_and_summary(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool, summary: Option<Builder>) -> Result<(Vec<Ledger>, Option<Summary>), TraceError> {
+fn ledgers_and_summary(
+    path: &Path,
+    wanted: &dyn Fn(usize) -> bool,
+    want_pages: bool,
+    summary: Option<Builder>,
+) -> Result<(Vec<Ledger>, Option<Summary>), TraceError> {
     let (ledgers, summary, _) = replay_ledgers(path, wanted, want_pages, summary, false)?;
     Ok((ledgers, summary))
 }
 
 type Replayed = (Vec<Ledger>, Option<Summary>, Option<(Vec<SeriesPoint>, Vec<SeriesPoint>)>);
 
-fn replay_ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool, summary: Option<Builder>, want_series: bool) -> Result<Replayed, TraceError> {
+fn replay_ledgers(
+    path: &Path,
+    wanted: &dyn Fn(usize) -> bool,
+    want_pages: bool,
+    summary: Option<Builder>,
+    want_series: bool,
+) -> Result<Replayed, TraceError> {
     let series = want_series.then(|| Series { live: SeriesBuilder::new(SERIES_BUCKETS), vm_rss: SeriesBuilder::new(SERIES_BUCKETS) });
-    let mut visitor = LedgerVisitor { state: HeapState::default(), wanted, want_pages, seen: 0, ledgers: Vec::new(), owners: Owners::default(), summary, series };
+    let mut visitor = LedgerVisitor {
+        state: HeapState::default(),
+        wanted,
+        want_pages,
+        seen: 0,
+        ledgers: Vec::new(),
+        owners: Owners::default(),
+        summary,
+        series,
+    };
     let outcome = replay(path, &mut visitor)?;
     let summary = visitor.summary.take().map(|mut summary| {
         summary.live = std::mem::take(&mut visitor.state.live);
@@ -540,7 +588,11 @@ mod tests {
         for at in [At::Gap, At::Peak, At::End, At::Seconds(1.25)] {
             assert_eq!(at.to_string().parse::<At>(), Ok(at));
         }
-        let snapshots = [(0.0, 10), (1.0, 30), (2.0, 20), (3.0, 15)].iter().enumerate().map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss }).collect::<Vec<_>>();
+        let snapshots = [(0.0, 10), (1.0, 30), (2.0, 20), (3.0, 15)]
+            .iter()
+            .enumerate()
+            .map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss })
+            .collect::<Vec<_>>();
         let scan = Scan { snapshots, end_seconds: 3.2 };
         let index = |at: At, gaps: &[u64]| scan.moment(at, gaps).map(|m| m.index);
         assert_eq!(index(At::Peak, &[]), Some(1));

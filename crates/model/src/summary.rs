@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use memgap_replay::{Inherited, Change, LiveSet, ThreadEvent, Visitor, replay};
+use memgap_replay::{Change, Inherited, LiveSet, ThreadEvent, Visitor, replay};
 use memgap_trace::records::{End, EndReason, Exit, Metrics, Module, Process, Rss};
 
 use crate::ledger::RuntimeSummary;

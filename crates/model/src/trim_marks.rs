@@ -113,7 +113,12 @@ mod tests {
 
     fn trim(ns: u64, before: f64, after: f64, returned: f64) -> Metrics {
         let values = [("rss_before:bytes", before), ("rss_after:bytes", after), ("pad", 4096.0), ("returned", returned)];
-        Metrics { monotonic_ns: ns, source: SOURCE.into(), kind: KIND.into(), values: values.iter().map(|&(n, v)| (n.to_string(), v)).collect() }
+        Metrics {
+            monotonic_ns: ns,
+            source: SOURCE.into(),
+            kind: KIND.into(),
+            values: values.iter().map(|&(n, v)| (n.to_string(), v)).collect(),
+        }
     }
 
     #[test]

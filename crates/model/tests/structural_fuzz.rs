@@ -30,7 +30,17 @@ fn base_trace() -> Vec<u8> {
     let path = dir.path().join("t.mgt");
     let mut writer = TraceWriter::create(&path, 1).unwrap();
     let mut events = Vec::new();
-    let event = |time, kind, addr, size, old_addr| Event { time, kind: Some(kind), cpu: (time % 2) as u32, addr, size, usable: size + 8, old_addr, stack: (time % 3) as u32, ..Event::default() };
+    let event = |time, kind, addr, size, old_addr| Event {
+        time,
+        kind: Some(kind),
+        cpu: (time % 2) as u32,
+        addr,
+        size,
+        usable: size + 8,
+        old_addr,
+        stack: (time % 3) as u32,
+        ..Event::default()
+    };
     for i in 0..64u64 {
         events.push(event(10 + i, EventKind::Malloc, HEAP.0 + i * 0x1000 + 16, 100 + i * 40, 0));
     }
@@ -41,9 +51,26 @@ fn base_trace() -> Vec<u8> {
     let bytes = encode_all(&events);
     let heap = |time| {
         let (start, end) = HEAP;
-        let mapping = Mapping { start, end, perms: "rw-p".into(), name: "[heap]".into(), rss: 0x30000, anonymous: 0x30000, residency: Residency::Bitmap(vec![0xff, 0xf7, 0xff, 0x3f, 0xff, 0, 0, 0]), ..Mapping::default() };
+        let mapping = Mapping {
+            start,
+            end,
+            perms: "rw-p".into(),
+            name: "[heap]".into(),
+            rss: 0x30000,
+            anonymous: 0x30000,
+            residency: Residency::Bitmap(vec![0xff, 0xf7, 0xff, 0x3f, 0xff, 0, 0, 0]),
+            ..Mapping::default()
+        };
         let rss = Rss { time, vm_rss: 0x40000, ..Rss::default() };
-        Snapshot { time, reason: SnapshotReason::RssPeak, rss, vm_rss_after: 0x40000, page_size: 4096, mappings: vec![mapping], ..Snapshot::default() }
+        Snapshot {
+            time,
+            reason: SnapshotReason::RssPeak,
+            rss,
+            vm_rss_after: 0x40000,
+            page_size: 4096,
+            mappings: vec![mapping],
+            ..Snapshot::default()
+        }
     };
     let topology = Topology {
         nodes: vec![
@@ -51,11 +78,30 @@ fn base_trace() -> Vec<u8> {
             NumaNode { id: 1, cpus: vec![1], memory_bytes: 1 << 30, distances: vec![21, 10] },
         ],
     };
-    let placement = Placement { time: 150, page_size: 4096, stride: 1, mappings: vec![MappingPlacement { start: HEAP.0, pages: 64, runs: vec![(0, 20), (-14, 4), (1, 40)] }], ..Placement::default() };
-    writer.write(&[Record::Process(Process { pid: 7, page_size: 4096, exe: "/x".into(), argv: vec!["x".into()], ..Process::default() }), Record::Topology(topology)]).unwrap();
+    let placement = Placement {
+        time: 150,
+        page_size: 4096,
+        stride: 1,
+        mappings: vec![MappingPlacement { start: HEAP.0, pages: 64, runs: vec![(0, 20), (-14, 4), (1, 40)] }],
+        ..Placement::default()
+    };
+    writer
+        .write(&[
+            Record::Process(Process { pid: 7, page_size: 4096, exe: "/x".into(), argv: vec!["x".into()], ..Process::default() }),
+            Record::Topology(topology),
+        ])
+        .unwrap();
     writer.write(&[Record::Events(EventsPiece { thread: 1, tid: 7, buffer: 0, offset: 0, records: &bytes[..bytes.len() / 2] })]).unwrap();
     writer.write(&[Record::Snapshot(heap(150)), Record::Placement(placement)]).unwrap();
-    writer.write(&[Record::Events(EventsPiece { thread: 1, tid: 7, buffer: 0, offset: (bytes.len() / 2) as u32, records: &bytes[bytes.len() / 2..] })]).unwrap();
+    writer
+        .write(&[Record::Events(EventsPiece {
+            thread: 1,
+            tid: 7,
+            buffer: 0,
+            offset: (bytes.len() / 2) as u32,
+            records: &bytes[bytes.len() / 2..],
+        })])
+        .unwrap();
     let mut exit = heap(300);
     exit.reason = SnapshotReason::Exit;
     writer.write(&[Record::Snapshot(exit)]).unwrap();
@@ -73,7 +119,18 @@ fn every_model_path(path: &Path) {
     }
     let _ = timeline(path);
     for order in [BlameOrder::Fragmentation, BlameOrder::Live, BlameOrder::Leaked, BlameOrder::Allocated, BlameOrder::Temporary] {
-        let _ = blame(path, &BlameOptions { at: At::Peak, order, top: 10, per_stack: true, skip: Vec::new(), temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS, full_names: false });
+        let _ = blame(
+            path,
+            &BlameOptions {
+                at: At::Peak,
+                order,
+                top: 10,
+                per_stack: true,
+                skip: Vec::new(),
+                temporary_ms: memgap_model::blame::DEFAULT_TEMPORARY_MS,
+                full_names: false,
+            },
+        );
     }
     let _ = report::report(path, At::Gap);
     let _ = memgap_model::numa::numa(path, &NumaOptions { at: At::Peak, machine_topology: None, top: 10 });
@@ -131,13 +188,31 @@ fn trace_of(events: &[Event], mappings: &[Mapping], snapshots: u64) -> Vec<u8> {
     let path = dir.path().join("t.mgt");
     let mut writer = TraceWriter::create(&path, 1).unwrap();
     let bytes = encode_all(events);
-    writer.write(&[Record::Process(Process { pid: 7, page_size: 4096, exe: "/x".into(), argv: vec!["x".into()], ..Process::default() }), Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() }]).unwrap();
+    writer
+        .write(&[
+            Record::Process(Process { pid: 7, page_size: 4096, exe: "/x".into(), argv: vec!["x".into()], ..Process::default() }),
+            Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() },
+        ])
+        .unwrap();
     writer.write(&[Record::Events(EventsPiece { thread: 1, tid: 7, buffer: 0, offset: 0, records: &bytes })]).unwrap();
     for i in 0..snapshots {
         let time = 1000 + i;
-        let trim = Metrics { monotonic_ns: time, source: "malloc".into(), kind: "trim".into(), values: vec![("rss_before:bytes".into(), 1e12), ("rss_after:bytes".into(), 1.0)] };
+        let trim = Metrics {
+            monotonic_ns: time,
+            source: "malloc".into(),
+            kind: "trim".into(),
+            values: vec![("rss_before:bytes".into(), 1e12), ("rss_after:bytes".into(), 1.0)],
+        };
         let rss = Rss { time, vm_rss: 0x40000, ..Rss::default() };
-        let snapshot = Snapshot { time, reason: SnapshotReason::Periodic, rss, vm_rss_after: 0x40000, page_size: 4096, mappings: mappings.to_vec(), ..Snapshot::default() };
+        let snapshot = Snapshot {
+            time,
+            reason: SnapshotReason::Periodic,
+            rss,
+            vm_rss_after: 0x40000,
+            page_size: 4096,
+            mappings: mappings.to_vec(),
+            ..Snapshot::default()
+        };
         writer.write(&[Record::Metrics(trim), Record::Snapshot(snapshot)]).unwrap();
     }
     drop(writer);
@@ -155,7 +230,15 @@ fn huge_mappings_with_little_residency_are_read_in_bounded_time() {
     let event = |time, kind, addr, size| Event { time, kind: Some(kind), addr, size, usable: size + 8, ..Event::default() };
     let mut events: Vec<Event> = (0..2000u64).map(|i| event(10 + i, EventKind::Malloc, heap + 16 + i * 4096, pages * 4096 - 32)).collect();
     events.extend((0..1000u64).map(|i| event(5000 + i, EventKind::Free, heap + 16 + i * 4096, 0)));
-    let mapping = |start: u64, residency: Residency| Mapping { start, end: start + pages * 4096, perms: "rw-p".into(), rss: 0x30000, anonymous: 0x30000, residency, ..Mapping::default() };
+    let mapping = |start: u64, residency: Residency| Mapping {
+        start,
+        end: start + pages * 4096,
+        perms: "rw-p".into(),
+        rss: 0x30000,
+        anonymous: 0x30000,
+        residency,
+        ..Mapping::default()
+    };
     let at = |i: u64| heap + i * (pages * 4096);
     for residency in [Residency::Bitmap(vec![0xff, 0x0f, 0x01]), Residency::None, Residency::Unknown] {
         let mappings = [mapping(at(0), residency.clone()), mapping(at(1), residency.clone()), mapping(at(2), residency)];

@@ -92,7 +92,17 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     if !reserved {
         return fail("reserve");
     }
-    let addr = unsafe { libc::syscall(libc::SYS_mmap, core::ptr::null_mut::<u8>(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd as i64, 0i64) };
+    let addr = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            core::ptr::null_mut::<u8>(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd as i64,
+            0i64,
+        )
+    };
     if addr == -1 || addr == 0 {
         return fail("map");
     }

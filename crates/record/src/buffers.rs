@@ -530,7 +530,10 @@ impl ThreadState {
         let area = area::get()?;
         let tid = sys::gettid();
         let continued = CONTINUED_THREAD.load(Relaxed);
-        let thread = if continued != 0 && (continued >> 32) as u32 == tid && CONTINUED_THREAD.compare_exchange(continued, 0, Relaxed, Relaxed).is_ok() {
+        let thread = if continued != 0
+            && (continued >> 32) as u32 == tid
+            && CONTINUED_THREAD.compare_exchange(continued, 0, Relaxed, Relaxed).is_ok()
+        {
             continued as u32
         } else {
             NEXT_THREAD.fetch_add(1, Relaxed)

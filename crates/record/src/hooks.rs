@@ -188,11 +188,7 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> usize {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc_trim(pad: usize) -> i32 {
     let Some(real) = real::real() else { return 0 };
-    if recording() {
-        crate::trim_calls::measure(pad, || unsafe { (real.malloc_trim)(pad) })
-    } else {
-        unsafe { (real.malloc_trim)(pad) }
-    }
+    if recording() { crate::trim_calls::measure(pad, || unsafe { (real.malloc_trim)(pad) }) } else { unsafe { (real.malloc_trim)(pad) } }
 }
 
 // ---- address-space calls the program makes through libc --------------------

@@ -145,7 +145,9 @@ struct CodeSlot {
     generation: AtomicU32,
 }
 
-static CODES: [CodeSlot; CODE_SLOTS] = [const { CodeSlot { code: AtomicU64::new(0), fingerprint: AtomicU64::new(0), id: AtomicU32::new(0), generation: AtomicU32::new(0) } }; CODE_SLOTS];
+static CODES: [CodeSlot; CODE_SLOTS] =
+    [const { CodeSlot { code: AtomicU64::new(0), fingerprint: AtomicU64::new(0), id: AtomicU32::new(0), generation: AtomicU32::new(0) } };
+        CODE_SLOTS];
 static NEXT_CODE_ID: AtomicU32 = AtomicU32::new(1);
 static GENERATION: AtomicU32 = AtomicU32::new(1);
 

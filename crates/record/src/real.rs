@@ -214,7 +214,11 @@ pub fn module_path(function: *const c_void) -> alloc::string::String {
 pub fn usable_size_method(real: &Real) -> UsableSize {
     let module_of = |f: *const c_void| {
         let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-        if unsafe { libc::dladdr(f, &mut info) } == 0 { (core::ptr::null_mut(), core::ptr::null()) } else { (info.dli_fbase, info.dli_fname) }
+        if unsafe { libc::dladdr(f, &mut info) } == 0 {
+            (core::ptr::null_mut(), core::ptr::null())
+        } else {
+            (info.dli_fbase, info.dli_fname)
+        }
     };
     let (malloc_module, malloc_file) = module_of(real.malloc as *const c_void);
     if malloc_module.is_null() {

@@ -422,7 +422,9 @@ pub fn record_alloc(hook: Hook, kind: EventKind, addr: *mut c_void, size: usize,
     if crate::stacks::enabled() && !addr.is_null() {
         buffers::append_allocation(hook, &mut event());
     } else if matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) {
-        buffers::append_encoded(hook, event, |delta, out| unsafe { RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64) });
+        buffers::append_encoded(hook, event, |delta, out| unsafe {
+            RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64)
+        });
     } else {
         buffers::append(hook, &event());
     }

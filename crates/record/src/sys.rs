@@ -108,7 +108,6 @@ pub mod agent_ranges {
     pub fn reset_lock() {
         LOCK.reset();
     }
-
 }
 
 pub fn errno() -> i32 {

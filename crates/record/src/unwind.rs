@@ -482,7 +482,8 @@ impl StackReader<'_, '_> {
 /// The [start, end) of the mapping holding `address`, from /proc/self/maps
 /// read with raw system calls into a stack buffer (no allocation, no lock).
 fn mapping_containing(address: u64) -> Option<(u64, u64)> {
-    let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as i32;
+    let fd =
+        unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as i32;
     if fd < 0 {
         return None;
     }
@@ -619,7 +620,12 @@ unsafe extern "C" fn collect_module(info: *mut libc::dl_phdr_info, size: usize, 
 /// points to. The header does not say how long `.eh_frame` is: its slice
 /// runs to the end of the loaded segment that holds it.
 #[cfg(target_arch = "x86_64")]
-fn add_eh_frame(sections: &mut ExplicitModuleSectionInfo<&'static [u8]>, headers: &[libc::Elf64_Phdr], base: u64, eh_frame_hdr: &libc::Elf64_Phdr) {
+fn add_eh_frame(
+    sections: &mut ExplicitModuleSectionInfo<&'static [u8]>,
+    headers: &[libc::Elf64_Phdr],
+    base: u64,
+    eh_frame_hdr: &libc::Elf64_Phdr,
+) {
     let loaded_end = |at: u64| {
         let segment = headers.iter().find(|h| h.p_type == libc::PT_LOAD && h.p_vaddr <= at && at < h.p_vaddr + h.p_memsz);
         segment.map(|h| h.p_vaddr + h.p_memsz)
@@ -671,12 +677,22 @@ mod tests {
     // sites. The work after each call keeps them off tail calls.
     #[inline(never)]
     fn ping(depth: usize, at_bottom: &mut dyn FnMut()) -> usize {
-        black_box(if depth == 0 { at_bottom(); 0 } else { pong(depth - 1, at_bottom) }) + 1
+        black_box(if depth == 0 {
+            at_bottom();
+            0
+        } else {
+            pong(depth - 1, at_bottom)
+        }) + 1
     }
 
     #[inline(never)]
     fn pong(depth: usize, at_bottom: &mut dyn FnMut()) -> usize {
-        black_box(if depth == 0 { at_bottom(); 0 } else { ping(depth - 1, at_bottom) }) + 2
+        black_box(if depth == 0 {
+            at_bottom();
+            0
+        } else {
+            ping(depth - 1, at_bottom)
+        }) + 2
     }
 
     fn capture_in_recursion(frame_pointers: bool, out: &mut [u64]) -> usize {
@@ -779,8 +795,16 @@ mod tests {
         let fake_sp = fake.as_ptr() as u64;
         (fake[8], fake[10], fake[11], fake[20]) = (code, fake_sp + 80, code, code);
         black_box(&mut fake); // the walks read it through its address
-        let starts = [(code, fake_sp, fake_sp + 80), (code, fake_sp, 0xdead_beef), (code, fake_sp + 4, fake_sp + 3),
-            (0x10, fake_sp, fake_sp), (code, top - 8, top - 8), (code, here.sp, here.sp - 64), (code, 16, 16), (code, !7, !7)];
+        let starts = [
+            (code, fake_sp, fake_sp + 80),
+            (code, fake_sp, 0xdead_beef),
+            (code, fake_sp + 4, fake_sp + 3),
+            (0x10, fake_sp, fake_sp),
+            (code, top - 8, top - 8),
+            (code, here.sp, here.sp - 64),
+            (code, 16, 16),
+            (code, !7, !7),
+        ];
         for (ip, sp, bp) in starts {
             for dwarf_frames in [0, 1, usize::MAX] {
                 assert!(unwinder.walk(Registers { ip, sp, bp }, &mut out, 0, dwarf_frames, Reading::Plain) <= out.len());

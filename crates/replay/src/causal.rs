@@ -434,7 +434,11 @@ mod tests {
     fn threads_in_ranges_apart_keep_their_order_without_a_map_of_addresses() {
         // Thread 1 in one arena, thread 2 in another, thread 3 with no heap event.
         let mut events = vec![event(2, Malloc, 0x9000), event(2, Free, 0x9000), event(1, Free, 0x100), event(1, Malloc, 0x200)];
-        events.push(ThreadEvent { thread: 3, tid: 3, event: Event { kind: Some(EventKind::Mmap), addr: 0x150, size: 4096, ..Event::default() } });
+        events.push(ThreadEvent {
+            thread: 3,
+            tid: 3,
+            event: Event { kind: Some(EventKind::Mmap), addr: 0x150, size: 4096, ..Event::default() },
+        });
         let before = events.clone();
         let mut round = RoundOrder::default();
         round.order(&mut events, |_| Some(false));

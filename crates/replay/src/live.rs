@@ -137,7 +137,8 @@ impl LiveSet {
             }
             ordered.added.sort_unstable();
             ordered.added.dedup();
-            let added: Vec<(u64, Block)> = ordered.added.iter().filter_map(|addr| self.blocks.get(*addr).map(|&block| (*addr, block))).collect();
+            let added: Vec<(u64, Block)> =
+                ordered.added.iter().filter_map(|addr| self.blocks.get(*addr).map(|&block| (*addr, block))).collect();
             if !added.is_empty() {
                 // Merged from the back into the grown vector, in place: a
                 // second vector as long would double the report's peak

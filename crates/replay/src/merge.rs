@@ -11,9 +11,9 @@ use std::collections::VecDeque;
 use std::path::Path;
 
 use memgap_trace::event::{self, DeltaState, Event};
-use memgap_trace::records::{Clock, End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::numa::{MemorySamples, Placement, Topology};
 use memgap_trace::python::PythonCode;
+use memgap_trace::records::{Clock, End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
@@ -345,7 +345,8 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     let trace = TraceFile::open(path)?;
     let progress = PROGRESS.get();
     let total = trace.len();
-    let lineage = Lineage { dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(), run_id: trace.header().run_id, ..Lineage::default() };
+    let lineage =
+        Lineage { dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(), run_id: trace.header().run_id, ..Lineage::default() };
     let mut merger = Merger::new(visitor, Decoding::default(), lineage);
     let tail = trace.for_each_chunk(|offset, chunk| {
         if let Some(progress) = progress {
@@ -372,7 +373,20 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
 
 impl<'v, V: Visitor> Merger<'v, V> {
     fn new(visitor: &'v mut V, decoding: Decoding, lineage: Lineage) -> Merger<'v, V> {
-        Merger { visitor, threads: FxHashMap::default(), samples: VecDeque::new(), batch: Vec::new(), due: Vec::new(), lengths: Vec::new(), watermark: 0, exit: None, outcome: Outcome::default(), decoding, round_order: RoundOrder::default(), lineage }
+        Merger {
+            visitor,
+            threads: FxHashMap::default(),
+            samples: VecDeque::new(),
+            batch: Vec::new(),
+            due: Vec::new(),
+            lengths: Vec::new(),
+            watermark: 0,
+            exit: None,
+            outcome: Outcome::default(),
+            decoding,
+            round_order: RoundOrder::default(),
+            lineage,
+        }
     }
 
     fn record(&mut self, record: Record<'_>) {
@@ -475,7 +489,13 @@ impl<'v, V: Visitor> Merger<'v, V> {
         }
         let cut = Cut::of(fork);
         let mut parent = Inheriting::new(&mut *self.visitor, cut, child_start_time, child_start_ns);
-        let lineage = Lineage { dir: self.lineage.dir.clone(), run_id: self.lineage.run_id, generation: self.lineage.generation + 1, cut: Some(cut), ..Lineage::default() };
+        let lineage = Lineage {
+            dir: self.lineage.dir.clone(),
+            run_id: self.lineage.run_id,
+            generation: self.lineage.generation + 1,
+            cut: Some(cut),
+            ..Lineage::default()
+        };
         let image = self.decoding.image;
         let mut merger = Merger::new(&mut parent, std::mem::take(&mut self.decoding), lineage);
         let read = trace.for_each_chunk_until(|_, chunk| {
@@ -544,7 +564,9 @@ impl<'v, V: Visitor> Merger<'v, V> {
             // Each thread's events of the round, decoded in its queue.
             let mut lengths = std::mem::take(&mut self.lengths);
             lengths.clear();
-            lengths.extend(due.iter().map(|thread| threads.get_mut(thread).expect("a due thread has a queue").decode_through(time, decoding, outcome, *visitor)));
+            lengths.extend(due.iter().map(|thread| {
+                threads.get_mut(thread).expect("a due thread has a queue").decode_through(time, decoding, outcome, *visitor)
+            }));
             self.release_samples_before(time);
             let Merger { threads, outcome, visitor, round_order, .. } = self;
             if round_order.runs_are_apart(due.iter().zip(&lengths).map(|(thread, &length)| threads[thread].leading(length))) {
@@ -791,7 +813,15 @@ mod tests {
             let (mut state, mut out) = (DeltaState::default(), vec![0u8; 4096]);
             let mut end = out.as_mut_ptr();
             for (i, &(stack, frames)) in events.iter().enumerate() {
-                let event = Event { kind: Some(EventKind::Malloc), addr: 0x1000 * (i as u64 + 1), size: 16, usable: 24, time: 1, stack, ..Event::default() };
+                let event = Event {
+                    kind: Some(EventKind::Malloc),
+                    addr: 0x1000 * (i as u64 + 1),
+                    size: 16,
+                    usable: 24,
+                    time: 1,
+                    stack,
+                    ..Event::default()
+                };
                 end = unsafe { RawEncoder::encode_with_stack(&mut state, end, &event, (!frames.is_empty()).then_some(frames)) };
             }
             let len = end as usize - out.as_ptr() as usize;

@@ -43,9 +43,9 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 use memgap_trace::records::Module;
 use rustc_hash::FxHashMap;
 
+use module_files::SymbolFile;
 pub use module_files::{DEFAULT_DEBUG_DIRS, Warning};
 pub use short_name::short_name;
-use module_files::SymbolFile;
 
 /// One function at one address. An address inside inlined code gives several
 /// frames: the inlined functions, innermost first, then the function they
@@ -172,8 +172,7 @@ impl Symbolizer {
         new_addresses.sort_unstable();
         new_addresses.dedup();
         // Sorted addresses fall into modules (sorted by base) in runs.
-        let located: Vec<(Option<usize>, u64)> =
-            new_addresses.iter().map(|&address| (self.module_index(address), address)).collect();
+        let located: Vec<(Option<usize>, u64)> = new_addresses.iter().map(|&address| (self.module_index(address), address)).collect();
         for run in located.chunk_by(|a, b| a.0 == b.0) {
             let run_addresses: Vec<u64> = run.iter().map(|&(_, address)| address).collect();
             match run[0].0 {

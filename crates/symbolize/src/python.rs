@@ -35,7 +35,9 @@ impl PythonCodes {
         let python = decode_frame(value)?;
         let code = self.codes.get(&(python.image as u32, python.code));
         let line = code.map(|code| match (code.line_table_format, python.instruction) {
-            (LINE_TABLE_CPYTHON_311, Some(instruction)) => line_311(&code.line_table, code.first_line, instruction).unwrap_or(code.first_line),
+            (LINE_TABLE_CPYTHON_311, Some(instruction)) => {
+                line_311(&code.line_table, code.first_line, instruction).unwrap_or(code.first_line)
+            }
             _ => code.first_line,
         });
         Some(Frame {
@@ -62,7 +64,8 @@ impl PythonCodes {
         let mut frames = Vec::with_capacity(raw.len());
         for &address in addresses {
             let named = native(address);
-            let is_eval = named.last().and_then(|frame| frame.function.as_deref()).is_some_and(|function| function.starts_with(EVAL_FUNCTION));
+            let is_eval =
+                named.last().and_then(|frame| frame.function.as_deref()).is_some_and(|function| function.starts_with(EVAL_FUNCTION));
             match runs.pop() {
                 Some(run) if is_eval => frames.extend(run.iter().filter_map(|&value| self.frame(value))),
                 other => {
@@ -156,13 +159,14 @@ mod tests {
     /// as CPython 3.11.2 compiled it: its `co_linetable`, and the line of
     /// each code unit from `co.co_lines()`.
     const TABLE: &[u8] = &[
-        128, 0, 216, 10, 12, 128, 67, 221, 13, 18, 144, 49, 137, 88, 140, 88, 240, 0, 5, 5, 26, 240, 0, 5, 5, 26, 136, 1, 216, 11, 12, 136, 113, 137, 53, 240,
-        0, 4, 9, 26, 216, 12, 15, 143, 74, 138, 74, 149, 121, 216, 16, 20, 241, 3, 1, 24, 22, 244, 0, 1, 24, 22, 241, 0, 1, 13, 23, 244, 0, 1, 13, 23, 240, 0,
-        1, 13, 23, 240, 0, 1, 13, 23, 240, 6, 0, 13, 16, 143, 74, 138, 74, 144, 113, 137, 77, 140, 77, 136, 77, 136, 77, 216, 11, 14, 128, 74,
+        128, 0, 216, 10, 12, 128, 67, 221, 13, 18, 144, 49, 137, 88, 140, 88, 240, 0, 5, 5, 26, 240, 0, 5, 5, 26, 136, 1, 216, 11, 12, 136,
+        113, 137, 53, 240, 0, 4, 9, 26, 216, 12, 15, 143, 74, 138, 74, 149, 121, 216, 16, 20, 241, 3, 1, 24, 22, 244, 0, 1, 24, 22, 241, 0,
+        1, 13, 23, 244, 0, 1, 13, 23, 240, 0, 1, 13, 23, 240, 0, 1, 13, 23, 240, 6, 0, 13, 16, 143, 74, 138, 74, 144, 113, 137, 77, 140,
+        77, 136, 77, 136, 77, 216, 11, 14, 128, 74,
     ];
     const LINES: &[u32] = &[
-        1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 6, 5, 5, 5, 5, 5, 5, 5,
-        5, 5, 5, 5, 5, 5, 5, 5, 5, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9, 9,
+        1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 6,
+        5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9, 9,
     ];
 
     #[test]
@@ -175,14 +179,32 @@ mod tests {
     }
 
     fn native(function: &str, address: u64) -> Frame {
-        Frame { function: Some(function.into()), file: None, line: None, module: "/usr/bin/python3.11".into(), module_offset: address, inlined: false, address }
+        Frame {
+            function: Some(function.into()),
+            file: None,
+            line: None,
+            module: "/usr/bin/python3.11".into(),
+            module_offset: address,
+            inlined: false,
+            address,
+        }
     }
 
     #[test]
     fn python_frames_take_the_place_of_the_eval_loop() {
         let mut codes = PythonCodes::default();
         for (id, name, first_line) in [(1, "grow", 10), (2, "main", 20), (3, "<module>", 1)] {
-            codes.add(0, &PythonCode { id, first_line, line_table_format: 0, file: "/srv/app.py".into(), qualified_name: name.into(), line_table: Vec::new() });
+            codes.add(
+                0,
+                &PythonCode {
+                    id,
+                    first_line,
+                    line_table_format: 0,
+                    file: "/srv/app.py".into(),
+                    qualified_name: name.into(),
+                    line_table: Vec::new(),
+                },
+            );
         }
         // grow ← main (one run of the eval loop), then C calls back into <module>.
         let raw = [0x10, 0x20, 0x30, 0x40, 0x50, encode_frame(1, Some(3), false), encode_frame(2, None, true), encode_frame(3, None, true)];

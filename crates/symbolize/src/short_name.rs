@@ -33,7 +33,14 @@ const ELLIPSIS: char = '…';
 /// The short form of a demangled function name (see the module's doc).
 pub fn short_name(name: &str) -> String {
     let chars: Vec<char> = name.chars().collect();
-    let mut pass = Collapse { chars: &chars, at: 0, out: String::with_capacity(name.len().min(256)), arguments_at: None, separators: Vec::new(), depth: 0 };
+    let mut pass = Collapse {
+        chars: &chars,
+        at: 0,
+        out: String::with_capacity(name.len().min(256)),
+        arguments_at: None,
+        separators: Vec::new(),
+        depth: 0,
+    };
     pass.run(None);
     let Collapse { mut out, arguments_at, separators, .. } = pass;
     // The return type: everything up to the last separating space before
@@ -60,8 +67,8 @@ fn cut_to_end(text: String, max: usize) -> String {
 /// Operators whose symbol follows `operator` directly, longest first so
 /// that `<<=` is not read as `<<` then `=`.
 const OPERATOR_SYMBOLS: &[&str] = &[
-    "<<=", ">>=", "<=>", "->*", "()", "[]", "<<", ">>", "<=", ">=", "->", "==", "!=", "&&", "||", "++", "--", "+=", "-=", "*=", "/=", "%=", "&=",
-    "|=", "^=", "<", ">", "+", "-", "*", "/", "%", "^", "&", "|", "~", "!", "=", ",",
+    "<<=", ">>=", "<=>", "->*", "()", "[]", "<<", ">>", "<=", ">=", "->", "==", "!=", "&&", "||", "++", "--", "+=", "-=", "*=", "/=", "%=",
+    "&=", "|=", "^=", "<", ">", "+", "-", "*", "/", "%", "^", "&", "|", "~", "!", "=", ",",
 ];
 
 struct Collapse<'a> {
@@ -253,7 +260,9 @@ impl Collapse<'_> {
         let mut i = start + 1;
         while i < self.chars.len() {
             let c = self.chars[i];
-            if self.chars[i..].starts_with(&['o', 'p', 'e', 'r', 'a', 't', 'o', 'r']) && (i == 0 || !(self.chars[i - 1].is_alphanumeric() || self.chars[i - 1] == '_')) {
+            if self.chars[i..].starts_with(&['o', 'p', 'e', 'r', 'a', 't', 'o', 'r'])
+                && (i == 0 || !(self.chars[i - 1].is_alphanumeric() || self.chars[i - 1] == '_'))
+            {
                 i += "operator".len();
                 if let Some(symbol) = OPERATOR_SYMBOLS.iter().find(|s| self.chars[i..].iter().take(s.len()).copied().eq(s.chars())) {
                     i += symbol.len();
@@ -312,12 +321,23 @@ mod tests {
             "make_name(int)"
         );
         assert_eq!(short_name("double shapes::scaled_area<double>(shapes::Box<double> const&, double)"), "shapes::scaled_area<double>(…)");
-        assert_eq!(short_name("std::map<int, int, std::less<int>, std::allocator<std::pair<int const, int> > >::operator[](int const&)"), "std::map<…>::operator[](int const&)");
+        assert_eq!(
+            short_name("std::map<int, int, std::less<int>, std::allocator<std::pair<int const, int> > >::operator[](int const&)"),
+            "std::map<…>::operator[](int const&)"
+        );
     }
 
     #[test]
     fn plain_names_stay() {
-        for name in ["main", "parse_config", "build(int)", "cache::grow()", "alloc::raw_vec::finish_grow", "(anonymous namespace)::build(int)", "shapes::Box<double>::area() [clone .cold]"] {
+        for name in [
+            "main",
+            "parse_config",
+            "build(int)",
+            "cache::grow()",
+            "alloc::raw_vec::finish_grow",
+            "(anonymous namespace)::build(int)",
+            "shapes::Box<double>::area() [clone .cold]",
+        ] {
             assert_eq!(short_name(name), name.replace(" const", ""));
         }
         assert_eq!(short_name("unsigned long table::grow(unsigned long)"), "table::grow(unsigned long)");
@@ -328,7 +348,9 @@ mod tests {
     #[test]
     fn operators_are_names_not_brackets() {
         assert_eq!(
-            short_name("std::basic_ostream<char, std::char_traits<char> >& std::operator<< <std::char_traits<char> >(std::basic_ostream<char, std::char_traits<char> >&, char const*)"),
+            short_name(
+                "std::basic_ostream<char, std::char_traits<char> >& std::operator<< <std::char_traits<char> >(std::basic_ostream<char, std::char_traits<char> >&, char const*)"
+            ),
             "std::operator<< <…>(…)"
         );
         assert_eq!(short_name("bool operator<(key const&, key const&)"), "operator<(…)");
@@ -336,9 +358,15 @@ mod tests {
         assert_eq!(short_name("matrix::operator()(unsigned long, unsigned long) const"), "matrix::operator()(…)");
         assert_eq!(short_name("operator new(unsigned long)"), "operator new(unsigned long)");
         assert_eq!(short_name("operator delete[](void*, unsigned long)"), "operator delete[](…)");
-        assert_eq!(short_name("cache::operator std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >() const"), "cache::operator std::__cxx11::basic_string<…>()");
+        assert_eq!(
+            short_name("cache::operator std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >() const"),
+            "cache::operator std::__cxx11::basic_string<…>()"
+        );
         assert_eq!(short_name("node::operator->() const"), "node::operator->()");
-        assert_eq!(short_name("std::less<void>::operator()<int const&, int const&>(int const&, int const&) const"), "std::less<void>::operator()<…>(…)");
+        assert_eq!(
+            short_name("std::less<void>::operator()<int const&, int const&>(int const&, int const&) const"),
+            "std::less<void>::operator()<…>(…)"
+        );
     }
 
     #[test]
@@ -349,7 +377,9 @@ mod tests {
             "std::_Function_handler<…>::_M_invoke(…)"
         );
         assert_eq!(
-            short_name("auto worker::run<std::vector<int, std::allocator<int> > >(std::vector<int, std::allocator<int> > const&)::{lambda(auto:1&&)#2}::operator()<int&>(int&) const"),
+            short_name(
+                "auto worker::run<std::vector<int, std::allocator<int> > >(std::vector<int, std::allocator<int> > const&)::{lambda(auto:1&&)#2}::operator()<int&>(int&) const"
+            ),
             "worker::run<…>(…)::{lambda(auto:1&&)#2}::operator()<int&>(int&)"
         );
         assert_eq!(short_name("register_handler(void (*)(int, siginfo_t*, void*), int)"), "register_handler(…)");
@@ -358,7 +388,10 @@ mod tests {
 
     #[test]
     fn rust_paths_keep_their_qualified_self() {
-        assert_eq!(short_name("<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop"), "<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop");
+        assert_eq!(
+            short_name("<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop"),
+            "<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop"
+        );
         assert_eq!(
             short_name("<hashbrown::map::HashMap<K,V,S,A> as core::iter::traits::collect::Extend<(K,V)>>::extend"),
             "<hashbrown::map::HashMap<K,V,S,A> as core::iter::traits::collect::Extend<…>>::extend"
@@ -368,7 +401,23 @@ mod tests {
 
     #[test]
     fn anything_is_bounded_and_never_panics() {
-        for name in ["", "<", ">", "(", ")", "operator", "operator<", "a<b(c>d)", "f(((((", "x<<<<", "{lambda(", "foo() const &", " ", "a b c", "operator\"\" _km(unsigned long long)"] {
+        for name in [
+            "",
+            "<",
+            ">",
+            "(",
+            ")",
+            "operator",
+            "operator<",
+            "a<b(c>d)",
+            "f(((((",
+            "x<<<<",
+            "{lambda(",
+            "foo() const &",
+            " ",
+            "a b c",
+            "operator\"\" _km(unsigned long long)",
+        ] {
             let short = short_name(name);
             assert!(short.chars().count() <= super::MAX_CHARS, "{name:?} → {short:?}");
         }

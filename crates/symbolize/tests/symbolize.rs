@@ -75,7 +75,8 @@ impl Run {
 /// The line of `source` marked with the comment `line: <marker>`.
 fn marked_line(source: &str, marker: &str) -> u32 {
     let text = std::fs::read_to_string(format!("{PROGRAMS}/{source}")).unwrap();
-    let index = text.lines().position(|line| line.ends_with(&format!("line: {marker} */")) || line.ends_with(&format!("line: {marker}"))).unwrap();
+    let index =
+        text.lines().position(|line| line.ends_with(&format!("line: {marker} */")) || line.ends_with(&format!("line: {marker}"))).unwrap();
     index as u32 + 1
 }
 
@@ -134,15 +135,18 @@ fn stripped_executable_gives_module_and_offset() {
     let address = run.address("plain_function");
     let frames = symbolizer.symbolize(address);
     let expected_offset = address - run.modules[0].base;
-    assert_eq!(frames, [Frame {
-        function: None,
-        file: None,
-        line: None,
-        module: binary.to_str().unwrap().to_string(),
-        module_offset: expected_offset,
-        inlined: false,
-        address,
-    }]);
+    assert_eq!(
+        frames,
+        [Frame {
+            function: None,
+            file: None,
+            line: None,
+            module: binary.to_str().unwrap().to_string(),
+            module_offset: expected_offset,
+            inlined: false,
+            address,
+        }]
+    );
     assert_eq!(frames[0].label(), format!("stripped+{expected_offset:#x}"));
     // A stripped file is the right file, just without names: nothing to warn about.
     assert!(symbolizer.warnings().is_empty());

@@ -272,7 +272,16 @@ impl RawEncoder {
     /// # Safety
     /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
     #[inline(always)]
-    pub unsafe fn encode_allocation(state: &mut DeltaState, out: *mut u8, kind: EventKind, time: u64, cpu: u32, addr: u64, size: u64, usable: u64) -> *mut u8 {
+    pub unsafe fn encode_allocation(
+        state: &mut DeltaState,
+        out: *mut u8,
+        kind: EventKind,
+        time: u64,
+        cpu: u32,
+        addr: u64,
+        size: u64,
+        usable: u64,
+    ) -> *mut u8 {
         debug_assert!(matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc));
         unsafe {
             let (header, p) = time_and_cpu(state, out, time, cpu);
@@ -449,11 +458,12 @@ mod tests {
     }
 
     fn arb_event() -> impl Strategy<Value = Event> {
-        (1u8..=15, any::<u64>(), 0u32..512, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>())
-            .prop_map(|(k, time, cpu, addr, size, usable, old_addr, extra, stack)| {
+        (1u8..=15, any::<u64>(), 0u32..512, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(k, time, cpu, addr, size, usable, old_addr, extra, stack)| {
                 let kind = EventKind::from_u8(k).unwrap();
                 normalized(kind, Event { time, kind: Some(kind), cpu, addr, size, usable, old_addr, extra, stack })
-            })
+            },
+        )
     }
 
     #[test]
@@ -545,7 +555,14 @@ mod tests {
     #[test]
     fn typical_malloc_is_compact() {
         let events: Vec<Event> = (0..100u64)
-            .map(|i| Event { time: 1_000_000 + i * 40, kind: Some(EventKind::Malloc), addr: 0x5555_0000 + i * 48, size: 32, usable: 40, ..Event::default() })
+            .map(|i| Event {
+                time: 1_000_000 + i * 40,
+                kind: Some(EventKind::Malloc),
+                addr: 0x5555_0000 + i * 48,
+                size: 32,
+                usable: 40,
+                ..Event::default()
+            })
             .collect();
         let bytes = encode_all(&events);
         assert!(bytes.len() / events.len() <= 6, "{} bytes per malloc", bytes.len() / events.len());

@@ -191,7 +191,11 @@ pub fn read_chunk(bytes: &[u8], offset: usize) -> Result<ChunkAt, TraceError> {
 /// decompressed into the caller's scratch buffer.
 pub enum ChunkRef<'a> {
     /// `raw` is in `scratch` when `decompressed`, else in `bytes`.
-    Chunk { raw: &'a [u8], next: usize, decompressed: bool },
+    Chunk {
+        raw: &'a [u8],
+        next: usize,
+        decompressed: bool,
+    },
     End(Tail),
 }
 
@@ -433,7 +437,11 @@ mod tests {
             let raw = partly_repetitive(65_536, repeated);
             let mut framed = Vec::new();
             let shrunk_to = frame(&raw, &mut framed, true);
-            assert!((repeated < 20) == (shrunk_to * 8 > raw.len() * 7) && shrunk_to < raw.len(), "{repeated}: LZ4 made {} bytes {shrunk_to}", raw.len());
+            assert!(
+                (repeated < 20) == (shrunk_to * 8 > raw.len() * 7) && shrunk_to < raw.len(),
+                "{repeated}: LZ4 made {} bytes {shrunk_to}",
+                raw.len()
+            );
             let mut encoder = ChunkEncoder::default();
             let codecs: Vec<u8> = (0..10)
                 .map(|_| {
@@ -453,10 +461,14 @@ mod tests {
         // The chunks a fresh encoder tries LZ4 on (and stores compressed).
         let tried = |chunks: &mut dyn Iterator<Item = &Vec<u8>>| -> Vec<usize> {
             let (mut encoder, mut framed) = (ChunkEncoder::default(), Vec::new());
-            chunks.enumerate().filter(|(_, raw)| {
-                encoder.encode(raw, &mut framed);
-                framed[4] == CODEC_LZ4
-            }).map(|(i, _)| i).collect()
+            chunks
+                .enumerate()
+                .filter(|(_, raw)| {
+                    encoder.encode(raw, &mut framed);
+                    framed[4] == CODEC_LZ4
+                })
+                .map(|(i, _)| i)
+                .collect()
         };
         assert_eq!(tried(&mut std::iter::repeat_n(&mild, 260)), [0, 8, 24, 56, 120, 184, 248]);
         let mut good_at_8 = (0..20).map(|i| if i == 8 { &good } else { &mild });

@@ -97,7 +97,12 @@ fn mutate_record(mut record: Record<'_>, choices: &mut Choices, out: &mut Vec<u8
                 match choices.byte() % 5 {
                     0 => mapping.start = choices.value(mapping.start),
                     1 => mapping.end = choices.value(mapping.end),
-                    2 => mapping.residency = [Residency::All, Residency::None, Residency::Unknown, Residency::Bitmap(vec![0xff; choices.below(4)])][choices.below(4)].clone(),
+                    2 => {
+                        mapping.residency =
+                            [Residency::All, Residency::None, Residency::Unknown, Residency::Bitmap(vec![0xff; choices.below(4)])]
+                                [choices.below(4)]
+                            .clone()
+                    }
                     3 => mapping.rss = choices.value(mapping.rss),
                     _ => mapping.name = ["[heap]", "", "[anon:memgap]", "[stack]"][choices.below(4)].into(),
                 }
@@ -170,9 +175,15 @@ mod tests {
     fn no_choices_keep_the_trace_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.mgt");
-        let bytes = event::encode_all(&[Event { time: 1, kind: Some(EventKind::Malloc), addr: 0x1000, size: 16, usable: 24, ..Event::default() }]);
+        let bytes =
+            event::encode_all(&[Event { time: 1, kind: Some(EventKind::Malloc), addr: 0x1000, size: 16, usable: 24, ..Event::default() }]);
         let mut writer = TraceWriter::create(&path, 1).unwrap();
-        writer.write(&[Record::Process(Process { pid: 1, page_size: 4096, ..Process::default() }), Record::Events(EventsPiece { thread: 1, tid: 1, buffer: 0, offset: 0, records: &bytes })]).unwrap();
+        writer
+            .write(&[
+                Record::Process(Process { pid: 1, page_size: 4096, ..Process::default() }),
+                Record::Events(EventsPiece { thread: 1, tid: 1, buffer: 0, offset: 0, records: &bytes }),
+            ])
+            .unwrap();
         drop(writer);
         let file = std::fs::read(&path).unwrap();
         let mutated = mutate_trace(&file, &mut Choices::new(&[])).unwrap();

@@ -97,7 +97,10 @@ mod tests {
         assert_eq!(decode_frame(frame), Some(PythonFrame { image: 0, code: 42, instruction: Some(17), entry: true }));
         let moved = with_image(frame, 3);
         assert_eq!(decode_frame(moved), Some(PythonFrame { image: 3, code: 42, instruction: Some(17), entry: true }));
-        assert_eq!(decode_frame(encode_frame(MAX_CODE_ID, None, false)), Some(PythonFrame { image: 0, code: MAX_CODE_ID, instruction: None, entry: false }));
+        assert_eq!(
+            decode_frame(encode_frame(MAX_CODE_ID, None, false)),
+            Some(PythonFrame { image: 0, code: MAX_CODE_ID, instruction: None, entry: false })
+        );
         for address in [0x5555_5555_1234u64, 0x7fff_ffff_f000, 0x00ff_ffff_ffff_ffff, 0] {
             assert!(!is_python_frame(address));
             assert_eq!(with_image(address, 5), address);

@@ -83,7 +83,10 @@ impl TraceFile {
 
     /// [`Self::for_each_chunk`] until `visit` breaks: then `None` (the rest
     /// of the file is not read).
-    pub fn for_each_chunk_until(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, TraceError>) -> Result<Option<Tail>, TraceError> {
+    pub fn for_each_chunk_until(
+        &self,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, TraceError>,
+    ) -> Result<Option<Tail>, TraceError> {
         if self.bytes.len() < READ_AHEAD_MIN_BYTES {
             return self.for_each_chunk_here(visit);
         }
@@ -143,7 +146,10 @@ impl TraceFile {
     }
 
     /// [`Self::for_each_chunk`] on the calling thread alone.
-    fn for_each_chunk_here(&self, mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, TraceError>) -> Result<Option<Tail>, TraceError> {
+    fn for_each_chunk_here(
+        &self,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<ControlFlow<()>, TraceError>,
+    ) -> Result<Option<Tail>, TraceError> {
         let mut offset = FILE_HEADER_LEN;
         let mut dropped = 0;
         let mut scratch = Vec::new();
@@ -207,7 +213,9 @@ mod tests {
         path
     }
 
-    fn chunks(read: impl FnOnce(&mut dyn FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError>) -> (Vec<(u64, Vec<u8>)>, Result<Tail, String>) {
+    fn chunks(
+        read: impl FnOnce(&mut dyn FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError>,
+    ) -> (Vec<(u64, Vec<u8>)>, Result<Tail, String>) {
         let mut seen = Vec::new();
         let tail = read(&mut |offset, raw| {
             seen.push((offset, raw.to_vec()));
@@ -222,7 +230,10 @@ mod tests {
         for tail in [&b""[..], b"MGCK\x01\x00\x00\x00", &[0u8; 64], b"garbage that is not a chunk"] {
             let file = TraceFile::open(&trace(dir.path(), tail)).unwrap();
             let ahead = chunks(|visit| file.for_each_chunk(visit));
-            let here = chunks(|visit| file.for_each_chunk_here(|offset, raw| visit(offset, raw).map(|()| ControlFlow::Continue(()))).map(|tail| tail.expect("read to the end")));
+            let here = chunks(|visit| {
+                file.for_each_chunk_here(|offset, raw| visit(offset, raw).map(|()| ControlFlow::Continue(())))
+                    .map(|tail| tail.expect("read to the end"))
+            });
             assert_eq!(ahead.0.len(), 24);
             assert_eq!(ahead, here, "tail {tail:?}");
         }

@@ -234,7 +234,10 @@ pub struct Mapping {
 
 impl Mapping {
     pub fn is_private_writable_anonymous(&self) -> bool {
-        self.perms.starts_with("rw") && self.perms.ends_with('p') && self.inode == 0 && (self.name.is_empty() || self.name == "[heap]" || self.name.starts_with("[anon:"))
+        self.perms.starts_with("rw")
+            && self.perms.ends_with('p')
+            && self.inode == 0
+            && (self.name.is_empty() || self.name == "[heap]" || self.name.starts_with("[anon:"))
     }
 }
 
@@ -296,12 +299,17 @@ pub enum Record<'a> {
     Rss(Rss),
     End(End),
     Exit(Exit),
-    Note { time: u64, text: String },
+    Note {
+        time: u64,
+        text: String,
+    },
     Snapshot(Snapshot),
     Thread(Thread),
     /// The file that provides `malloc` to the program (glibc's libc.so.6, a
     /// jemalloc…), which tells readers how blocks are laid out.
-    Allocator { path: String },
+    Allocator {
+        path: String,
+    },
     Metrics(Metrics),
     Fork(Fork),
     Topology(crate::numa::Topology),
@@ -309,7 +317,9 @@ pub enum Record<'a> {
     MemorySamples(crate::numa::MemorySamples),
     /// A Python code object that frames of this image's stacks name.
     PythonCode(crate::python::PythonCode),
-    Unknown { tag: u8 },
+    Unknown {
+        tag: u8,
+    },
 }
 
 /// Raw chunk bytes held before a new chunk starts (a chunk holds at most 16 MiB).
@@ -317,7 +327,11 @@ const APPENDED_CHUNK_BYTES: usize = 1 << 20;
 
 /// Appends records to an existing trace (the samples and metrics memgap adds
 /// after a run), in chunks of about 1 MiB; see [`crate::framing::append_chunk`].
-pub fn append_records_to<'a>(file: &mut std::fs::File, path: &std::path::Path, records: impl IntoIterator<Item = Record<'a>>) -> Result<(), crate::TraceError> {
+pub fn append_records_to<'a>(
+    file: &mut std::fs::File,
+    path: &std::path::Path,
+    records: impl IntoIterator<Item = Record<'a>>,
+) -> Result<(), crate::TraceError> {
     let mut chunks = vec![Vec::new()];
     for record in records {
         if chunks.last().is_some_and(|raw| raw.len() >= APPENDED_CHUNK_BYTES) {
@@ -344,7 +358,18 @@ impl Record<'_> {
         let b = &mut body;
         let tag = match self {
             Record::Process(p) => {
-                for v in [p.pid as u64, p.ppid as u64, p.run_id, p.image as u64, p.clock as u64, p.start_time, p.start_monotonic_ns, p.start_realtime_ns, p.page_size, p.cpu_count as u64] {
+                for v in [
+                    p.pid as u64,
+                    p.ppid as u64,
+                    p.run_id,
+                    p.image as u64,
+                    p.clock as u64,
+                    p.start_time,
+                    p.start_monotonic_ns,
+                    p.start_realtime_ns,
+                    p.page_size,
+                    p.cpu_count as u64,
+                ] {
                     varint::push(b, v);
                 }
                 varint::push_bytes(b, p.exe.as_bytes());
@@ -481,7 +506,9 @@ impl Record<'_> {
 }
 
 fn encode_snapshot(b: &mut Vec<u8>, s: &Snapshot) {
-    for v in [s.time, s.reason as u64, s.rss.vm_rss, s.rss.rss_anon, s.rss.rss_file, s.rss.rss_shmem, s.vm_rss_after, s.page_size, s.cost_ns] {
+    for v in
+        [s.time, s.reason as u64, s.rss.vm_rss, s.rss.rss_anon, s.rss.rss_file, s.rss.rss_shmem, s.vm_rss_after, s.page_size, s.cost_ns]
+    {
         varint::push(b, v);
     }
     varint::push(b, s.mappings.len() as u64);
@@ -652,7 +679,13 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             records: c.rest(),
         }),
         TAG_CLOCK => Record::Clock(Clock { time: c.varint()?, monotonic_ns: c.varint()? }),
-        TAG_RSS => Record::Rss(plausible_rss(Rss { time: c.varint()?, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? })?),
+        TAG_RSS => Record::Rss(plausible_rss(Rss {
+            time: c.varint()?,
+            vm_rss: c.varint()?,
+            rss_anon: c.varint()?,
+            rss_file: c.varint()?,
+            rss_shmem: c.varint()?,
+        })?),
         TAG_END => {
             let time = c.varint()?;
             let reason = match c.varint()? {
@@ -688,7 +721,12 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             }
             Record::Metrics(Metrics { monotonic_ns, source, kind, values })
         }
-        TAG_FORK => Record::Fork(Fork { parent_pid: u32_of(c.varint()?)?, parent_image_start_ns: c.varint()?, time: c.varint()?, parent_trace: c.string()? }),
+        TAG_FORK => Record::Fork(Fork {
+            parent_pid: u32_of(c.varint()?)?,
+            parent_image_start_ns: c.varint()?,
+            time: c.varint()?,
+            parent_trace: c.string()?,
+        }),
         TAG_TOPOLOGY => Record::Topology(crate::numa::decode_topology(&mut c, body.len())?),
         TAG_PLACEMENT => Record::Placement(crate::numa::decode_placement(&mut c, body.len())?),
         TAG_MEMORY_SAMPLES => Record::MemorySamples(crate::numa::decode_samples(&mut c, body.len())?),
@@ -753,7 +791,20 @@ mod tests {
     #[test]
     fn every_record_round_trips() {
         let records = vec![
-            Record::Process(Process { pid: 42, ppid: 1, run_id: u64::MAX, image: 1, clock: CLOCK_TSC, start_time: 5, start_monotonic_ns: 6, start_realtime_ns: 7, page_size: 4096, cpu_count: 2, exe: "/bin/true".into(), argv: vec!["true".into(), "ä b".into()] }),
+            Record::Process(Process {
+                pid: 42,
+                ppid: 1,
+                run_id: u64::MAX,
+                image: 1,
+                clock: CLOCK_TSC,
+                start_time: 5,
+                start_monotonic_ns: 6,
+                start_realtime_ns: 7,
+                page_size: 4096,
+                cpu_count: 2,
+                exe: "/bin/true".into(),
+                argv: vec!["true".into(), "ä b".into()],
+            }),
             Record::Modules(vec![Module { path: "/lib/libc.so.6".into(), base: 0x7f00_0000_0000, size: 4096, build_id: vec![1, 2, 3] }]),
             Record::Events(EventsPiece { thread: 3, tid: 1234, buffer: 9, offset: 100, records: &[1, 2, 3] }),
             Record::Clock(Clock { time: 10, monotonic_ns: 20 }),
@@ -768,19 +819,64 @@ mod tests {
                 vm_rss_after: 12288,
                 page_size: 4096,
                 mappings: vec![
-                    Mapping { start: 0x1000, end: 0x5000, perms: "rw-p".into(), name: "[heap]".into(), rss: 8192, anonymous: 8192, residency: Residency::Bitmap(vec![0b1010]), ..Mapping::default() },
-                    Mapping { start: 0x9000, end: 0xa000, perms: "r-xp".into(), inode: 12, name: "/bin/x".into(), residency: Residency::Unknown, ..Mapping::default() },
-                    Mapping { start: 0xa000, end: 0xb000, perms: "rw-p".into(), residency: Residency::All, lazy_free: 4096, ..Mapping::default() },
+                    Mapping {
+                        start: 0x1000,
+                        end: 0x5000,
+                        perms: "rw-p".into(),
+                        name: "[heap]".into(),
+                        rss: 8192,
+                        anonymous: 8192,
+                        residency: Residency::Bitmap(vec![0b1010]),
+                        ..Mapping::default()
+                    },
+                    Mapping {
+                        start: 0x9000,
+                        end: 0xa000,
+                        perms: "r-xp".into(),
+                        inode: 12,
+                        name: "/bin/x".into(),
+                        residency: Residency::Unknown,
+                        ..Mapping::default()
+                    },
+                    Mapping {
+                        start: 0xa000,
+                        end: 0xb000,
+                        perms: "rw-p".into(),
+                        residency: Residency::All,
+                        lazy_free: 4096,
+                        ..Mapping::default()
+                    },
                 ],
                 agent_ranges: vec![(0x100000, 65536)],
                 cost_ns: 12345,
             }),
             Record::Thread(Thread { thread: 2, tid: 99, stack_hint: 0x7fff_0000 }),
             Record::Allocator { path: "/lib/x86_64-linux-gnu/libc.so.6".into() },
-            Record::Metrics(Metrics { monotonic_ns: 123, source: "go".into(), kind: "sample".into(), values: vec![("/memory/classes/heap/free:bytes".into(), 8192.0), ("x[16]".into(), 0.5)] }),
+            Record::Metrics(Metrics {
+                monotonic_ns: 123,
+                source: "go".into(),
+                kind: "sample".into(),
+                values: vec![("/memory/classes/heap/free:bytes".into(), 8192.0), ("x[16]".into(), 0.5)],
+            }),
             Record::Fork(Fork { parent_pid: 41, parent_image_start_ns: 6, time: 1234, parent_trace: "t.mgt".into() }),
-            Record::Topology(crate::numa::Topology { nodes: vec![crate::numa::NumaNode { id: 0, cpus: vec![0, 1], memory_bytes: 1 << 30, distances: vec![10, 21] }, crate::numa::NumaNode { id: 1, cpus: vec![2, 3], memory_bytes: 1 << 30, distances: vec![21, 10] }] }),
-            Record::Placement(crate::numa::Placement { time: 77, page_size: 4096, stride: 1, error: 0, cost_ns: 5, mappings: vec![crate::numa::MappingPlacement { start: 0x1000, pages: 4, runs: vec![(crate::numa::NOT_PRESENT, 1), (1, 3)] }] }),
+            Record::Topology(crate::numa::Topology {
+                nodes: vec![
+                    crate::numa::NumaNode { id: 0, cpus: vec![0, 1], memory_bytes: 1 << 30, distances: vec![10, 21] },
+                    crate::numa::NumaNode { id: 1, cpus: vec![2, 3], memory_bytes: 1 << 30, distances: vec![21, 10] },
+                ],
+            }),
+            Record::Placement(crate::numa::Placement {
+                time: 77,
+                page_size: 4096,
+                stride: 1,
+                error: 0,
+                cost_ns: 5,
+                mappings: vec![crate::numa::MappingPlacement {
+                    start: 0x1000,
+                    pages: 4,
+                    runs: vec![(crate::numa::NOT_PRESENT, 1), (1, 3)],
+                }],
+            }),
             Record::MemorySamples(crate::numa::MemorySamples {
                 source: crate::numa::SOURCE_PAGE_FAULTS.into(),
                 precise_unavailable: "no PMU".into(),
@@ -790,7 +886,15 @@ mod tests {
                 lost: 2,
                 samples: vec![
                     crate::numa::MemorySample { monotonic_ns: 50, pid: 7, tid: 8, cpu: 1, addr: 0x7f00_0000_1000, node: 0, data_source: 0 },
-                    crate::numa::MemorySample { monotonic_ns: 40, pid: 7, tid: 9, cpu: 0, addr: 0x1000, node: crate::numa::FAULT, data_source: 3 },
+                    crate::numa::MemorySample {
+                        monotonic_ns: 40,
+                        pid: 7,
+                        tid: 9,
+                        cpu: 0,
+                        addr: 0x1000,
+                        node: crate::numa::FAULT,
+                        data_source: 3,
+                    },
                 ],
             }),
             Record::PythonCode(crate::python::PythonCode {

@@ -265,7 +265,13 @@ mod tests {
         let whole = raw.len();
         crate::records::Record::Note { time: 2, text: "two two".into() }.encode(&mut raw);
         for cut in 0..raw.len() {
-            let expected = if cut < whole { 0 } else if cut < raw.len() { whole } else { raw.len() };
+            let expected = if cut < whole {
+                0
+            } else if cut < raw.len() {
+                whole
+            } else {
+                raw.len()
+            };
             assert_eq!(complete_records_len(&raw[..cut]), expected, "cut at {cut}");
         }
         assert_eq!(complete_records_len(&raw), raw.len());

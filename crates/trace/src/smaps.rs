@@ -79,9 +79,17 @@ Rss:                 100 kB\nVmFlags: rd ex mr mw me\n\
     /// Lines that look like smaps, with values out of any range.
     fn smaps_like() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
         use proptest::prelude::*;
-        let number = prop_oneof![Just("0".to_string()), Just(u64::MAX.to_string()), Just("18446744073709551616".to_string()), any::<u64>().prop_map(|n| n.to_string()), "[0-9a-f]{0,20}"];
-        let header = (any::<u64>(), any::<u64>(), "[rwxps-]{0,5}", "[0-9a-f]{0,17}", number.clone(), "[ -~]{0,30}").prop_map(|(start, end, perms, offset, inode, name)| format!("{start:x}-{end:x} {perms} {offset} 00:00 {inode} {name}"));
-        let field = (prop_oneof![Just("Rss"), Just("Anonymous"), Just("LazyFree"), Just("Swap"), Just("Size"), Just("VmFlags")], number).prop_map(|(key, value)| format!("{key}: {value} kB"));
+        let number = prop_oneof![
+            Just("0".to_string()),
+            Just(u64::MAX.to_string()),
+            Just("18446744073709551616".to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            "[0-9a-f]{0,20}"
+        ];
+        let header = (any::<u64>(), any::<u64>(), "[rwxps-]{0,5}", "[0-9a-f]{0,17}", number.clone(), "[ -~]{0,30}")
+            .prop_map(|(start, end, perms, offset, inode, name)| format!("{start:x}-{end:x} {perms} {offset} 00:00 {inode} {name}"));
+        let field = (prop_oneof![Just("Rss"), Just("Anonymous"), Just("LazyFree"), Just("Swap"), Just("Size"), Just("VmFlags")], number)
+            .prop_map(|(key, value)| format!("{key}: {value} kB"));
         let line = prop_oneof![header, field, "[ -~]{0,40}"];
         proptest::collection::vec(line, 0..30).prop_map(|lines| lines.join("\n").into_bytes())
     }

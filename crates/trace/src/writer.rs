@@ -66,17 +66,20 @@ mod tests {
         let path = dir.path().join("t.mgt");
         let mut writer = TraceWriter::create(&path, 5).unwrap();
         let rss = Record::Rss(Rss { time: 1, vm_rss: 4096, ..Rss::default() });
-        let metrics = Record::Metrics(Metrics { monotonic_ns: 2, source: "go".into(), kind: "gc".into(), values: vec![("heap".into(), 1.5)] });
+        let metrics =
+            Record::Metrics(Metrics { monotonic_ns: 2, source: "go".into(), kind: "gc".into(), values: vec![("heap".into(), 1.5)] });
         writer.write(&[rss.clone()]).unwrap();
         writer.write(&[metrics.clone()]).unwrap();
         drop(writer);
         let trace = TraceFile::open(&path).unwrap();
         assert_eq!(trace.header().run_id, 5);
         let mut seen = Vec::new();
-        trace.for_each_chunk(|_, chunk| {
-            seen.extend(Records::new(chunk).map(|r| format!("{:?}", r.unwrap())));
-            Ok(())
-        }).unwrap();
+        trace
+            .for_each_chunk(|_, chunk| {
+                seen.extend(Records::new(chunk).map(|r| format!("{:?}", r.unwrap())));
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(seen, vec![format!("{rss:?}"), format!("{metrics:?}")]);
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);

@@ -17,7 +17,8 @@ const STDERR_LINES: usize = 5;
 pub fn compare(c: &Comparison, show_diff: bool) -> String {
     let mut out = String::new();
     let base_runs = c.configs.first().map_or(0, |b| b.repeats);
-    let runs = if c.repeats == 1 { "1 run per configuration".to_string() } else { format!("{} runs per configuration, interleaved", c.repeats) };
+    let runs =
+        if c.repeats == 1 { "1 run per configuration".to_string() } else { format!("{} runs per configuration, interleaved", c.repeats) };
     let runs = if base_runs > c.repeats { format!("{runs}, {base_runs} of the default (first and last)") } else { runs };
     let _ = writeln!(out, "memgap compare — {} — {runs}; stdin was {}", shell_words(&c.command), c.stdin);
     let _ = writeln!(out);
@@ -32,7 +33,23 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
     let mut table = Table::new();
     table.load_style(NOTHING);
     let spread_header = format!("{} ±", c.metric.name());
-    let mut header = vec!["  config", "peak RSS", "", "steady RSS", "", "final RSS", "", "settled", &spread_header, "wall", "", "CPU", "", "exit", "stdout"];
+    let mut header = vec![
+        "  config",
+        "peak RSS",
+        "",
+        "steady RSS",
+        "",
+        "final RSS",
+        "",
+        "settled",
+        &spread_header,
+        "wall",
+        "",
+        "CPU",
+        "",
+        "exit",
+        "stdout",
+    ];
     let numa_basis = c.numa.as_ref().map(|numa| numa.basis.unwrap_or("none"));
     let numa_headers = numa_basis.map(|basis| [format!("{basis} local"), "NUMA rate/s".to_string()]);
     if let Some(headers) = &numa_headers {
@@ -40,7 +57,8 @@ pub fn compare(c: &Comparison, show_diff: bool) -> String {
     }
     table.set_header(header);
     for config in &ran {
-        let ratio = |r: Option<f64>| if config.name == c.baseline { String::new() } else { r.map_or(String::new(), |r| format!("{r:.2}×")) };
+        let ratio =
+            |r: Option<f64>| if config.name == c.baseline { String::new() } else { r.map_or(String::new(), |r| format!("{r:.2}×")) };
         let stdout = if config.output_differs {
             format!("DIFFERS ({} lines)", config.output_differs_lines)
         } else if config.output_varies {
@@ -174,7 +192,12 @@ fn shell_words(command: &[String]) -> String {
 /// different work: shown before them, never left out.
 fn behaviour_warnings(c: &Comparison, show_diff: bool) -> Vec<String> {
     let mut warnings = Vec::new();
-    let output: Vec<String> = c.configs.iter().filter(|config| config.output_differs).map(|config| format!("{} ({} lines)", config.name, config.output_differs_lines)).collect();
+    let output: Vec<String> = c
+        .configs
+        .iter()
+        .filter(|config| config.output_differs)
+        .map(|config| format!("{} ({} lines)", config.name, config.output_differs_lines))
+        .collect();
     if !output.is_empty() {
         let where_the_default_agrees = if c.baseline_varying_lines > 0 { " where its own runs agree" } else { "" };
         let hint = if show_diff { "" } else { "; --show-diff lists the lines" };
@@ -188,7 +211,14 @@ fn behaviour_warnings(c: &Comparison, show_diff: bool) -> Vec<String> {
                 for diff in &config.output_diff {
                     let line = if diff.line > 0 { format!("line {}", diff.line) } else { "a line".to_string() };
                     let shown = |text: &Option<String>| text.as_ref().map_or("(nothing)".to_string(), |t| format!("{t:?}"));
-                    warnings.push(format!("  {} {line}: {} printed {}, {} printed {}", config.name, c.baseline, shown(&diff.expected), config.name, shown(&diff.got)));
+                    warnings.push(format!(
+                        "  {} {line}: {} printed {}, {} printed {}",
+                        config.name,
+                        c.baseline,
+                        shown(&diff.expected),
+                        config.name,
+                        shown(&diff.got)
+                    ));
                 }
                 if config.output_differs_lines > config.output_diff.len() {
                     warnings.push(format!("  {}: {} more lines", config.name, config.output_differs_lines - config.output_diff.len()));
@@ -200,7 +230,9 @@ fn behaviour_warnings(c: &Comparison, show_diff: bool) -> Vec<String> {
         .configs
         .iter()
         .filter(|config| config.exit_differs)
-        .map(|config| format!("{} (exit {})", config.name, config.runs.iter().map(|r| r.exit_code.to_string()).collect::<Vec<_>>().join(", ")))
+        .map(|config| {
+            format!("{} (exit {})", config.name, config.runs.iter().map(|r| r.exit_code.to_string()).collect::<Vec<_>>().join(", "))
+        })
         .collect();
     if !exits.is_empty() {
         let base_exit = c.configs.first().and_then(|b| b.runs.first()).map_or(0, |r| r.exit_code);
@@ -279,7 +311,12 @@ mod tests {
         interleave.env.clear();
         interleave.wrapper = vec!["numactl".into(), "--interleave=all".into()];
         let options = Options { numa_nodes: Some(2), ..Options::default() };
-        let c = reduce(vec!["./prog".into()], vec![spec("glibc", true), interleave], vec![vec![sampled(1000, 0), sampled(980, 20)], vec![sampled(500, 500)]], options);
+        let c = reduce(
+            vec!["./prog".into()],
+            vec![spec("glibc", true), interleave],
+            vec![vec![sampled(1000, 0), sampled(980, 20)], vec![sampled(500, 500)]],
+            options,
+        );
         let text = compare(&c, false);
         assert!(text.contains("first-touch local") && text.contains("NUMA rate/s"), "{text}");
         assert!(text.contains("0.99") && text.contains("0.50"), "{text}");

@@ -90,7 +90,8 @@ pub fn pprof<'a>(stacks: &'a [WeightedStack], types: &[SampleType], main: Option
     let mut builder = ProfileBuilder::default();
     builder.strings.index(""); // pprof requires string_table[0] == "".
     for sample_type in types {
-        let value_type = proto::ValueType { r#type: builder.strings.index(&sample_type.name), unit: builder.strings.index(&sample_type.unit) };
+        let value_type =
+            proto::ValueType { r#type: builder.strings.index(&sample_type.name), unit: builder.strings.index(&sample_type.unit) };
         builder.profile.sample_type.push(value_type);
     }
     builder.profile.default_sample_type = builder.profile.sample_type.first().map_or(0, |value_type| value_type.r#type);
@@ -98,7 +99,11 @@ pub fn pprof<'a>(stacks: &'a [WeightedStack], types: &[SampleType], main: Option
     // reports): the executable, else the module of the outermost frames.
     if let Some(main) = main {
         let filename = builder.strings.index(&main.path);
-        let build_id = if main.build_id.is_empty() { 0 } else { builder.strings.index(&main.build_id.iter().map(|b| format!("{b:02x}")).collect::<String>()) };
+        let build_id = if main.build_id.is_empty() {
+            0
+        } else {
+            builder.strings.index(&main.build_id.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        };
         builder.profile.mapping.push(proto::Mapping {
             id: 1,
             memory_start: main.base,
@@ -152,10 +157,8 @@ impl<'a> ProfileBuilder<'a> {
             return id;
         }
         let id = self.profile.location.len() as u64 + 1;
-        let line = frames
-            .iter()
-            .map(|frame| proto::Line { function_id: self.function(frame), line: frame.line.map_or(0, i64::from) })
-            .collect();
+        let line =
+            frames.iter().map(|frame| proto::Line { function_id: self.function(frame), line: frame.line.map_or(0, i64::from) }).collect();
         let address = frames[0].address;
         let mapping_id = self.mapping(frames);
         self.profile.location.push(proto::Location { id, mapping_id, address, line });
@@ -189,7 +192,13 @@ impl<'a> ProfileBuilder<'a> {
                 let filename = self.strings.index(&first.module);
                 // Every location gets a function (at worst named module+offset),
                 // so pprof need not try to symbolize anything itself.
-                let mapping = proto::Mapping { id: self.profile.mapping.len() as u64 + 1, memory_start: base, filename, has_functions: true, ..Default::default() };
+                let mapping = proto::Mapping {
+                    id: self.profile.mapping.len() as u64 + 1,
+                    memory_start: base,
+                    filename,
+                    has_functions: true,
+                    ..Default::default()
+                };
                 self.profile.mapping.push(mapping);
                 self.mappings.insert((first.module.as_str(), base), self.profile.mapping.len() - 1);
                 self.profile.mapping.len() - 1
@@ -431,7 +440,8 @@ mod tests {
             inlined: false,
             address: 0x7f00_1002_71ca,
         };
-        let stacks = vec![WeightedStack { frames: vec![frame(Some("load_config"), 40, APP_BASE + 0x1300, false), libc_start], values: vec![64] }];
+        let stacks =
+            vec![WeightedStack { frames: vec![frame(Some("load_config"), 40, APP_BASE + 0x1300, false), libc_start], values: vec![64] }];
         let main = MainBinary { path: APP.to_string(), base: APP_BASE, size: 0x4000, build_id: vec![0xab, 0x01] };
         let profile = decode(&pprof(&stacks, &types()[..1], Some(&main)));
         let string = |index: i64| profile.string_table[index as usize].as_str();

@@ -33,7 +33,15 @@ fn rows(p: &GhcPoint) -> String {
 pub fn report(r: &GhcReport, title: &str) -> String {
     let mut out = String::new();
     let version = r.ghc_version.as_deref().map(|v| format!("GHC {v}, ")).unwrap_or_default();
-    let _ = writeln!(out, "GHC heap — {title} — {version}{} GCs ({} major), max live {}, max heap {}, peak RSS {}", count(r.collections), count(r.major_collections), bytes(r.max_live_bytes), bytes(r.max_heap_size_bytes), opt(r.peak_rss_bytes));
+    let _ = writeln!(
+        out,
+        "GHC heap — {title} — {version}{} GCs ({} major), max live {}, max heap {}, peak RSS {}",
+        count(r.collections),
+        count(r.major_collections),
+        bytes(r.max_live_bytes),
+        bytes(r.max_heap_size_bytes),
+        opt(r.peak_rss_bytes)
+    );
     if let Some(p) = &r.settled {
         let _ = writeln!(out);
         let blocks = if p.blocks_size_reported { "BLOCKS_SIZE" } else { "derived from GC_STATS_GHC" };
@@ -43,7 +51,11 @@ pub fn report(r: &GhcReport, title: &str) -> String {
     let majors: Vec<&GhcPoint> = r.timeline.iter().filter(|p| p.unmoved_bytes.is_some()).collect();
     if !majors.is_empty() {
         let _ = writeln!(out);
-        let _ = writeln!(out, "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}", "seconds", "RSS", "heap", "blocks", "live", "unmoved", "lazy_free", "non_heap");
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "seconds", "RSS", "heap", "blocks", "live", "unmoved", "lazy_free", "non_heap"
+        );
         // At most 40 lines: evenly spaced major GCs, always the last ones.
         let step = majors.len().div_ceil(40).max(1);
         for (i, p) in majors.iter().enumerate() {
@@ -66,7 +78,16 @@ pub fn report(r: &GhcReport, title: &str) -> String {
     }
     if let Some(census) = r.census_at(r.settled.as_ref().map_or(f64::INFINITY, |p| p.seconds)) {
         let peak = r.pinned_share.iter().map(|s| s.share).fold(0.0, f64::max);
-        let _ = writeln!(out, "\n  -hT: ARR_WORDS is {:.0}% of the heap at the census of {:.2} s ({} of {}), {:.0}% at most over {} censuses.", census.share * 100.0, census.seconds, bytes(census.arr_words_bytes), bytes(census.total_bytes), peak * 100.0, r.pinned_share.len());
+        let _ = writeln!(
+            out,
+            "\n  -hT: ARR_WORDS is {:.0}% of the heap at the census of {:.2} s ({} of {}), {:.0}% at most over {} censuses.",
+            census.share * 100.0,
+            census.seconds,
+            bytes(census.arr_words_bytes),
+            bytes(census.total_bytes),
+            peak * 100.0,
+            r.pinned_share.len()
+        );
     }
     let caps: Vec<String> = r
         .gcs_per_capability
@@ -89,7 +110,8 @@ pub fn report(r: &GhcReport, title: &str) -> String {
         );
     }
     if !r.inventory.is_empty() {
-        let parts: Vec<String> = r.inventory.iter().map(|(k, v)| format!("{} {}", k.trim_end_matches("_bytes").replace('_', " "), bytes(*v as u64))).collect();
+        let parts: Vec<String> =
+            r.inventory.iter().map(|(k, v)| format!("{} {}", k.trim_end_matches("_bytes").replace('_', " "), bytes(*v as u64))).collect();
         let _ = writeln!(out, "  -Dg inventory (last): {}.", parts.join(", "));
     }
     let _ = writeln!(out);
@@ -142,7 +164,14 @@ mod tests {
             blocks_size_bytes: 30 << 20,
             live_bytes: 20 << 20,
             unmoved_bytes: Some(15 << 20),
-            rows: GhcRows { live: 20 << 20, heap_blocks_not_live: 10 << 20, megablock_free: 58 << 20, block_descriptors: 2 << 20, lazy_free: None, non_heap: Some(10 << 20) },
+            rows: GhcRows {
+                live: 20 << 20,
+                heap_blocks_not_live: 10 << 20,
+                megablock_free: 58 << 20,
+                block_descriptors: 2 << 20,
+                lazy_free: None,
+                non_heap: Some(10 << 20),
+            },
             ..GhcPoint::default()
         };
         GhcReport {

@@ -22,10 +22,15 @@ pub fn section(g: &GoLedger) -> String {
         "gctrace" => "gctrace lines only",
         _ => "no runtime figures yet",
     };
-    let _ = writeln!(out, "  Go {} — {source}{}:", g.version.as_deref().unwrap_or("(version unknown)"), match g.figures_age_seconds {
-        Some(age) => format!(", {:.0} ms before the snapshot", age * 1000.0),
-        None => String::new(),
-    });
+    let _ = writeln!(
+        out,
+        "  Go {} — {source}{}:",
+        g.version.as_deref().unwrap_or("(version unknown)"),
+        match g.figures_age_seconds {
+            Some(age) => format!(", {:.0} ms before the snapshot", age * 1000.0),
+            None => String::new(),
+        }
+    );
     if g.exact {
         let _ = writeln!(
             out,
@@ -63,7 +68,11 @@ pub fn section(g: &GoLedger) -> String {
         let mut classes: Vec<_> = g.size_classes.iter().collect();
         classes.sort_by(|a, b| b.unused_bytes_estimate.cmp(&a.unused_bytes_estimate).then(b.live_bytes.cmp(&a.live_bytes)));
         let _ = writeln!(out);
-        let _ = writeln!(out, "  {:>7} {:>9} {:>12} {:>10} {:>9} {:>9} {:>9} {:>10}", "class", "per span", "live objs", "live", "spans", "needed", "full", "unused");
+        let _ = writeln!(
+            out,
+            "  {:>7} {:>9} {:>12} {:>10} {:>9} {:>9} {:>9} {:>10}",
+            "class", "per span", "live objs", "live", "spans", "needed", "full", "unused"
+        );
         for c in classes.iter().take(CLASSES_SHOWN) {
             let mark = if g.sparse_classes.contains(&c.size) { "  ← sparse" } else { "" };
             let _ = writeln!(
@@ -79,7 +88,10 @@ pub fn section(g: &GoLedger) -> String {
                 bytes(c.unused_bytes_estimate)
             );
         }
-        let _ = writeln!(out, "  (spans per class are estimated: between what the live objects need and what the class's peak needed, sharing the runtime's unused bytes)");
+        let _ = writeln!(
+            out,
+            "  (spans per class are estimated: between what the live objects need and what the class's peak needed, sharing the runtime's unused bytes)"
+        );
     }
     out
 }
@@ -97,8 +109,27 @@ mod tests {
             exact: true,
             heap_unused_bytes: 16 << 20,
             size_classes: vec![
-                GoSizeClass { size: 32, objects_per_span: 256, live_objects: 1 << 19, live_bytes: 16 << 20, spans_estimate: 2048, spans_needed: 2048, occupancy: 1.0, ..GoSizeClass::default() },
-                GoSizeClass { size: 16, objects_per_span: 504, live_objects: 2048, live_bytes: 32768, spans_estimate: 2048, spans_needed: 5, occupancy: 0.002, unused_bytes_estimate: 16 << 20, ..GoSizeClass::default() },
+                GoSizeClass {
+                    size: 32,
+                    objects_per_span: 256,
+                    live_objects: 1 << 19,
+                    live_bytes: 16 << 20,
+                    spans_estimate: 2048,
+                    spans_needed: 2048,
+                    occupancy: 1.0,
+                    ..GoSizeClass::default()
+                },
+                GoSizeClass {
+                    size: 16,
+                    objects_per_span: 504,
+                    live_objects: 2048,
+                    live_bytes: 32768,
+                    spans_estimate: 2048,
+                    spans_needed: 5,
+                    occupancy: 0.002,
+                    unused_bytes_estimate: 16 << 20,
+                    ..GoSizeClass::default()
+                },
             ],
             sparse_classes: vec![16],
             ..GoLedger::default()

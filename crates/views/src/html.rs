@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use memgap_model::report::Report;
 use memgap_model::ledger::NO_NODE;
+use memgap_model::report::Report;
 use memgap_model::{Blame, BlameEntry, Ledger, PageClass};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -43,7 +43,8 @@ pub fn page_byte(class: PageClass) -> u8 {
 pub fn report(report: &Report, trace_name: &str) -> String {
     let mut blobs: Vec<String> = Vec::new();
     let site_of = |stack: u32| report.blame.as_ref().and_then(|b| b.site_of_stack.get(&stack)).map(String::as_str);
-    let snapshots: Vec<Value> = report.snapshots.iter().enumerate().map(|(index, ledger)| snapshot(index, ledger, &mut blobs, &site_of)).collect();
+    let snapshots: Vec<Value> =
+        report.snapshots.iter().enumerate().map(|(index, ledger)| snapshot(index, ledger, &mut blobs, &site_of)).collect();
     let data = json!({
         "trace": trace_name,
         "summary": summary(report),
@@ -84,11 +85,11 @@ pub fn report(report: &Report, trace_name: &str) -> String {
     // The data goes in last: no string from the trace is searched for a placeholder.
     let go_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("go")) { crate::go::PANEL } else { "" };
     let node_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("node")) { crate::node::PANEL } else { "" };
-    TEMPLATE
-        .replace("<!--GO-->", &format!("{go_panel}{node_panel}"))
-        .replace("/*STYLE*/", STYLE)
-        .replace("/*SCRIPT*/", SCRIPT)
-        .replacen("<!--DATA-->", &format!("<script type=\"application/json\" id=\"data\">{}</script>\n{pages}", script_safe_json(&data)), 1)
+    TEMPLATE.replace("<!--GO-->", &format!("{go_panel}{node_panel}")).replace("/*STYLE*/", STYLE).replace("/*SCRIPT*/", SCRIPT).replacen(
+        "<!--DATA-->",
+        &format!("<script type=\"application/json\" id=\"data\">{}</script>\n{pages}", script_safe_json(&data)),
+        1,
+    )
 }
 
 /// The GHC panel's data: the major GCs (at most 2000, evenly spaced, the
@@ -152,14 +153,17 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         let mut bytes = Vec::with_capacity(l.page_maps.iter().map(|m| m.pages.len()).sum());
         let mut maps = Vec::new();
         for map in &l.page_maps {
-            maps.push(json!({"name": map.name, "start": map.start, "page_size": map.page_size, "offset": bytes.len(), "pages": map.pages.len()}));
+            maps.push(
+                json!({"name": map.name, "start": map.start, "page_size": map.page_size, "offset": bytes.len(), "pages": map.pages.len()}),
+            );
             bytes.extend(map.pages.iter().map(|&class| page_byte(class)));
         }
         blobs.push(base64(&gzip(&bytes)));
         let blob = blobs.len() - 1;
         // Each page's NUMA node, in the same order, when the agent placed them.
         let nodes_blob = if l.page_maps.iter().any(|m| !m.nodes.is_empty()) {
-            let nodes: Vec<u8> = l.page_maps.iter().flat_map(|m| if m.nodes.is_empty() { vec![NO_NODE; m.pages.len()] } else { m.nodes.clone() }).collect();
+            let nodes: Vec<u8> =
+                l.page_maps.iter().flat_map(|m| if m.nodes.is_empty() { vec![NO_NODE; m.pages.len()] } else { m.nodes.clone() }).collect();
             blobs.push(base64(&gzip(&nodes)));
             Some(blobs.len() - 1)
         } else {
@@ -318,7 +322,8 @@ struct FlameNode {
 
 impl FlameNode {
     fn to_json(&self, name: &str, min: u64) -> Value {
-        let children: Vec<Value> = self.children.iter().filter(|(_, c)| c.value >= min && c.value > 0).map(|(n, c)| c.to_json(n, min)).collect();
+        let children: Vec<Value> =
+            self.children.iter().filter(|(_, c)| c.value >= min && c.value > 0).map(|(n, c)| c.to_json(n, min)).collect();
         json!({"n": name, "v": self.value, "c": children})
     }
 }

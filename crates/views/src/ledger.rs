@@ -44,7 +44,13 @@ pub(crate) fn rows_table(rows: &[(&str, u64)], rss: u64, memgap: u64) -> String 
         let bar = "█".repeat(((share / 100.0) * BAR_WIDTH as f64).round() as usize);
         let _ = writeln!(out, "  {name:<12} {:>11} {share:>6.1}%  {bar}", bytes(value));
         if name == "other" && memgap > 0 {
-            let _ = writeln!(out, "  {:<12} {:>11} {:>6.1}%  memgap's own memory (its buffers, heap, static data and code), not the program's", "  of it", bytes(memgap), percent(memgap, rss));
+            let _ = writeln!(
+                out,
+                "  {:<12} {:>11} {:>6.1}%  memgap's own memory (its buffers, heap, static data and code), not the program's",
+                "  of it",
+                bytes(memgap),
+                percent(memgap, rss)
+            );
         }
     }
     let _ = writeln!(out, "  {:<12} {:>11}", "sum", bytes(rows.iter().map(|r| r.1).sum()));
@@ -102,13 +108,28 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     );
     let allocator = l.allocator.rsplit('/').next().unwrap_or("");
     let arenas = if l.arenas > 0 { format!(", {} arena{}", l.arenas, if l.arenas == 1 { "" } else { "s" }) } else { String::new() };
-    let _ = writeln!(out, "  allocator: {}{arenas}, {} live blocks; snapshot took {:.1} ms.", if allocator.is_empty() { "unknown" } else { allocator }, count(l.live_blocks), l.snapshot_cost_ms);
+    let _ = writeln!(
+        out,
+        "  allocator: {}{arenas}, {} live blocks; snapshot took {:.1} ms.",
+        if allocator.is_empty() { "unknown" } else { allocator },
+        count(l.live_blocks),
+        l.snapshot_cost_ms
+    );
     if !l.heaps.is_empty() {
         let _ = writeln!(out);
-        let _ = writeln!(out, "  {:<34} {:>10} {:>10} {:>10} {:>10} {:>10}", "heap", "live", "fragmented", "retained", "trimmable", "released");
+        let _ =
+            writeln!(out, "  {:<34} {:>10} {:>10} {:>10} {:>10} {:>10}", "heap", "live", "fragmented", "retained", "trimmable", "released");
         for h in &l.heaps {
             let name = if h.mappings > 1 { format!("{} ({})", h.name, h.mappings) } else { h.name.clone() };
-            let _ = writeln!(out, "  {name:<34} {:>10} {:>10} {:>10} {:>10} {:>10}", bytes(h.live), bytes(h.fragmented), bytes(h.retained), bytes(h.trimmable), bytes(h.released));
+            let _ = writeln!(
+                out,
+                "  {name:<34} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                bytes(h.live),
+                bytes(h.fragmented),
+                bytes(h.retained),
+                bytes(h.trimmable),
+                bytes(h.released)
+            );
         }
     }
     let worst: Vec<_> = {
@@ -120,7 +141,14 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
         let _ = writeln!(out);
         let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", "block size", "blocks", "live", "fragmented");
         for b in worst {
-            let _ = writeln!(out, "  {:<20} {:>12} {:>10} {:>12}", format!("{}–{} B", b.min_size, b.max_size), count(b.blocks), bytes(b.live_bytes), bytes(b.fragmented_bytes));
+            let _ = writeln!(
+                out,
+                "  {:<20} {:>12} {:>10} {:>12}",
+                format!("{}–{} B", b.min_size, b.max_size),
+                count(b.blocks),
+                bytes(b.live_bytes),
+                bytes(b.fragmented_bytes)
+            );
         }
     }
     if let Some(ruby) = l.section::<memgap_model::ruby::RubyLayer>("ruby") {
@@ -144,10 +172,24 @@ fn owners_table(l: &Ledger) -> String {
         return out;
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "  {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}", "owner", "live", "slack", "fragmented", "retained", "lazy_free", "runtime");
+    let _ = writeln!(
+        out,
+        "  {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "owner", "live", "slack", "fragmented", "retained", "lazy_free", "runtime"
+    );
     for o in &l.owners {
         let r = &o.rows;
-        let _ = writeln!(out, "  {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}", o.owner, bytes(r.live), bytes(r.slack), bytes(r.fragmented), bytes(r.retained), bytes(r.lazy_free), bytes(r.runtime));
+        let _ = writeln!(
+            out,
+            "  {:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            o.owner,
+            bytes(r.live),
+            bytes(r.slack),
+            bytes(r.fragmented),
+            bytes(r.retained),
+            bytes(r.lazy_free),
+            bytes(r.runtime)
+        );
     }
     for o in l.owners.iter().filter(|o| o.estimated.is_some()) {
         out.push_str(&wrap(&format!("{}: {}.", o.owner, o.estimated.as_deref().unwrap_or("")), 78, "  "));
@@ -169,7 +211,16 @@ fn remedies(l: &Ledger) -> String {
         let how = if env.is_empty() { "a change to the program".to_string() } else { env.join(" ") };
         let _ = writeln!(out, "  {:>10}  {} [{}]", bytes(r.expected_savings_bytes), r.id, how);
         if let Some(m) = &r.measured {
-            let _ = writeln!(out, "  {:>10}  measured: {} RSS {} → {} ({}, {} runs)", "", m.metric, bytes(m.default_bytes), bytes(m.bytes), m.outcome.name(), m.runs);
+            let _ = writeln!(
+                out,
+                "  {:>10}  measured: {} RSS {} → {} ({}, {} runs)",
+                "",
+                m.metric,
+                bytes(m.default_bytes),
+                bytes(m.bytes),
+                m.outcome.name(),
+                m.runs
+            );
         }
     }
     out
@@ -179,14 +230,41 @@ fn remedies(l: &Ledger) -> String {
 fn ruby_layer(r: &memgap_model::ruby::RubyLayer) -> String {
     let mut out = String::new();
     let _ = writeln!(out);
-    let _ = writeln!(out, "  Ruby {} layer (GC.stat at {:.2} s, {}): Ruby knows of {}", r.version, r.sampled_at_seconds, r.sample_kind.replace('_', " "), bytes(r.known_bytes));
-    let _ = writeln!(out, "    {:<34} {:>11}  {} pages of {}", "object pages (mmap)", bytes(r.object_pages_bytes), count(r.object_pages), bytes(r.page_size));
-    let _ = writeln!(out, "    {:<34} {:>11}  {} slots of {} B", "  live slots", bytes(r.live_slots_bytes), count(r.live_slots), r.slot_size);
-    let _ = writeln!(out, "    {:<34} {:>11}  {} slots, {:.0}% of slots: Ruby-page fragmentation", "  free slots", bytes(r.free_slots_bytes), count(r.free_slots), 100.0 * r.free_slot_fraction);
+    let _ = writeln!(
+        out,
+        "  Ruby {} layer (GC.stat at {:.2} s, {}): Ruby knows of {}",
+        r.version,
+        r.sampled_at_seconds,
+        r.sample_kind.replace('_', " "),
+        bytes(r.known_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "    {:<34} {:>11}  {} pages of {}",
+        "object pages (mmap)",
+        bytes(r.object_pages_bytes),
+        count(r.object_pages),
+        bytes(r.page_size)
+    );
+    let _ =
+        writeln!(out, "    {:<34} {:>11}  {} slots of {} B", "  live slots", bytes(r.live_slots_bytes), count(r.live_slots), r.slot_size);
+    let _ = writeln!(
+        out,
+        "    {:<34} {:>11}  {} slots, {:.0}% of slots: Ruby-page fragmentation",
+        "  free slots",
+        bytes(r.free_slots_bytes),
+        count(r.free_slots),
+        100.0 * r.free_slot_fraction
+    );
     let _ = writeln!(out, "    {:<34} {:>11}", "  page overhead", bytes(r.page_overhead_bytes));
     match r.external_bytes {
         Some(external) => {
-            let _ = writeln!(out, "    {:<34} {:>11}  (memsize_of_all − live slots; in the malloc layer's live row)", "object data in malloc", bytes(external));
+            let _ = writeln!(
+                out,
+                "    {:<34} {:>11}  (memsize_of_all − live slots; in the malloc layer's live row)",
+                "object data in malloc",
+                bytes(external)
+            );
         }
         None => {
             let _ = writeln!(out, "    {:<34} {:>11}", "object data in malloc", "unknown");
@@ -202,7 +280,8 @@ pub fn brief(l: &Ledger) -> String {
     // memgap's own memory is named apart from the program's `other`.
     let mut named = l.rows.named();
     named[6].1 = named[6].1.saturating_sub(l.memgap_bytes);
-    let mut rows: Vec<String> = named.iter().filter(|(_, v)| *v > 0).map(|(name, v)| format!("{name} {} ({:.0}%)", bytes(*v), percent(*v, l.rss_bytes))).collect();
+    let mut rows: Vec<String> =
+        named.iter().filter(|(_, v)| *v > 0).map(|(name, v)| format!("{name} {} ({:.0}%)", bytes(*v), percent(*v, l.rss_bytes))).collect();
     if l.memgap_bytes > 0 {
         rows.push(format!("and memgap's own {} ({:.0}%, not the program's)", bytes(l.memgap_bytes), percent(l.memgap_bytes, l.rss_bytes)));
     }
@@ -235,7 +314,15 @@ pub fn mappings(mappings: &[memgap_model::MappingLedger]) -> String {
     let _ = writeln!(out, "  {:<33} {:<5} {:<12} {:>10} {:>10}  name", "range", "perms", "class", "resident", "lazy_free");
     for m in mappings.iter().filter(|m| m.resident_bytes > 0) {
         let range = format!("{:x}-{:x}", m.start, m.end);
-        let _ = writeln!(out, "  {range:<33} {:<5} {:<12} {:>10} {:>10}  {}", m.perms, m.class, bytes(m.resident_bytes), bytes(m.lazy_free_bytes), m.name);
+        let _ = writeln!(
+            out,
+            "  {range:<33} {:<5} {:<12} {:>10} {:>10}  {}",
+            m.perms,
+            m.class,
+            bytes(m.resident_bytes),
+            bytes(m.lazy_free_bytes),
+            m.name
+        );
     }
     out
 }
@@ -359,7 +446,8 @@ const STRIP_LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', 
 fn strips(t: &Timeline, width: usize, color: bool) -> String {
     const LABEL: usize = 8;
     let columns = width.saturating_sub(LABEL + 2).clamp(20, 120);
-    let end = t.live_bytes.iter().chain(&t.vm_rss).map(|p| p.seconds).fold(0.0, f64::max).max(t.snapshots.last().map_or(0.0, |l| l.at_seconds));
+    let end =
+        t.live_bytes.iter().chain(&t.vm_rss).map(|p| p.seconds).fold(0.0, f64::max).max(t.snapshots.last().map_or(0.0, |l| l.at_seconds));
     let top = t.live_bytes.iter().chain(&t.vm_rss).map(|p| p.bytes).max().unwrap_or(0).max(1);
     let slice = if end > 0.0 { end / columns as f64 } else { 1.0 };
     let mut out = String::new();
@@ -450,7 +538,8 @@ fn snapshot_table(ledgers: &[Ledger], trims: &[TrimMark], trim_calls: u64, width
     ];
     // Each column as wide as its header or widest value.
     let column_width = |c: &Column| ledgers.iter().map(|l| bytes(c.1(l)).len()).chain([c.0.len()]).max().unwrap_or(0);
-    let line_width = |columns: &[Column], residual: bool| 8 + columns.iter().map(|c| column_width(c) + 1).sum::<usize>() + if residual { 10 } else { 0 };
+    let line_width =
+        |columns: &[Column], residual: bool| 8 + columns.iter().map(|c| column_width(c) + 1).sum::<usize>() + if residual { 10 } else { 0 };
     let mut residual = true;
     if let Some(width) = width {
         for name in ["lazy_free", "slack", "runtime"] {
@@ -512,9 +601,19 @@ mod tests {
 
     #[test]
     fn brief_is_prefixed_lines() {
-        let l = Ledger { rss_bytes: 4096, rows: memgap_model::Rows { live: 4096, ..Default::default() }, verdict: "All live.".into(), ..Ledger::default() };
+        let l = Ledger {
+            rss_bytes: 4096,
+            rows: memgap_model::Rows { live: 4096, ..Default::default() },
+            verdict: "All live.".into(),
+            ..Ledger::default()
+        };
         assert_eq!(brief(&l), "memgap: at 0.00 s, RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n");
-        let moment = memgap_model::Moment { index: 3, seconds: 2.414, chosen: "gap", reason: "the largest gap between RSS and the live heap".into() };
+        let moment = memgap_model::Moment {
+            index: 3,
+            seconds: 2.414,
+            chosen: "gap",
+            reason: "the largest gap between RSS and the live heap".into(),
+        };
         let l = Ledger { moment: Some(moment), ..l };
         assert_eq!(
             brief(&l),
@@ -525,7 +624,13 @@ mod tests {
     #[test]
     fn timeline_puts_trims_between_the_snapshots_around_them() {
         let at = |seconds: f64, rss_bytes: u64| Ledger { at_seconds: seconds, rss_bytes, ..Ledger::default() };
-        let trim = |seconds: f64, returned: bool| TrimMark { seconds, rss_before_bytes: 412 << 20, rss_after_bytes: 38 << 20, pad_bytes: 0, returned };
+        let trim = |seconds: f64, returned: bool| TrimMark {
+            seconds,
+            rss_before_bytes: 412 << 20,
+            rss_after_bytes: 38 << 20,
+            pad_bytes: 0,
+            returned,
+        };
         let text = snapshot_table(&[at(1.0, 412 << 20), at(2.0, 38 << 20)], &[trim(1.5, true), trim(2.5, false)], 2, None);
         let lines: Vec<&str> = text.lines().map(str::trim_start).collect();
         let words = |line: &str| line.split_whitespace().take(3).collect::<Vec<_>>().join(" ");

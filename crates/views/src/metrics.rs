@@ -125,15 +125,22 @@ fn heap_label(kind: &str, start: u64) -> String {
 
 /// The scrape as Prometheus text.
 pub fn prometheus_text(scrape: &Scrape) -> String {
-    let mut info = Family::gauge("memgap_process_info", "A process memgap read, and whose malloc it calls (glibc, jemalloc, tcmalloc, mimalloc or unknown)");
+    let mut info = Family::gauge(
+        "memgap_process_info",
+        "A process memgap read, and whose malloc it calls (glibc, jemalloc, tcmalloc, mimalloc or unknown)",
+    );
     let mut rss = Family::gauge("memgap_rss_bytes", "Resident set size (VmRSS of /proc/PID/status)");
     let mut ledger_rows = Family::gauge(
         "memgap_ledger_bytes",
         "Resident bytes in each ledger row memgap knows from outside; rows it cannot know without a recording are absent",
     );
-    let mut groups = Family::gauge("memgap_mapping_group_resident_bytes", "Resident bytes (smaps Rss) of each group of mappings: heap, stacks, file, shared, anonymous_other");
+    let mut groups = Family::gauge(
+        "memgap_mapping_group_resident_bytes",
+        "Resident bytes (smaps Rss) of each group of mappings: heap, stacks, file, shared, anonymous_other",
+    );
     let mut threads = Family::gauge("memgap_threads", "Threads of the process");
-    let mut arenas = Family::gauge("memgap_glibc_arenas", "glibc malloc arenas seen in the memory map: the main one plus one per 64 MiB arena heap");
+    let mut arenas =
+        Family::gauge("memgap_glibc_arenas", "glibc malloc arenas seen in the memory map: the main one plus one per 64 MiB arena heap");
     let mut heaps = Family::gauge(
         "memgap_heap_resident_bytes",
         "Resident bytes (smaps Rss) of each heap mapping: main (the brk heap), a glibc arena heap by start address, other (the other anonymous mappings)",
@@ -147,7 +154,9 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
             ledger_rows.add([process(), vec![("row", row)]].concat(), Value::Integer(bytes));
         }
         let g = &l.groups;
-        for (group, bytes) in [("heap", g.heap), ("stacks", g.stacks), ("file", g.file), ("shared", g.shared), ("anonymous_other", g.anonymous_other)] {
+        for (group, bytes) in
+            [("heap", g.heap), ("stacks", g.stacks), ("file", g.file), ("shared", g.shared), ("anonymous_other", g.anonymous_other)]
+        {
             groups.add([process(), vec![("group", group.to_string())]].concat(), Value::Integer(bytes));
         }
         threads.add(process(), Value::Integer(u64::from(l.threads)));
@@ -164,9 +173,12 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
     }
 
     let mut cgroup_current = Family::gauge("memgap_cgroup_memory_current_bytes", "The memory cgroup's usage (memory.current)");
-    let mut cgroup_max = Family::gauge("memgap_cgroup_memory_max_bytes", "The lowest memory.max from the cgroup up to the root; absent when unlimited");
-    let mut cgroup_headroom = Family::gauge("memgap_cgroup_memory_headroom_bytes", "memory.max minus memory.current: how far the cgroup is from its limit");
-    let mut cgroup_oom_kills = Family::counter("memgap_cgroup_oom_kills_total", "Processes of the cgroup the OOM killer has killed (memory.events oom_kill)");
+    let mut cgroup_max =
+        Family::gauge("memgap_cgroup_memory_max_bytes", "The lowest memory.max from the cgroup up to the root; absent when unlimited");
+    let mut cgroup_headroom =
+        Family::gauge("memgap_cgroup_memory_headroom_bytes", "memory.max minus memory.current: how far the cgroup is from its limit");
+    let mut cgroup_oom_kills =
+        Family::counter("memgap_cgroup_oom_kills_total", "Processes of the cgroup the OOM killer has killed (memory.events oom_kill)");
     if let Some(cgroup) = &scrape.cgroup {
         let labels = || vec![("cgroup", cgroup.path.clone())];
         cgroup_current.add(labels(), Value::Integer(cgroup.current_bytes));
@@ -186,14 +198,31 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
     duration.add(Vec::new(), Value::Float(scrape.duration_seconds));
     let mut read = Family::gauge("memgap_scrape_processes", "Processes read in this scrape");
     read.add(Vec::new(), Value::Integer(scrape.processes.len() as u64));
-    let mut skipped = Family::gauge("memgap_scrape_skipped_processes", "Processes listed but left out of this scrape: vanished (exited meanwhile), not_permitted, unreadable");
+    let mut skipped = Family::gauge(
+        "memgap_scrape_skipped_processes",
+        "Processes listed but left out of this scrape: vanished (exited meanwhile), not_permitted, unreadable",
+    );
     for reason in SKIP_REASONS {
         skipped.add(vec![("reason", reason.to_string())], Value::Integer(scrape.skipped.get(reason).copied().unwrap_or(0)));
     }
 
     let mut out = String::new();
     for family in [
-        info, rss, ledger_rows, groups, threads, arenas, heaps, numa, cgroup_current, cgroup_max, cgroup_headroom, cgroup_oom_kills, duration, read, skipped,
+        info,
+        rss,
+        ledger_rows,
+        groups,
+        threads,
+        arenas,
+        heaps,
+        numa,
+        cgroup_current,
+        cgroup_max,
+        cgroup_headroom,
+        cgroup_oom_kills,
+        duration,
+        read,
+        skipped,
     ] {
         family.write(&mut out);
     }
@@ -363,7 +392,10 @@ mod tests {
         assert_eq!(value(&samples, "memgap_rss_bytes", &process), Some((100 << 20) as f64));
         assert_eq!(value(&samples, "memgap_glibc_arenas", &process), Some(2.0));
         assert_eq!(value(&samples, "memgap_heap_resident_bytes", &[("heap", "main"), ("kind", "brk heap")]), Some((30 << 20) as f64));
-        assert_eq!(value(&samples, "memgap_heap_resident_bytes", &[("heap", "0x7f0000000000"), ("kind", "arena")]), Some((50 << 20) as f64));
+        assert_eq!(
+            value(&samples, "memgap_heap_resident_bytes", &[("heap", "0x7f0000000000"), ("kind", "arena")]),
+            Some((50 << 20) as f64)
+        );
         assert_eq!(value(&samples, "memgap_process_info", &[("allocator", "glibc")]), Some(1.0));
         assert_eq!(value(&samples, "memgap_numa_resident_bytes", &[("node", "1")]), Some((40 << 20) as f64));
         assert_eq!(value(&samples, "memgap_scrape_duration_seconds", &[]), Some(0.0125));
@@ -414,7 +446,10 @@ mod tests {
         let samples = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let cgroup = ("cgroup", "/system.slice/app.service");
         assert_eq!(value(&samples, "memgap_cgroup_memory_current_bytes", &[cgroup]), Some((700 << 20) as f64));
-        assert_eq!(value(&samples, "memgap_cgroup_memory_max_bytes", &[cgroup, ("limit_cgroup", "/system.slice")]), Some((1u64 << 30) as f64));
+        assert_eq!(
+            value(&samples, "memgap_cgroup_memory_max_bytes", &[cgroup, ("limit_cgroup", "/system.slice")]),
+            Some((1u64 << 30) as f64)
+        );
         assert_eq!(value(&samples, "memgap_cgroup_memory_headroom_bytes", &[cgroup]), Some((324 << 20) as f64));
         assert_eq!(value(&samples, "memgap_cgroup_oom_kills_total", &[cgroup]), Some(2.0));
         assert!(text.contains("# TYPE memgap_cgroup_oom_kills_total counter\n"), "{text}");
@@ -431,7 +466,14 @@ mod tests {
     #[test]
     fn every_family_follows_the_naming_conventions() {
         let l = ledger(1, "init");
-        let cgroup = CgroupMemory { path: "/a".into(), current_bytes: 1, max_bytes: Some(2), headroom_bytes: Some(1), oom_kills: Some(0), ..CgroupMemory::default() };
+        let cgroup = CgroupMemory {
+            path: "/a".into(),
+            current_bytes: 1,
+            max_bytes: Some(2),
+            headroom_bytes: Some(1),
+            oom_kills: Some(0),
+            ..CgroupMemory::default()
+        };
         let scrape = Scrape { processes: vec![l], cgroup: Some(cgroup), skipped: BTreeMap::from([("vanished", 3)]), duration_seconds: 0.5 };
         let text = prometheus_text(&scrape);
         let samples = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -439,7 +481,8 @@ mod tests {
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             let name = line.split(' ').nth(2).unwrap();
             assert!(name.starts_with("memgap_"), "{name}");
-            let unit_ok = ["_bytes", "_seconds", "_total", "_info", "_threads", "_arenas", "_processes"].iter().any(|unit| name.ends_with(unit));
+            let unit_ok =
+                ["_bytes", "_seconds", "_total", "_info", "_threads", "_arenas", "_processes"].iter().any(|unit| name.ends_with(unit));
             assert!(unit_ok, "{name} does not say its unit");
         }
     }

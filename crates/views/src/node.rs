@@ -29,9 +29,22 @@ pub fn section(n: &NodeLayer) -> String {
     );
     let _ = writeln!(out, "    {:<26} {:>10} {:>10} {:>10} {:>10}", "space", "size", "used", "available", "physical");
     for s in n.spaces.iter().filter(|s| s.size > 0 || s.used > 0) {
-        let _ = writeln!(out, "    {:<26} {:>10} {:>10} {:>10} {:>10}", s.name, bytes(s.size), bytes(s.used), bytes(s.available), bytes(s.physical));
+        let _ = writeln!(
+            out,
+            "    {:<26} {:>10} {:>10} {:>10} {:>10}",
+            s.name,
+            bytes(s.size),
+            bytes(s.used),
+            bytes(s.available),
+            bytes(s.physical)
+        );
     }
-    let _ = writeln!(out, "    V8's mappings: {} resident in {}; external memory is in the malloc rows", bytes(n.v8_resident_bytes), count(u64::from(n.v8_mappings)));
+    let _ = writeln!(
+        out,
+        "    V8's mappings: {} resident in {}; external memory is in the malloc rows",
+        bytes(n.v8_resident_bytes),
+        count(u64::from(n.v8_mappings))
+    );
     let _ = writeln!(
         out,
         "    GC: {} scavenges, {} mark-compacts, {} incremental steps, {:.1} ms",

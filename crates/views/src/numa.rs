@@ -43,7 +43,10 @@ pub fn cpu_ranges(cpus: &[u32]) -> String {
 
 fn matrix(out: &mut String, rows: &[String], columns: &[String], cells: &[Vec<u64>], cell: impl Fn(u64) -> String) {
     let max = cells.iter().flatten().copied().max().unwrap_or(0);
-    let texts: Vec<Vec<String>> = cells.iter().map(|row| row.iter().map(|&v| if v == 0 { "·".into() } else { format!("{} {}", shade(v, max), cell(v)) }).collect()).collect();
+    let texts: Vec<Vec<String>> = cells
+        .iter()
+        .map(|row| row.iter().map(|&v| if v == 0 { "·".into() } else { format!("{} {}", shade(v, max), cell(v)) }).collect())
+        .collect();
     let label_width = rows.iter().map(|r| r.chars().count()).max().unwrap_or(0).max(4);
     let width = texts.iter().flatten().map(|t| t.chars().count()).chain(columns.iter().map(|c| c.chars().count())).max().unwrap_or(4);
     let _ = write!(out, "    {:label_width$}", "");
@@ -87,7 +90,8 @@ pub fn numa(r: &NumaReport, title: &str) -> String {
         }
         None => {
             matrix(&mut out, &r.allocation_rows, &columns, &r.allocation_matrix_bytes, bytes);
-            let resident: Vec<String> = r.nodes.iter().zip(&r.resident_bytes_by_node).map(|(n, &b)| format!("node {} {}", n.id, bytes(b))).collect();
+            let resident: Vec<String> =
+                r.nodes.iter().zip(&r.resident_bytes_by_node).map(|(n, &b)| format!("node {} {}", n.id, bytes(b))).collect();
             let cost = r.placement_cost_seconds.map(|s| format!(" (asked in {:.1} ms)", s * 1e3)).unwrap_or_default();
             let _ = writeln!(out, "    resident heap pages: {}{cost}", resident.join(", "));
             let local = r.local_fraction.map(percent).unwrap_or_else(|| "n/a".into());
@@ -108,7 +112,13 @@ pub fn numa(r: &NumaReport, title: &str) -> String {
                         (Some(file), Some(line)) => format!(" ({}:{line})", file.rsplit('/').next().unwrap_or(file)),
                         _ => String::new(),
                     };
-                    let _ = writeln!(out, "      {:>10} of {:>10}  {}{location}", bytes(site.remote_bytes), bytes(site.placed_bytes), site.function.as_deref().unwrap_or("?"));
+                    let _ = writeln!(
+                        out,
+                        "      {:>10} of {:>10}  {}{location}",
+                        bytes(site.remote_bytes),
+                        bytes(site.placed_bytes),
+                        site.function.as_deref().unwrap_or("?")
+                    );
                 }
             }
         }
@@ -129,14 +139,19 @@ pub fn numa(r: &NumaReport, title: &str) -> String {
         for c in &r.ghc_capabilities {
             let capability = c.capability.map_or("(none)".to_string(), |n| n.to_string());
             let node = c.node.map_or("-".to_string(), |n| format!("node {n}"));
-            let _ = writeln!(out, "    capability {capability:<6} {node:<8} {}", ghc_generations(&c.gcs_by_generation, &c.copied_bytes_by_generation));
+            let _ = writeln!(
+                out,
+                "    capability {capability:<6} {node:<8} {}",
+                ghc_generations(&c.gcs_by_generation, &c.copied_bytes_by_generation)
+            );
         }
         for n in &r.ghc_gcs_by_node {
             let _ = writeln!(out, "    node {:<14} {}", n.node, ghc_generations(&n.gcs_by_generation, &n.copied_bytes_by_generation));
         }
     }
     if !r.ghc_heap_bytes_by_node.is_empty() {
-        let placed: Vec<String> = r.nodes.iter().zip(&r.ghc_heap_bytes_by_node).map(|(n, &b)| format!("node {} {}", n.id, bytes(b))).collect();
+        let placed: Vec<String> =
+            r.nodes.iter().zip(&r.ghc_heap_bytes_by_node).map(|(n, &b)| format!("node {} {}", n.id, bytes(b))).collect();
         let _ = writeln!(out, "    GHC heap (megablocks) resident: {}", placed.join(", "));
     }
     for note in &r.notes {
@@ -150,7 +165,10 @@ fn sampled(out: &mut String, r: &NumaReport, s: &AccessLocality, columns: &[Stri
         let _ = writeln!(out, "\n  access locality ({}): sampled accesses by the accessing CPU's node (rows) × the data's node", s.source);
     } else {
         let _ = writeln!(out, "\n  access locality: unavailable: {}", r.access_unavailable_reason.as_deref().unwrap_or(""));
-        let _ = writeln!(out, "  first-touch locality (page faults, not accesses): pages first touched by a CPU on node (rows) × the node they landed on");
+        let _ = writeln!(
+            out,
+            "  first-touch locality (page faults, not accesses): pages first touched by a CPU on node (rows) × the node they landed on"
+        );
     }
     matrix(out, columns, columns, &s.matrix, count);
     let distances: Vec<String> = s.by_distance.iter().map(|d| format!("{}×{}", d.distance, count(d.events))).collect();
@@ -242,6 +260,7 @@ mod tests {
 
 /// "gen 0: 12 (3.1 MiB copied), gen 1: 2 (…)".
 fn ghc_generations(gcs: &[u64], copied: &[u64]) -> String {
-    let parts: Vec<String> = gcs.iter().enumerate().map(|(g, n)| format!("gen {g}: {n} ({} copied)", bytes(copied.get(g).copied().unwrap_or(0)))).collect();
+    let parts: Vec<String> =
+        gcs.iter().enumerate().map(|(g, n)| format!("gen {g}: {n} ({} copied)", bytes(copied.get(g).copied().unwrap_or(0)))).collect();
     parts.join(", ")
 }

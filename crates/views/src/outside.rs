@@ -19,7 +19,8 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — from /proc, no recording", l.pid, l.command);
     let _ = writeln!(out);
     out.push_str(&crate::ledger::rows_table(&l.rows.named(), l.rss_bytes, 0));
-    let _ = writeln!(out, "  {:<12} {:>11}   residual {}", "RSS (kernel)", bytes(l.rss_bytes), crate::ledger::signed_bytes(l.residual_bytes));
+    let _ =
+        writeln!(out, "  {:<12} {:>11}   residual {}", "RSS (kernel)", bytes(l.rss_bytes), crate::ledger::signed_bytes(l.residual_bytes));
     let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
     let _ = writeln!(out);
     let s = &l.status;
@@ -55,7 +56,13 @@ pub fn snapshot(l: &ProcessLedger) -> String {
         let _ = writeln!(out, "  {:<36} {:>10} {:>10} {:>10}", "heap", "resident", "lazy_free", "reserved");
         for h in &l.heaps {
             let name = if h.mappings > 1 { format!("{} ({})", h.name, h.mappings) } else { h.name.clone() };
-            let _ = writeln!(out, "  {name:<36} {:>10} {:>10} {:>10}", bytes(h.resident_bytes), bytes(h.lazy_free_bytes), bytes(h.reserved_bytes));
+            let _ = writeln!(
+                out,
+                "  {name:<36} {:>10} {:>10} {:>10}",
+                bytes(h.resident_bytes),
+                bytes(h.lazy_free_bytes),
+                bytes(h.reserved_bytes)
+            );
         }
         if l.arenas > 0 {
             let _ = writeln!(out, "  glibc arenas: {} (the main one plus each 64 MiB heap)", l.arenas);
@@ -89,7 +96,14 @@ pub fn trim(r: &TrimReport) -> String {
     let _ = writeln!(out);
     let _ = writeln!(out, "  {:<10} {:>11} {:>11} {:>11}", "", "before", "after", "returned");
     let signed = |v: i64| if v < 0 { format!("-{}", bytes(v.unsigned_abs())) } else { bytes(v as u64) };
-    let _ = writeln!(out, "  {:<10} {:>11} {:>11} {:>11}", "VmRSS", bytes(r.rss_before_bytes), bytes(r.rss_after_bytes), signed(r.returned_bytes));
+    let _ = writeln!(
+        out,
+        "  {:<10} {:>11} {:>11} {:>11}",
+        "VmRSS",
+        bytes(r.rss_before_bytes),
+        bytes(r.rss_after_bytes),
+        signed(r.returned_bytes)
+    );
     let _ = writeln!(
         out,
         "  {:<10} {:>11} {:>11} {:>11}  ({:.1}% of the heap)",
@@ -138,11 +152,22 @@ mod tests {
     #[test]
     fn cgroup_lines() {
         assert_eq!(cgroup_line(None), "cgroup: none with memory accounting");
-        let mut c = CgroupMemory { version: 2, path: "/app".into(), current_bytes: 3 << 29, max_bytes: Some(2 << 30), used_percent: Some(75.0), headroom_bytes: Some(1 << 29), ..CgroupMemory::default() };
+        let mut c = CgroupMemory {
+            version: 2,
+            path: "/app".into(),
+            current_bytes: 3 << 29,
+            max_bytes: Some(2 << 30),
+            used_percent: Some(75.0),
+            headroom_bytes: Some(1 << 29),
+            ..CgroupMemory::default()
+        };
         c.limit_path = Some("/".into());
         c.stat.insert("anon".into(), 1 << 30);
         c.oom_kills = Some(2);
-        assert_eq!(cgroup_line(Some(&c)), "cgroup v2 /app: 1.50 GiB of 2.00 GiB (set on /) (75.0%), 512 MiB left before the OOM killer; anon 1.00 GiB; 2 OOM kills so far");
+        assert_eq!(
+            cgroup_line(Some(&c)),
+            "cgroup v2 /app: 1.50 GiB of 2.00 GiB (set on /) (75.0%), 512 MiB left before the OOM killer; anon 1.00 GiB; 2 OOM kills so far"
+        );
         c.max_bytes = None;
         c.used_percent = None;
         c.headroom_bytes = None;

@@ -33,7 +33,15 @@ pub fn summary(s: &Summary) -> String {
         ("threads", format!("{}{runtime_threads}", count(s.threads.into()))),
         ("peak RSS", bytes(s.peak_rss_bytes)),
         ("RSS at exit", bytes(s.rss_at_end_bytes)),
-        ("peak live heap", format!("{} at {}{}", bytes(s.peak_live_bytes), seconds(s.peak_live_seconds), s.runtime.as_ref().map(|r| format!(" ({} heap)", r.owner)).unwrap_or_default())),
+        (
+            "peak live heap",
+            format!(
+                "{} at {}{}",
+                bytes(s.peak_live_bytes),
+                seconds(s.peak_live_seconds),
+                s.runtime.as_ref().map(|r| format!(" ({} heap)", r.owner)).unwrap_or_default()
+            ),
+        ),
         ("live at end", live_at_end),
         ("allocated", format!("{} in {} allocations", bytes(s.allocated_bytes), count(s.allocations))),
     ];

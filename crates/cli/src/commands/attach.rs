@@ -56,7 +56,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // The first read says which endpoint the service has.
     let endpoint = Endpoint::find(&url)?;
-    let output = args.output.clone().unwrap_or_else(|| PathBuf::from(format!("memgap-attach.{}.mgt", pid.map(|p| p.to_string()).unwrap_or_else(|| url.port.to_string()))));
+    let output = args.output.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("memgap-attach.{}.mgt", pid.map(|p| p.to_string()).unwrap_or_else(|| url.port.to_string())))
+    });
     let mut writer = TraceWriter::create(&output, random_id()).with_context(|| format!("cannot write {}", output.display()))?;
     let start = monotonic_ns();
     let (exe, argv) = pid.map(describe).unwrap_or_else(|| (args.go.clone(), vec![args.go.clone()]));
@@ -95,7 +97,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match endpoint.read(&url) {
             Ok(stats) => {
                 failures = 0;
-                records.push(Record::Metrics(Metrics { monotonic_ns: monotonic_ns(), source: memgap_source_go::SOURCE.into(), kind: "memstats".into(), values: stats.to_metric_values() }));
+                records.push(Record::Metrics(Metrics {
+                    monotonic_ns: monotonic_ns(),
+                    source: memgap_source_go::SOURCE.into(),
+                    kind: "memstats".into(),
+                    values: stats.to_metric_values(),
+                }));
                 if let Some(pid) = pid {
                     if let Ok(rss) = residency::rss(pid) {
                         records.push(Record::Rss(rss));
@@ -132,7 +139,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let now = monotonic_ns();
-    writer.write(&[Record::Clock(Clock { time: now, monotonic_ns: now }), Record::End(End { time: now, reason: EndReason::Exit, ..End::default() })])?;
+    writer.write(&[
+        Record::Clock(Clock { time: now, monotonic_ns: now }),
+        Record::End(End { time: now, reason: EndReason::Exit, ..End::default() }),
+    ])?;
     drop(writer);
     if !args.quiet {
         eprintln!("memgap: {} — {polls} readings of {} over {:.1} s", output.display(), args.go, (now - start) as f64 / 1e9);
@@ -190,13 +200,17 @@ impl Url {
     }
 
     fn is_local(&self) -> bool {
-        (self.host.as_str(), self.port).to_socket_addrs().map(|mut addrs| addrs.any(|a| a.ip().is_loopback() || a.ip().is_unspecified())).unwrap_or(false)
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map(|mut addrs| addrs.any(|a| a.ip().is_loopback() || a.ip().is_unspecified()))
+            .unwrap_or(false)
     }
 
     /// GET `path`: the status code and the body.
     fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         let address = (self.host.as_str(), self.port).to_socket_addrs()?.next().with_context(|| format!("{}: no address", self.host))?;
-        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5)).with_context(|| format!("cannot connect to {}:{}", self.host, self.port))?;
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))
+            .with_context(|| format!("cannot connect to {}:{}", self.host, self.port))?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         // HTTP/1.0: the server closes the connection after the body, never chunks it.
         write!(stream, "GET {path} HTTP/1.0\r\nHost: {}:{}\r\nUser-Agent: memgap\r\n\r\n", self.host, self.port)?;

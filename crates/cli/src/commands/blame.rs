@@ -52,7 +52,11 @@ pub fn options(at: At, by: BlameOrder, top: usize, per_stack: bool, skip: Vec<St
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let options = BlameOptions { temporary_ms: args.temporary_ms, full_names: args.full_names, ..options(args.at.at, args.by, args.top, args.per_stack, args.skip) };
+    let options = BlameOptions {
+        temporary_ms: args.temporary_ms,
+        full_names: args.full_names,
+        ..options(args.at.at, args.by, args.top, args.per_stack, args.skip)
+    };
     let Some(blame) = memgap_model::blame(&args.trace, &options).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };

@@ -106,8 +106,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bail!("{flag} {value}: give a number of seconds, 0 or more");
         }
     }
-    let noise: Vec<regex::Regex> =
-        args.output_regex.iter().map(|pattern| regex::Regex::new(pattern).with_context(|| format!("--output-regex {pattern:?}"))).collect::<anyhow::Result<_>>()?;
+    let noise: Vec<regex::Regex> = args
+        .output_regex
+        .iter()
+        .map(|pattern| regex::Regex::new(pattern).with_context(|| format!("--output-regex {pattern:?}")))
+        .collect::<anyhow::Result<_>>()?;
     let user_preload = std::env::var("LD_PRELOAD").ok();
     let trim = agent::locate_trim();
     let trim = trim.as_deref().map_err(|e| format!("{e:#}"));
@@ -189,7 +192,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut comparison = compare::compare(command, specs, runs, options);
     comparison.notes.extend(notes);
     if !noise.is_empty() {
-        comparison.notes.push(format!("text matching --output-regex was left out of the stdout comparison ({})", args.output_regex.join(", ")));
+        comparison
+            .notes
+            .push(format!("text matching --output-regex was left out of the stdout comparison ({})", args.output_regex.join(", ")));
     }
     if let Some(trace) = &args.remedies {
         let note = keep_measurements(trace, &comparison);
@@ -212,7 +217,9 @@ fn keep_measurements(trace: &std::path::Path, comparison: &compare::Comparison) 
     let path = compare::measured::path_beside(trace);
     let text = serde_json::to_string_pretty(&measured).expect("plain structs always serialize");
     match memgap_trace::files::write_replacing(&path, |file| std::io::Write::write_all(file, text.as_bytes())) {
-        Ok(()) => format!("what each remedy measured is kept in {}: the ledger of {} ranks its remedies by it", path.display(), trace.display()),
+        Ok(()) => {
+            format!("what each remedy measured is kept in {}: the ledger of {} ranks its remedies by it", path.display(), trace.display())
+        }
         Err(error) => format!("could not keep the measurements in {}: {error}", path.display()),
     }
 }
@@ -223,7 +230,8 @@ fn remedies_of_trace(trace: &std::path::Path) -> anyhow::Result<Vec<configs::Rem
     let Some(ledger) = memgap_model::ledger_at(trace, memgap_model::At::Peak, false).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot, so no ledger and no remedies");
     };
-    let json: serde_json::Value = serde_json::from_str(&memgap_views::json::to_string(&ledger)).context("reading the ledger's JSON back")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&memgap_views::json::to_string(&ledger)).context("reading the ledger's JSON back")?;
     configs::remedies_of_ledger(&json).with_context(|| name.clone())
 }
 
@@ -233,7 +241,12 @@ fn remedies_of_trace(trace: &std::path::Path) -> anyhow::Result<Vec<configs::Rem
 /// its own runs span the whole comparison (whatever drifts with time
 /// during it shows up between them). `repeat` None: decided after the
 /// default's first run.
-fn run_interleaved(specs: &[ConfigSpec], command: &[OsString], repeat: Option<usize>, setup: &memgap_measure::Setup) -> Result<Vec<Vec<Run>>, memgap_measure::MeasureError> {
+fn run_interleaved(
+    specs: &[ConfigSpec],
+    command: &[OsString],
+    repeat: Option<usize>,
+    setup: &memgap_measure::Setup,
+) -> Result<Vec<Vec<Run>>, memgap_measure::MeasureError> {
     let available: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].available).collect();
     let mut runs = vec![Vec::new(); specs.len()];
     let Some(&baseline) = available.first() else { return Ok(runs) };
@@ -250,14 +263,24 @@ fn run_interleaved(specs: &[ConfigSpec], command: &[OsString], repeat: Option<us
         let run = memgap_measure::measure(command, &spec.env, setup)?;
         if progress {
             let peak = run.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0).max(run.max_rss_bytes);
-            eprintln!("memgap: [{done}/{total}] {}: {}, peak RSS {}, exit {}", spec.name, seconds(run.wall_seconds), bytes(peak), run.exit_code);
+            eprintln!(
+                "memgap: [{done}/{total}] {}: {}, peak RSS {}, exit {}",
+                spec.name,
+                seconds(run.wall_seconds),
+                bytes(peak),
+                run.exit_code
+            );
         }
         Ok(run)
     };
     let first = measure(baseline, 1, 1)?;
     let repeat = repeat.unwrap_or(if first.wall_seconds < SHORT_RUN_SECONDS { SHORT_RUN_REPEATS } else { 1 });
     runs[baseline].push(first);
-    let mut order: Vec<usize> = (0..repeat).flat_map(|round| (0..available.len()).map(move |k| (round, k))).map(|(round, k)| available[(round + k) % available.len()]).skip(1).collect();
+    let mut order: Vec<usize> = (0..repeat)
+        .flat_map(|round| (0..available.len()).map(move |k| (round, k)))
+        .map(|(round, k)| available[(round + k) % available.len()])
+        .skip(1)
+        .collect();
     if order.last() != Some(&baseline) {
         order.push(baseline);
     }

@@ -81,9 +81,18 @@ fn value_index(by: BlameOrder) -> usize {
 /// The stacks at the moment `at` names, from the allocation site outwards,
 /// the executable, and that moment (said on stderr once the output is
 /// written: export and flamegraph print nothing else).
-fn weighted_stacks(trace: &Path, at: At, full_names: bool) -> anyhow::Result<(Vec<WeightedStack>, Option<MainBinary>, Option<memgap_model::Moment>)> {
+fn weighted_stacks(
+    trace: &Path,
+    at: At,
+    full_names: bool,
+) -> anyhow::Result<(Vec<WeightedStack>, Option<MainBinary>, Option<memgap_model::Moment>)> {
     let name = trace.display().to_string();
-    let Some(blame): Option<Blame> = memgap_model::blame(trace, &memgap_model::BlameOptions { full_names, ..options(at, BlameOrder::Live, usize::MAX, true, Vec::new()) }).with_context(|| name.clone())? else {
+    let Some(blame): Option<Blame> = memgap_model::blame(
+        trace,
+        &memgap_model::BlameOptions { full_names, ..options(at, BlameOrder::Live, usize::MAX, true, Vec::new()) },
+    )
+    .with_context(|| name.clone())?
+    else {
         bail!("{name}: the trace has no snapshot");
     };
     let main = blame.main_module.map(|m| MainBinary { path: m.path, base: m.base, size: m.size, build_id: m.build_id });
@@ -137,7 +146,11 @@ pub fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
 
 pub fn flamegraph(args: FlamegraphArgs) -> anyhow::Result<ExitCode> {
     let (stacks, _, moment) = weighted_stacks(&args.trace, args.at.at, args.full_names)?;
-    let title = format!("memgap: {} bytes by call stack — {}", SAMPLE_TYPES[value_index(args.by)].0.trim_end_matches("_space"), args.trace.display());
+    let title = format!(
+        "memgap: {} bytes by call stack — {}",
+        SAMPLE_TYPES[value_index(args.by)].0.trim_end_matches("_space"),
+        args.trace.display()
+    );
     let svg = memgap_views::export::flamegraph_svg(&stacks, value_index(args.by), "bytes", &title)?;
     write(&args.output, svg.as_bytes())?;
     say_moment(&args.trace, moment);

@@ -61,7 +61,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let selection = if let Some(name) = &args.cgroup {
         let cgroup = memgap_attach::cgroup::v2_named(name).map_err(|e| anyhow!(e))?;
         if cgroup.memory().is_none() {
-            eprintln!("memgap: cgroup {} has no memory.current (the memory controller is not enabled for it): its limit and headroom are not exported", cgroup.path);
+            eprintln!(
+                "memgap: cgroup {} has no memory.current (the memory controller is not enabled for it): its limit and headroom are not exported",
+                cgroup.path
+            );
         }
         Selection::Cgroup(cgroup)
     } else if args.all {

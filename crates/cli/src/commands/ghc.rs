@@ -16,8 +16,8 @@ use memgap_source_ghc::{detect, eventlog, metrics, rts_text};
 use memgap_trace::files::{self, PrivateDir};
 use memgap_trace::records::{Metrics, Record, Records};
 
-use crate::output;
 use super::run::RunTraces;
+use crate::output;
 
 /// The GHC ledger of an existing eventlog (`+RTS -l`): live data, blocks
 /// not live, free blocks in megablocks, non-heap memory, GCs per
@@ -42,14 +42,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let bytes = read_eventlog(&args.eventlog).with_context(|| name.clone())?;
     let log = eventlog::parse(&bytes).with_context(|| name.clone())?;
     if log.truncated {
-        eprintln!("memgap: {name} is cut short after {} bytes (the program is running or was killed); reading the events before the cut", log.complete_bytes);
+        eprintln!(
+            "memgap: {name} is cut short after {} bytes (the program is running or was killed); reading the events before the cut",
+            log.complete_bytes
+        );
     }
     let mut input = GhcInput { metrics: metrics::to_metrics(&log, |ns| ns), ..GhcInput::default() };
     if let Some(path) = &args.rss {
         (input.rss, input.lazy_free) = read_rss_samples(path)?;
     }
     let Some(report) = report(&input) else {
-        bail!("{name}: the eventlog has no garbage collection with a heap size (run the program with +RTS -l, whose default event classes include the heap ones)");
+        bail!(
+            "{name}: the eventlog has no garbage collection with a heap size (run the program with +RTS -l, whose default event classes include the heap ones)"
+        );
     };
     if args.json {
         output::print(&(memgap_views::json::to_string(&report) + "\n"))?;
@@ -120,7 +125,10 @@ impl Recording {
         }
         if let detect::RtsSupport::Refused { reason } = detect::probe(&program, Duration::from_secs(10)) {
             if !quiet {
-                eprintln!("memgap: {} is a GHC program whose RTS does not take -l ({reason}); for the GHC ledger rebuild it with `ghc -rtsopts -eventlog`", argv[0].to_string_lossy());
+                eprintln!(
+                    "memgap: {} is a GHC program whose RTS does not take -l ({reason}); for the GHC ledger rebuild it with `ghc -rtsopts -eventlog`",
+                    argv[0].to_string_lossy()
+                );
             }
             return None;
         }
@@ -198,17 +206,23 @@ impl Recording {
         };
         let mut records = Vec::new();
         let mut end_ns = start_monotonic;
-        match read_eventlog(&self.eventlog).map_err(|e| e.to_string()).and_then(|bytes| eventlog::parse(&bytes).map_err(|e| e.to_string())) {
+        match read_eventlog(&self.eventlog).map_err(|e| e.to_string()).and_then(|bytes| eventlog::parse(&bytes).map_err(|e| e.to_string()))
+        {
             Ok(log) => {
                 if log.truncated {
-                    say(format!("the GHC eventlog is cut short after {} bytes (the program was killed?); using the events before the cut", log.complete_bytes));
+                    say(format!(
+                        "the GHC eventlog is cut short after {} bytes (the program was killed?); using the events before the cut",
+                        log.complete_bytes
+                    ));
                 }
                 let zero = metrics::rts_start_monotonic(&log, start_monotonic, start_realtime);
                 records = metrics::to_metrics(&log, |ns| zero.saturating_add(ns));
                 end_ns = records.iter().map(|m| m.monotonic_ns).max().unwrap_or(zero);
             }
             // A debug RTS given -D flags traces to stderr instead of the eventlog.
-            Err(error) if self.debug_tracing => say(format!("no GHC eventlog ({error}): the RTS's -D flags send its trace to stderr instead; reading only what it printed")),
+            Err(error) if self.debug_tracing => {
+                say(format!("no GHC eventlog ({error}): the RTS's -D flags send its trace to stderr instead; reading only what it printed"))
+            }
             Err(error) => say(format!("no GHC eventlog at {} ({error}): did GHCRTS or +RTS set -ol elsewhere?", self.eventlog.display())),
         }
         let text = String::from_utf8_lossy(&stderr_tail);
@@ -226,8 +240,15 @@ impl Recording {
         let kept = trace.with_extension("eventlog");
         if let Ok(mut from) = files::open_regular(&self.eventlog) {
             match files::write_replacing(&kept, |to| std::io::copy(&mut from, to).map(|_| ())) {
-                Ok(()) => say(format!("GHC eventlog: {} ({} GCs added to the trace)", kept.display(), records.iter().filter(|m| m.kind == "gc").count())),
-                Err(error) => say(format!("GHC eventlog not kept ({} GCs added to the trace): {error}", records.iter().filter(|m| m.kind == "gc").count())),
+                Ok(()) => say(format!(
+                    "GHC eventlog: {} ({} GCs added to the trace)",
+                    kept.display(),
+                    records.iter().filter(|m| m.kind == "gc").count()
+                )),
+                Err(error) => say(format!(
+                    "GHC eventlog not kept ({} GCs added to the trace): {error}",
+                    records.iter().filter(|m| m.kind == "gc").count()
+                )),
             }
         }
         drop(self.private);

@@ -34,7 +34,8 @@ pub struct CompletionsArgs {
 pub fn man(args: ManArgs, mut memgap: clap::Command) -> anyhow::Result<ExitCode> {
     memgap.build();
     if args.list {
-        let names: Vec<String> = std::iter::once("memgap".to_string()).chain(subcommands(&memgap).map(|c| format!("memgap-{}", c.get_name()))).collect();
+        let names: Vec<String> =
+            std::iter::once("memgap".to_string()).chain(subcommands(&memgap).map(|c| format!("memgap-{}", c.get_name()))).collect();
         write_stdout(format!("{}\n", names.join("\n")).as_bytes())?;
         return Ok(ExitCode::SUCCESS);
     }

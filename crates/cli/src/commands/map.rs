@@ -31,7 +31,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "never" => false,
         _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
-    let heading = format!("memgap map — {name} — {}\n", memgap_views::format::moment(ledger.moment.as_ref(), ledger.at_seconds, ledger.snapshot_reason));
+    let heading = format!(
+        "memgap map — {name} — {}\n",
+        memgap_views::format::moment(ledger.moment.as_ref(), ledger.at_seconds, ledger.snapshot_reason)
+    );
     output::print(&(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)))?;
     Ok(ExitCode::SUCCESS)
 }

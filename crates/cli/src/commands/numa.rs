@@ -52,7 +52,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// `memgap numa --pid PID`: the topology and numa_maps, mapping by mapping.
 fn process(pid: u32, topology: memgap_model::numa::Topology, json: bool) -> anyhow::Result<ExitCode> {
     let maps = memgap_source_numa::numa_maps::read(pid).with_context(|| format!("process {pid}: cannot read /proc/{pid}/numa_maps"))?;
-    let placement = memgap_model::numa::ProcessPlacement::new(pid, topology, maps.into_iter().map(|m| (m.start, m.policy, m.kind, m.bytes_by_node)).collect());
+    let placement = memgap_model::numa::ProcessPlacement::new(
+        pid,
+        topology,
+        maps.into_iter().map(|m| (m.start, m.policy, m.kind, m.bytes_by_node)).collect(),
+    );
     if json {
         output::print(&(memgap_views::json::to_string(&placement) + "\n"))?;
     } else {

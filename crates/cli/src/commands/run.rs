@@ -89,10 +89,12 @@ static CHILD_PID: AtomicI32 = AtomicI32::new(0);
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let program_name = Path::new(&args.command[0]).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "program".into());
+    let program_name =
+        Path::new(&args.command[0]).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "program".into());
     let pattern = output_pattern(args.output.as_deref(), &program_name)?;
     let run_id = random_run_id();
-    let go_binary = if args.trim_only { None } else { go::resolve(&args.command[0]).and_then(|exe| memgap_source_go::buildinfo::detect(&exe)) };
+    let go_binary =
+        if args.trim_only { None } else { go::resolve(&args.command[0]).and_then(|exe| memgap_source_go::buildinfo::detect(&exe)) };
     if let Some(binary) = go_binary {
         return go::run(&args, binary, &pattern, run_id);
     }
@@ -124,7 +126,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };
-    let samplers = if args.trim_only { Vec::new() } else { samplers::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64) };
+    let samplers = if args.trim_only {
+        Vec::new()
+    } else {
+        samplers::prepare(&mut command, (args.snapshot_interval * 1000.0).clamp(50.0, 60_000.0) as u64)
+    };
 
     let sampling = match args.numa && !args.trim_only {
         true => Some(numa::prepare(&mut command).context("cannot prepare NUMA sampling")?),
@@ -197,7 +203,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let traces = traces::RunTraces { pattern: &pattern, run_id, top_pid, top_identity };
     for outcome in outcomes.iter().filter(|o| o.given_up) {
         if !args.quiet {
-            eprintln!("memgap: process {} ({}) was still running when {} ended; its trace stops there", outcome.pid, outcome.command, program_name);
+            eprintln!(
+                "memgap: process {} ({}) was still running when {} ended; its trace stops there",
+                outcome.pid, outcome.command, program_name
+            );
         }
     }
     for process in untraced.iter().filter(|_| !args.quiet) {
@@ -377,7 +386,9 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
     }
     let gap = |closing: &memgap_model::Closing| closing.moment.as_ref().map_or(0, memgap_model::gap_bytes);
     // The verdict is about the process with the most to explain (the top one on a tie).
-    let Some(chosen) = closings.iter().enumerate().max_by_key(|(i, (_, c))| (gap(c), std::cmp::Reverse(*i))).map(|(i, _)| i) else { return };
+    let Some(chosen) = closings.iter().enumerate().max_by_key(|(i, (_, c))| (gap(c), std::cmp::Reverse(*i))).map(|(i, _)| i) else {
+        return;
+    };
     let (chosen_trace, closing) = &closings[chosen];
     let s = &closing.summary;
     eprintln!(
@@ -390,10 +401,16 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
         if s.truncated { " (cut short)" } else { "" }
     );
     if s.dropped_events > 0 {
-        eprintln!("memgap: {} events were not recorded: the trace could not be written fast enough, or signal handlers interrupted memgap's hooks too often", memgap_views::format::count(s.dropped_events));
+        eprintln!(
+            "memgap: {} events were not recorded: the trace could not be written fast enough, or signal handlers interrupted memgap's hooks too often",
+            memgap_views::format::count(s.dropped_events)
+        );
     }
     if closings.len() > 1 {
-        eprintln!("memgap: {} traced processes; the verdict is about the one with the largest gap between RSS and its live heap:", closings.len() + unweighed);
+        eprintln!(
+            "memgap: {} traced processes; the verdict is about the one with the largest gap between RSS and its live heap:",
+            closings.len() + unweighed
+        );
         eprintln!("memgap:   {:>8} {:>10} {:>10}  command (trace)", "pid", "peak RSS", "gap");
         let mut order: Vec<usize> = (0..closings.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(gap(&closings[i].1)));
@@ -445,7 +462,8 @@ fn sibling_traces(pattern: &Path, run_id: u64, top: &Path) -> Vec<PathBuf> {
         .filter(|path| path != top && path.extension().is_some_and(|e| e == "mgt"))
         .filter(|path| {
             let mut header = [0u8; framing::FILE_HEADER_LEN];
-            std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut header)).is_ok() && FileHeader::decode(&header).is_ok_and(|h| h.run_id == run_id)
+            std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut header)).is_ok()
+                && FileHeader::decode(&header).is_ok_and(|h| h.run_id == run_id)
         })
         .collect();
     found.sort();

@@ -36,8 +36,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(Missing::Other(error)) => return Err(error),
         }
     };
-    let file = std::fs::File::options().read(true).write(true).open(&path).with_context(|| format!("cannot ask for a snapshot through {}", path.display()))?;
-    let base = unsafe { libc::mmap(std::ptr::null_mut(), shared::HEADER_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot ask for a snapshot through {}", path.display()))?;
+    let base = unsafe {
+        libc::mmap(std::ptr::null_mut(), shared::HEADER_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
     if base == libc::MAP_FAILED {
         bail!("cannot map {}: {}", path.display(), std::io::Error::last_os_error());
     }
@@ -75,7 +81,9 @@ fn started_recently(pid: u32) -> bool {
     let Some(after_name) = stat.rsplit_once(')').map(|(_, rest)| rest) else { return false };
     // Field 22 (starttime), the 20th after the command name.
     let Some(start_ticks) = after_name.split_whitespace().nth(19).and_then(|t| t.parse::<f64>().ok()) else { return false };
-    let Some(uptime) = std::fs::read_to_string("/proc/uptime").ok().and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok()) else { return false };
+    let Some(uptime) = std::fs::read_to_string("/proc/uptime").ok().and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok()) else {
+        return false;
+    };
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     uptime - start_ticks / ticks < 2.0
 }
@@ -87,7 +95,9 @@ fn area_of(pid: u32) -> Result<PathBuf, Missing> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Missing::Other(anyhow::anyhow!("no process {pid}"))),
         // memgap run's processes are the caller's own: one it may not read is not among them.
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(Missing::Other(anyhow::anyhow!("process {pid} is not being recorded by memgap (its memory map is not readable: permission denied)")));
+            return Err(Missing::Other(anyhow::anyhow!(
+                "process {pid} is not being recorded by memgap (its memory map is not readable: permission denied)"
+            )));
         }
         Err(e) => return Err(Missing::Other(anyhow::Error::new(e).context(format!("cannot inspect process {pid}")))),
     };

@@ -32,7 +32,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         output::print(&(memgap_views::json::to_string(&timeline) + "\n"))?;
     } else {
-        let (trims, trim_calls) = memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;
+        let (trims, trim_calls) =
+            memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;
         let color = match args.color.as_str() {
             "always" => true,
             "never" => false,

@@ -29,7 +29,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let before = memgap_model::outside_ledger(&memgap_attach::read_process(args.pid)?);
-    let options = memgap_attach::TrimOptions { thread: args.thread, patience: Duration::from_secs_f64(args.patience.max(0.1)), ..Default::default() };
+    let options =
+        memgap_attach::TrimOptions { thread: args.thread, patience: Duration::from_secs_f64(args.patience.max(0.1)), ..Default::default() };
     let call = memgap_attach::malloc_trim(before.pid, &options)?;
     let after = memgap_model::outside_ledger(&memgap_attach::read_process(before.pid)?);
     let report = TrimReport::new(&before, &after, call);

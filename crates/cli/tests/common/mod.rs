@@ -80,11 +80,7 @@ pub fn run_plain(dir: &Path, program: &str, args: &[&str]) -> Output {
 pub fn memgap_cmd(dir: &Path, args: &[&str]) -> Command {
     if args.first() == Some(&"run") && std::env::var_os("MEMGAP_AGENT").is_none() {
         let agent = memgap_bin().with_file_name("libmemgap_agent.so");
-        assert!(
-            agent.exists(),
-            "{} is missing: build the agent first (cargo build --release --workspace)",
-            agent.display()
-        );
+        assert!(agent.exists(), "{} is missing: build the agent first (cargo build --release --workspace)", agent.display());
     }
     let mut cmd = command(memgap_bin().to_str().unwrap(), args);
     cmd.current_dir(dir).env_remove("LD_PRELOAD");
@@ -100,16 +96,9 @@ pub fn memgap(dir: &Path, args: &[&str]) -> Output {
 pub fn summary_json(trace: &Path) -> Value {
     let dir = trace.parent().unwrap();
     let out = memgap(dir, &["summary", arg(trace), "--json"]);
-    assert!(
-        out.status.success(),
-        "memgap summary {} failed ({}):\n{}",
-        trace.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("summary --json printed invalid JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout))
-    })
+    assert!(out.status.success(), "memgap summary {} failed ({}):\n{}", trace.display(), out.status, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("summary --json printed invalid JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// `summary["events"][kind]`; panics, showing the summary, if it is absent.
@@ -207,7 +196,6 @@ pub fn children_of(pid: u32) -> Vec<u32> {
     children
 }
 
-
 // ---------------------------------------------------------------------------
 // Processes that keep running while memgap looks at them (attach tests).
 
@@ -254,7 +242,10 @@ impl Background {
     /// The number after `key ` in the lines it printed ("kept 1234").
     pub fn printed(&self, key: &str) -> u64 {
         let prefix = format!("{key} ");
-        self.lines.iter().find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok()).unwrap_or_else(|| panic!("no \"{key} N\" in {:?}", self.lines))
+        self.lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no \"{key} N\" in {:?}", self.lines))
     }
 }
 
@@ -309,7 +300,9 @@ pub fn holding_rss<S: AsRef<OsStr> + std::fmt::Debug>(cmd: &[S], env: &[(String,
     while child.try_wait().expect("wait for the program").is_none() {
         // A zombie has no VmRSS line.
         let status = fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-        if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()) {
+        if let Some(kib) =
+            status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        {
             samples.push(kib << 10);
         }
         thread::sleep(Duration::from_millis(10));

@@ -155,7 +155,11 @@ pub fn remedies_sentence(remedies: &[crate::ledger::Remedy]) -> String {
         })
         .collect();
     let mut text = if tries.is_empty() { String::new() } else { format!(" To try: {}.", tries.join("; ")) };
-    let rejected: Vec<String> = remedies.iter().filter(|r| !recommendable(r)).filter_map(|r| r.measured.as_ref().map(|m| format!("{} ({}, {})", r.id, figure(m), m.outcome.name()))).collect();
+    let rejected: Vec<String> = remedies
+        .iter()
+        .filter(|r| !recommendable(r))
+        .filter_map(|r| r.measured.as_ref().map(|m| format!("{} ({}, {})", r.id, figure(m), m.outcome.name())))
+        .collect();
     if !rejected.is_empty() {
         text.push_str(&format!(" Measured with memgap compare and not recommended: {}.", rejected.join("; ")));
     }
@@ -172,18 +176,55 @@ mod tests {
     /// Three runs holding `steady` bytes, printing `output`.
     fn runs(steady: u64, output: &str) -> Vec<Run> {
         let samples: Vec<RssSample> = (0..100).map(|i| RssSample { seconds: i as f64 / 100.0, rss_bytes: steady }).collect();
-        let run = Run { samples, wall_seconds: 1.0, cpu_seconds: 1.0, max_rss_bytes: steady, stdout: Stdout::Lines(vec![output.to_string()]), stdout_hash: output.len() as u64, ..Run::default() };
+        let run = Run {
+            samples,
+            wall_seconds: 1.0,
+            cpu_seconds: 1.0,
+            max_rss_bytes: steady,
+            stdout: Stdout::Lines(vec![output.to_string()]),
+            stdout_hash: output.len() as u64,
+            ..Run::default()
+        };
         vec![run.clone(), run.clone(), run]
     }
 
     #[test]
     fn judged_against_the_defaults_noise() {
-        let configs = [("default", 100 * MIB, "ok"), ("glibc-trim", 20 * MIB, "ok"), ("glibc-arena-max", 110 * MIB, "ok"), ("glibc-trim-threshold", 98 * MIB, "ok"), ("odd", 10 * MIB, "not ok")];
-        let specs = configs.iter().map(|(name, _, _)| ConfigSpec { name: name.to_string(), env: Vec::new(), wrapper: Vec::new(), package: None, available: true, note: None }).collect();
-        let comparison = compare(vec!["prog".into()], specs, configs.iter().map(|&(_, steady, output)| runs(steady, output)).collect(), Options::default());
+        let configs = [
+            ("default", 100 * MIB, "ok"),
+            ("glibc-trim", 20 * MIB, "ok"),
+            ("glibc-arena-max", 110 * MIB, "ok"),
+            ("glibc-trim-threshold", 98 * MIB, "ok"),
+            ("odd", 10 * MIB, "not ok"),
+        ];
+        let specs = configs
+            .iter()
+            .map(|(name, _, _)| ConfigSpec {
+                name: name.to_string(),
+                env: Vec::new(),
+                wrapper: Vec::new(),
+                package: None,
+                available: true,
+                note: None,
+            })
+            .collect();
+        let comparison = compare(
+            vec!["prog".into()],
+            specs,
+            configs.iter().map(|&(_, steady, output)| runs(steady, output)).collect(),
+            Options::default(),
+        );
         let m = measurements(&comparison);
         let outcomes: Vec<(&str, Outcome)> = m.remedies.iter().map(|(id, x)| (id.as_str(), x.outcome)).collect();
-        assert_eq!(outcomes, [("glibc-trim", Outcome::Lower), ("glibc-arena-max", Outcome::Higher), ("glibc-trim-threshold", Outcome::WithinNoise), ("odd", Outcome::Differs)]);
+        assert_eq!(
+            outcomes,
+            [
+                ("glibc-trim", Outcome::Lower),
+                ("glibc-arena-max", Outcome::Higher),
+                ("glibc-trim-threshold", Outcome::WithinNoise),
+                ("odd", Outcome::Differs)
+            ]
+        );
         assert_eq!(m.of("glibc-trim").unwrap().saved_bytes(), 80 * MIB);
         assert_eq!(m.of("glibc-arena-max").unwrap().saved_bytes(), 0);
         let text = serde_json::to_string(&m).unwrap();
@@ -206,10 +247,15 @@ mod tests {
             Remedy::new("glibc-trim-threshold", "glibc", "fixed thresholds", &[("GLIBC_TUNABLES", "x")], 10 * MIB),
             Remedy::new("ruby-compact", "ruby", "GC.compact", &[], 5 * MIB),
         ];
-        let measured = |bytes: u64, outcome: Outcome| Measured { metric: "steady".into(), default_bytes: 180 * MIB, bytes, runs: 3, outcome };
+        let measured =
+            |bytes: u64, outcome: Outcome| Measured { metric: "steady".into(), default_bytes: 180 * MIB, bytes, runs: 3, outcome };
         let measurements = RemedyMeasurements {
             command: vec!["prog".into()],
-            remedies: vec![("glibc-arena-max".into(), measured(190 * MIB, Outcome::Higher)), ("glibc-trim".into(), measured(80 * MIB, Outcome::Lower)), ("glibc-trim-threshold".into(), measured(70 * MIB, Outcome::Lower))],
+            remedies: vec![
+                ("glibc-arena-max".into(), measured(190 * MIB, Outcome::Higher)),
+                ("glibc-trim".into(), measured(80 * MIB, Outcome::Lower)),
+                ("glibc-trim-threshold".into(), measured(70 * MIB, Outcome::Lower)),
+            ],
         };
         rank(&mut remedies, &measurements);
         let order: Vec<&str> = remedies.iter().map(|r| r.id).collect();

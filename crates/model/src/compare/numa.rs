@@ -158,7 +158,10 @@ mod tests {
                 }
             }
         }
-        let by_distance = vec![DistanceCount { distance: 10, events: near }, DistanceCount { distance: 20, events: far }].into_iter().filter(|d| d.events > 0).collect::<Vec<_>>();
+        let by_distance = vec![DistanceCount { distance: 10, events: near }, DistanceCount { distance: 20, events: far }]
+            .into_iter()
+            .filter(|d| d.events > 0)
+            .collect::<Vec<_>>();
         let locality = AccessLocality {
             kind: "first-touch",
             source: "page-faults".into(),
@@ -176,7 +179,8 @@ mod tests {
 
     #[test]
     fn medians_over_runs_and_events_summed() {
-        let runs = [run(vec![vec![100, 0], vec![0, 0]], 1.0), run(vec![vec![50, 50], vec![0, 0]], 1.0), run(vec![vec![60, 40], vec![0, 0]], 2.0)];
+        let runs =
+            [run(vec![vec![100, 0], vec![0, 0]], 1.0), run(vec![vec![50, 50], vec![0, 0]], 1.0), run(vec![vec![60, 40], vec![0, 0]], 2.0)];
         let numa = reduce(&runs.iter().collect::<Vec<_>>()).unwrap();
         assert_eq!(numa.basis, "first-touch");
         assert_eq!(numa.local_fraction, Some(0.6));

@@ -136,8 +136,12 @@ impl OutputModel {
             }
             OutputModel::Unordered { required, known } => {
                 let counts = shape_counts(lines);
-                let mut missing: Vec<(&String, usize)> =
-                    required.iter().filter_map(|(shape, &want)| want.checked_sub(counts.get(shape).copied().unwrap_or(0)).filter(|&n| n > 0).map(|n| (shape, n))).collect();
+                let mut missing: Vec<(&String, usize)> = required
+                    .iter()
+                    .filter_map(|(shape, &want)| {
+                        want.checked_sub(counts.get(shape).copied().unwrap_or(0)).filter(|&n| n > 0).map(|n| (shape, n))
+                    })
+                    .collect();
                 missing.sort();
                 for (shape, n) in missing {
                     for _ in 0..n {

@@ -57,8 +57,21 @@ pub struct Remedy {
 }
 
 impl Remedy {
-    pub fn new(id: &'static str, owner: &'static str, description: impl Into<String>, env: &[(&str, &str)], expected_savings_bytes: u64) -> Remedy {
-        Remedy { id, owner, description: description.into(), env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), expected_savings_bytes, measured: None }
+    pub fn new(
+        id: &'static str,
+        owner: &'static str,
+        description: impl Into<String>,
+        env: &[(&str, &str)],
+        expected_savings_bytes: u64,
+    ) -> Remedy {
+        Remedy {
+            id,
+            owner,
+            description: description.into(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            expected_savings_bytes,
+            measured: None,
+        }
     }
 }
 
@@ -96,7 +109,13 @@ pub trait MallocLayout {
     /// Which resident pages holding no block the allocator's trim would
     /// release now, given the live block extents (`live`) in address
     /// order. Allocators without a trim release none.
-    fn trim_forecast(&self, _state: &mut crate::HeapState, _snapshot: &Snapshot, _live: &[(u64, u64)], _page: u64) -> crate::glibc_trim::TrimForecast {
+    fn trim_forecast(
+        &self,
+        _state: &mut crate::HeapState,
+        _snapshot: &Snapshot,
+        _live: &[(u64, u64)],
+        _page: u64,
+    ) -> crate::glibc_trim::TrimForecast {
         crate::glibc_trim::TrimForecast::default()
     }
     /// How many arenas the heaps make (0: not counted).

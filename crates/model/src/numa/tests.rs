@@ -42,11 +42,11 @@ fn allocation_matrix_splits_blocks_by_page_and_puts_wandering_threads_in_their_o
     threads.insert(1, BTreeSet::from([0])); // stayed on node 0
     threads.insert(2, BTreeSet::from([0, 1])); // ran on both
     let blocks = [
-        (0x1000, block(4096, 1, 0, 7)),  // node 0 page, allocated on node 0: local
-        (0x2800, block(4096, 1, 1, 8)),  // half on node 0 (local), half on node 1 (remote)
-        (0x4000, block(100, 2, 2, 9)),   // node 1, allocated on node 1: local, multi-node row
-        (0x4100, block(60, 2, 0, 9)),    // node 1, allocated on node 0: remote, multi-node row
-        (0x5000, block(50, 2, 0, 9)),    // not present
+        (0x1000, block(4096, 1, 0, 7)), // node 0 page, allocated on node 0: local
+        (0x2800, block(4096, 1, 1, 8)), // half on node 0 (local), half on node 1 (remote)
+        (0x4000, block(100, 2, 2, 9)),  // node 1, allocated on node 1: local, multi-node row
+        (0x4100, block(60, 2, 0, 9)),   // node 1, allocated on node 0: remote, multi-node row
+        (0x5000, block(50, 2, 0, 9)),   // not present
     ];
     let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &pages, 4096);
     assert_eq!(locality.rows, ["node 0", "node 1", "multi-node threads"]);
@@ -71,11 +71,18 @@ fn a_thread_with_no_known_node_falls_back_to_its_cpu() {
 #[test]
 fn the_papers_worked_examples() {
     // 1223 × 10^9 weighted accesses: 52.3 G at distance 10, 30 G at 16, 10 G at 22.
-    let by_distance = [DistanceCount { distance: 10, events: 52_300_000_000 }, DistanceCount { distance: 16, events: 30_000_000_000 }, DistanceCount { distance: 22, events: 10_000_000_000 }];
+    let by_distance = [
+        DistanceCount { distance: 10, events: 52_300_000_000 },
+        DistanceCount { distance: 16, events: 30_000_000_000 },
+        DistanceCount { distance: 22, events: 10_000_000_000 },
+    ];
     let rate = numa_access_rate(&by_distance, 13.91).unwrap();
     assert_eq!(format!("{:.1}", rate / 1e9), "87.9");
     assert_eq!(rate, 1223e9 / 13.91);
-    assert_eq!(format!("{:.1}", numa_access_rate(&[DistanceCount { distance: 10, events: 159_100_000_000 }], 9.56).unwrap() / 1e9), "166.4");
+    assert_eq!(
+        format!("{:.1}", numa_access_rate(&[DistanceCount { distance: 10, events: 159_100_000_000 }], 9.56).unwrap() / 1e9),
+        "166.4"
+    );
     assert_eq!(format!("{:.1}", numa_access_rate(&[DistanceCount { distance: 10, events: 25_500_000_000 }], 0.45).unwrap() / 1e9), "566.7");
     assert_eq!(numa_access_rate(&by_distance, 0.0), None);
 }
@@ -93,13 +100,13 @@ fn access_matrix_distances_and_rate_on_the_papers_machine() {
         period: 1000,
         seconds: 2.0,
         samples: vec![
-            sample(0, 0x1000, 7),  // node 0 → 7: distance 22
-            sample(1, 0x1000, 7),  // node 0 → 7: 22
-            sample(24, 0x2000, 7), // node 3 → 7: 22
-            sample(63, 0x2000, 7), // node 7 → 7: 10
-            sample(57, 0x9000, -2), // node 7 → resolver: node 6, distance 16
+            sample(0, 0x1000, 7),      // node 0 → 7: distance 22
+            sample(1, 0x1000, 7),      // node 0 → 7: 22
+            sample(24, 0x2000, 7),     // node 3 → 7: 22
+            sample(63, 0x2000, 7),     // node 7 → 7: 10
+            sample(57, 0x9000, -2),    // node 7 → resolver: node 6, distance 16
             sample(9, 0xdead000, -14), // node 1 → nowhere: unresolved
-            sample(99, 0x1000, 7),  // no such CPU: unresolved
+            sample(99, 0x1000, 7),     // no such CPU: unresolved
         ],
         ..SampleBatch::default()
     };
@@ -111,7 +118,14 @@ fn access_matrix_distances_and_rate_on_the_papers_machine() {
     expected[7][7] = 1000;
     expected[7][6] = 1000;
     assert_eq!(a.matrix, expected);
-    assert_eq!(a.by_distance, vec![DistanceCount { distance: 10, events: 1000 }, DistanceCount { distance: 16, events: 1000 }, DistanceCount { distance: 22, events: 3000 }]);
+    assert_eq!(
+        a.by_distance,
+        vec![
+            DistanceCount { distance: 10, events: 1000 },
+            DistanceCount { distance: 16, events: 1000 },
+            DistanceCount { distance: 22, events: 3000 }
+        ]
+    );
     assert_eq!(a.unresolved, 2);
     assert_eq!(a.local_fraction, Some(0.2));
     // (10×1000 + 16×1000 + 22×3000) / 2 s
@@ -174,7 +188,11 @@ fn a_recorded_trace_on_the_papers_machine() {
         time: 100,
         page_size: 4096,
         stride: 1,
-        mappings: vec![records::MappingPlacement { start: 0x10000, pages: 48, runs: vec![(7, 2), (records::NOT_PRESENT, 14), (3, 1), (0, 1), (records::NOT_PRESENT, 14), (0, 16)] }],
+        mappings: vec![records::MappingPlacement {
+            start: 0x10000,
+            pages: 48,
+            runs: vec![(7, 2), (records::NOT_PRESENT, 14), (3, 1), (0, 1), (records::NOT_PRESENT, 14), (0, 16)],
+        }],
         ..Placement::default()
     };
     let sample = |pid, cpu, addr| MemorySample { monotonic_ns: 5, pid, tid: pid, cpu, addr, node: 7, data_source: 0 };
@@ -243,8 +261,14 @@ fn ghc_capabilities_land_on_nodes_by_numa_or_affinity() {
     // Three nodes of two CPUs each: node ids 0, 2, 4; CPUs 0-1, 2-3, 4-5.
     let nodes: Vec<Node> = (0..3).map(|i| Node { id: i * 2, cpus: vec![2 * i, 2 * i + 1], memory_bytes: 1 << 30 }).collect();
     let topology = Topology { nodes, distances: Vec::new() };
-    let gcs: Vec<crate::ghc::CapabilityGcs> = (0..5).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![10 + cap as u64, 1] }).collect();
-    let point = |cap: u32, generation: u32, copied: u64| crate::ghc::GhcPoint { capability: Some(cap), generation: Some(generation), copied_bytes: copied, ..Default::default() };
+    let gcs: Vec<crate::ghc::CapabilityGcs> =
+        (0..5).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![10 + cap as u64, 1] }).collect();
+    let point = |cap: u32, generation: u32, copied: u64| crate::ghc::GhcPoint {
+        capability: Some(cap),
+        generation: Some(generation),
+        copied_bytes: copied,
+        ..Default::default()
+    };
     let timeline = vec![point(4, 0, 100), point(4, 0, 50), point(4, 1, 7), point(0, 1, 3)];
     let nodes_of = |caps: &[GhcCapabilityGcs]| caps.iter().map(|c| c.node).collect::<Vec<_>>();
 
@@ -258,11 +282,15 @@ fn ghc_capabilities_land_on_nodes_by_numa_or_affinity() {
     let affinity = ghc_capability_nodes(&gcs[..3], &timeline, &topology, Some("-qa"), Some(3));
     assert_eq!(nodes_of(&affinity), vec![None, None, None]);
     // -qa -N6: one CPU each.
-    let six: Vec<crate::ghc::CapabilityGcs> = (0..6).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![1] }).collect();
+    let six: Vec<crate::ghc::CapabilityGcs> =
+        (0..6).map(|cap| crate::ghc::CapabilityGcs { capability: Some(cap), by_generation: vec![1] }).collect();
     let affinity = ghc_capability_nodes(&six, &timeline, &topology, Some("-qa"), Some(6));
     assert_eq!(nodes_of(&affinity), vec![Some(0), Some(0), Some(2), Some(2), Some(4), Some(4)]);
     let by_node = ghc_gcs_by_node(&affinity);
-    assert_eq!(by_node.iter().map(|n| (n.node, n.gcs_by_generation.clone())).collect::<Vec<_>>(), vec![(0, vec![2]), (2, vec![2]), (4, vec![2])]);
+    assert_eq!(
+        by_node.iter().map(|n| (n.node, n.gcs_by_generation.clone())).collect::<Vec<_>>(),
+        vec![(0, vec![2]), (2, vec![2]), (4, vec![2])]
+    );
     assert_eq!(by_node[0].copied_bytes_by_generation, vec![0, 3]);
     assert_eq!(by_node[2].copied_bytes_by_generation, vec![150, 7]);
 

@@ -37,7 +37,13 @@ impl MallocLayout for GlibcMalloc {
         }
     }
 
-    fn trim_forecast(&self, state: &mut crate::HeapState, snapshot: &memgap_trace::records::Snapshot, live: &[(u64, u64)], page: u64) -> crate::glibc_trim::TrimForecast {
+    fn trim_forecast(
+        &self,
+        state: &mut crate::HeapState,
+        snapshot: &memgap_trace::records::Snapshot,
+        live: &[(u64, u64)],
+        page: u64,
+    ) -> crate::glibc_trim::TrimForecast {
         let walks = crate::ledger::PageWalks::of(snapshot, page, false);
         crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, live, page, |m| walks.by_page(m.start))
     }
@@ -74,12 +80,19 @@ impl Allocator for GlibcMalloc {
         // thread arenas' tops and free space scattered over them. After a
         // burst, fewer arenas keep the same free pages, so the pages a trim
         // returns are not counted for it as well.
-        let in_arenas: u64 = ledger.heaps.iter().filter(|h| h.kind == "arena").map(|h| h.retained - h.trimmable.min(h.retained) + h.fragmented).sum();
+        let in_arenas: u64 =
+            ledger.heaps.iter().filter(|h| h.kind == "arena").map(|h| h.retained - h.trimmable.min(h.retained) + h.fragmented).sum();
         if ledger.arenas > 2 && in_arenas >= WORTH_TRYING {
             // Two arenas instead of n: the thread arenas' free space shrinks
             // about in proportion.
             let saving = in_arenas * u64::from(ledger.arenas - 2) / u64::from(ledger.arenas - 1);
-            out.push(Remedy::new("glibc-arena-max", NAME, "fewer arenas, so free memory is shared between threads: MALLOC_ARENA_MAX=2", &[("MALLOC_ARENA_MAX", "2")], saving));
+            out.push(Remedy::new(
+                "glibc-arena-max",
+                NAME,
+                "fewer arenas, so free memory is shared between threads: MALLOC_ARENA_MAX=2",
+                &[("MALLOC_ARENA_MAX", "2")],
+                saving,
+            ));
         }
         let untrimmable = retained - trimmable;
         if untrimmable >= WORTH_TRYING {

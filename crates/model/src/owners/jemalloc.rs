@@ -50,7 +50,13 @@ impl Allocator for JemallocMalloc {
         }
         let fragmented = finding_bytes(findings, NAME, "fragmented");
         if fragmented >= WORTH_TRYING {
-            out.push(Remedy::new("jemalloc-narenas", NAME, "one arena, so threads share partly filled slabs: MALLOC_CONF=narenas:1", &[("MALLOC_CONF", "narenas:1")], 0));
+            out.push(Remedy::new(
+                "jemalloc-narenas",
+                NAME,
+                "one arena, so threads share partly filled slabs: MALLOC_CONF=narenas:1",
+                &[("MALLOC_CONF", "narenas:1")],
+                0,
+            ));
         }
         out
     }

@@ -103,7 +103,11 @@ pub fn verdict(l: &Ledger, owner: &str) -> String {
                 format!(
                     " malloc_trim(0) would return about {} of it now{}.",
                     b(l.trim_would_return_bytes),
-                    if l.retained_not_trimmable_bytes > 0 { format!("; {} sits where trim cannot reach (arena tops, tcache)", b(l.retained_not_trimmable_bytes)) } else { String::new() }
+                    if l.retained_not_trimmable_bytes > 0 {
+                        format!("; {} sits where trim cannot reach (arena tops, tcache)", b(l.retained_not_trimmable_bytes))
+                    } else {
+                        String::new()
+                    }
                 )
             } else {
                 String::new()
@@ -114,8 +118,13 @@ pub fn verdict(l: &Ledger, owner: &str) -> String {
             "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under pressure.",
             b(bytes)
         ),
-        "slack" => format!("{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.", b(bytes)),
-        "runtime" => format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", b(bytes)),
+        "slack" => format!(
+            "{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.",
+            b(bytes)
+        ),
+        "runtime" => {
+            format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", b(bytes))
+        }
         _ => crate::ledger::other_sentence(l, share, bytes),
     };
     format!("{opening} {body}{}", crate::ledger::remedies_sentence(l))

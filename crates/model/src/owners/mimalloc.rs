@@ -30,7 +30,13 @@ impl Allocator for MimallocMalloc {
                 &[("MIMALLOC_PURGE_DELAY", "0"), ("MIMALLOC_PURGE_DECOMMITS", "1"), ("MIMALLOC_RESET_DELAY", "0"), ("MIMALLOC_RESET_DECOMMITS", "1")],
                 retained + lazy,
             ));
-            out.push(Remedy::new("mimalloc-collect-from-code", NAME, "collect from the program after a burst: mi_collect(true)", &[], retained));
+            out.push(Remedy::new(
+                "mimalloc-collect-from-code",
+                NAME,
+                "collect from the program after a burst: mi_collect(true)",
+                &[],
+                retained,
+            ));
         }
         out
     }

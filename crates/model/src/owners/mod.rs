@@ -12,8 +12,8 @@ pub mod glibc;
 pub mod jemalloc;
 pub mod malloc;
 pub mod mimalloc;
-pub mod python;
 pub mod node;
+pub mod python;
 pub mod tcmalloc;
 
 /// Every owner, each starting with nothing seen.
@@ -122,18 +122,31 @@ mod tests {
     use super::*;
 
     fn gc(ns: u64, source: &str, kind: &str, generation: Option<f64>) -> Metrics {
-        Metrics { monotonic_ns: ns, source: source.into(), kind: kind.into(), values: generation.map(|g| vec![("generation".to_string(), g)]).unwrap_or_default() }
+        Metrics {
+            monotonic_ns: ns,
+            source: source.into(),
+            kind: kind.into(),
+            values: generation.map(|g| vec![("generation".to_string(), g)]).unwrap_or_default(),
+        }
     }
 
     #[test]
     fn gc_marks_from_every_runtime_thinned_keeping_major_ones() {
         let mut owners = Owners::default();
         owners.process(&Process { start_monotonic_ns: 1_000_000_000, ..Process::default() });
-        for m in [gc(3_000_000_000, "ruby", "major_gc", None), gc(1_500_000_000, "go", "gc", None), gc(2_000_000_000, "ruby", "sample", None), gc(2_500_000_000, "ghc", "gc", Some(0.0))] {
+        for m in [
+            gc(3_000_000_000, "ruby", "major_gc", None),
+            gc(1_500_000_000, "go", "gc", None),
+            gc(2_000_000_000, "ruby", "sample", None),
+            gc(2_500_000_000, "ghc", "gc", Some(0.0)),
+        ] {
             owners.metrics(&m);
         }
         let marks = owners.gc_marks(100);
-        assert_eq!(marks.iter().map(|m| (m.seconds, m.source.as_str(), m.major)).collect::<Vec<_>>(), vec![(0.5, "go", true), (1.5, "ghc", false), (2.0, "ruby", true)]);
+        assert_eq!(
+            marks.iter().map(|m| (m.seconds, m.source.as_str(), m.major)).collect::<Vec<_>>(),
+            vec![(0.5, "go", true), (1.5, "ghc", false), (2.0, "ruby", true)]
+        );
 
         let mut many = Owners::default();
         for i in 0..1000 {

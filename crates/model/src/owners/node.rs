@@ -138,7 +138,12 @@ impl NodeOwner {
     /// at its samples) up to `monotonic_ns`.
     fn array_buffers_peak(&self, monotonic_ns: u64) -> u64 {
         let mut current: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut samples: Vec<(u64, &Metrics)> = self.isolates.iter().flat_map(|(&t, i)| i.samples.iter().map(move |m| (t, m))).filter(|(_, m)| m.monotonic_ns <= monotonic_ns).collect();
+        let mut samples: Vec<(u64, &Metrics)> = self
+            .isolates
+            .iter()
+            .flat_map(|(&t, i)| i.samples.iter().map(move |m| (t, m)))
+            .filter(|(_, m)| m.monotonic_ns <= monotonic_ns)
+            .collect();
         samples.sort_by_key(|(_, m)| m.monotonic_ns);
         let mut peak = 0;
         for (thread, m) in samples {
@@ -203,7 +208,12 @@ impl NodeOwner {
         layer.semi_space_unused_bytes = spaces.iter().filter(|s| s.name == "new_space").map(|s| s.size.saturating_sub(s.used)).sum();
         layer.spaces = spaces;
         for isolate in self.isolates.values() {
-            let majors: Vec<u64> = isolate.samples.iter().filter(|m| m.kind == "major_gc" && m.monotonic_ns <= monotonic_ns).map(|m| value(m, "old_space.used")).collect();
+            let majors: Vec<u64> = isolate
+                .samples
+                .iter()
+                .filter(|m| m.kind == "major_gc" && m.monotonic_ns <= monotonic_ns)
+                .map(|m| value(m, "old_space.used"))
+                .collect();
             if let (Some(&first), Some(&last)) = (majors.first(), majors.last()) {
                 layer.old_space_used_after_major_gc_bytes = Some(layer.old_space_used_after_major_gc_bytes.unwrap_or(0).max(last));
                 layer.old_space_growth_bytes += last.saturating_sub(first);
@@ -256,7 +266,12 @@ impl HeapOwner for NodeOwner {
     }
 
     fn gc_marks(&self, start_ns: u64) -> Vec<GcMark> {
-        self.isolates.values().flat_map(|i| &i.samples).filter(|m| m.kind == "major_gc").map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true }).collect()
+        self.isolates
+            .values()
+            .flat_map(|i| &i.samples)
+            .filter(|m| m.kind == "major_gc")
+            .map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true })
+            .collect()
     }
 
     fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
@@ -281,7 +296,8 @@ impl HeapOwner for NodeOwner {
         push("v8_heap_growth", layer.old_space_growth_bytes);
         // Buffers and other external memory churn through malloc: its gap is
         // the malloc owner's finding; this one ties it to Node.
-        let malloc_gap: u64 = ledger.owners.iter().filter(|s| MALLOC_OWNERS.contains(&s.owner)).map(|s| s.rows.fragmented + s.rows.retained).sum();
+        let malloc_gap: u64 =
+            ledger.owners.iter().filter(|s| MALLOC_OWNERS.contains(&s.owner)).map(|s| s.rows.fragmented + s.rows.retained).sum();
         if layer.array_buffers_peak_bytes >= WORTH_TRYING {
             push("buffer_churn", malloc_gap);
         }
@@ -364,7 +380,11 @@ impl HeapOwner for NodeOwner {
             b(part.rows.live),
             b(part.rows.fragmented),
             b(part.rows.retained + part.rows.lazy_free),
-            if layer.semi_space_unused_bytes > 0 { format!(" (of which the young generation's unused semi-space {})", b(layer.semi_space_unused_bytes.min(part.rows.retained))) } else { String::new() }
+            if layer.semi_space_unused_bytes > 0 {
+                format!(" (of which the young generation's unused semi-space {})", b(layer.semi_space_unused_bytes.min(part.rows.retained)))
+            } else {
+                String::new()
+            }
         );
         text.push_str(&crate::ledger::remedies_sentence(ledger));
         Some(text)
@@ -389,7 +409,8 @@ pub fn attach(ledger: &mut Ledger, mut layer: NodeLayer) {
     layer.v8_mappings = mappings;
     layer.v8_resident_bytes = resident + lazy;
     let used: u64 = layer.spaces.iter().map(|s| s.used).sum();
-    let free_in_pages: u64 = layer.spaces.iter().filter(|s| fragments(&s.name)).map(|s| s.available.min(s.size.saturating_sub(s.used))).sum();
+    let free_in_pages: u64 =
+        layer.spaces.iter().filter(|s| fragments(&s.name)).map(|s| s.available.min(s.size.saturating_sub(s.used))).sum();
     let committed: u64 = layer.spaces.iter().map(|s| s.size).sum();
     let physical: u64 = layer.spaces.iter().map(|s| s.physical).sum();
     // V8 commits a page when it allocates into it: what its mappings hold
@@ -448,16 +469,42 @@ mod tests {
         let mut owner = NodeOwner::default();
         owner.note("node 20.20.2 (V8 11.3.244.8-node.33)");
         let main = |ns, kind, used_old: f64| {
-            sample(ns, kind, 0, &[
-                ("heap_total", 40.0 * MIB), ("heap_used", 20.0 * MIB + used_old), ("external", 30.0 * MIB), ("array_buffers", 28.0 * MIB),
-                ("new_space.size", 16.0 * MIB), ("new_space.used", 2.0 * MIB), ("new_space.available", 6.0 * MIB), ("new_space.physical", 16.0 * MIB),
-                ("old_space.size", 24.0 * MIB), ("old_space.used", used_old), ("old_space.available", 3.0 * MIB), ("old_space.physical", 24.0 * MIB),
-            ])
+            sample(
+                ns,
+                kind,
+                0,
+                &[
+                    ("heap_total", 40.0 * MIB),
+                    ("heap_used", 20.0 * MIB + used_old),
+                    ("external", 30.0 * MIB),
+                    ("array_buffers", 28.0 * MIB),
+                    ("new_space.size", 16.0 * MIB),
+                    ("new_space.used", 2.0 * MIB),
+                    ("new_space.available", 6.0 * MIB),
+                    ("new_space.physical", 16.0 * MIB),
+                    ("old_space.size", 24.0 * MIB),
+                    ("old_space.used", used_old),
+                    ("old_space.available", 3.0 * MIB),
+                    ("old_space.physical", 24.0 * MIB),
+                ],
+            )
         };
         for m in [main(100, "start", 1.0 * MIB), main(200, "major_gc", 10.0 * MIB), main(300, "exit", 18.0 * MIB)] {
             owner.metrics(&m);
         }
-        owner.metrics(&sample(150, "start", 1, &[("heap_total", 4.0 * MIB), ("heap_used", 3.0 * MIB), ("old_space.size", 4.0 * MIB), ("old_space.used", 3.0 * MIB), ("old_space.available", 0.0), ("old_space.physical", 4.0 * MIB)]));
+        owner.metrics(&sample(
+            150,
+            "start",
+            1,
+            &[
+                ("heap_total", 4.0 * MIB),
+                ("heap_used", 3.0 * MIB),
+                ("old_space.size", 4.0 * MIB),
+                ("old_space.used", 3.0 * MIB),
+                ("old_space.available", 0.0),
+                ("old_space.physical", 4.0 * MIB),
+            ],
+        ));
         owner.metrics(&sample(250, "exit", 1, &[("old_space.size", 0.0)]));
         owner
     }
@@ -514,7 +561,11 @@ mod tests {
     fn findings_and_remedies_name_only_knobs_that_apply() {
         let owner = owner();
         let mut ledger = ledger_with_mappings();
-        ledger.owners.push(OwnerShare { owner: "glibc", rows: Rows { live: 2 << 20, fragmented: 20 << 20, retained: 10 << 20, ..Rows::default() }, ..OwnerShare::default() });
+        ledger.owners.push(OwnerShare {
+            owner: "glibc",
+            rows: Rows { live: 2 << 20, fragmented: 20 << 20, retained: 10 << 20, ..Rows::default() },
+            ..OwnerShare::default()
+        });
         owner.annotate(&mut ledger, 300);
         let findings = owner.findings(&ledger);
         let kinds: Vec<&str> = findings.iter().map(|f| f.kind).collect();

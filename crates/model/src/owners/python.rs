@@ -97,7 +97,11 @@ impl PythonOwner {
             section.free_in_used_pools_bytes = c.free_in_used_pools_bytes;
             section.unreadable_pools = c.unreadable_pools;
             section.empty_pool_bytes = c.empty_pool_bytes;
-            section.size_classes = c.size_classes.iter().map(|s| SizeClassSection { block_bytes: s.block_bytes, blocks: s.blocks, pools: s.pools, occupancy: s.occupancy() }).collect();
+            section.size_classes = c
+                .size_classes
+                .iter()
+                .map(|s| SizeClassSection { block_bytes: s.block_bytes, blocks: s.blocks, pools: s.pools, occupancy: s.occupancy() })
+                .collect();
         }
         section
     }
@@ -221,12 +225,18 @@ pub fn attach(ledger: &mut Ledger, census: &Census) {
     let whole = census.resident_bytes.max(1);
     // All of it, unless the core counted fewer arena pages as program mmaps
     // (an arena mapped before the agent saw it): then in proportion.
-    let part = |bytes: u64| if resident == census.resident_bytes { bytes } else { (bytes as u128 * resident as u128 / whole as u128) as u64 };
+    let part =
+        |bytes: u64| if resident == census.resident_bytes { bytes } else { (bytes as u128 * resident as u128 / whole as u128) as u64 };
     let live = part(census.live_bytes);
     let slack = part(census.slack_bytes).min(resident - live);
     let retained = part(census.retained_bytes).min(resident - live - slack);
     let rows = Rows { live, slack, retained, fragmented: resident - live - slack - retained, ..Rows::default() };
-    ledger.owners.push(OwnerShare { owner: NAME, rows, released_bytes: census.arena_bytes.saturating_sub(census.resident_bytes), estimated: None });
+    ledger.owners.push(OwnerShare {
+        owner: NAME,
+        rows,
+        released_bytes: census.arena_bytes.saturating_sub(census.resident_bytes),
+        estimated: None,
+    });
     for entry in ledger.mappings.iter_mut().filter(|m| m.class == "program mmap") {
         if entry.end - entry.start <= census.arena_bytes && entry.resident_bytes <= census.resident_bytes {
             entry.class = "python arenas";

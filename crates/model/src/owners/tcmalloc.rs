@@ -29,8 +29,20 @@ impl Allocator for TcmallocMalloc {
                 &[("TCMALLOC_AGGRESSIVE_DECOMMIT", "true")],
                 retained,
             ));
-            out.push(Remedy::new("tcmalloc-release-rate", NAME, "release free spans ten times faster: TCMALLOC_RELEASE_RATE=10", &[("TCMALLOC_RELEASE_RATE", "10")], retained / 2));
-            out.push(Remedy::new("tcmalloc-release-from-code", NAME, "release from the program after a burst: MallocExtension::instance()->ReleaseFreeMemory()", &[], retained));
+            out.push(Remedy::new(
+                "tcmalloc-release-rate",
+                NAME,
+                "release free spans ten times faster: TCMALLOC_RELEASE_RATE=10",
+                &[("TCMALLOC_RELEASE_RATE", "10")],
+                retained / 2,
+            ));
+            out.push(Remedy::new(
+                "tcmalloc-release-from-code",
+                NAME,
+                "release from the program after a burst: MallocExtension::instance()->ReleaseFreeMemory()",
+                &[],
+                retained,
+            ));
         }
         out
     }

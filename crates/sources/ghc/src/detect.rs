@@ -53,9 +53,10 @@ pub fn probe(program: &Path, timeout: Duration) -> RtsSupport {
     let answer = ask_rts(program, &["+RTS", "-l", "-ol/dev/null", "--info", "-RTS"], None, timeout);
     match answer {
         Err(reason) => RtsSupport::Refused { reason },
-        Ok(RtsAnswer { success: true, complaint: None, stdout }) if info_field(&stdout, "GHC RTS").is_some() => {
-            RtsSupport::Eventlog { ghc_version: info_field(&stdout, "GHC version").unwrap_or_default(), rts_way: info_field(&stdout, "RTS way").unwrap_or_default() }
-        }
+        Ok(RtsAnswer { success: true, complaint: None, stdout }) if info_field(&stdout, "GHC RTS").is_some() => RtsSupport::Eventlog {
+            ghc_version: info_field(&stdout, "GHC version").unwrap_or_default(),
+            rts_way: info_field(&stdout, "RTS way").unwrap_or_default(),
+        },
         Ok(RtsAnswer { complaint: Some(line), .. }) => RtsSupport::Refused { reason: line },
         Ok(_) => RtsSupport::Refused { reason: "the program did not answer `+RTS --info`".into() },
     }
@@ -98,7 +99,10 @@ fn ask_rts(program: &Path, args: &[&str], ghcrts: Option<&str>, timeout: Duratio
     let mut child = command.spawn().map_err(|error| error.to_string())?;
     // Read while it runs: a program that writes more than a pipe holds
     // must not stall until the timeout.
-    let readers = [child.stdout.take().map(|mut out| std::thread::spawn(move || read_all(&mut out))), child.stderr.take().map(|mut err| std::thread::spawn(move || read_all(&mut err)))];
+    let readers = [
+        child.stdout.take().map(|mut out| std::thread::spawn(move || read_all(&mut out))),
+        child.stderr.take().map(|mut err| std::thread::spawn(move || read_all(&mut err))),
+    ];
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {

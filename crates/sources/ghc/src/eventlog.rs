@@ -135,35 +135,92 @@ impl Breakdown {
 /// The events memgap reads; everything else is skipped.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventKind {
-    CreateThread { thread: u32 },
-    CapCreate { cap: u16 },
-    CapsetAssignCap { capset: u32, cap: u16 },
+    CreateThread {
+        thread: u32,
+    },
+    CapCreate {
+        cap: u16,
+    },
+    CapsetAssignCap {
+        capset: u32,
+        cap: u16,
+    },
     GcStart,
     GcEnd,
     RtsIdentifier(String),
     ProgramArgs(Vec<String>),
     /// Wall-clock time at the event's timestamp: ties RTS time to the epoch.
-    WallClockTime { seconds: u64, nanoseconds: u32 },
+    WallClockTime {
+        seconds: u64,
+        nanoseconds: u32,
+    },
     /// Bytes ever allocated.
-    HeapAllocated { bytes: u64 },
+    HeapAllocated {
+        bytes: u64,
+    },
     /// Megablocks held × megablock size, after each GC.
-    HeapSize { bytes: u64 },
+    HeapSize {
+        bytes: u64,
+    },
     /// Live bytes, after major GCs.
-    HeapLive { bytes: u64 },
-    HeapInfo { generations: u16, max_heap_bytes: u64, alloc_area_bytes: u64, mblock_bytes: u64, block_bytes: u64 },
-    GcStats { generation: u16, copied_bytes: u64, slop_bytes: u64, fragmentation_bytes: u64, par_threads: u32, par_max_copied: u64, par_total_copied: u64 },
+    HeapLive {
+        bytes: u64,
+    },
+    HeapInfo {
+        generations: u16,
+        max_heap_bytes: u64,
+        alloc_area_bytes: u64,
+        mblock_bytes: u64,
+        block_bytes: u64,
+    },
+    GcStats {
+        generation: u16,
+        copied_bytes: u64,
+        slop_bytes: u64,
+        fragmentation_bytes: u64,
+        par_threads: u32,
+        par_max_copied: u64,
+        par_total_copied: u64,
+    },
     /// GHC ≥ 9.2: megablocks held, needed, and returned after a major GC.
-    MemReturn { current_mblocks: u32, needed_mblocks: u32, returned_mblocks: u32 },
+    MemReturn {
+        current_mblocks: u32,
+        needed_mblocks: u32,
+        returned_mblocks: u32,
+    },
     /// GHC ≥ 9.2: allocated blocks × block size.
-    BlocksSize { bytes: u64 },
-    HeapProfBegin { profile: u8, period_ns: u64, breakdown: Breakdown },
-    HeapProfCostCentre { id: u32, label: String, module: String, source: String },
-    HeapProfSampleBegin { era: u64 },
-    HeapProfSampleEnd { era: u64 },
+    BlocksSize {
+        bytes: u64,
+    },
+    HeapProfBegin {
+        profile: u8,
+        period_ns: u64,
+        breakdown: Breakdown,
+    },
+    HeapProfCostCentre {
+        id: u32,
+        label: String,
+        module: String,
+        source: String,
+    },
+    HeapProfSampleBegin {
+        era: u64,
+    },
+    HeapProfSampleEnd {
+        era: u64,
+    },
     /// A census line: residency of one label (-hT closure type, -hy type…).
-    HeapProfSampleString { profile: u8, residency_bytes: u64, label: String },
+    HeapProfSampleString {
+        profile: u8,
+        residency_bytes: u64,
+        label: String,
+    },
     /// A census line keyed by a cost-centre stack (innermost first).
-    HeapProfSampleCostCentre { profile: u8, residency_bytes: u64, stack: Vec<u32> },
+    HeapProfSampleCostCentre {
+        profile: u8,
+        residency_bytes: u64,
+        stack: Vec<u32>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -372,7 +429,13 @@ fn decode(id: u16, payload: &[u8]) -> Decoded {
         })(),
         ids::HEAP_INFO_GHC => (|| {
             r.u32()?;
-            Some(EventKind::HeapInfo { generations: r.u16()?, max_heap_bytes: r.u64()?, alloc_area_bytes: r.u64()?, mblock_bytes: r.u64()?, block_bytes: r.u64()? })
+            Some(EventKind::HeapInfo {
+                generations: r.u16()?,
+                max_heap_bytes: r.u64()?,
+                alloc_area_bytes: r.u64()?,
+                mblock_bytes: r.u64()?,
+                block_bytes: r.u64()?,
+            })
         })(),
         ids::GC_STATS_GHC => (|| {
             r.u32()?;
@@ -391,11 +454,17 @@ fn decode(id: u16, payload: &[u8]) -> Decoded {
             r.u32()?;
             Some(EventKind::MemReturn { current_mblocks: r.u32()?, needed_mblocks: r.u32()?, returned_mblocks: r.u32()? })
         })(),
-        ids::HEAP_PROF_BEGIN => (|| Some(EventKind::HeapProfBegin { profile: r.u8()?, period_ns: r.u64()?, breakdown: Breakdown::from_code(r.u32()?) }))(),
-        ids::HEAP_PROF_COST_CENTRE => (|| Some(EventKind::HeapProfCostCentre { id: r.u32()?, label: r.c_string()?, module: r.c_string()?, source: r.c_string()? }))(),
+        ids::HEAP_PROF_BEGIN => {
+            (|| Some(EventKind::HeapProfBegin { profile: r.u8()?, period_ns: r.u64()?, breakdown: Breakdown::from_code(r.u32()?) }))()
+        }
+        ids::HEAP_PROF_COST_CENTRE => {
+            (|| Some(EventKind::HeapProfCostCentre { id: r.u32()?, label: r.c_string()?, module: r.c_string()?, source: r.c_string()? }))()
+        }
         ids::HEAP_PROF_SAMPLE_BEGIN => r.u64().map(|era| EventKind::HeapProfSampleBegin { era }),
         ids::HEAP_PROF_SAMPLE_END => r.u64().map(|era| EventKind::HeapProfSampleEnd { era }),
-        ids::HEAP_PROF_SAMPLE_STRING => (|| Some(EventKind::HeapProfSampleString { profile: r.u8()?, residency_bytes: r.u64()?, label: r.c_string()? }))(),
+        ids::HEAP_PROF_SAMPLE_STRING => {
+            (|| Some(EventKind::HeapProfSampleString { profile: r.u8()?, residency_bytes: r.u64()?, label: r.c_string()? }))()
+        }
         ids::HEAP_PROF_SAMPLE_COST_CENTRE => (|| {
             let profile = r.u8()?;
             let residency_bytes = r.u64()?;
@@ -564,7 +633,15 @@ mod tests {
             vec![
                 EventKind::GcStart,
                 EventKind::HeapAllocated { bytes: 5 << 20 },
-                EventKind::GcStats { generation: 1, copied_bytes: 4096, slop_bytes: 128, fragmentation_bytes: 3 << 20, par_threads: 1, par_max_copied: 0, par_total_copied: 0 },
+                EventKind::GcStats {
+                    generation: 1,
+                    copied_bytes: 4096,
+                    slop_bytes: 128,
+                    fragmentation_bytes: 3 << 20,
+                    par_threads: 1,
+                    par_max_copied: 0,
+                    par_total_copied: 0
+                },
                 EventKind::GcEnd,
                 EventKind::HeapLive { bytes: 1 << 20 },
                 EventKind::HeapSize { bytes: 8 << 20 },

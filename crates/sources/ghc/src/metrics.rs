@@ -108,7 +108,8 @@ pub fn censuses(log: &Eventlog) -> Vec<Census> {
             }
             EventKind::HeapProfSampleCostCentre { residency_bytes, stack, .. } => {
                 if let Some(census) = current.as_mut() {
-                    let names: Vec<String> = stack.iter().map(|id| cost_centres.get(id).cloned().unwrap_or_else(|| format!("cc{id}"))).collect();
+                    let names: Vec<String> =
+                        stack.iter().map(|id| cost_centres.get(id).cloned().unwrap_or_else(|| format!("cc{id}"))).collect();
                     census.residency.push((names.join(" < "), *residency_bytes));
                 }
             }
@@ -130,7 +131,12 @@ pub fn ghc_version(rts_identifier: &str) -> Option<(u32, u32, u32)> {
 /// Every METRICS record of a log; `to_monotonic` maps the eventlog's
 /// nanoseconds since RTS start to the trace's clock.
 pub fn to_metrics(log: &Eventlog, to_monotonic: impl Fn(u64) -> u64) -> Vec<Metrics> {
-    let record = |time_ns: u64, kind: &str, values: Vec<(String, f64)>| Metrics { monotonic_ns: to_monotonic(time_ns), source: SOURCE.into(), kind: kind.into(), values };
+    let record = |time_ns: u64, kind: &str, values: Vec<(String, f64)>| Metrics {
+        monotonic_ns: to_monotonic(time_ns),
+        source: SOURCE.into(),
+        kind: kind.into(),
+        values,
+    };
     let mut out = Vec::new();
     let mut info: Vec<(String, f64)> = Vec::new();
     let mut info_time = 0;
@@ -151,7 +157,11 @@ pub fn to_metrics(log: &Eventlog, to_monotonic: impl Fn(u64) -> u64) -> Vec<Metr
     info.push(("capabilities".into(), count(|k| matches!(k, EventKind::CapCreate { .. }))));
     info.push(("threads_created".into(), count(|k| matches!(k, EventKind::CreateThread { .. }))));
     if let Some((major, minor, patch)) = log.rts_identifier().and_then(ghc_version) {
-        info.extend([("version_major".into(), f64::from(major)), ("version_minor".into(), f64::from(minor)), ("version_patch".into(), f64::from(patch))]);
+        info.extend([
+            ("version_major".into(), f64::from(major)),
+            ("version_minor".into(), f64::from(minor)),
+            ("version_patch".into(), f64::from(patch)),
+        ]);
     }
     out.push(record(info_time, "info", info));
     for gc in collections(log) {
@@ -167,7 +177,8 @@ pub fn to_metrics(log: &Eventlog, to_monotonic: impl Fn(u64) -> u64) -> Vec<Metr
         out.push(record(gc.end_ns, "gc", values));
     }
     for census in censuses(log) {
-        let mut values = vec![("breakdown".to_string(), census.breakdown.map_or(0.0, |b| f64::from(b.code()))), ("era".into(), census.era as f64)];
+        let mut values =
+            vec![("breakdown".to_string(), census.breakdown.map_or(0.0, |b| f64::from(b.code()))), ("era".into(), census.era as f64)];
         values.extend(census.residency.into_iter().map(|(label, bytes)| (label, bytes as f64)));
         out.push(record(census.time_ns, "heap_profile", values));
     }
@@ -181,7 +192,9 @@ pub fn to_metrics(log: &Eventlog, to_monotonic: impl Fn(u64) -> u64) -> Vec<Metr
 /// starts coincide. Without that event, the process start stands in.
 pub fn rts_start_monotonic(log: &Eventlog, process_start_monotonic_ns: u64, process_start_realtime_ns: u64) -> u64 {
     let wall = log.events.iter().find_map(|e| match e.kind {
-        EventKind::WallClockTime { seconds, nanoseconds } => Some((e.time_ns, seconds.saturating_mul(1_000_000_000).saturating_add(u64::from(nanoseconds)))),
+        EventKind::WallClockTime { seconds, nanoseconds } => {
+            Some((e.time_ns, seconds.saturating_mul(1_000_000_000).saturating_add(u64::from(nanoseconds))))
+        }
         _ => None,
     });
     match wall {
@@ -222,7 +235,17 @@ mod tests {
         let gcs = collections(&two_gcs());
         assert_eq!(gcs.len(), 2);
         assert_eq!((gcs[0].generation, gcs[0].start_ns, gcs[0].end_ns), (Some(0), 10, 13));
-        assert_eq!(gcs[0].values, vec![("allocated_bytes", 1000.0), ("copied_bytes", 100.0), ("slop_bytes", 10.0), ("fragmentation_bytes", 524288.0), ("par_threads", 1.0), ("heap_size_bytes", 2097152.0)]);
+        assert_eq!(
+            gcs[0].values,
+            vec![
+                ("allocated_bytes", 1000.0),
+                ("copied_bytes", 100.0),
+                ("slop_bytes", 10.0),
+                ("fragmentation_bytes", 524288.0),
+                ("par_threads", 1.0),
+                ("heap_size_bytes", 2097152.0)
+            ]
+        );
         let major: BTreeMap<_, _> = gcs[1].values.iter().cloned().collect();
         assert_eq!(gcs[1].generation, Some(1));
         assert_eq!(major["live_bytes"], 5000.0);
@@ -249,7 +272,11 @@ mod tests {
     fn heap_profile_censuses_become_records() {
         let mut b = LogBuilder::new();
         b.var_event(160, 1, &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0]);
-        b.event(162, 5, &1u64.to_be_bytes()).sample_string(5, 8192, "ARR_WORDS").sample_string(5, 4096, ":").event(165, 5, &1u64.to_be_bytes());
+        b.event(162, 5, &1u64.to_be_bytes()).sample_string(5, 8192, "ARR_WORDS").sample_string(5, 4096, ":").event(
+            165,
+            5,
+            &1u64.to_be_bytes(),
+        );
         let metrics = to_metrics(&parse(&b.end()).unwrap(), |ns| ns);
         let census = metrics.iter().find(|m| m.kind == "heap_profile").unwrap();
         assert_eq!(census.values, vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), 8192.0), (":".into(), 4096.0)]);

@@ -42,7 +42,9 @@ pub fn parse_summary(text: &str) -> Option<Vec<(String, f64)>> {
                 }
             } else if rest_text.starts_with("bytes maximum slop") {
                 set("max_slop_bytes", value);
-            } else if let Some(lost) = rest_text.strip_prefix("MiB total memory in use (").or_else(|| rest_text.strip_prefix("MB total memory in use (")) {
+            } else if let Some(lost) =
+                rest_text.strip_prefix("MiB total memory in use (").or_else(|| rest_text.strip_prefix("MB total memory in use ("))
+            {
                 seen_in_use = true;
                 set("total_memory_in_use_bytes", value * MIB);
                 if let Some(mb) = lost.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()) {
@@ -92,7 +94,9 @@ pub fn parse_inventory(text: &str) -> Option<Vec<(String, f64)>> {
 /// Whether the RTS options in a command line or GHCRTS ask for the `-s`
 /// or `-S` summary on stderr (not into a file) or the `-Dg` inventory.
 pub fn asks_for_stderr_stats(rts_options: &[String]) -> bool {
-    rts_options.iter().any(|o| matches!(o.as_str(), "-s" | "-S" | "-s-" | "-S-" | "--machine-readable") || (o.starts_with("-D") && o.contains('g')))
+    rts_options
+        .iter()
+        .any(|o| matches!(o.as_str(), "-s" | "-S" | "-s-" | "-S-" | "--machine-readable") || (o.starts_with("-D") && o.contains('g')))
 }
 
 /// The RTS options in a program's argv (`+RTS … -RTS`, up to `--RTS`).
@@ -134,13 +138,21 @@ mod tests {
     fn reads_the_last_inventory() {
         let text = "Memory inventory:\n  gen 0 blocks :   10 blocks (   0.0 MiB)\n  free         : 500 blocks (2.0 MiB)\n  total        :  504 blocks (   2.0 MiB)\nhi\nMemory inventory:\n  gen 1 blocks : 97874 blocks ( 382.3 MiB)\n  free         : 287668 blocks (1123.7 MiB)\n  total        : 385812 blocks (1507.1 MiB)\n";
         let values = parse_inventory(text).unwrap();
-        assert_eq!(values, vec![("gen_1_blocks_bytes".into(), 97874.0 * 4096.0), ("free_bytes".into(), 287668.0 * 4096.0), ("total_bytes".into(), 385812.0 * 4096.0)]);
+        assert_eq!(
+            values,
+            vec![
+                ("gen_1_blocks_bytes".into(), 97874.0 * 4096.0),
+                ("free_bytes".into(), 287668.0 * 4096.0),
+                ("total_bytes".into(), 385812.0 * 4096.0)
+            ]
+        );
         assert_eq!(parse_inventory("nothing"), None);
     }
 
     #[test]
     fn finds_rts_options() {
-        let args: Vec<String> = ["strip", "10", "+RTS", "-s", "-hT", "-RTS", "x", "+RTS", "-Dg", "--RTS", "+RTS", "-S"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> =
+            ["strip", "10", "+RTS", "-s", "-hT", "-RTS", "x", "+RTS", "-Dg", "--RTS", "+RTS", "-S"].iter().map(|s| s.to_string()).collect();
         let options = rts_options_in_args(&args);
         assert_eq!(options, vec!["-s", "-hT", "-Dg"]);
         assert!(asks_for_stderr_stats(&options));

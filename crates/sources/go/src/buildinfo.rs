@@ -75,8 +75,11 @@ fn elf_section<'a>(bytes: &'a [u8], wanted: &str) -> Option<&'a [u8]> {
     let u32_at = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize);
     let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?) as usize);
     let word = |at: usize| if is64 { u64_at(at) } else { u32_at(at) };
-    let (shoff, shentsize, shnum, shstrndx) =
-        if is64 { (u64_at(0x28)?, u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?) } else { (u32_at(0x20)?, u16_at(0x2e)?, u16_at(0x30)?, u16_at(0x32)?) };
+    let (shoff, shentsize, shnum, shstrndx) = if is64 {
+        (u64_at(0x28)?, u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?)
+    } else {
+        (u32_at(0x20)?, u16_at(0x2e)?, u16_at(0x30)?, u16_at(0x32)?)
+    };
     // Section header fields: name (u32), type (u32), flags, addr, offset, size (words).
     let header = |i: usize| shoff + i * shentsize;
     let offset_size = |i: usize| -> Option<(usize, usize)> {
@@ -104,7 +107,9 @@ mod tests {
     fn reads_the_version_of_the_machines_go_binary() {
         // The go command is itself a Go program.
         let go = Path::new("/usr/local/go/bin/go");
-        if let Some(found) = ["/usr/local/go/bin/go", "/usr/lib/go/bin/go"].iter().map(Path::new).find(|p| p.exists()).or(Some(go).filter(|p| p.exists())) {
+        if let Some(found) =
+            ["/usr/local/go/bin/go", "/usr/lib/go/bin/go"].iter().map(Path::new).find(|p| p.exists()).or(Some(go).filter(|p| p.exists()))
+        {
             let binary = detect(found).expect("the go command is a Go binary");
             assert!(binary.version.starts_with("go1."), "{binary:?}");
         }

@@ -104,7 +104,20 @@ mod tests {
     fn go_1_19_line() {
         // From go1.19's runtime/extern.go format, as printed by go1.19.13.
         let gc = parse("gc 1 @0.012s 2%: 0.026+0.39+0.042 ms clock, 0.21+0.12/0.30/0.14+0.33 ms cpu, 4->4->0 MB, 5 MB goal, 8 P").unwrap();
-        assert_eq!(gc, GcLine { number: 1, seconds: 0.012, cpu_percent: 2.0, heap_start_mb: 4, heap_end_mb: 4, live_mb: 0, goal_mb: 5, procs: 8, ..GcLine::default() });
+        assert_eq!(
+            gc,
+            GcLine {
+                number: 1,
+                seconds: 0.012,
+                cpu_percent: 2.0,
+                heap_start_mb: 4,
+                heap_end_mb: 4,
+                live_mb: 0,
+                goal_mb: 5,
+                procs: 8,
+                ..GcLine::default()
+            }
+        );
     }
 
     #[test]
@@ -121,7 +134,13 @@ mod tests {
 
     #[test]
     fn other_lines_are_not_gctrace() {
-        for line in ["gc is great", "gc 1 @0.1s 2%: whatever", "scav 0 KiB work (bg), 7120 KiB work (eager), 16224 KiB now, 100% util (forced)", "", "gc 1 @0.012s 2%: 0.026+0.39+0.042 ms clock, 0.21+0.12/0.30/0.14+0.33 ms cpu, 4->4->0 MB, 5 MB goal, 8 P extra"] {
+        for line in [
+            "gc is great",
+            "gc 1 @0.1s 2%: whatever",
+            "scav 0 KiB work (bg), 7120 KiB work (eager), 16224 KiB now, 100% util (forced)",
+            "",
+            "gc 1 @0.012s 2%: 0.026+0.39+0.042 ms clock, 0.21+0.12/0.30/0.14+0.33 ms cpu, 4->4->0 MB, 5 MB goal, 8 P extra",
+        ] {
             assert_eq!(parse(line), None, "{line}");
         }
     }

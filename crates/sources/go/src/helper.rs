@@ -65,7 +65,10 @@ mod tests {
     fn parses_lines() {
         assert_eq!(parse("hello go1.26.8-X:nogreenteagc\n"), Ok(Line::Hello { version: "go1.26.8-X:nogreenteagc".into() }));
         assert_eq!(parse("snapshot"), Ok(Line::Snapshot));
-        let Line::Sample(values) = parse("sample /memory/classes/heap/free:bytes=8192 /gc/heap/allocs-by-size:bytes[17]=1048576 /gc/heap/allocs-by-size:bytes[inf]=3").unwrap() else {
+        let Line::Sample(values) = parse(
+            "sample /memory/classes/heap/free:bytes=8192 /gc/heap/allocs-by-size:bytes[17]=1048576 /gc/heap/allocs-by-size:bytes[inf]=3",
+        )
+        .unwrap() else {
             panic!()
         };
         assert_eq!(values[0], ("/memory/classes/heap/free:bytes".into(), 8192.0));

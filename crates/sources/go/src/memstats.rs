@@ -30,7 +30,10 @@ const NEEDED: [&str; 6] = ["HeapAlloc", "HeapInuse", "HeapIdle", "HeapReleased",
 
 /// The `# runtime.MemStats` trailer of `/debug/pprof/heap?debug=1`.
 pub fn parse_pprof_heap(text: &str) -> Result<MemStats, NoMemStats> {
-    let trailer = text.split_once("# runtime.MemStats").ok_or(NoMemStats("the heap profile has no '# runtime.MemStats' section (not a Go net/http/pprof heap profile?)"))?.1;
+    let trailer = text
+        .split_once("# runtime.MemStats")
+        .ok_or(NoMemStats("the heap profile has no '# runtime.MemStats' section (not a Go net/http/pprof heap profile?)"))?
+        .1;
     let mut stats = MemStats::default();
     for line in trailer.lines() {
         let Some((name, value)) = line.strip_prefix("# ").and_then(|l| l.split_once(" = ")) else { continue };
@@ -55,8 +58,10 @@ pub fn parse_pprof_heap(text: &str) -> Result<MemStats, NoMemStats> {
 
 /// The `memstats` object of expvar's `/debug/vars`.
 pub fn parse_expvar(text: &str) -> Result<MemStats, NoMemStats> {
-    let json: serde_json::Value = serde_json::from_str(text).map_err(|_| NoMemStats("/debug/vars is not JSON (not a Go expvar endpoint?)"))?;
-    let memstats = json.get("memstats").and_then(|m| m.as_object()).ok_or(NoMemStats("/debug/vars has no 'memstats' object (is expvar imported?)"))?;
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|_| NoMemStats("/debug/vars is not JSON (not a Go expvar endpoint?)"))?;
+    let memstats =
+        json.get("memstats").and_then(|m| m.as_object()).ok_or(NoMemStats("/debug/vars has no 'memstats' object (is expvar imported?)"))?;
     let mut stats = MemStats::default();
     for (name, value) in memstats {
         if let Some(v) = value.as_u64() {
@@ -65,14 +70,19 @@ pub fn parse_expvar(text: &str) -> Result<MemStats, NoMemStats> {
     }
     if let Some(classes) = memstats.get("BySize").and_then(|b| b.as_array()) {
         let field = |c: &serde_json::Value, k: &str| c.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-        stats.by_size = classes.iter().map(|c| (field(c, "Size"), field(c, "Mallocs"), field(c, "Frees"))).filter(|&(size, _, _)| size > 0).collect();
+        stats.by_size =
+            classes.iter().map(|c| (field(c, "Size"), field(c, "Mallocs"), field(c, "Frees"))).filter(|&(size, _, _)| size > 0).collect();
     }
     stats.check()
 }
 
 impl MemStats {
     fn check(self) -> Result<MemStats, NoMemStats> {
-        if NEEDED.iter().all(|n| self.fields.contains_key(*n)) { Ok(self) } else { Err(NoMemStats("the MemStats read lack heap fields (HeapAlloc, HeapInuse, HeapIdle, HeapReleased, HeapSys, Sys)")) }
+        if NEEDED.iter().all(|n| self.fields.contains_key(*n)) {
+            Ok(self)
+        } else {
+            Err(NoMemStats("the MemStats read lack heap fields (HeapAlloc, HeapInuse, HeapIdle, HeapReleased, HeapSys, Sys)"))
+        }
     }
 
     fn get(&self, name: &str) -> u64 {
@@ -134,7 +144,8 @@ mod tests {
         assert_eq!(get(names::HEAP_UNUSED), 745472.0 - 231888.0);
         assert_eq!(get(names::HEAP_FREE), 0.0);
         // The 13 classes add up to the total, as runtime/metrics promises.
-        let classes: f64 = values.iter().filter(|(n, _)| n.starts_with("/memory/classes/") && n.as_str() != names::TOTAL).map(|(_, v)| v).sum();
+        let classes: f64 =
+            values.iter().filter(|(n, _)| n.starts_with("/memory/classes/") && n.as_str() != names::TOTAL).map(|(_, v)| v).sum();
         assert_eq!(classes, get(names::TOTAL));
         assert!(parse_pprof_heap("heap profile: 0: 0 [0: 0] @ heap/1048576\n").is_err());
     }

@@ -18,15 +18,15 @@
 
 /// Object sizes of classes 1..=67 (class 0 is a large object with its own span).
 pub const SIZES: [u32; 67] = [
-    8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 896, 1024, 1152,
-    1280, 1408, 1536, 1792, 2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912, 8192, 9472, 9728, 10240, 10880, 12288, 13568, 14336,
-    16384, 18432, 19072, 20480, 21760, 24576, 27264, 28672, 32768,
+    8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704,
+    768, 896, 1024, 1152, 1280, 1408, 1536, 1792, 2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912, 8192, 9472,
+    9728, 10240, 10880, 12288, 13568, 14336, 16384, 18432, 19072, 20480, 21760, 24576, 27264, 28672, 32768,
 ];
 
 /// Runtime pages (8 KiB) per span of each class.
 pub const PAGES: [u8; 67] = [
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 2, 1, 2, 1, 3, 2, 3, 1, 3, 2, 3, 4, 5, 6, 1, 7, 6,
-    5, 4, 3, 5, 7, 2, 9, 7, 5, 8, 3, 10, 7, 4,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 2, 1, 2, 1, 3, 2, 3, 1, 3,
+    2, 3, 4, 5, 6, 1, 7, 6, 5, 4, 3, 5, 7, 2, 9, 7, 5, 8, 3, 10, 7, 4,
 ];
 
 /// The runtime's page: `_PageShift = 13`.
@@ -60,11 +60,7 @@ impl Runtime {
         let digits: String = version[at + 4..].chars().take_while(|c| c.is_ascii_digit()).collect();
         let minor: u32 = digits.parse().ok()?;
         let experiments: Vec<&str> = version.split_once("X:").map(|(_, x)| x.split(',').map(str::trim).collect()).unwrap_or_default();
-        let green_tea = if experiments.contains(&"nogreenteagc") {
-            false
-        } else {
-            experiments.contains(&"greenteagc") || minor >= 26
-        };
+        let green_tea = if experiments.contains(&"nogreenteagc") { false } else { experiments.contains(&"greenteagc") || minor >= 26 };
         Some(Runtime { minor, green_tea })
     }
 

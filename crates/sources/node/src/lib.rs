@@ -66,7 +66,9 @@ mod tests {
 
     #[test]
     fn reads_sampler_lines() {
-        let text = format!("100 meta thread=0 version=20.20.2 v8=11.3.244.8-node.33\n200 start {SAMPLE}\n300 major_gc {SAMPLE}\n400 exit thread=0 rss=5 heap_total=8000000 new_space.si");
+        let text = format!(
+            "100 meta thread=0 version=20.20.2 v8=11.3.244.8-node.33\n200 start {SAMPLE}\n300 major_gc {SAMPLE}\n400 exit thread=0 rss=5 heap_total=8000000 new_space.si"
+        );
         let samples = RUNTIME.read(&text);
         assert_eq!(samples.text.get("version").map(String::as_str), Some("20.20.2"));
         assert_eq!(samples.metrics.len(), 3);
@@ -91,7 +93,10 @@ mod tests {
         let path = Path::new("/tmp/memgap-node-x/sampler.js");
         assert_eq!(node_options(None, path), OsString::from("--require \"/tmp/memgap-node-x/sampler.js\""));
         assert_eq!(node_options(Some(OsStr::new("  ")), path), OsString::from("--require \"/tmp/memgap-node-x/sampler.js\""));
-        assert_eq!(node_options(Some(OsStr::new("--max-old-space-size=64")), path), OsString::from("--max-old-space-size=64 --require \"/tmp/memgap-node-x/sampler.js\""));
+        assert_eq!(
+            node_options(Some(OsStr::new("--max-old-space-size=64")), path),
+            OsString::from("--max-old-space-size=64 --require \"/tmp/memgap-node-x/sampler.js\"")
+        );
         assert_eq!(node_options(None, Path::new("/tmp/a \"b\\c/sampler.js")), OsString::from("--require \"/tmp/a \\\"b\\\\c/sampler.js\""));
     }
 }

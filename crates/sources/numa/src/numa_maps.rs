@@ -20,7 +20,8 @@ pub fn parse(text: &str) -> Vec<MappingNodes> {
             let mut fields = line.split_whitespace();
             let start = u64::from_str_radix(fields.next()?, 16).ok()?;
             let policy = fields.next()?.to_string();
-            let page_bytes = line.split_whitespace().find_map(|f| f.strip_prefix("kernelpagesize_kB=")?.parse::<u64>().ok()).unwrap_or(4) * 1024;
+            let page_bytes =
+                line.split_whitespace().find_map(|f| f.strip_prefix("kernelpagesize_kB=")?.parse::<u64>().ok()).unwrap_or(4) * 1024;
             let mut m = MappingNodes { start, policy, ..MappingNodes::default() };
             for field in fields {
                 if field == "heap" || field == "stack" || field == "huge" || field.starts_with("file=") {

@@ -11,7 +11,17 @@ pub fn nodes_of(pid: u32, addresses: &[u64]) -> std::io::Result<Vec<i32>> {
     let mut status = vec![-libc::ENOENT; addresses.len()];
     for (addresses, status) in addresses.chunks(BATCH).zip(status.chunks_mut(BATCH)) {
         let pages: Vec<u64> = addresses.iter().map(|a| a & !4095).collect();
-        let result = unsafe { libc::syscall(libc::SYS_move_pages, pid as libc::pid_t, pages.len(), pages.as_ptr(), std::ptr::null::<i32>(), status.as_mut_ptr(), 0) };
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_move_pages,
+                pid as libc::pid_t,
+                pages.len(),
+                pages.as_ptr(),
+                std::ptr::null::<i32>(),
+                status.as_mut_ptr(),
+                0,
+            )
+        };
         if result < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -26,7 +36,9 @@ mod tests {
     #[test]
     fn touched_untouched_and_unmapped_pages() {
         let len = 3 * 4096;
-        let mem = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+        let mem = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        } as *mut u8;
         unsafe { *mem = 1 };
         unsafe { libc::munmap(mem.add(2 * 4096) as *mut libc::c_void, 4096) };
         let base = mem as u64;

@@ -94,7 +94,8 @@ pub fn probe_precise(devices: &Path) -> Result<PreciseEvent, String> {
     {
         return Ok(PreciseEvent { source: SOURCE_PEBS_LOADS, pmu_type, config, config1, period: 10007 });
     }
-    let mut pmus: Vec<String> = std::fs::read_dir(devices).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+    let mut pmus: Vec<String> =
+        std::fs::read_dir(devices).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
     pmus.sort();
     Err(format!(
         "no precise memory-access sampling: neither AMD IBS (ibs_op) nor Intel PEBS (cpu/events/mem-loads) under {} (PMUs here: {}; a virtual machine usually exposes no such PMU)",
@@ -170,13 +171,22 @@ impl Sampler {
         if let Err(reason) = precise {
             unavailable = reason;
         }
-        let faults = PerfEventAttr { kind: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_PAGE_FAULTS, sample_period: 1, sample_type: SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_ADDR | SAMPLE_CPU, ..PerfEventAttr::default() };
+        let faults = PerfEventAttr {
+            kind: PERF_TYPE_SOFTWARE,
+            config: PERF_COUNT_SW_PAGE_FAULTS,
+            sample_period: 1,
+            sample_type: SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_ADDR | SAMPLE_CPU,
+            ..PerfEventAttr::default()
+        };
         // Faults taken in the kernel (read(2) into a new buffer) are first
         // touches too; an unprivileged user may only see user-mode ones.
-        let rings = Self::open_rings(pid, cpus, faults).or_else(|_| Self::open_rings(pid, cpus, PerfEventAttr { flags: FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV, ..faults }));
+        let rings = Self::open_rings(pid, cpus, faults)
+            .or_else(|_| Self::open_rings(pid, cpus, PerfEventAttr { flags: FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV, ..faults }));
         match rings {
             Ok(rings) => Ok(Sampler::new(rings, SOURCE_PAGE_FAULTS, unavailable, 1, false)),
-            Err(error) => Err(format!("{unavailable}; page-fault sampling refused too: {error} (kernel.perf_event_paranoid = {})", paranoid())),
+            Err(error) => {
+                Err(format!("{unavailable}; page-fault sampling refused too: {error} (kernel.perf_event_paranoid = {})", paranoid()))
+            }
         }
     }
 
@@ -192,7 +202,16 @@ impl Sampler {
         attr.wakeup_events = 0;
         let mut rings = Vec::new();
         for &cpu in cpus {
-            let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, pid as libc::pid_t, cpu as libc::c_int, -1 as libc::c_int, PERF_FLAG_FD_CLOEXEC) } as i32;
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_perf_event_open,
+                    &attr as *const PerfEventAttr,
+                    pid as libc::pid_t,
+                    cpu as libc::c_int,
+                    -1 as libc::c_int,
+                    PERF_FLAG_FD_CLOEXEC,
+                )
+            } as i32;
             if fd < 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -326,7 +345,10 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("cpu/events")).unwrap();
         std::fs::write(dir.path().join("cpu/type"), "4\n").unwrap();
         std::fs::write(dir.path().join("cpu/events/mem-loads"), "event=0xcd,umask=0x1,ldlat=3\n").unwrap();
-        assert_eq!(probe_precise(dir.path()).unwrap(), PreciseEvent { source: SOURCE_PEBS_LOADS, pmu_type: 4, config: 0x1cd, config1: 3, period: 10007 });
+        assert_eq!(
+            probe_precise(dir.path()).unwrap(),
+            PreciseEvent { source: SOURCE_PEBS_LOADS, pmu_type: 4, config: 0x1cd, config1: 3, period: 10007 }
+        );
         std::fs::create_dir_all(dir.path().join("ibs_op")).unwrap();
         std::fs::write(dir.path().join("ibs_op/type"), "11\n").unwrap();
         assert_eq!(probe_precise(dir.path()).unwrap().source, SOURCE_IBS_OP);

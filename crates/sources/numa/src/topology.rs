@@ -24,7 +24,11 @@ pub fn read(root: &Path) -> Result<Topology, NumaError> {
         let cpus = parse_cpulist(&read_text(&dir.join("cpulist"))?).ok_or_else(|| malformed(&dir.join("cpulist")))?;
         let meminfo = read_text(&dir.join("meminfo")).unwrap_or_default();
         let distance_path = dir.join("distance");
-        let distances = read_text(&distance_path)?.split_whitespace().map(str::parse).collect::<Result<Vec<u32>, _>>().map_err(|_| malformed(&distance_path))?;
+        let distances = read_text(&distance_path)?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<Vec<u32>, _>>()
+            .map_err(|_| malformed(&distance_path))?;
         topology.nodes.push(Node { id, cpus, memory_bytes: mem_total(&meminfo).unwrap_or(0) });
         topology.distances.push(distances);
     }
@@ -35,7 +39,8 @@ pub fn read(root: &Path) -> Result<Topology, NumaError> {
 /// kernel shows none (built without NUMA).
 pub fn this_machine() -> Topology {
     read(Path::new(SYSFS_NODES)).unwrap_or_else(|_| {
-        let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|t| parse_cpulist(&t)).unwrap_or_else(|| vec![0]);
+        let cpus =
+            std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|t| parse_cpulist(&t)).unwrap_or_else(|| vec![0]);
         Topology { nodes: vec![Node { id: 0, cpus, memory_bytes: 0 }], distances: vec![vec![10]] }
     })
 }
@@ -96,7 +101,10 @@ mod tests {
     #[test]
     fn two_nodes() {
         let t = read(&fixture("2-nodes")).unwrap();
-        assert_eq!(t.nodes.iter().map(|n| (n.id, n.cpus.clone(), n.memory_bytes)).collect::<Vec<_>>(), vec![(0, vec![0, 1], 8 << 30), (1, vec![2, 3], 8 << 30)]);
+        assert_eq!(
+            t.nodes.iter().map(|n| (n.id, n.cpus.clone(), n.memory_bytes)).collect::<Vec<_>>(),
+            vec![(0, vec![0, 1], 8 << 30), (1, vec![2, 3], 8 << 30)]
+        );
         assert_eq!(t.distances, vec![vec![10, 21], vec![21, 10]]);
         assert_eq!(t.index_of_cpu(3), Some(1));
     }

@@ -114,7 +114,8 @@ pub fn census(
     resident: impl Fn(u64) -> bool,
     mut headers: impl FnMut(&[u64]) -> Vec<Option<PoolHeader>>,
 ) -> Census {
-    let mut census = Census { arenas: arenas.len() as u64, arena_bytes: arenas.len() as u64 * arena_bytes, pool_bytes, ..Census::default() };
+    let mut census =
+        Census { arenas: arenas.len() as u64, arena_bytes: arenas.len() as u64 * arena_bytes, pool_bytes, ..Census::default() };
     if arena_bytes == 0 || pool_bytes <= POOL_OVERHEAD || !page_bytes.is_power_of_two() || pool_bytes % page_bytes != 0 {
         return census;
     }
@@ -179,7 +180,8 @@ pub fn census(
         }
         let tail_start = pools.last().map_or(first_pool, |&p| p + pool_bytes).min(arena_end);
         unused += resident_in(tail_start.next_multiple_of(page_bytes), arena_end);
-        census.resident_bytes += resident_in(arena - arena % page_bytes, first_pool.min(arena_end)) + resident_in(tail_start.next_multiple_of(page_bytes), arena_end);
+        census.resident_bytes += resident_in(arena - arena % page_bytes, first_pool.min(arena_end))
+            + resident_in(tail_start.next_multiple_of(page_bytes), arena_end);
         if holds_blocks {
             census.fragmented_bytes += unused;
             census.empty_pool_bytes += unused;
@@ -249,8 +251,24 @@ impl Census {
             return None;
         }
         let get = |name: &str| m.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
-        let [snapshot_time, arenas, arena_bytes, pool_bytes, resident_bytes, pools_used, pools_empty, allocated_blocks, allocated_blocks_bytes, free_in_used_pools_bytes, live_bytes, slack_bytes, fragmented_bytes, retained_bytes, unreadable_pools, empty_pool_bytes] =
-            FIELDS.map(get);
+        let [
+            snapshot_time,
+            arenas,
+            arena_bytes,
+            pool_bytes,
+            resident_bytes,
+            pools_used,
+            pools_empty,
+            allocated_blocks,
+            allocated_blocks_bytes,
+            free_in_used_pools_bytes,
+            live_bytes,
+            slack_bytes,
+            fragmented_bytes,
+            retained_bytes,
+            unreadable_pools,
+            empty_pool_bytes,
+        ] = FIELDS.map(get);
         let mut classes: Vec<SizeClass> = Vec::new();
         for (name, value) in &m.values {
             let Some((size, field)) = name.strip_prefix("class[").and_then(|rest| rest.split_once("]:")) else { continue };
@@ -324,7 +342,13 @@ mod tests {
         let a = 0x7f00_0000_1000u64;
         let b = 0x7f00_0020_0000u64;
         let first = a.next_multiple_of(POOL);
-        let pools: HashMap<u64, PoolHeader> = [(first, header(((POOL - 48) / 64) as u32, 3)), (first + POOL, header(1, 31)), (first + 2 * POOL, header(0, 5)), (b, PoolHeader { count: 0, szidx: 0, maxnextoffset: 0 })].into();
+        let pools: HashMap<u64, PoolHeader> = [
+            (first, header(((POOL - 48) / 64) as u32, 3)),
+            (first + POOL, header(1, 31)),
+            (first + 2 * POOL, header(0, 5)),
+            (b, PoolHeader { count: 0, szidx: 0, maxnextoffset: 0 }),
+        ]
+        .into();
         // Resident: the three pools of arena a whole, the first page of the
         // second pool's... all four pages; arena b's first pool's first page.
         let resident = |p: u64| (p >= first && p < first + 3 * POOL) || (p >= b && p < b + PAGE);
@@ -343,7 +367,10 @@ mod tests {
         assert_eq!(census.retained_bytes, PAGE);
         assert_eq!(census.empty_pool_bytes, POOL);
         assert_eq!(census.live_bytes + census.slack_bytes + census.fragmented_bytes + census.retained_bytes, census.resident_bytes);
-        assert_eq!(census.size_classes.iter().map(|c| (c.block_bytes, c.blocks, c.pools)).collect::<Vec<_>>(), vec![(64, full, 1), (512, 1, 1)]);
+        assert_eq!(
+            census.size_classes.iter().map(|c| (c.block_bytes, c.blocks, c.pools)).collect::<Vec<_>>(),
+            vec![(64, full, 1), (512, 1, 1)]
+        );
         assert!((census.size_classes[0].occupancy() - 1.0).abs() < 1e-9);
     }
 

@@ -94,7 +94,10 @@ impl Runtime {
     /// one METRICS per sample.
     pub fn records<'s>(&'s self, files: &'s [Samples]) -> impl Iterator<Item = Record<'static>> + 's {
         files.iter().flat_map(move |samples| {
-            let note = samples.metrics.first().and_then(|first| Some(Record::Note { time: first.monotonic_ns, text: (self.note)(&samples.text)? }));
+            let note = samples
+                .metrics
+                .first()
+                .and_then(|first| Some(Record::Note { time: first.monotonic_ns, text: (self.note)(&samples.text)? }));
             note.into_iter().chain(samples.metrics.iter().cloned().map(Record::Metrics))
         })
     }

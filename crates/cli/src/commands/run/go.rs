@@ -17,9 +17,9 @@
 //!   second pipe back: `s` asks for a sample now, before a snapshot; `k`
 //!   answers the program's own snapshot request).
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::File;
-use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -52,7 +52,10 @@ enum Message {
     StderrClosed,
     /// The program is held at its exit; reply to let it go.
     ExitStop(Sender<()>),
-    Exited { exit_code: i32, signal: i32 },
+    Exited {
+        exit_code: i32,
+        signal: i32,
+    },
     NoExitSnapshot(String),
 }
 
@@ -129,8 +132,11 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
         .ok_or_else(|| std::io::Error::other("the program started without its trace"))
         .and_then(|identity| memgap_trace::files::open_created(&trace_path, identity))
         .with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
-    let mut writer = TraceWriter::from_created(file, &trace_path, run_id).with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| args.command[0].to_string_lossy().into_owned());
+    let mut writer =
+        TraceWriter::from_created(file, &trace_path, run_id).with_context(|| format!("cannot write the trace {}", trace_path.display()))?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| args.command[0].to_string_lossy().into_owned());
     let process = Process {
         pid,
         ppid: std::process::id(),
@@ -145,7 +151,16 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
         exe,
         argv: args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
     };
-    let mut recorder = Recorder { pid, writer: &mut writer, pending: Vec::new(), version: None, peak_snapshot_rss: 0, vm_hwm: 0, helper: false, deferred: VecDeque::new() };
+    let mut recorder = Recorder {
+        pid,
+        writer: &mut writer,
+        pending: Vec::new(),
+        version: None,
+        peak_snapshot_rss: 0,
+        vm_hwm: 0,
+        helper: false,
+        deferred: VecDeque::new(),
+    };
     recorder.pending.push(Record::Process(process));
     recorder.set_version(&go.version, "buildinfo");
     recorder.flush()?;
@@ -316,7 +331,9 @@ impl Recorder<'_> {
                     self.snapshot(SnapshotReason::Exit)?;
                     let _ = reply.send(());
                 }
-                Message::NoExitSnapshot(why) => self.pending.push(Record::Note { time: monotonic_ns(), text: format!("no snapshot at exit: {why}") }),
+                Message::NoExitSnapshot(why) => {
+                    self.pending.push(Record::Note { time: monotonic_ns(), text: format!("no snapshot at exit: {why}") })
+                }
                 Message::Exited { exit_code, signal } => {
                     exited = Some((exit_code, signal));
                     // Lines still in the pipes; a grandchild holding stderr open is not waited for long.
@@ -335,9 +352,18 @@ impl Recorder<'_> {
         }
         let (exit_code, signal) = exited.unwrap_or((1, 0));
         if !gc_seen {
-            self.pending.push(Record::Note { time: monotonic_ns(), text: "no gctrace line was read (the program ended before its first GC, or closed stderr)".into() });
+            self.pending.push(Record::Note {
+                time: monotonic_ns(),
+                text: "no gctrace line was read (the program ended before its first GC, or closed stderr)".into(),
+            });
         }
-        self.pending.push(Record::End(End { time: monotonic_ns(), reason: EndReason::Exit, dropped_events: 0, vm_hwm: self.vm_hwm, exit_code: Some(exit_code) }));
+        self.pending.push(Record::End(End {
+            time: monotonic_ns(),
+            reason: EndReason::Exit,
+            dropped_events: 0,
+            vm_hwm: self.vm_hwm,
+            exit_code: Some(exit_code),
+        }));
         self.pending.push(Record::Exit(Exit { exit_code, signal }));
         self.flush()?;
         Ok((exit_code, signal))
@@ -686,7 +712,11 @@ fn spawn_waiter(pid: u32, sender: Sender<Message>) {
                 libc::PTRACE_EVENT_STOP => {
                     // A group stop (SIGSTOP and the like) stays a stop; other
                     // event stops just continue.
-                    let request = if matches!(signal, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU) { libc::PTRACE_LISTEN } else { libc::PTRACE_CONT };
+                    let request = if matches!(signal, libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU) {
+                        libc::PTRACE_LISTEN
+                    } else {
+                        libc::PTRACE_CONT
+                    };
                     unsafe { libc::ptrace(request, pid, 0, 0) };
                 }
                 _ => {
@@ -768,8 +798,45 @@ mod tests {
 
     /// The pieces go1.26's runtime wrote one gctrace line in (strace).
     const GC_PIECES: &[&str] = &[
-        "gc ", "1", " @", "0.008", "s ", "16", "%", ": ", "2.6", "+", "0.62", "+", "0.005", " ms clock, ", "5.2", "+", "0.008", "/", "0.84", "/", "0", "+",
-        "0.011", " ms cpu, ", "3", "->", "4", "->", "4", " MB, ", "4", " MB goal, ", "0", " MB stacks, ", "0", " MB globals, ", "2", " P", "\n",
+        "gc ",
+        "1",
+        " @",
+        "0.008",
+        "s ",
+        "16",
+        "%",
+        ": ",
+        "2.6",
+        "+",
+        "0.62",
+        "+",
+        "0.005",
+        " ms clock, ",
+        "5.2",
+        "+",
+        "0.008",
+        "/",
+        "0.84",
+        "/",
+        "0",
+        "+",
+        "0.011",
+        " ms cpu, ",
+        "3",
+        "->",
+        "4",
+        "->",
+        "4",
+        " MB, ",
+        "4",
+        " MB goal, ",
+        "0",
+        " MB stacks, ",
+        "0",
+        " MB globals, ",
+        "2",
+        " P",
+        "\n",
     ];
 
     fn run_packets(strip: bool, packets: &[&str]) -> (String, Vec<gctrace::GcLine>) {

@@ -35,7 +35,10 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::tra
     if !quiet {
         match batch.precise_unavailable.as_str() {
             "" => eprintln!("memgap: NUMA: {} memory-access samples ({})", batch.samples.len(), batch.source),
-            reason => eprintln!("memgap: NUMA: access sampling unavailable ({reason}); recorded first-touch locality from {} page-fault samples instead", batch.samples.len()),
+            reason => eprintln!(
+                "memgap: NUMA: access sampling unavailable ({reason}); recorded first-touch locality from {} page-fault samples instead",
+                batch.samples.len()
+            ),
         }
     }
     let mut by_pid: BTreeMap<u32, Vec<_>> = BTreeMap::new();

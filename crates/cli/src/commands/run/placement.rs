@@ -52,7 +52,14 @@ impl Placer {
                 mappings.push(MappingPlacement { start: m.start, pages, runs });
             }
         }
-        Placement { time: snapshot.time, page_size, stride: stride as u32, error: self.unusable, cost_ns: monotonic_ns() - started_ns, mappings }
+        Placement {
+            time: snapshot.time,
+            page_size,
+            stride: stride as u32,
+            error: self.unusable,
+            cost_ns: monotonic_ns() - started_ns,
+            mappings,
+        }
     }
 
     fn runs_of(&mut self, start: u64, pages: u64, page_size: u64, residency: &Residency, stride: u64) -> Vec<(i32, u64)> {
@@ -111,7 +118,15 @@ impl Placer {
         self.status.resize(self.addresses.len(), NOT_PRESENT);
         for (addresses, status) in self.addresses.chunks(BATCH).zip(self.status.chunks_mut(BATCH)) {
             let result = unsafe {
-                libc::syscall(libc::SYS_move_pages, self.pid as libc::pid_t, addresses.len(), addresses.as_ptr(), core::ptr::null::<i32>(), status.as_mut_ptr(), 0)
+                libc::syscall(
+                    libc::SYS_move_pages,
+                    self.pid as libc::pid_t,
+                    addresses.len(),
+                    addresses.as_ptr(),
+                    core::ptr::null::<i32>(),
+                    status.as_mut_ptr(),
+                    0,
+                )
             };
             if result < 0 {
                 let errno = unsafe { *libc::__errno_location() };
@@ -139,7 +154,9 @@ mod tests {
 
     fn mapped(pages: usize, touch: impl Fn(usize) -> bool) -> (*mut u8, Residency) {
         let len = pages * 4096;
-        let mem = unsafe { libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+        let mem = unsafe {
+            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        } as *mut u8;
         let mut bits = vec![0u8; pages.div_ceil(8)];
         for i in (0..pages).filter(|&i| touch(i)) {
             unsafe { *mem.add(i * 4096) = 1 };
@@ -153,7 +170,13 @@ mod tests {
         let (mem, residency) = mapped(64, |i| i % 4 == 0);
         let snapshot = Snapshot {
             page_size: 4096,
-            mappings: vec![Mapping { start: mem as u64, end: mem as u64 + 64 * 4096, perms: "rw-p".into(), residency, ..Mapping::default() }],
+            mappings: vec![Mapping {
+                start: mem as u64,
+                end: mem as u64 + 64 * 4096,
+                perms: "rw-p".into(),
+                residency,
+                ..Mapping::default()
+            }],
             ..Snapshot::default()
         };
         let placement = Placer::new(std::process::id()).place(&snapshot);

@@ -63,7 +63,8 @@ fn read_pieces(pid: u32, pieces: &[(u64, usize)], buffer: &mut [u8]) -> Vec<bool
     let mut start = 0;
     let mut offset = 0;
     while start < pieces.len() {
-        let remote: Vec<libc::iovec> = pieces[start..].iter().map(|&(a, len)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: len }).collect();
+        let remote: Vec<libc::iovec> =
+            pieces[start..].iter().map(|&(a, len)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: len }).collect();
         let total: usize = pieces[start..].iter().map(|p| p.1).sum();
         let local = libc::iovec { iov_base: buffer[offset..].as_mut_ptr() as *mut libc::c_void, iov_len: total };
         let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };

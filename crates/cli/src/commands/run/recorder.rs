@@ -124,7 +124,8 @@ impl MappedArea {
             return None;
         }
         let len = meta.len() as usize;
-        let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if base == libc::MAP_FAILED {
             return None;
         }
@@ -219,7 +220,8 @@ impl Recorder {
                     loop {
                         let stopping = stop.load(Acquire);
                         discover(&dir, &mut seen, &processes, &settings, &trace_path);
-                        let running: Vec<u32> = processes.lock().unwrap().iter().filter(|(_, t)| !t.done.load(Acquire)).map(|(&pid, _)| pid).collect();
+                        let running: Vec<u32> =
+                            processes.lock().unwrap().iter().filter(|(_, t)| !t.done.load(Acquire)).map(|(&pid, _)| pid).collect();
                         untraced.scan(&running);
                         if stopping {
                             break;
@@ -268,7 +270,13 @@ impl Recorder {
     }
 }
 
-fn discover(dir: &Path, seen: &mut std::collections::HashSet<(PathBuf, u64)>, processes: &Arc<Mutex<HashMap<u32, Tracked>>>, settings: &Settings, trace_path: &Arc<TracePath>) {
+fn discover(
+    dir: &Path,
+    seen: &mut std::collections::HashSet<(PathBuf, u64)>,
+    processes: &Arc<Mutex<HashMap<u32, Tracked>>>,
+    settings: &Settings,
+    trace_path: &Arc<TracePath>,
+) {
     use std::os::unix::fs::DirEntryExt;
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     // By path and inode: a name is reused once its area was removed.
@@ -277,7 +285,8 @@ fn discover(dir: &Path, seen: &mut std::collections::HashSet<(PathBuf, u64)>, pr
         .map(|e| (e.path(), e.ino()))
         .filter(|key| !seen.contains(key) && key.0.to_string_lossy().ends_with(shared::AREA_SUFFIX))
         .collect();
-    let mut found: Vec<(MappedArea, (PathBuf, u64))> = candidates.into_iter().filter_map(|key| Some((MappedArea::open(&key.0)?, key))).collect();
+    let mut found: Vec<(MappedArea, (PathBuf, u64))> =
+        candidates.into_iter().filter_map(|key| Some((MappedArea::open(&key.0)?, key))).collect();
     // An exec'd image's area after its predecessor's.
     found.sort_by_key(|(area, _)| (area.pid, area.header().created_ns.load(Relaxed)));
     for (mapped, key) in found {
@@ -311,7 +320,14 @@ fn discover(dir: &Path, seen: &mut std::collections::HashSet<(PathBuf, u64)>, pr
 }
 
 /// Records one process (all its images) until it ends; then its trace is whole.
-fn record_process(area: MappedArea, more_areas: Receiver<MappedArea>, trace: PathBuf, settings: &Settings, give_up: &AtomicBool, names: &Arc<TracePath>) -> Outcome {
+fn record_process(
+    area: MappedArea,
+    more_areas: Receiver<MappedArea>,
+    trace: PathBuf,
+    settings: &Settings,
+    give_up: &AtomicBool,
+    names: &Arc<TracePath>,
+) -> Outcome {
     let pid = area.pid;
     let mut outcome = Outcome { pid, trace: None, command: command_of(pid), given_up: false };
     let made = (pid == settings.top_pid).then_some(settings.top_identity).flatten();
@@ -368,7 +384,10 @@ fn record_process(area: MappedArea, more_areas: Receiver<MappedArea>, trace: Pat
         }
         if give_up.load(Acquire) {
             process.round(true);
-            process.push(&Record::Note { time: process.now(), text: "memgap run ended while this process was still running: its trace stops here".into() });
+            process.push(&Record::Note {
+                time: process.now(),
+                text: "memgap run ended while this process was still running: its trace stops here".into(),
+            });
             process.flush();
             process.area.header().recorder_state.store(shared::RECORDER_GONE, Release);
             outcome.given_up = true;
@@ -396,7 +415,8 @@ fn write_trace_path(area: &MappedArea, trace: &Path) {
 /// The command line of `pid`, for messages.
 pub fn command_of(pid: u32) -> String {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let words: Vec<String> = cmdline.split(|&b| b == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect();
+    let words: Vec<String> =
+        cmdline.split(|&b| b == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect();
     words.join(" ")
 }
 
@@ -837,7 +857,8 @@ impl ProcessRecorder {
         // Only snapshots after trims wait ten times their cost: a program
         // trimming in a loop must not keep the recorder snapshotting.
         let trims = self.header().trims.load(Acquire);
-        let gap = if self.last_snapshot_after_trim { TRIM_SNAPSHOT_GAP_NS.max(self.last_snapshot_cost_ns * 10) } else { TRIM_SNAPSHOT_GAP_NS };
+        let gap =
+            if self.last_snapshot_after_trim { TRIM_SNAPSHOT_GAP_NS.max(self.last_snapshot_cost_ns * 10) } else { TRIM_SNAPSHOT_GAP_NS };
         if trims != self.trims_seen && since_last >= gap {
             self.trim_snapshot_pending = true;
             return Some(SnapshotReason::Program);
@@ -910,7 +931,16 @@ impl ProcessRecorder {
         let (time, before, vm_rss_after, mappings) = best.expect("one attempt at least");
         let agent_ranges = self.agent_ranges();
         let python = super::python::census_of(self.pid, self.header(), time, &mappings, page_size);
-        let snapshot = Snapshot { time, reason, rss: Rss { time, ..before }, vm_rss_after, page_size, mappings, agent_ranges, cost_ns: monotonic_ns() - started_ns };
+        let snapshot = Snapshot {
+            time,
+            reason,
+            rss: Rss { time, ..before },
+            vm_rss_after,
+            page_size,
+            mappings,
+            agent_ranges,
+            cost_ns: monotonic_ns() - started_ns,
+        };
         self.last_snapshot_ns = monotonic_ns();
         self.last_snapshot_cost_ns = snapshot.cost_ns;
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
@@ -1015,7 +1045,8 @@ impl ProcessRecorder {
         let area = self.area.area;
         let header = area.header();
         let exit_code = (header.has_exit_code.load(Acquire) != 0).then(|| header.exit_code.load(Relaxed));
-        let end = End { time: self.now(), reason: EndReason::Exit, dropped_events: header.dropped.load(Relaxed), vm_hwm: self.vm_hwm, exit_code };
+        let end =
+            End { time: self.now(), reason: EndReason::Exit, dropped_events: header.dropped.load(Relaxed), vm_hwm: self.vm_hwm, exit_code };
         self.push(&Record::End(end));
         self.flush();
     }
@@ -1043,7 +1074,10 @@ impl ProcessRecorder {
         let dropped = area.header().dropped.load(Relaxed);
         if area.header().agent_state.load(Acquire) == shared::AGENT_STOPPED && !self.stopped_noted {
             self.stopped_noted = true;
-            return Some(format!("process {}: the recorder fell behind for over a second; recording stopped there ({dropped} events not recorded; the program ran on)", self.pid));
+            return Some(format!(
+                "process {}: the recorder fell behind for over a second; recording stopped there ({dropped} events not recorded; the program ran on)",
+                self.pid
+            ));
         }
         None
     }
@@ -1098,7 +1132,9 @@ mod tests {
     #[test]
     fn residency_of_our_own_pages() {
         let page = 4096usize;
-        let mem = unsafe { libc::mmap(std::ptr::null_mut(), 64 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as *mut u8;
+        let mem = unsafe {
+            libc::mmap(std::ptr::null_mut(), 64 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        } as *mut u8;
         for i in (0..64).step_by(4) {
             unsafe { *mem.add(i * page) = 1 };
         }

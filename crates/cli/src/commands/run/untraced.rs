@@ -119,7 +119,9 @@ fn why_without_agent(maps: &str, environ: Option<&[u8]>) -> &'static str {
     let preload = environ.and_then(|env| env.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"LD_PRELOAD=")));
     match preload {
         None => "its environment has no LD_PRELOAD",
-        Some(value) if !value.windows(AGENT_FILE.len()).any(|w| w == AGENT_FILE.as_bytes()) => "its LD_PRELOAD no longer names memgap's agent",
+        Some(value) if !value.windows(AGENT_FILE.len()).any(|w| w == AGENT_FILE.as_bytes()) => {
+            "its LD_PRELOAD no longer names memgap's agent"
+        }
         Some(_) => "the loader did not load the agent (a setuid program ignores LD_PRELOAD)",
     }
 }
@@ -132,10 +134,19 @@ mod tests {
 
     #[test]
     fn the_reason_is_read_from_the_mappings_and_the_environment() {
-        assert_eq!(why_without_agent("00400000-00401000 r-xp 00000000 08:01 12 /tmp/hold_static\n", None), "statically linked: LD_PRELOAD does not apply");
+        assert_eq!(
+            why_without_agent("00400000-00401000 r-xp 00000000 08:01 12 /tmp/hold_static\n", None),
+            "statically linked: LD_PRELOAD does not apply"
+        );
         assert_eq!(why_without_agent(DYNAMIC, Some(b"PATH=/bin\0HOME=/root\0")), "its environment has no LD_PRELOAD");
-        assert_eq!(why_without_agent(DYNAMIC, Some(b"LD_PRELOAD=/usr/lib/libjemalloc.so.2\0")), "its LD_PRELOAD no longer names memgap's agent");
-        assert_eq!(why_without_agent(DYNAMIC, Some(b"LD_PRELOAD=/opt/memgap/libmemgap_agent.so\0")), "the loader did not load the agent (a setuid program ignores LD_PRELOAD)");
+        assert_eq!(
+            why_without_agent(DYNAMIC, Some(b"LD_PRELOAD=/usr/lib/libjemalloc.so.2\0")),
+            "its LD_PRELOAD no longer names memgap's agent"
+        );
+        assert_eq!(
+            why_without_agent(DYNAMIC, Some(b"LD_PRELOAD=/opt/memgap/libmemgap_agent.so\0")),
+            "the loader did not load the agent (a setuid program ignores LD_PRELOAD)"
+        );
     }
 
     #[test]
