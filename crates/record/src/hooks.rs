@@ -35,9 +35,8 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if recording() {
         let hook = enter_hook();
         let time = recorder::now();
-        let usable = recorder::usable_size(ptr);
         unsafe { (real.free)(ptr) };
-        record_free(hook, time, ptr, usable);
+        record_free(hook, time, ptr);
         leave_hook(hook);
     } else {
         unsafe { (real.free)(ptr) };
@@ -77,9 +76,8 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     }
     let hook = enter_hook();
     let before = recorder::now();
-    let old_usable = recorder::usable_size(ptr);
     let new = unsafe { (real.realloc)(ptr, size) };
-    record_realloc(hook, EventKind::Realloc, before, new, size, ptr, old_usable);
+    record_realloc(hook, EventKind::Realloc, before, new, size, ptr);
     leave_hook(hook);
     new
 }
@@ -101,9 +99,8 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usiz
     }
     let hook = enter_hook();
     let before = recorder::now();
-    let old_usable = recorder::usable_size(ptr);
     let new = unsafe { (real.realloc)(ptr, total) };
-    record_realloc(hook, EventKind::Reallocarray, before, new, total, ptr, old_usable);
+    record_realloc(hook, EventKind::Reallocarray, before, new, total, ptr);
     leave_hook(hook);
     new
 }
