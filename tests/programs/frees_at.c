@@ -1,8 +1,10 @@
 /* Holds 64 MiB in 16,384 blocks of 4 KiB, sleeps, frees fifteen blocks in
  * sixteen at once, sleeps again and exits. Prints when the frees began and
  * ended (seconds since main began, CLOCK_MONOTONIC) and the bytes it held
- * before and after, so a test can find the live heap's fall in time.
- * Usage: frees_at [HOLD_MS [AFTER_MS]] (default 400 and 1200). */
+ * before and after, so a test can find the live heap's fall in time. With
+ * "refill", it then allocates as much again before it exits, so that the
+ * plateau after the frees is over by the exit.
+ * Usage: frees_at [HOLD_MS [AFTER_MS [refill]]] (default 400 and 1200). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,5 +49,15 @@ int main(int argc, char **argv) {
     printf("held %zu\nkept %zu\nfree_begin %.6f\nfree_end %.6f\n", count * size, kept, free_begin, free_end);
     fflush(stdout);
     sleep_ms(after_ms);
+    if (argc > 3 && strcmp(argv[3], "refill") == 0) {
+        for (size_t i = 0; i < count; i++) {
+            if (!blocks[i]) {
+                blocks[i] = malloc(size);
+                if (!blocks[i]) return 1;
+                memset(blocks[i], (int)i, size);
+            }
+        }
+        printf("refilled %.6f\n", now() - start);
+    }
     return blocks[0][0] == 0 ? 0 : 2;
 }

@@ -102,3 +102,53 @@ fn the_live_line_falls_when_the_program_frees() {
     let strip = table.lines().find(|l| l.trim_start().starts_with("live  ")).unwrap_or_else(|| panic!("{table}"));
     assert!(strip.contains('█') && strip.trim_end().ends_with('▁'), "{table}");
 }
+
+/// A plateau after mass frees, shorter than the snapshot interval and over
+/// before the exit (the program allocates again): RSS stays where it was,
+/// so no peak snapshot shows it, and the default interval (1 s) misses it.
+/// The recorder sees the live heap fall and takes a snapshot on it, whose
+/// rows add up to VmRSS like any other's.
+#[test]
+fn a_plateau_after_mass_frees_gets_a_snapshot() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "frees_at.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "400", "300", "refill"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let program: std::collections::HashMap<String, f64> =
+        text(&out.stdout).lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k.to_string(), v.parse::<f64>().unwrap())).collect();
+    let (held, kept, free_begin, free_end, refilled) =
+        (program["held"], program["kept"], program["free_begin"], program["free_end"], program["refilled"]);
+    let json = memgap(&dir, &["timeline", arg(&trace), "--json"]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let timeline: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let snapshots = timeline["snapshots"].as_array().unwrap();
+    let live_of = |s: &Value| s["rows"]["live"].as_f64().unwrap();
+    let summary: Vec<String> =
+        snapshots.iter().map(|s| format!("{} at {:.3} s: live {}", s["snapshot_reason"], s["at_seconds"], live_of(s))).collect();
+
+    // Exactly one snapshot on the plateau, the one the fall made: the live
+    // heap there is what the program says it kept (plus libc's and its
+    // pointer array's few hundred KiB). Times since the process began are
+    // later than the program's own by its start-up.
+    let after_frees = snapshots.iter().filter(|s| s["at_seconds"].as_f64().unwrap() >= free_begin - 0.02);
+    let on_plateau: Vec<&Value> = after_frees.filter(|s| live_of(s) < kept + MIB).collect();
+    assert_eq!(on_plateau.len(), 1, "{summary:#?}");
+    let drop = on_plateau[0];
+    assert_eq!(drop["snapshot_reason"], "live drop", "{summary:#?}");
+    assert!(live_of(drop) >= kept, "{summary:#?}");
+    let at = drop["at_seconds"].as_f64().unwrap();
+    assert!(at >= free_end - 0.02 && at <= refilled + 0.02, "at {at} s; freed by {free_end} s, refilled by {refilled} s: {summary:#?}");
+    // The exit sees the heap refilled: without the fall's snapshot, none shows the plateau.
+    let exit = snapshots.last().unwrap();
+    assert_eq!(exit["snapshot_reason"], "exit");
+    assert!(live_of(exit) >= held, "{summary:#?}");
+
+    // Its rows add up to VmRSS, as the kernel counted it then.
+    let rss = drop["rss_bytes"].as_f64().unwrap();
+    let rows: f64 = drop["rows"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+    assert!((rows - rss).abs() <= rss * 0.02, "rows {rows} for VmRSS {rss}");
+    assert!(drop["residual_bytes"].as_f64().unwrap().abs() <= rss * 0.02, "{drop:#}");
+    // The freed blocks stay resident (a kept block on each 64 KiB): RSS did not fall.
+    assert!(rss >= held, "VmRSS {rss} after freeing");
+}

@@ -325,6 +325,7 @@ pub fn reason_name(reason: SnapshotReason) -> &'static str {
         SnapshotReason::Exit => "exit",
         SnapshotReason::Requested => "requested",
         SnapshotReason::Program => "program",
+        SnapshotReason::LiveDrop => "live drop",
     }
 }
 

@@ -21,10 +21,11 @@ use crate::stacks::ThreadStacks;
 use crate::sys::{self, SpinLock};
 
 /// Bytes of events a thread writes between two clock advances of its own
-/// (a few hundred events): the replay orders one round's events across
-/// threads by causality alone, which many threads handing blocks to each
-/// other make ambiguous in long rounds.
-const TICK_BYTES: usize = 2048;
+/// (tens of events): the replay orders the events of one time from several
+/// threads by causality alone, a search that grows steeply with their
+/// number, and many threads handing blocks to each other made some too
+/// long for it at four times this.
+const TICK_BYTES: usize = 512;
 
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 /// In a fork child: the forking thread's number in the parent (low half)
@@ -100,6 +101,8 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
     chunk.tid.store(tid, Relaxed);
     chunk.seq.store(seq, Relaxed);
     chunk.taken_in_round.store(header.writer_round.0.load(Acquire), Relaxed);
+    chunk.in_hook_since.store(0, Relaxed);
+    chunk.live_bytes.store(0, Relaxed);
     Some(index)
 }
 
@@ -274,12 +277,33 @@ pub struct Hook(*mut ThreadState);
 /// itself, such as its mmaps) are kept aside and recorded after the hook's
 /// own event, so a handler's reuse of an address the hook frees comes
 /// after that free.
+///
+/// It also tells the recorder, through the thread's chunk, the oldest time
+/// the hook's event may carry, before the hook reads that time: a thread
+/// preempted between stamping an event and committing it would otherwise
+/// commit it after the recorder promised readers every event that old
+/// (see `ChunkHeader::in_hook_since`). A plain store, not a fence: it is
+/// visible long before the recorder looks, a whole drain after the clock
+/// moved on.
+///
+/// A thread's first hook makes the thread's state, so that its first
+/// event is marked like the others.
 #[inline(always)]
 pub fn enter_hook() -> Hook {
-    let state = current::get();
-    if is_state(state) {
-        current::set(IN_HOOK as *mut ThreadState);
+    let mut state = current::get();
+    if !is_state(state) {
+        if !state.is_null() {
+            return Hook(state);
+        }
+        state = new_thread_state();
+        if state.is_null() {
+            return Hook(state);
+        }
     }
+    current::set(IN_HOOK as *mut ThreadState);
+    // SAFETY: a live state of this thread, and its current chunk.
+    unsafe { (*(*state).chunk).in_hook_since.store(crate::clock::now() + 1, Relaxed) };
+    core::sync::atomic::compiler_fence(SeqCst);
     Hook(state)
 }
 
@@ -289,8 +313,12 @@ pub fn leave_hook(hook: Hook) {
     if is_state(state) {
         current::set(state);
         // SAFETY: a live state of this thread.
-        if unsafe { (*(*state).nested).len.load(Relaxed) } != 0 {
-            write_nested(state);
+        unsafe {
+            if (*(*state).nested).len.load(Relaxed) != 0 {
+                write_nested(state);
+            }
+            // After the events' length: a recorder that sees the hook over sees them.
+            (*(*state).chunk).in_hook_since.store(0, Release);
         }
     }
 }
@@ -353,6 +381,20 @@ fn write_nested(state: *mut ThreadState) {
         count_dropped((written - NESTED_EVENTS) as u64);
     }
     current::set(state);
+}
+
+/// Adds `bytes` (wrapping: a free adds minus its size) to the thread's
+/// count of live bytes, which the recorder sums (see
+/// `ChunkHeader::live_bytes`). A handler's calls inside a hook are not
+/// counted: the signal is approximate.
+#[inline(always)]
+pub fn count_live(hook: Hook, bytes: u64) {
+    let state = hook.0;
+    if is_state(state) {
+        // SAFETY: a live state of this thread, and its current chunk.
+        let live = unsafe { &(*(*state).chunk).live_bytes };
+        live.store(live.load(Relaxed).wrapping_add(bytes), Relaxed);
+    }
 }
 
 /// Runs `f` with this thread marked busy, so that allocations made by the
@@ -576,8 +618,17 @@ impl ThreadState {
         let Some(index) = fresh else { return false };
         crate::recorder::note_loader_changes();
         self.next_seq += 1;
-        unsafe { (*self.chunk).next.store(index + 1, Release) };
-        self.chunk = area.chunk(index);
+        let fresh_chunk = area.chunk(index);
+        // The hook's mark moves with the thread: on the fresh chunk before
+        // the link, off the old one after, so a recorder that finds it gone
+        // from the old chunk finds the link and the mark on the fresh one.
+        unsafe {
+            fresh_chunk.live_bytes.store((*self.chunk).live_bytes.load(Relaxed), Relaxed);
+            fresh_chunk.in_hook_since.store((*self.chunk).in_hook_since.load(Relaxed), Relaxed);
+            (*self.chunk).next.store(index + 1, Release);
+            (*self.chunk).in_hook_since.store(0, Release);
+        }
+        self.chunk = fresh_chunk;
         self.chunk_index = index;
         self.data = area.chunk_data(index);
         self.cursor = self.data;

@@ -5,12 +5,15 @@
 //! waits here for the program's outstanding cache misses (two per
 //! malloc/free pair took a churn loop from 0.20 s to 0.78 s), and
 //! `clock_gettime` adds a call and a `rdtsc` of its own. The recorder advances
-//! the round once per round and once before each snapshot, a thread once
-//! every few buffer chunks it fills (see `buffers::take_chunk`), and the
-//! recorder records a CLOCK pair (round, CLOCK_MONOTONIC ns) each round, from
-//! which readers convert (times between two pairs are interpolated). Events
-//! within one round are ordered by each thread's buffer and, across
-//! threads, by the replay (see `memgap_replay::merge`).
+//! the round once per round and once before each snapshot, a thread every
+//! few hundred bytes of events it writes (see `buffers::TICK_BYTES`), and
+//! the recorder records a CLOCK pair (round, CLOCK_MONOTONIC ns) each round,
+//! from which readers convert (times between two pairs are interpolated).
+//! Events within one round are ordered by each thread's buffer and, across
+//! threads, by the replay (see `memgap_replay::merge`). A thread marks on
+//! its chunk when it enters a hook, before it reads the time, so the
+//! recorder knows how old an event still to come may be (see
+//! `buffers::enter_hook`).
 
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
 

@@ -35,8 +35,9 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if recording() {
         let hook = enter_hook();
         let time = recorder::now();
+        let usable = recorder::usable_size(ptr);
         unsafe { (real.free)(ptr) };
-        record_free(hook, time, ptr);
+        record_free(hook, time, ptr, usable);
         leave_hook(hook);
     } else {
         unsafe { (real.free)(ptr) };
@@ -76,8 +77,9 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     }
     let hook = enter_hook();
     let before = recorder::now();
+    let old_usable = recorder::usable_size(ptr);
     let new = unsafe { (real.realloc)(ptr, size) };
-    record_realloc(hook, EventKind::Realloc, before, new, size, ptr);
+    record_realloc(hook, EventKind::Realloc, before, new, size, ptr, old_usable);
     leave_hook(hook);
     new
 }
@@ -99,8 +101,9 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usiz
     }
     let hook = enter_hook();
     let before = recorder::now();
+    let old_usable = recorder::usable_size(ptr);
     let new = unsafe { (real.realloc)(ptr, total) };
-    record_realloc(hook, EventKind::Reallocarray, before, new, total, ptr);
+    record_realloc(hook, EventKind::Reallocarray, before, new, total, ptr, old_usable);
     leave_hook(hook);
     new
 }

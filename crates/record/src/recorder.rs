@@ -359,28 +359,41 @@ pub fn now() -> u64 {
 /// address (so `before`), the new block's allocation not earlier than the
 /// free that made it available (so now). Then it is recorded as a free and
 /// an allocation.
+/// `old_usable`: the old block's usable size, read before the call.
 #[inline(always)]
-pub fn record_realloc(hook: Hook, kind: EventKind, before: u64, new: *mut c_void, size: usize, old: *mut c_void) {
+pub fn record_realloc(hook: Hook, kind: EventKind, before: u64, new: *mut c_void, size: usize, old: *mut c_void, old_usable: usize) {
     let frees_old = !old.is_null() && new != old && (!new.is_null() || size == 0);
     if frees_old && clock::now() != before {
-        record_free(hook, before, old);
+        record_free(hook, before, old, old_usable);
         if !new.is_null() {
             record_alloc(hook, kind, new, size, core::ptr::null_mut(), 0);
         }
     } else {
         record_alloc(hook, kind, new, size, old, 0);
+        // Freed, or resized in place; a failed realloc leaves it as it was.
+        if !old.is_null() && (!new.is_null() || size == 0) {
+            buffers::count_live(hook, 0u64.wrapping_sub(old_usable as u64));
+        }
+    }
+}
+
+/// The usable size of a live block of the real allocator (0 when the
+/// agent has no way to know it).
+#[inline(always)]
+pub fn usable_size(addr: *mut c_void) -> usize {
+    match USABLE_SIZE.load(Relaxed) {
+        _ if addr.is_null() => 0,
+        USABLE_GLIBC => unsafe { real::glibc_usable_size(addr) },
+        USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
+        _ => 0,
     }
 }
 
 #[inline(always)]
 pub fn record_alloc(hook: Hook, kind: EventKind, addr: *mut c_void, size: usize, old_addr: *mut c_void, align: usize) {
     let time = clock::now();
-    let usable = match USABLE_SIZE.load(Relaxed) {
-        _ if addr.is_null() => 0,
-        USABLE_GLIBC => unsafe { real::glibc_usable_size(addr) },
-        USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
-        _ => 0,
-    };
+    let usable = usable_size(addr);
+    buffers::count_live(hook, usable as u64);
     let cpu = cpu();
     let event = || Event {
         time,
@@ -405,8 +418,10 @@ pub fn record_alloc(hook: Hook, kind: EventKind, addr: *mut c_void, size: usize,
     }
 }
 
+/// `usable`: the block's usable size, read before the call.
 #[inline(always)]
-pub fn record_free(hook: Hook, time: u64, addr: *mut c_void) {
+pub fn record_free(hook: Hook, time: u64, addr: *mut c_void, usable: usize) {
+    buffers::count_live(hook, 0u64.wrapping_sub(usable as u64));
     let cpu = cpu();
     let event = || Event { time, kind: Some(EventKind::Free), cpu, addr: addr as u64, ..Event::default() };
     buffers::append_encoded(hook, event, |delta, out| unsafe { RawEncoder::encode_free(delta, out, time, cpu, addr as u64) });

@@ -3,8 +3,9 @@
 //! Each thread's events sit in the file in that thread's order, but threads
 //! interleave in pieces. Events are queued per thread and released in time
 //! order up to a watermark: a CLOCK record promises that events older than
-//! the previous CLOCK record are already in the file (one writer round of
-//! slack covers an event stamped just before a round but committed after).
+//! the previous CLOCK record are already in the file (the recorder holds a
+//! CLOCK record back while a thread is still in a hook it entered that
+//! early: preempted between stamping an event and committing it).
 
 use std::collections::VecDeque;
 use std::path::Path;

@@ -139,6 +139,9 @@ pub enum SnapshotReason {
     Requested = 3,
     /// The program called `memgap_snapshot()`.
     Program = 4,
+    /// The live heap fell by a quarter or more from its high since the
+    /// last snapshot (mass frees: RSS often stays, so no peak shows it).
+    LiveDrop = 5,
 }
 
 /// How a mapping's pages are resident.
@@ -540,6 +543,7 @@ fn decode_snapshot(c: &mut Cursor<'_>) -> Result<Snapshot, Malformed> {
         2 => SnapshotReason::Exit,
         3 => SnapshotReason::Requested,
         4 => SnapshotReason::Program,
+        5 => SnapshotReason::LiveDrop,
         _ => return Err(Malformed),
     };
     let rss = plausible_rss(Rss { time, vm_rss: c.varint()?, rss_anon: c.varint()?, rss_file: c.varint()?, rss_shmem: c.varint()? })?;

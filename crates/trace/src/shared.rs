@@ -160,6 +160,17 @@ pub struct ChunkHeader {
     /// How much of the data the recorder has copied out (the recorder's).
     pub emitted: AtomicU32,
     pub taken_in_round: AtomicU64,
+    /// The event clock + 1 when the owning thread entered the hook it is
+    /// in, 0 when it is in none; kept on the thread's newest chunk (in the
+    /// line the thread writes `len` to anyway). An event of that hook may
+    /// carry a time that old and still be uncommitted: the recorder holds
+    /// back its CLOCK records meanwhile (see the recorder's round).
+    pub in_hook_since: AtomicU64,
+    /// The thread's running count of usable bytes it allocated less those
+    /// it freed (wrapping: a thread freeing others' blocks goes below
+    /// zero), carried from chunk to chunk: summed over the threads, the
+    /// live heap, which the recorder watches for falls.
+    pub live_bytes: AtomicU64,
 }
 
 const _: () = assert!(core::mem::size_of::<ChunkHeader>() <= CHUNK_HEADER);

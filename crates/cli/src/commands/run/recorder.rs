@@ -7,7 +7,7 @@
 //! /proc/PID/status, answers the agent's requests and takes snapshots from
 //! outside (/proc/PID/smaps, /proc/PID/pagemap, move_pages).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
@@ -44,6 +44,16 @@ const DISCOVERY_INTERVAL: Duration = Duration::from_millis(2);
 /// After the top process ended, how long processes it left running are
 /// still recorded before memgap gives their traces up.
 const DESCENDANTS_GRACE: Duration = Duration::from_secs(2);
+/// A thread seen in the same hook for this long is no longer waited for
+/// (it jumped out of a signal handler mid-hook, or is stopped): CLOCK
+/// records go on as if it were in none.
+const HOOK_STUCK_NS: u64 = 1_000_000_000;
+/// A snapshot is taken when the live heap fell from its high since the
+/// last snapshot by a quarter or more, and by at least this much…
+const LIVE_DROP_MIN_BYTES: i64 = 4 << 20;
+/// …once the fall stopped (the live heap fell by less than 1/64 of it in
+/// the last round), or this long after it was seen, whichever comes first.
+const LIVE_DROP_SETTLE_NS: u64 = 100_000_000;
 
 /// pagemap entry bit 63: the page is present in RAM.
 const PAGEMAP_PRESENT: u64 = 1 << 63;
@@ -445,6 +455,12 @@ enum Drained {
 struct SlotState {
     /// The chunk being drained, once the slot was seen live.
     head: Option<u32>,
+    /// The hook the thread was last seen in (its `in_hook_since`, 0: none),
+    /// and since when it has been seen in it.
+    hook_seen: u64,
+    hook_seen_ns: u64,
+    /// The thread's count of live bytes when last read (see `ChunkHeader::live_bytes`).
+    live_seen: u64,
 }
 
 struct ProcessRecorder {
@@ -477,6 +493,20 @@ struct ProcessRecorder {
     stopped_noted: bool,
     /// The run's trace names, for a fork child's parent.
     names: Arc<TracePath>,
+    /// CLOCK records not yet written, oldest first (see [`Self::write_clocks`]).
+    held_clocks: VecDeque<Clock>,
+    /// The time of the last CLOCK record written.
+    clock_written: u64,
+    /// Every event stamped below this had been committed when the last
+    /// round looked, so this round has drained it.
+    committed_below: u64,
+    /// The live heap by the threads' counts (wrapping), its high since the
+    /// last snapshot, its value at the previous round, and since when a
+    /// fall worth a snapshot has been seen.
+    live_bytes: u64,
+    live_high: i64,
+    live_last_round: i64,
+    live_drop_seen_ns: Option<u64>,
 }
 
 impl ProcessRecorder {
@@ -511,6 +541,13 @@ impl ProcessRecorder {
             trim_snapshot_pending: false,
             stopped_noted: false,
             names,
+            held_clocks: VecDeque::new(),
+            clock_written: 0,
+            committed_below: 0,
+            live_bytes: 0,
+            live_high: 0,
+            live_last_round: 0,
+            live_drop_seen_ns: None,
         }
     }
 
@@ -562,7 +599,10 @@ impl ProcessRecorder {
                 _ => {}
             }
         }
-        self.push(&Record::Clock(Clock { time: watermark, monotonic_ns: monotonic_ns() }));
+        let oldest_in_hook = self.look_at_threads();
+        self.held_clocks.push_back(Clock { time: watermark, monotonic_ns: monotonic_ns() });
+        self.write_clocks(last);
+        self.committed_below = oldest_in_hook.map_or(watermark, |oldest| oldest.min(watermark));
         let rss = self.sample_rss();
         if !last {
             if let Some(reason) = self.snapshot_due(&rss) {
@@ -573,6 +613,87 @@ impl ProcessRecorder {
             self.flush();
         }
         caught_up
+    }
+
+    /// Writes the CLOCK records readers may act on. A CLOCK record lets a
+    /// reader order every event stamped before the previous one, so it is
+    /// written only once every such event is in the trace: stamped below
+    /// what the last round found committed (all of it in the `last` round).
+    /// A thread preempted in a hook holds them back until it commits; the
+    /// pairs keep the instant they were read, so times convert as before.
+    fn write_clocks(&mut self, last: bool) {
+        while let Some(&clock) = self.held_clocks.front() {
+            if !last && self.clock_written > self.committed_below {
+                break;
+            }
+            self.held_clocks.pop_front();
+            self.push(&Record::Clock(clock));
+            self.clock_written = clock.time;
+        }
+    }
+
+    /// Reads each thread's newest chunk, after the drain: its count of
+    /// live bytes, and whether it is in a hook. Returns the oldest time an
+    /// event not yet committed may carry: the earliest `in_hook_since` (an
+    /// event committed before this look was drained, or is in a chunk the
+    /// next round drains). A hook seen for [`HOOK_STUCK_NS`] is left out.
+    fn look_at_threads(&mut self) -> Option<u64> {
+        let capacity = self.area.capacity();
+        let area = self.area.area;
+        let header = area.header();
+        let used = (header.threads_used.load(Acquire) as usize).min(shared::THREAD_SLOTS);
+        let now = monotonic_ns();
+        let mut oldest: Option<u64> = None;
+        for index in 0..used {
+            let slot = &header.slots[index];
+            let mut chunk_index = match self.slots[index].head {
+                Some(head) => head,
+                None => {
+                    let first = slot.first_chunk.load(Relaxed);
+                    if slot.state.load(Acquire) != SLOT_LIVE || first == 0 || first - 1 >= capacity {
+                        continue;
+                    }
+                    first - 1
+                }
+            };
+            let mut since = 0;
+            let mut live = 0;
+            // To the newest chunk; bounded: a chain can be no longer than the area has chunks.
+            for _ in 0..=capacity {
+                let chunk = area.chunk(chunk_index);
+                // Before `next`: a mark cleared here was set on the next chunk first.
+                let mark = chunk.in_hook_since.load(Acquire);
+                if since == 0 {
+                    since = mark;
+                }
+                live = chunk.live_bytes.load(Relaxed);
+                let next = chunk.next.load(Acquire);
+                if next == 0 || next - 1 >= capacity {
+                    break;
+                }
+                chunk_index = next - 1;
+            }
+            self.count_live(index, live);
+            let seen = &mut self.slots[index];
+            if since == 0 {
+                seen.hook_seen = 0;
+                continue;
+            }
+            if since != seen.hook_seen {
+                (seen.hook_seen, seen.hook_seen_ns) = (since, now);
+            } else if now - seen.hook_seen_ns >= HOOK_STUCK_NS {
+                continue;
+            }
+            oldest = Some(oldest.map_or(since - 1, |o| o.min(since - 1)));
+        }
+        oldest
+    }
+
+    /// Thread `index` counts `live` bytes now.
+    fn count_live(&mut self, index: usize, live: u64) {
+        let seen = &mut self.slots[index].live_seen;
+        self.live_bytes = self.live_bytes.wrapping_add(live.wrapping_sub(*seen));
+        *seen = live;
     }
 
     /// The agent's records: PROCESS (its image number set here), MODULES,
@@ -664,6 +785,9 @@ impl ProcessRecorder {
                 continue;
             }
             if closed != 0 {
+                // The thread's last count, before the chunk and the slot go to others.
+                self.count_live(index, chunk.live_bytes.load(Relaxed));
+                self.slots[index].live_seen = 0;
                 chunk.state.store(CHUNK_FREE, Release);
                 self.slots[index].head = None;
                 slot.state.store(SLOT_FREE, Release);
@@ -739,8 +863,30 @@ impl ProcessRecorder {
             self.trim_snapshot_pending = true;
             return Some(SnapshotReason::Program);
         }
+        if self.live_dropped(since_last) {
+            return Some(SnapshotReason::LiveDrop);
+        }
         let periodic = self.snapshot_interval_ns > 0 && since_last >= self.snapshot_interval_ns;
         periodic.then_some(SnapshotReason::Periodic)
+    }
+
+    /// Whether the live heap fell enough since the last snapshot for one
+    /// now: a plateau after mass frees, which RSS (kept by the allocator)
+    /// does not show, would otherwise wait for the next periodic snapshot
+    /// and may be gone by then. No sooner than [`TRIM_SNAPSHOT_GAP_NS`]
+    /// after the last snapshot.
+    fn live_dropped(&mut self, since_last: u64) -> bool {
+        let live = self.live_bytes as i64;
+        let previous = std::mem::replace(&mut self.live_last_round, live);
+        self.live_high = self.live_high.max(live);
+        let fall = self.live_high - live;
+        if fall < LIVE_DROP_MIN_BYTES || fall < self.live_high / 4 {
+            self.live_drop_seen_ns = None;
+            return false;
+        }
+        let seen = *self.live_drop_seen_ns.get_or_insert_with(monotonic_ns);
+        let settled = previous - live < fall / 64 || monotonic_ns() - seen >= LIVE_DROP_SETTLE_NS;
+        settled && since_last >= TRIM_SNAPSHOT_GAP_NS
     }
 
     /// Takes a snapshot now, from outside, and writes it out at once.
@@ -798,6 +944,9 @@ impl ProcessRecorder {
         self.last_snapshot_ns = monotonic_ns();
         self.last_snapshot_cost_ns = snapshot.cost_ns;
         self.snapshot_peak_rss = self.snapshot_peak_rss.max(snapshot.rss.vm_rss);
+        // A fall is measured from the live heap this snapshot saw.
+        self.live_high = self.live_bytes as i64;
+        self.live_drop_seen_ns = None;
         let placement = self.placer.place(&snapshot);
         if let Some(census) = python {
             self.push(&Record::Metrics(census.to_metrics(monotonic_ns())));
@@ -909,6 +1058,9 @@ impl ProcessRecorder {
         write_trace_path(&self.area, &self.path);
         self.area.header().recorder_state.store(shared::RECORDER_ATTACHED, Release);
         self.slots.iter_mut().for_each(|s| *s = SlotState::default());
+        // The new image's clock and heap start again.
+        (self.clock_written, self.committed_below) = (0, 0);
+        (self.live_bytes, self.live_high, self.live_last_round, self.live_drop_seen_ns) = (0, 0, 0, None);
         self.records_head = None;
         self.records_pending.clear();
     }
