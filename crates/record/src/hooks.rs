@@ -35,7 +35,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if recording() {
         let hook = enter_hook();
         let time = recorder::now();
-        let usable = recorder::usable_size(ptr);
+        let usable = recorder::freed_size(ptr);
         unsafe { (real.free)(ptr) };
         record_free(hook, time, ptr, usable);
         leave_hook(hook);
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     }
     let hook = enter_hook();
     let before = recorder::now();
-    let old_usable = recorder::usable_size(ptr);
+    let old_usable = recorder::freed_size(ptr);
     let new = unsafe { (real.realloc)(ptr, size) };
     record_realloc(hook, EventKind::Realloc, before, new, size, ptr, old_usable);
     leave_hook(hook);
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usiz
     }
     let hook = enter_hook();
     let before = recorder::now();
-    let old_usable = recorder::usable_size(ptr);
+    let old_usable = recorder::freed_size(ptr);
     let new = unsafe { (real.realloc)(ptr, total) };
     record_realloc(hook, EventKind::Reallocarray, before, new, total, ptr, old_usable);
     leave_hook(hook);

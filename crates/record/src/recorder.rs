@@ -359,7 +359,7 @@ pub fn now() -> u64 {
 /// address (so `before`), the new block's allocation not earlier than the
 /// free that made it available (so now). Then it is recorded as a free and
 /// an allocation.
-/// `old_usable`: the old block's usable size, read before the call.
+/// `old_usable`: the old block's size for the live count (see [`freed_size`]), read before the call.
 #[inline(always)]
 pub fn record_realloc(hook: Hook, kind: EventKind, before: u64, new: *mut c_void, size: usize, old: *mut c_void, old_usable: usize) {
     let frees_old = !old.is_null() && new != old && (!new.is_null() || size == 0);
@@ -387,6 +387,18 @@ pub fn usable_size(addr: *mut c_void) -> usize {
         USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
         _ => 0,
     }
+}
+
+/// The usable size of a block about to be freed, for the live count: read
+/// from glibc's chunk header (the free reads it next), 0 under another
+/// allocator, whose size lookup would be a call per free: there the count
+/// only grows, and no snapshot is taken for a fall.
+#[inline(always)]
+pub fn freed_size(addr: *mut c_void) -> usize {
+    if addr.is_null() || USABLE_SIZE.load(Relaxed) != USABLE_GLIBC {
+        return 0;
+    }
+    unsafe { real::glibc_usable_size(addr) }
 }
 
 #[inline(always)]
