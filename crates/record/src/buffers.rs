@@ -591,7 +591,9 @@ impl ThreadState {
             return false;
         }
         let chunk_end = unsafe { self.data.add(CHUNK_DATA) };
-        self.end = chunk_end.min(unsafe { self.cursor.add(TICK_BYTES) });
+        // Room for this record at least: one longer than a tick (a deep
+        // stack's definition) must not leave the cursor past `end`.
+        self.end = chunk_end.min(unsafe { self.cursor.add(TICK_BYTES.max(len)) });
         true
     }
 
