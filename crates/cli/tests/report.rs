@@ -384,3 +384,76 @@ fn the_churn_table_lists_the_site_that_frees_soonest() {
     assert!(first_row.contains(&format!("{mib:.1} MiB")), "{churned} bytes are not in {first_row}");
     assert!(!panel.contains("hold_block"), "hold_block keeps its blocks: {panel}");
 }
+
+/// `memgap report --tree`: every traced process of a run that forks and
+/// execs several programs, each named by pid and command in its own
+/// section, the largest gap first and in full, parents linked to children.
+#[test]
+fn a_tree_report_has_a_section_per_process_and_the_largest_gap_in_full() {
+    let (_tmp, dir) = tempdir();
+    let holder = compile(&dir, "pid_and_hold.c");
+    let freer = compile(&dir, "frees_at.c");
+    let forker = compile(&dir, "fork_exec.c");
+    let script = format!("echo shell $$; {}; {} 100 300 & echo frees $!; wait; {}", arg(&holder), arg(&freer), arg(&forker));
+    let out = memgap(&dir, &["run", "--quiet", "-o", "t.mgt", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let pid_after = |key: &str| -> u32 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key:?} in {stdout}"))
+    };
+    let (shell, holder_pid, freer_pid) = (pid_after("shell "), pid_after("pid "), pid_after("frees "));
+    let forker_line = stdout.lines().find(|l| l.starts_with("parent ")).expect("fork_exec's pids");
+    let words: Vec<&str> = forker_line.split_whitespace().collect();
+    let (forker_pid, forked_pid): (u32, u32) = (words[1].parse().unwrap(), words[3].parse().unwrap());
+    let expected = [
+        (shell, "sh -c echo shell"),
+        (holder_pid, "pid_and_hold"),
+        (freer_pid, "frees_at 100 300"),
+        (forker_pid, "fork_exec"),
+        (forked_pid, "fork_exec exec-child"),
+    ];
+
+    // Any trace of the run finds the others: here a child's.
+    let child_trace = dir.join(format!("t.{holder_pid}.mgt"));
+    let html = dir.join("tree.html");
+    let out = memgap(&dir, &["report", arg(&child_trace), "--tree", "-o", arg(&html)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    let start = page.find("id=\"tree-data\">").expect("the tree's data") + "id=\"tree-data\">".len();
+    let processes: serde_json::Value = serde_json::from_str(&page[start..start + page[start..].find("</script>").unwrap()]).unwrap();
+    let processes = processes.as_array().unwrap();
+    assert_eq!(processes.len(), expected.len(), "{processes:#?}");
+    for (pid, command) in expected {
+        let p = processes.iter().find(|p| p["pid"] == pid).unwrap_or_else(|| panic!("pid {pid} ({command}) is missing: {processes:#?}"));
+        assert!(p["command"].as_str().unwrap().contains(command), "{p:#}");
+    }
+    // frees_at's 60 MiB kept by glibc after its frees is the largest gap: first, and the whole report's.
+    assert_eq!(processes[0]["pid"], freer_pid, "{processes:#?}");
+    assert_eq!(processes[0]["full"], true);
+    assert!(processes[0]["gap_bytes"].as_u64().unwrap() > 32 << 20, "{:#}", processes[0]);
+    assert_eq!(processes.iter().filter(|p| p["full"] == true).count(), 1);
+    let gaps: Vec<u64> = processes.iter().map(|p| p["gap_bytes"].as_u64().unwrap()).collect();
+    assert!(gaps.windows(2).all(|w| w[0] >= w[1]), "{gaps:?}");
+    let parent_of = |pid: u32| processes.iter().find(|p| p["pid"] == pid).unwrap()["ppid"].as_u64().unwrap() as u32;
+    assert_eq!(parent_of(holder_pid), shell);
+    assert_eq!(parent_of(forked_pid), forker_pid);
+
+    let Some(browser) = chromium() else { return };
+    let dom = dump_dom(browser, &format!("file://{}", html.display()));
+    assert!(dom.contains("id=\"tree\" class=\"panel\" data-ready=\"true\""), "the tree's script did not finish");
+    for (pid, command) in expected {
+        let section = &dom[dom.find(&format!("id=\"process-{pid}\"")).unwrap_or_else(|| panic!("no section for {pid}"))..];
+        let section = &section[..section[1..].find("class=\"tree-process\"").map_or(section.len(), |end| end + 1)];
+        assert!(section.contains(&format!("pid {pid} ")) && section.contains(command), "{section}");
+        assert!(dom.contains(&format!("href=\"#process-{pid}\"")), "nothing links to {pid}");
+    }
+    // The child's section links its parent's, the parent's its child's.
+    let forked = &dom[dom.find(&format!("id=\"process-{forked_pid}\"")).unwrap()..];
+    assert!(forked[..forked.find("</p>").unwrap()].contains(&format!("<a href=\"#process-{forker_pid}\">{forker_pid}</a>")), "{forked}");
+    let header = &dom[dom.find("id=\"command\"").unwrap()..];
+    assert!(header[..header.find("</span>").unwrap()].contains("frees_at 100 300"), "the whole report is about frees_at");
+}

@@ -25,3 +25,4 @@ pub mod numa;
 pub mod outside;
 pub mod palette;
 pub mod terminal;
+pub mod tree;

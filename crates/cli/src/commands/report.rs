@@ -11,9 +11,16 @@ use anyhow::{Context, bail};
 pub struct Args {
     /// The trace file (.mgt) written by `memgap run`.
     trace: PathBuf,
-    /// Where to write it [default: the trace's name with .html].
+    /// Where to write it [default: the trace's name with .html; with
+    /// --tree, with .tree.html].
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Every traced process of TRACE's run (the traces beside it with the
+    /// same run id) in one page: a section per process (command, pid,
+    /// parent, peak RSS, gap, ledger, verdict), and the whole report of the
+    /// one with the largest gap between RSS and its live heap.
+    #[arg(long)]
+    tree: bool,
     #[command(flatten)]
     at: super::AtArg,
     /// Function names as demangled, whole (by default C++ names are
@@ -23,6 +30,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.tree {
+        let output = args.output.unwrap_or_else(|| args.trace.with_extension("tree.html"));
+        write_tree(&args.trace, &output, args.at.at, args.full_names)?;
+        println!("{}", output.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     let output = args.output.unwrap_or_else(|| default_output(&args.trace));
     write(&args.trace, &output, args.at.at, args.full_names)?;
     println!("{}", output.display());
@@ -43,5 +56,40 @@ pub fn write(trace: &Path, output: &Path, at: memgap_model::At, full_names: bool
     };
     let trace_name = trace.file_name().map_or(name.clone(), |n| n.to_string_lossy().into_owned());
     let html = memgap_views::html::report(&report, &trace_name);
+    crate::output::write_private(output, html.as_bytes())
+}
+
+/// Writes the report of every traced process of `trace`'s run: the whole
+/// report of the one with the largest gap (`at` chooses its moment), and a
+/// section per process, the largest gap first.
+pub fn write_tree(trace: &Path, output: &Path, at: memgap_model::At, full_names: bool) -> anyhow::Result<()> {
+    let name = trace.display().to_string();
+    let run_id = super::run::run_id_of(trace).with_context(|| format!("{name}: not a memgap trace"))?;
+    let dir = trace.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut traces = super::run::of_run(dir, run_id);
+    if !traces.iter().any(|t| t.file_name() == trace.file_name()) {
+        traces.push(trace.to_path_buf());
+    }
+    let mut processes: Vec<(PathBuf, memgap_model::Closing)> = Vec::new();
+    for path in traces {
+        match memgap_model::closing(&path) {
+            Ok(closing) => processes.push((path, closing)),
+            // One unreadable trace of the tree does not hide the others.
+            Err(error) => eprintln!("memgap: {}: {error}", path.display()),
+        }
+    }
+    let gap = |c: &memgap_model::Closing| c.moment.as_ref().map_or(0, memgap_model::gap_bytes);
+    // The largest gap first.
+    processes.sort_by_key(|(_, c)| (std::cmp::Reverse(gap(c)), c.summary.pid));
+    let Some((chosen, _)) = processes.first() else { bail!("{name}: no trace of its run could be read") };
+    let chosen = chosen.clone();
+    let chosen_name = chosen.display().to_string();
+    let Some(report) = memgap_model::report::report_with_names(&chosen, at, full_names).with_context(|| chosen_name.clone())? else {
+        bail!("{chosen_name}: the trace has no snapshot");
+    };
+    let file_name = |path: &Path| path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let sections: Vec<memgap_views::tree::TreeProcess> =
+        processes.iter().map(|(path, closing)| memgap_views::tree::TreeProcess::new(&file_name(path), closing, *path == chosen)).collect();
+    let html = memgap_views::tree::report(&report, &file_name(&chosen), &sections);
     crate::output::write_private(output, html.as_bytes())
 }

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::Context;
-use memgap_trace::framing::{self, FileHeader};
 use memgap_trace::records::{Exit, Record};
 use memgap_views::format::bytes;
 
@@ -24,7 +23,7 @@ mod samplers;
 mod traces;
 mod untraced;
 
-pub(crate) use traces::RunTraces;
+pub(crate) use traces::{RunTraces, of_run, run_id_of};
 
 /// Record every heap event of CMD (and of the programs it starts) into a trace.
 #[derive(clap::Args)]
@@ -455,17 +454,5 @@ fn cut(text: &str, width: usize) -> String {
 /// Traces of this run other than the top process's, found by run id.
 fn sibling_traces(pattern: &Path, run_id: u64, top: &Path) -> Vec<PathBuf> {
     let Some(dir) = pattern.parent() else { return Vec::new() };
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut found: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| path != top && path.extension().is_some_and(|e| e == "mgt"))
-        .filter(|path| {
-            let mut header = [0u8; framing::FILE_HEADER_LEN];
-            std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut header)).is_ok()
-                && FileHeader::decode(&header).is_ok_and(|h| h.run_id == run_id)
-        })
-        .collect();
-    found.sort();
-    found
+    traces::of_run(dir, run_id).into_iter().filter(|path| path != top).collect()
 }

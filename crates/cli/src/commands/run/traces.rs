@@ -206,6 +206,26 @@ fn remove_if_still(path: &Path, identity: FileIdentity) {
     }
 }
 
+/// The run id in a trace's header; None for a file that is not a trace.
+pub fn run_id_of(path: &Path) -> Option<u64> {
+    let mut header = [0u8; framing::FILE_HEADER_LEN];
+    File::open(path).and_then(|mut f| io::Read::read_exact(&mut f, &mut header)).ok()?;
+    FileHeader::decode(&header).ok().map(|h| h.run_id)
+}
+
+/// Every trace in `dir` that run `run_id` wrote (each process of the run
+/// writes its own, beside the top one), sorted by name.
+pub fn of_run(dir: &Path, run_id: u64) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "mgt") && run_id_of(path) == Some(run_id))
+        .collect();
+    found.sort();
+    found
+}
+
 /// The traces of one run, for what memgap adds to them after the run.
 pub struct RunTraces<'a> {
     pub pattern: &'a Path,
