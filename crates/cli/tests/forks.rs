@@ -167,3 +167,55 @@ fn a_wrapping_shell_gets_the_inner_programs_verdict() {
     assert!(stderr.contains("retained") || stderr.contains("fragmented"), "the program's gap is explained:\n{stderr}");
     assert!(stderr.trim_end().ends_with(&format!("details: memgap ledger|blame|map|report {}", inner_trace.display())), "{stderr}");
 }
+
+/// A wrapper script that runs short helpers (three programs and a
+/// subshell) and then execs the program leaves one trace, the program's,
+/// and says how many helpers it left out; a child of the wrapper that
+/// allocates a lot keeps its trace; `--keep-all-traces` keeps them all.
+#[test]
+fn a_wrappers_short_helpers_leave_no_trace() {
+    let (_tmp, dir) = tempdir();
+    let program = compile(&dir, "holds_live.c");
+    let holder = compile(&dir, "pid_and_hold.c");
+    let helpers = "uname > /dev/null; date > /dev/null; basename /a/b > /dev/null; x=$(echo hi)";
+    let helper_count = |stderr: &str| -> usize {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("memgap: ")?.strip_suffix(" short helpers left no trace (processes that ran before a wrapper exec'd, each under a second and 1 MiB allocated; --keep-all-traces keeps them)"))
+            .map_or(0, |n| n.parse().unwrap())
+    };
+
+    let script = format!("{helpers}; exec {} 16 100", arg(&program));
+    let out = memgap(&dir, &["run", "-o", "t.mgt", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert_eq!(traces_in(&dir), vec!["t.mgt".to_string()], "{stderr}");
+    let top = summary_json(&dir.join("t.mgt"));
+    assert!(top["argv"][0].as_str().unwrap().ends_with("holds_live"), "the one trace is the program's: {top:#}");
+    assert!(number(&top, "peak_live_bytes") >= 16 << 20, "{top:#}");
+    let left_out = helper_count(&stderr);
+    assert!(left_out >= 4, "uname, date, basename and the subshell are counted:\n{stderr}");
+    assert!(stderr.lines().nth(1).unwrap_or_default().starts_with("memgap: /"), "the verdict follows:\n{stderr}");
+
+    // The same, keeping every trace: the program's and one per helper.
+    std::fs::remove_file(dir.join("t.mgt")).unwrap();
+    let out = memgap(&dir, &["run", "--keep-all-traces", "-o", "t.mgt", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(helper_count(&text(&out.stderr)), 0, "{}", text(&out.stderr));
+    let all = traces_in(&dir);
+    assert_eq!(all.len(), left_out + 1, "{all:?}");
+    let commands: Vec<String> = all.iter().map(|name| summary_json(&dir.join(name))["command"].as_str().unwrap().to_string()).collect();
+    for helper in ["uname", "date", "basename /a/b"] {
+        assert!(commands.iter().any(|c| c == helper), "{helper} in {commands:?}");
+    }
+    for name in &all {
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+
+    // A child of the wrapper that allocates 8 MiB is a program, not a helper.
+    let script = format!("{helpers}; {}; exec {} 16 100", arg(&holder), arg(&program));
+    let out = memgap(&dir, &["run", "-o", "t.mgt", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pid = text(&out.stdout).lines().find_map(|l| l.strip_prefix("pid ").map(str::to_string)).expect("pid_and_hold's pid");
+    assert_eq!(traces_in(&dir), vec![format!("t.{pid}.mgt"), "t.mgt".to_string()], "{}", text(&out.stderr));
+}

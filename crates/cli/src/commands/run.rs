@@ -15,6 +15,7 @@ use memgap_views::format::bytes;
 use crate::agent;
 
 mod go;
+mod helpers;
 mod numa;
 mod placement;
 mod python;
@@ -35,6 +36,12 @@ pub struct Args {
     /// Trace only the top process, not the programs it starts.
     #[arg(long)]
     no_follow: bool,
+    /// Keep the traces of short helpers too: processes a wrapper (a pyenv
+    /// shim, a launcher script) ran before it exec'd, that lived under a
+    /// second with under 1 MiB allocated; by default their traces are
+    /// removed after the run, and counted.
+    #[arg(long)]
+    keep_all_traces: bool,
     /// Print nothing of memgap's own (the program's output is never touched).
     #[arg(short, long)]
     quiet: bool,
@@ -226,8 +233,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(ghc) = ghc {
         ghc.finish(&traces, args.quiet);
     }
+    let mut top_closing = None;
+    let helpers = match args.keep_all_traces || !recorded {
+        true => Vec::new(),
+        false => helpers::leave_out(&outcomes, &traces, || {
+            let closing = memgap_model::closing(&trace).ok();
+            let gap = closing.as_ref().and_then(|c| c.moment.as_ref()).map_or(0, memgap_model::gap_bytes);
+            top_closing = closing;
+            gap
+        }),
+    };
     if !args.quiet {
-        report(&trace, recorded, &pattern, run_id, &args.command[0]);
+        if !helpers.is_empty() {
+            eprintln!(
+                "memgap: {} short helper{} left no trace (processes that ran before a wrapper exec'd, each under a second and 1 MiB allocated; --keep-all-traces keeps them)",
+                helpers.len(),
+                if helpers.len() == 1 { "" } else { "s" }
+            );
+        }
+        report(&trace, recorded, &pattern, run_id, &args.command[0], top_closing);
     }
     if args.report && recorded {
         let html = super::report::default_output(&trace);
@@ -347,7 +371,7 @@ fn child_started(pid: u32) {
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
-fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString) {
+fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString, top_closing: Option<memgap_model::Closing>) {
     if !recorded {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
@@ -377,8 +401,10 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
     let unweighed = by_size.len().saturating_sub(WEIGHED);
     by_size.truncate(WEIGHED);
     let mut closings: Vec<(PathBuf, memgap_model::Closing)> = Vec::new();
+    let mut top_closing = top_closing;
     for path in std::iter::once(trace).filter(|_| recorded).chain(by_size.into_iter().map(PathBuf::as_path)) {
-        match memgap_model::closing(path) {
+        let known = if path == trace { top_closing.take() } else { None };
+        match known.map_or_else(|| memgap_model::closing(path), Ok) {
             Ok(closing) => closings.push((path.to_path_buf(), closing)),
             Err(error) => eprintln!("memgap: {}: {error}", path.display()),
         }

@@ -200,6 +200,13 @@ struct Tracked {
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub pid: u32,
+    /// The parent when the process's first image started.
+    pub ppid: u32,
+    /// CLOCK_MONOTONIC when each image after the first started (its execs).
+    pub execs_ns: Vec<u64>,
+    /// CLOCK_MONOTONIC when the process was seen ending: its exit snapshot's
+    /// request, made before it exits, or else when the recorder noticed.
+    pub ended_ns: u64,
     pub trace: Option<PathBuf>,
     pub command: String,
     pub given_up: bool,
@@ -329,7 +336,8 @@ fn record_process(
     names: &Arc<TracePath>,
 ) -> Outcome {
     let pid = area.pid;
-    let mut outcome = Outcome { pid, trace: None, command: command_of(pid), given_up: false };
+    let ppid = area.header().ppid.load(Relaxed);
+    let mut outcome = Outcome { pid, ppid, trace: None, command: command_of(pid), ..Outcome::default() };
     let made = (pid == settings.top_pid).then_some(settings.top_identity).flatten();
     let file = match create_trace(&trace, settings.run_id, made) {
         Ok(file) => file,
@@ -364,6 +372,7 @@ fn record_process(
         }
         // A new image of this process (an exec): the old one is gone.
         if let Ok(next) = more_areas.try_recv() {
+            outcome.execs_ns.push(next.header().created_ns.load(Relaxed));
             process.round(true);
             process.switch_image(next);
             continue;
@@ -394,6 +403,7 @@ fn record_process(
             break;
         }
     }
+    outcome.ended_ns = process.exit_requested_ns.unwrap_or_else(monotonic_ns);
     if let Some(reason) = process.stopped_reason() {
         if !settings.quiet {
             eprintln!("memgap: {reason}");
@@ -507,6 +517,8 @@ struct ProcessRecorder {
     live_high: i64,
     live_last_round: i64,
     live_drop_seen_ns: Option<u64>,
+    /// When the agent asked for its exit snapshot (the process had not exited yet).
+    exit_requested_ns: Option<u64>,
 }
 
 impl ProcessRecorder {
@@ -548,6 +560,7 @@ impl ProcessRecorder {
             live_high: 0,
             live_last_round: 0,
             live_drop_seen_ns: None,
+            exit_requested_ns: None,
         }
     }
 
@@ -826,6 +839,9 @@ impl ProcessRecorder {
             let mut value = 0;
             match kind {
                 shared::REQUEST_SNAPSHOT | shared::REQUEST_EXIT_SNAPSHOT => {
+                    if kind == shared::REQUEST_EXIT_SNAPSHOT {
+                        self.exit_requested_ns.get_or_insert_with(monotonic_ns);
+                    }
                     self.round(false);
                     let rss = self.sample_rss();
                     let reason = if kind == shared::REQUEST_SNAPSHOT { SnapshotReason::Program } else { SnapshotReason::Exit };
