@@ -145,6 +145,9 @@ impl Symbolizer {
             .filter(|module| module.size > 0)
             .map(|module| ModuleState { module: module.clone(), symbols: ModuleSymbols::NotLookedUp })
             .collect();
+        for state in &modules {
+            memgap_trace::files::note_consulted(Path::new(&state.module.path));
+        }
         modules.sort_by_key(|state| state.module.base);
         let resolver = blazesym::symbolize::Symbolizer::builder()
             .enable_code_info(true)

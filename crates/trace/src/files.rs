@@ -228,6 +228,25 @@ impl Drop for PrivateDir {
     }
 }
 
+/// The files whose contents went into this process's answers besides the
+/// trace asked about (parent traces, the programs symbolized, measurements
+/// beside the trace): a saved answer holds only while they are unchanged.
+static CONSULTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes that `path` was read (or looked for: its absence counts too).
+pub fn note_consulted(path: &Path) {
+    if let Ok(mut consulted) = CONSULTED.lock()
+        && !consulted.iter().any(|known| known == path)
+    {
+        consulted.push(path.to_path_buf());
+    }
+}
+
+/// The files noted since the last call, and forgets them.
+pub fn take_consulted() -> Vec<PathBuf> {
+    CONSULTED.lock().map(|mut consulted| std::mem::take(&mut *consulted)).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ pub struct TraceFile {
 impl TraceFile {
     pub fn open(path: &Path) -> Result<TraceFile, TraceError> {
         let io_err = |source| TraceError::Io { path: path.to_path_buf(), source };
+        crate::files::note_consulted(path);
         // A FIFO or a device would block or never end: only regular files.
         let file = crate::files::open_regular(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;

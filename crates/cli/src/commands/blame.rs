@@ -52,6 +52,19 @@ pub fn options(at: At, by: BlameOrder, top: usize, per_stack: bool, skip: Vec<St
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
+    let width = output::width();
+    let query = format!(
+        "blame {name:?} --at {} --by {:?} --temporary-ms {} --top {} --per-stack {} --skip {:?} --json {} --full-names {} width {width:?}",
+        args.at.at, args.by, args.temporary_ms, args.top, args.per_stack, args.skip, args.json, args.full_names
+    );
+    let trace = args.trace.clone();
+    let text = super::indexed(&trace, &query, || text(args, &name, width))?;
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn text(args: Args, name: &str, width: Option<usize>) -> anyhow::Result<String> {
+    let name = name.to_string();
     let options = BlameOptions {
         temporary_ms: args.temporary_ms,
         full_names: args.full_names,
@@ -61,9 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("{name}: the trace has no snapshot");
     };
     if args.json {
-        output::print(&(memgap_views::json::to_string(&blame.entries) + "\n"))?;
-    } else {
-        output::print(&memgap_views::blame::blame(&blame, &name, output::width()))?;
+        return Ok(memgap_views::json::to_string(&blame.entries) + "\n");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(memgap_views::blame::blame(&blame, &name, width))
 }

@@ -25,21 +25,28 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
+    let query = format!("ledger {name:?} --at {} --json {} --mappings {}", args.at.at, args.json, args.mappings);
+    let text = super::indexed(&args.trace, &query, || text(&args, &name))?;
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn text(args: &Args, name: &str) -> anyhow::Result<String> {
+    let name = name.to_string();
     let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, false).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot (was it recorded with --snapshot-interval 0 and killed before exit?)");
     };
     // The GHC owner put the RTS's whole report in the ledger.
     let ghc: Option<memgap_model::ghc::GhcReport> = ledger.section(memgap_model::ghc::NAME);
     if args.json {
-        output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
-    } else {
-        output::print(&memgap_views::ledger::ledger(&ledger, &name))?;
-        if let Some(ghc) = &ghc {
-            output::print(&format!("\n{}", memgap_views::ghc::report(ghc, &name)))?;
-        }
-        if args.mappings {
-            output::print(&format!("\n{}", memgap_views::ledger::mappings(&ledger.mappings)))?;
-        }
+        return Ok(memgap_views::json::to_string(&ledger) + "\n");
     }
-    Ok(ExitCode::SUCCESS)
+    let mut text = memgap_views::ledger::ledger(&ledger, &name);
+    if let Some(ghc) = &ghc {
+        text += &format!("\n{}", memgap_views::ghc::report(ghc, &name));
+    }
+    if args.mappings {
+        text += &format!("\n{}", memgap_views::ledger::mappings(&ledger.mappings));
+    }
+    Ok(text)
 }

@@ -23,18 +23,25 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
-    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, true).with_context(|| name.clone())? else {
-        bail!("{name}: the trace has no snapshot");
-    };
     let color = match args.color.as_str() {
         "always" => true,
         "never" => false,
         _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
+    let query = format!("map {name:?} --at {} color {color}", args.at.at);
+    let text = super::indexed(&args.trace, &query, || text(&args, &name, color))?;
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn text(args: &Args, name: &str, color: bool) -> anyhow::Result<String> {
+    let name = name.to_string();
+    let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, true).with_context(|| name.clone())? else {
+        bail!("{name}: the trace has no snapshot");
+    };
     let heading = format!(
         "memgap map — {name} — {}\n",
         memgap_views::format::moment(ledger.moment.as_ref(), ledger.at_seconds, ledger.snapshot_reason)
     );
-    output::print(&(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)))?;
-    Ok(ExitCode::SUCCESS)
+    Ok(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color))
 }

@@ -16,6 +16,14 @@ pub mod summary;
 pub mod timeline;
 pub mod trim;
 
+/// The text answering `query` about `trace` (every argument that shapes it
+/// written into `query`): from the trace's index when the same question was
+/// answered before from the same files, else computed and saved there.
+pub fn indexed(trace: &std::path::Path, query: &str, compute: impl FnOnce() -> anyhow::Result<String>) -> anyhow::Result<String> {
+    let bytes = memgap_replay::index::answer(trace, query, || compute().map(String::into_bytes))?;
+    Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+}
+
 /// `--at`, the same for every command that looks at one moment of a trace.
 #[derive(clap::Args, Clone, Copy)]
 pub struct AtArg {

@@ -51,11 +51,14 @@ pub fn default_output(trace: &Path) -> PathBuf {
 /// no half-written file is left).
 pub fn write(trace: &Path, output: &Path, at: memgap_model::At, full_names: bool) -> anyhow::Result<()> {
     let name = trace.display().to_string();
-    let Some(report) = memgap_model::report::report_with_names(trace, at, full_names).with_context(|| name.clone())? else {
-        bail!("{name}: the trace has no snapshot");
-    };
     let trace_name = trace.file_name().map_or(name.clone(), |n| n.to_string_lossy().into_owned());
-    let html = memgap_views::html::report(&report, &trace_name);
+    let query = format!("report {name:?} {trace_name:?} --at {at} --full-names {full_names}");
+    let html = super::indexed(trace, &query, || {
+        let Some(report) = memgap_model::report::report_with_names(trace, at, full_names).with_context(|| name.clone())? else {
+            bail!("{name}: the trace has no snapshot");
+        };
+        Ok(memgap_views::html::report(&report, &trace_name))
+    })?;
     crate::output::write_private(output, html.as_bytes())
 }
 

@@ -20,11 +20,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let summary = Summary::of_trace(&args.trace).with_context(|| args.trace.display().to_string())?;
-    if args.json {
-        output::print(&(memgap_views::json::to_string(&summary) + "\n"))?;
-    } else {
-        output::print(&memgap_views::terminal::summary(&summary))?;
-    }
+    let query = format!("summary {:?} --json {}", args.trace.display().to_string(), args.json);
+    let text = super::indexed(&args.trace, &query, || {
+        let summary = Summary::of_trace(&args.trace).with_context(|| args.trace.display().to_string())?;
+        Ok(if args.json { memgap_views::json::to_string(&summary) + "\n" } else { memgap_views::terminal::summary(&summary) })
+    })?;
+    output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -28,21 +28,28 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let color = match args.color.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    };
+    let width = output::width();
+    let query = format!("timeline {:?} --json {} color {color} width {width:?}", args.trace.display().to_string(), args.json);
+    let text = super::indexed(&args.trace, &query, || text(&args, color, width))?;
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn text(args: &Args, color: bool, width: Option<usize>) -> anyhow::Result<String> {
     let timeline = memgap_model::timeline(&args.trace).with_context(|| args.trace.display().to_string())?;
     if args.json {
-        output::print(&(memgap_views::json::to_string(&timeline) + "\n"))?;
-    } else {
-        let (trims, trim_calls) =
-            memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;
-        let color = match args.color.as_str() {
-            "always" => true,
-            "never" => false,
-            _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
-        };
-        output::print(&memgap_views::ledger::timeline(&timeline, &trims, trim_calls, output::width(), color))?;
-        if let Some(ghc) = super::ghc::of_trace(&args.trace) {
-            output::print(&format!("\n{}", memgap_views::ghc::report(&ghc, &args.trace.display().to_string())))?;
-        }
+        return Ok(memgap_views::json::to_string(&timeline) + "\n");
     }
-    Ok(ExitCode::SUCCESS)
+    let (trims, trim_calls) =
+        memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;
+    let mut text = memgap_views::ledger::timeline(&timeline, &trims, trim_calls, width, color);
+    if let Some(ghc) = super::ghc::of_trace(&args.trace) {
+        text += &format!("\n{}", memgap_views::ghc::report(&ghc, &args.trace.display().to_string()));
+    }
+    Ok(text)
 }

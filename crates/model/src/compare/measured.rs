@@ -108,6 +108,7 @@ pub fn path_beside(trace: &Path) -> PathBuf {
 
 /// The measurements kept beside `trace`, if a readable file of ours is there.
 pub fn read_beside(trace: &Path) -> Option<RemedyMeasurements> {
+    memgap_trace::files::note_consulted(&path_beside(trace));
     let file = memgap_trace::files::open_regular(&path_beside(trace)).ok()?;
     let mut text = String::new();
     file.take(MAX_FILE_BYTES).read_to_string(&mut text).ok()?;

@@ -1,0 +1,180 @@
+//! The index beside a trace (`T.mgt.idx`): every command answers the same
+//! with it, without it (`MEMGAP_INDEX=off`), with it damaged, stale or
+//! replaced by a symlink; on the recorded fixtures and on a fresh recording.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces")
+}
+
+/// The commands whose answers are indexed, with the options that shape them.
+fn queries(trace: &str, html: &str) -> Vec<Vec<String>> {
+    let lists: Vec<Vec<&str>> = vec![
+        vec!["summary", trace, "--json"],
+        vec!["summary", trace],
+        vec!["ledger", trace, "--json"],
+        vec!["ledger", trace, "--json", "--at", "end"],
+        vec!["ledger", trace, "--json", "--at", "peak"],
+        vec!["ledger", trace, "--mappings"],
+        vec!["blame", trace, "--json"],
+        vec!["blame", trace, "--json", "--by", "allocated", "--per-stack"],
+        vec!["blame", trace, "--json", "--by", "temporary", "--temporary-ms", "1"],
+        vec!["blame", trace],
+        vec!["timeline", trace, "--json"],
+        vec!["timeline", trace, "--color", "never"],
+        vec!["map", trace, "--color", "never"],
+        vec!["report", trace, "-o", html],
+    ];
+    lists.into_iter().map(|l| l.into_iter().map(String::from).collect()).collect()
+}
+
+/// What each query printed (and the report it wrote), in order.
+fn answers(dir: &Path, trace: &str, index: bool) -> Vec<String> {
+    let html = dir.join("report.html");
+    queries(trace, arg(&html))
+        .iter()
+        .map(|query| {
+            let args: Vec<&str> = query.iter().map(String::as_str).collect();
+            let mut cmd = memgap_cmd(dir, &args);
+            if !index {
+                cmd.env("MEMGAP_INDEX", "off");
+            }
+            let out = output_of(&mut cmd);
+            assert!(out.status.success(), "memgap {args:?}: {}", text(&out.stderr));
+            let mut answer = text(&out.stdout);
+            if args[0] == "report" {
+                answer += &std::fs::read_to_string(&html).unwrap();
+                std::fs::remove_file(&html).unwrap();
+            }
+            answer
+        })
+        .collect()
+}
+
+fn assert_same(expected: &[String], got: &[String], what: &str) {
+    for (i, (e, g)) in expected.iter().zip(got).enumerate() {
+        assert!(e == g, "{what}: query {i} answered differently:\n--- without index\n{e:.2000}\n--- with\n{g:.2000}");
+    }
+    assert_eq!(expected.len(), got.len());
+}
+
+fn index_of(trace: &Path) -> PathBuf {
+    let mut name = trace.file_name().unwrap().to_os_string();
+    name.push(".idx");
+    trace.with_file_name(name)
+}
+
+/// A trace of each fixture copied into `dir` under `name`.
+fn copy_fixture(fixture: &str, dir: &Path, name: &str) -> PathBuf {
+    let trace = dir.join(name);
+    std::fs::copy(fixtures_dir().join(fixture), &trace).unwrap();
+    trace
+}
+
+/// Answers without the index, then with it twice; with `abuse`, also with
+/// the index damaged, a symlink in its place and the trace replaced.
+fn check_trace(dir: &Path, trace: &Path, other_fixture: &str, abuse: bool) {
+    let name = arg(trace);
+    let plain = answers(dir, name, false);
+    assert!(!index_of(trace).exists(), "MEMGAP_INDEX=off writes no index");
+    let first = answers(dir, name, true);
+    assert_same(&plain, &first, "the first analysis");
+    let index = index_of(trace);
+    let meta = std::fs::symlink_metadata(&index).expect("an index beside the trace");
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777, 0o600);
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    let second = answers(dir, name, true);
+    assert_same(&plain, &second, "from the index");
+    // Every answer was found there: the index was not written again.
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&index).unwrap()), inode, "the second pass read the index");
+    if !abuse {
+        return;
+    }
+
+    // Damaged: cut short, bytes flipped, emptied.
+    let good = std::fs::read(&index).unwrap();
+    let mut flipped = good.clone();
+    for at in [3, good.len() / 3, good.len() / 2, good.len() - 2] {
+        flipped[at] ^= 0xa5;
+    }
+    for damaged in [good[..good.len() * 2 / 3].to_vec(), flipped, Vec::new()] {
+        std::fs::write(&index, &damaged).unwrap();
+        assert_same(&plain, &answers(dir, name, true), "a damaged index");
+        assert_eq!(std::fs::read(&index).unwrap().len(), good.len(), "the damaged index is replaced");
+    }
+
+    // A symlink planted at the index's name: neither read nor followed.
+    std::fs::remove_file(&index).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, &index).unwrap();
+    assert_same(&plain, &answers(dir, name, true), "a symlink at the index");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    std::fs::remove_file(&index).unwrap();
+    std::fs::remove_file(&victim).unwrap();
+
+    // Stale: the trace replaced by another under the same name.
+    answers(dir, name, true);
+    let replacement = dir.join("replacement.mgt");
+    std::fs::copy(fixtures_dir().join(other_fixture), &replacement).unwrap();
+    std::fs::rename(&replacement, trace).unwrap();
+    let other_plain = answers(dir, name, false);
+    assert_ne!(other_plain, plain, "two different traces");
+    assert_same(&other_plain, &answers(dir, name, true), "a stale index");
+    assert_same(&other_plain, &answers(dir, name, true), "the rebuilt index");
+}
+
+#[test]
+fn every_fixture_answers_the_same_with_and_without_its_index() {
+    let mut fixtures: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".mgt"))
+        .collect();
+    fixtures.sort();
+    assert!(fixtures.len() >= 8, "{fixtures:?}");
+    for (i, fixture) in fixtures.iter().enumerate() {
+        let (_tmp, dir) = tempdir();
+        let trace = copy_fixture(fixture, &dir, "t.mgt");
+        // The glibc thread arenas' trace goes through every ill an index can have.
+        check_trace(&dir, &trace, &fixtures[(i + 1) % fixtures.len()], fixture == "glibc-thread-arenas.mgt");
+    }
+}
+
+#[test]
+fn a_fresh_recording_answers_the_same_with_and_without_its_index() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile_with(&dir, "churn_sites.c", &["-O0"]);
+    let trace = dir.join("fresh.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&exe)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    check_trace(&dir, &trace, "glibc-main-arena.mgt", true);
+}
+
+#[test]
+fn a_rebuilt_program_is_symbolized_again() {
+    // An answer naming the program's functions holds only while the program is the same file.
+    let (_tmp, dir) = tempdir();
+    let exe = compile_with(&dir, "churn_sites.c", &["-O0"]);
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&exe)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let blame = |index: bool| {
+        let mut cmd = memgap_cmd(&dir, &["blame", arg(&trace), "--json", "--by", "allocated"]);
+        if !index {
+            cmd.env("MEMGAP_INDEX", "off");
+        }
+        text(&output_of(&mut cmd).stdout)
+    };
+    let named = blame(true);
+    assert_eq!(blame(true), named);
+    std::fs::remove_file(&exe).unwrap();
+    let unnamed = blame(false);
+    assert_ne!(unnamed, named, "the program gone, its frames are module+offset");
+    assert_eq!(blame(true), unnamed);
+}
