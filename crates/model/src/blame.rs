@@ -356,7 +356,11 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Momen
     let Some(moment) = resolve(path, options.at)? else { return Ok(None) };
     let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
     let outcome = replay(path, &mut v)?;
-    let Some((time, ledger)) = v.ledger.take() else { return Ok(None) };
+    let Some((time, mut ledger)) = v.ledger.take() else { return Ok(None) };
+    // The layers owners lay after the replay (pymalloc's arenas): in the
+    // rows the header sums up.
+    v.owners.replayed(&outcome.timeline);
+    v.owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
     let mut blame = assemble(&v, outcome.timeline.seconds(time), &ledger, options);
     blame.moment = Some(moment);
     Ok(Some(blame))

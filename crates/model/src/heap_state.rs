@@ -21,6 +21,12 @@ pub struct HeapState {
     pub stack_hints: Vec<u64>,
     /// Live anonymous mappings the program made with mmap: start → end.
     program_mappings: BTreeMap<u64, u64>,
+    /// Mappings recorded with the call stack that made them (an allocator's
+    /// own chunks of objects, pymalloc's arenas): start → (end, stack).
+    mapping_stacks: BTreeMap<u64, (u64, u32)>,
+    /// pymalloc at the last snapshot the recorder counted it (its METRICS
+    /// record comes just before the snapshot).
+    pub python_census: Option<memgap_source_python::Census>,
     block_regions: FxHashSet<u64>,
     /// Regions known to be in `block_regions`, direct-mapped (region + 1,
     /// 0 for none): inserting each allocation's region into the set cost
@@ -51,7 +57,15 @@ impl HeapState {
         if metrics.source == crate::trim_marks::SOURCE && metrics.kind == crate::trim_marks::KIND {
             let bytes = |name: &str| metrics.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
             self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
+        } else if let Some(census) = memgap_source_python::Census::from_metrics(metrics) {
+            self.python_census = Some(census);
         }
+    }
+
+    /// The call stack that made the mapping starting at `start`, if it was
+    /// recorded with one.
+    pub fn mapping_stack(&self, start: u64) -> Option<u32> {
+        self.mapping_stacks.get(&start).map(|&(_, stack)| stack)
     }
 
     /// A forked child's start: the parent's heap history up to the fork.
@@ -100,6 +114,9 @@ impl HeapState {
                 if e.extra & MAP_ANONYMOUS != 0 {
                     self.unmap(e.addr, e.size);
                     self.program_mappings.insert(e.addr, e.addr + e.size);
+                    if e.stack != memgap_trace::event::NO_STACK {
+                        self.mapping_stacks.insert(e.addr, (e.addr + e.size, e.stack));
+                    }
                 }
             }
             EventKind::Munmap => self.unmap(e.addr, e.size),
@@ -150,6 +167,12 @@ impl HeapState {
     /// any mapping it cuts.
     fn unmap(&mut self, start: u64, len: u64) {
         let end = start.saturating_add(len);
+        if !self.mapping_stacks.is_empty() {
+            let gone: Vec<u64> = self.mapping_stacks.range(..end).rev().take_while(|&(_, &(e, _))| e > start).map(|(&s, _)| s).collect();
+            for s in gone {
+                self.mapping_stacks.remove(&s);
+            }
+        }
         let overlapping: Vec<(u64, u64)> =
             self.program_mappings.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect();
         for (s, e) in overlapping {
@@ -205,6 +228,18 @@ mod tests {
         // A file mapping is not anonymous memory of the program's.
         state.apply(&ev(EventKind::Mmap, 0x90000, 0x1000, 0, 0x2));
         assert_eq!(state.program_mapping_at(0x90000), None);
+    }
+
+    #[test]
+    fn a_mapping_recorded_with_its_stack_keeps_it_until_unmapped() {
+        let mut state = HeapState::default();
+        let mut arena = ev(EventKind::Mmap, 0x100000, 0x100000, 0, 0x22);
+        arena.event.stack = 7;
+        state.apply(&arena);
+        state.apply(&ev(EventKind::Mmap, 0x300000, 0x100000, 0, 0x22));
+        assert_eq!((state.mapping_stack(0x100000), state.mapping_stack(0x300000)), (Some(7), None));
+        state.apply(&ev(EventKind::Munmap, 0x100000, 0x100000, 0, 0));
+        assert_eq!(state.mapping_stack(0x100000), None);
     }
 
     #[test]

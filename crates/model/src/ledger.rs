@@ -609,10 +609,38 @@ fn compute_walking(
     ledger.arenas = layout.arenas(&ledger.heaps);
     buckets.retain(|b| b.blocks > 0);
     ledger.fragmentation_by_size = buckets;
+    if detail.stacks {
+        python_arena_stacks(state, snapshot.time, page, &mut stacks);
+    }
     ledger.by_stack = stacks.into_values().map(|(share, _)| share).collect();
     ledger.mappings.sort_by_key(|m| m.start);
     finish(&mut ledger, owners);
     ledger
+}
+
+/// pymalloc's arenas, each to the call stack that made pymalloc map it (the
+/// Python line whose objects needed a new arena): its allocated blocks as
+/// live, its free blocks and empty pools as fragmentation. Objects are not
+/// recorded one by one, so the arena is the finest grain; a program that
+/// grows a structure fills the arenas it makes, and the survivors that keep
+/// them resident are mostly its own.
+fn python_arena_stacks(
+    state: &HeapState,
+    snapshot_time: u64,
+    page: u64,
+    stacks: &mut rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)>,
+) {
+    let Some(census) = state.python_census.as_ref().filter(|c| c.snapshot_time == snapshot_time) else { return };
+    for arena in &census.arena_rows {
+        // Arenas without one (recorded with --no-stacks): with the blocks that have none.
+        let stack = state.mapping_stack(arena.address).unwrap_or(memgap_trace::event::NO_STACK);
+        let (share, _) = stacks.entry(stack).or_insert((StackShare { stack, ..StackShare::default() }, None));
+        share.objects += arena.allocated_blocks;
+        share.live_bytes += arena.live_bytes;
+        share.fragmentation_bytes += arena.fragmented_bytes as f64;
+        share.taken_bytes += arena.live_bytes + arena.slack_bytes;
+        share.pages += arena.resident_bytes().div_ceil(page);
+    }
 }
 
 /// Sums the owners' shares, thread stacks and `other` into the rows, checks

@@ -211,6 +211,10 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i
     let result = raw_syscall(libc::SYS_mmap, [addr as i64, len as i64, prot.into(), flags.into(), fd.into(), offset]);
     if result != -1 && recording() {
         let extra = (u64::from(prot as u32) << 32) | u64::from(flags as u32);
+        if crate::python::arena_mapped(result as u64, len as u64, extra) {
+            // The arena allocator records it, with the stack that needed it.
+            return result as *mut c_void;
+        }
         let hook = enter_hook();
         record_mapping(hook, recorder::now(), EventKind::Mmap, result as u64, len as u64, 0, extra);
         leave_hook(hook);

@@ -6,7 +6,9 @@
 //! the live arenas and publishes where it is in the shared area; at each
 //! snapshot the recorder reads the pool headers of those arenas from
 //! outside (the counts pymalloc itself keeps), so nothing runs per object
-//! allocation.
+//! allocation. Each arena's mmap is recorded with the call stack (Python
+//! frames included) that needed the arena, so blame can give the arena's
+//! blocks and free space to the line whose objects filled it.
 //!
 //! The object and mem domains are left alone on purpose: a wrapper there
 //! makes CPython believe pymalloc is off (`sys._debugmallocstats()` then
@@ -169,14 +171,52 @@ pub fn note_allocator() {
     buffers::push_record(&Record::Note { time: clock::now(), text: note });
 }
 
+/// The thread (`pthread_self`) in `arena_alloc` while the previous
+/// allocator maps an arena, 0 when none; and the mapping (address, prot and
+/// flags) the mmap hook saw it make.
+static MAPPING_THREAD: AtomicUsize = AtomicUsize::new(0);
+static MAPPED_ADDRESS: AtomicU64 = AtomicU64::new(0);
+static MAPPED_EXTRA: AtomicU64 = AtomicU64::new(0);
+
+/// For the mmap hook: whether this mapping is the arena this thread's
+/// `arena_alloc` is making. Then the hook leaves it to `arena_alloc`, which
+/// records it with the call stack that needed the arena (the Python line
+/// whose objects fill it).
+pub fn arena_mapped(address: u64, len: u64, extra: u64) -> bool {
+    let thread = MAPPING_THREAD.load(Acquire);
+    if thread == 0 || len != ARENA_BYTES.load(Relaxed) || thread != unsafe { libc::pthread_self() } as usize {
+        return false;
+    }
+    MAPPED_EXTRA.store(extra, Relaxed);
+    MAPPED_ADDRESS.store(address, Relaxed);
+    true
+}
+
 unsafe extern "C" fn arena_alloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
     let previous = unsafe { *PREVIOUS.0.get() };
     let Some(alloc) = previous.alloc else { return core::ptr::null_mut() };
-    let address = unsafe { alloc(previous.ctx, size) };
     // The arena allocator also serves other memory of the interpreter's
     // (3.11's frame stacks, in 16 KiB chunks and up): only pymalloc's
     // arenas, of exactly the arena size, hold pools.
-    if !address.is_null() && size as u64 == ARENA_BYTES.load(Relaxed) {
+    let is_arena = size as u64 == ARENA_BYTES.load(Relaxed);
+    // One thread at a time (interpreters with a GIL each may race here: the
+    // others' arenas are recorded by the mmap hook, without their stack).
+    let me = unsafe { libc::pthread_self() } as usize;
+    let watched = is_arena && crate::recorder::is_recording() && MAPPING_THREAD.compare_exchange(0, me, Acquire, Relaxed).is_ok();
+    let address = unsafe { alloc(previous.ctx, size) };
+    if watched {
+        let mapped = MAPPED_ADDRESS.swap(0, Relaxed);
+        let extra = MAPPED_EXTRA.load(Relaxed);
+        MAPPING_THREAD.store(0, Release);
+        if mapped != 0 {
+            let errno = unsafe { *libc::__errno_location() };
+            let hook = crate::buffers::enter_hook();
+            crate::recorder::record_mapping_with_stack(hook, mapped, size as u64, extra);
+            crate::buffers::leave_hook(hook);
+            unsafe { *libc::__errno_location() = errno };
+        }
+    }
+    if !address.is_null() && is_arena {
         let errno = unsafe { *libc::__errno_location() };
         insert(address as u64);
         if !ALLOCATOR_NOTED.load(Relaxed) && crate::recorder::is_recording() {

@@ -443,3 +443,17 @@ pub fn record_free(hook: Hook, time: u64, addr: *mut c_void, usable: usize) {
 pub fn record_mapping(hook: Hook, time: u64, kind: EventKind, addr: u64, size: u64, old_addr: u64, extra: u64) {
     buffers::append(hook, &Event { time, kind: Some(kind), cpu: cpu(), addr, size, old_addr, extra, ..Event::default() });
 }
+
+/// An mmap an allocator made to hold the program's objects (a pymalloc
+/// arena), with the call stack that needed it: blame gives the mapping's
+/// contents to that stack. Inlined into the hook, so the unwinder skips the
+/// same agent frames as for an allocation.
+#[inline(always)]
+pub fn record_mapping_with_stack(hook: Hook, addr: u64, size: u64, extra: u64) {
+    let mut event = Event { time: clock::now(), kind: Some(EventKind::Mmap), cpu: cpu(), addr, size, extra, ..Event::default() };
+    if crate::stacks::enabled() {
+        buffers::append_allocation(hook, &mut event);
+    } else {
+        buffers::append(hook, &event);
+    }
+}

@@ -66,6 +66,24 @@ impl SizeClass {
     }
 }
 
+/// One arena's resident bytes split into the ledger's rows, so they can be
+/// given to the call stack that made pymalloc map the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaRows {
+    pub address: u64,
+    pub allocated_blocks: u64,
+    pub live_bytes: u64,
+    pub slack_bytes: u64,
+    pub fragmented_bytes: u64,
+    pub retained_bytes: u64,
+}
+
+impl ArenaRows {
+    pub fn resident_bytes(&self) -> u64 {
+        self.live_bytes + self.slack_bytes + self.fragmented_bytes + self.retained_bytes
+    }
+}
+
 /// pymalloc at one snapshot: its figures, and its resident arena bytes
 /// split into the ledger's rows.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -101,6 +119,8 @@ pub struct Census {
     /// their pages back while their arena holds a used pool).
     pub empty_pool_bytes: u64,
     pub size_classes: Vec<SizeClass>,
+    /// The same rows per arena, for arenas with resident pages, in address order.
+    pub arena_rows: Vec<ArenaRows>,
 }
 
 /// Counts pymalloc's arenas: `resident(address)` says whether the page at
@@ -122,6 +142,7 @@ pub fn census(
     let mut classes = [SizeClass::default(); CLASSES];
     let resident_in = |start: u64, end: u64| (start..end).step_by(page_bytes as usize).filter(|&p| resident(p)).count() as u64 * page_bytes;
     for &arena in arenas {
+        let before = (census.allocated_blocks, census.live_bytes, census.slack_bytes, census.fragmented_bytes, census.retained_bytes);
         let arena_end = arena + arena_bytes;
         let first_pool = arena.next_multiple_of(pool_bytes);
         let pools: Vec<u64> = (first_pool..arena_end).step_by(pool_bytes as usize).take_while(|p| p + pool_bytes <= arena_end).collect();
@@ -188,7 +209,19 @@ pub fn census(
         } else {
             census.retained_bytes += unused;
         }
+        let rows = ArenaRows {
+            address: arena,
+            allocated_blocks: census.allocated_blocks - before.0,
+            live_bytes: census.live_bytes - before.1,
+            slack_bytes: census.slack_bytes - before.2,
+            fragmented_bytes: census.fragmented_bytes - before.3,
+            retained_bytes: census.retained_bytes - before.4,
+        };
+        if rows.resident_bytes() > 0 {
+            census.arena_rows.push(rows);
+        }
     }
+    census.arena_rows.sort_by_key(|r| r.address);
     census.size_classes = classes.into_iter().filter(|c| c.pools > 0).collect();
     census
 }
@@ -242,6 +275,17 @@ impl Census {
             values.push((format!("class[{}]:pools", c.block_bytes), c.pools as f64));
             values.push((format!("class[{}]:capacity", c.block_bytes), c.capacity as f64));
         }
+        for a in &self.arena_rows {
+            for (field, value) in [
+                ("blocks", a.allocated_blocks),
+                ("live", a.live_bytes),
+                ("slack", a.slack_bytes),
+                ("fragmented", a.fragmented_bytes),
+                ("retained", a.retained_bytes),
+            ] {
+                values.push((format!("arena[{:#x}]:{field}", a.address), value as f64));
+            }
+        }
         Metrics { monotonic_ns, source: SOURCE.into(), kind: KIND.into(), values }
     }
 
@@ -270,7 +314,26 @@ impl Census {
             empty_pool_bytes,
         ] = FIELDS.map(get);
         let mut classes: Vec<SizeClass> = Vec::new();
+        let mut arena_rows: Vec<ArenaRows> = Vec::new();
         for (name, value) in &m.values {
+            if let Some((address, field)) = name.strip_prefix("arena[0x").and_then(|rest| rest.split_once("]:")) {
+                let Ok(address) = u64::from_str_radix(address, 16) else { continue };
+                let value = if value.is_finite() && *value >= 0.0 { *value as u64 } else { 0 };
+                // Written arena by arena: a new address starts a new arena.
+                if arena_rows.last().is_none_or(|a| a.address != address) {
+                    arena_rows.push(ArenaRows { address, ..ArenaRows::default() });
+                }
+                let arena = arena_rows.last_mut().expect("just pushed");
+                match field {
+                    "blocks" => arena.allocated_blocks = value,
+                    "live" => arena.live_bytes = value,
+                    "slack" => arena.slack_bytes = value,
+                    "fragmented" => arena.fragmented_bytes = value,
+                    "retained" => arena.retained_bytes = value,
+                    _ => {}
+                }
+                continue;
+            }
             let Some((size, field)) = name.strip_prefix("class[").and_then(|rest| rest.split_once("]:")) else { continue };
             let Ok(block_bytes) = size.parse::<u64>() else { continue };
             let value = if value.is_finite() && *value >= 0.0 { *value as u64 } else { 0 };
@@ -289,6 +352,8 @@ impl Census {
             }
         }
         classes.sort_by_key(|c| c.block_bytes);
+        arena_rows.sort_by_key(|a| a.address);
+        arena_rows.dedup_by_key(|a| a.address);
         Some(Census {
             snapshot_time,
             arenas,
@@ -307,6 +372,7 @@ impl Census {
             unreadable_pools,
             empty_pool_bytes,
             size_classes: classes,
+            arena_rows,
         })
     }
 }
@@ -372,6 +438,14 @@ mod tests {
             vec![(64, full, 1), (512, 1, 1)]
         );
         assert!((census.size_classes[0].occupancy() - 1.0).abs() < 1e-9);
+        // Per arena: a's blocks and fragmentation, b's retained page.
+        let [ra, rb] = census.arena_rows[..] else { panic!("{:?}", census.arena_rows) };
+        assert_eq!(
+            (ra.address, ra.allocated_blocks, ra.live_bytes, ra.fragmented_bytes),
+            (a, full + 1, census.live_bytes, census.fragmented_bytes)
+        );
+        assert_eq!((rb.address, rb.retained_bytes, rb.live_bytes), (b, PAGE, 0));
+        assert_eq!(census.arena_rows.iter().map(ArenaRows::resident_bytes).sum::<u64>(), census.resident_bytes);
     }
 
     #[test]
@@ -390,6 +464,7 @@ mod tests {
         let a = 0x7f00_0000_0000u64;
         let mut census = census(&[a], ARENA, POOL, PAGE, |p| p < a + 2 * POOL, |addrs| addrs.iter().map(|_| Some(header(3, 1))).collect());
         census.snapshot_time = 42;
+        assert_eq!(census.arena_rows.len(), 1);
         let back = Census::from_metrics(&census.to_metrics(7)).unwrap();
         assert_eq!(back, census);
         assert_eq!(back.size_classes[0].block_bytes, 32);
