@@ -16,11 +16,18 @@
 pub mod cgroup;
 mod error;
 #[cfg(target_arch = "x86_64")]
+mod glibc_heap;
+#[cfg(target_arch = "x86_64")]
+mod glibc_state;
+#[cfg(target_arch = "x86_64")]
+mod glibc_walk;
+#[cfg(target_arch = "x86_64")]
 mod libc_image;
 pub mod modules;
 pub mod procfs;
 #[cfg(target_arch = "x86_64")]
 mod remote_call;
+mod remote_memory;
 pub mod residency;
 #[cfg(target_arch = "x86_64")]
 mod tracee;
@@ -28,9 +35,17 @@ mod tracee;
 mod trim;
 
 pub use error::{AttachError, permission_cause};
+#[cfg(target_arch = "x86_64")]
+pub use glibc_heap::walk_glibc_heap;
 pub use procfs::read_process;
 #[cfg(target_arch = "x86_64")]
 pub use trim::{TrimOptions, malloc_trim};
+
+/// The walk reads glibc's x86-64 structures.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn walk_glibc_heap(pid: u32) -> Result<memgap_model::outside_walk::WalkedHeap, AttachError> {
+    Err(AttachError::Unsuitable { pid, state: "cannot have its heap walked: memgap reads glibc's x86-64 malloc state only".into() })
+}
 
 /// `memgap trim` injects its call with the x86-64 calling convention.
 #[cfg(not(target_arch = "x86_64"))]

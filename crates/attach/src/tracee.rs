@@ -73,6 +73,54 @@ impl StoppedThread {
         }
     }
 
+    /// Seizes and stops every thread of `pid` (threads started meanwhile
+    /// too): all are asked to stop first, then each stop is waited for.
+    /// Threads that are gone are left out.
+    pub fn stop_all(pid: u32) -> Result<Vec<StoppedThread>, AttachError> {
+        let mut stopped: Vec<StoppedThread> = Vec::new();
+        for _ in 0..64 {
+            let fresh: Vec<u32> =
+                crate::procfs::threads(pid).into_iter().map(|t| t.tid).filter(|tid| !stopped.iter().any(|s| s.tid == *tid)).collect();
+            if fresh.is_empty() {
+                return Ok(stopped);
+            }
+            let mut asked = Vec::new();
+            for tid in fresh {
+                match ptrace::seize(Pid::from_raw(tid as i32), ptrace::Options::empty()) {
+                    Ok(()) => {}
+                    Err(Errno::ESRCH) => continue,
+                    Err(Errno::EPERM) => return Err(AttachError::NotPermitted { pid, action: "trace", cause: permission_cause(pid) }),
+                    Err(e) => return Err(AttachError::Failed(format!("cannot trace thread {tid} of process {pid}: {e}"))),
+                }
+                let thread = StoppedThread { pid, tid, held_signals: Vec::new(), running: true, detached: false };
+                match ptrace::interrupt(thread.id()) {
+                    Ok(()) => asked.push(thread),
+                    // Gone between the two calls: nothing to let go.
+                    Err(_) => drop(thread),
+                }
+            }
+            for mut thread in asked {
+                loop {
+                    match thread.wait(None)? {
+                        Some(Stop::Interrupted) => {
+                            stopped.push(thread);
+                            break;
+                        }
+                        Some(Stop::Signal(signal)) => {
+                            thread.held_signals.push(signal);
+                            thread.resume()?;
+                        }
+                        Some(Stop::Gone) | None => {
+                            thread.detached = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Err(AttachError::Failed(format!("process {pid} kept starting threads while memgap stopped them")))
+    }
+
     fn id(&self) -> Pid {
         Pid::from_raw(self.tid as i32)
     }

@@ -283,6 +283,26 @@ impl GlibcTrimModel {
         }
     }
 
+    /// An arena whose heaps a walk of glibc's state found (their starts,
+    /// oldest first): the newest holds its top. `arena` names it as a
+    /// thread would.
+    pub fn walked_arena(&mut self, heaps: &[u64], arena: u32) {
+        for &start in heaps {
+            let slot = start >> HEAP_ALIGN_SHIFT;
+            self.births += 1;
+            self.heap_births.insert(slot, (self.births, arena));
+        }
+        if let Some(&first) = heaps.first() {
+            self.home_slots.insert(arena, first >> HEAP_ALIGN_SHIFT);
+        }
+        self.recent_slots = [0; 8];
+    }
+
+    /// A chunk a walk found in some thread's tcache: block address and chunk size.
+    pub fn walked_tcache_chunk(&mut self, addr: u64, size: u64) {
+        self.tcache_chunks.insert(addr, (0, size));
+    }
+
     /// The chunks in some thread's tcache, as block extents sorted by
     /// start, leaving out any a live block overlaps (the model lost track).
     pub fn tcache_extents(&self, live: &[(u64, u64)]) -> Vec<(u64, u64)> {

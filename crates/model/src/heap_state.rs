@@ -195,6 +195,14 @@ impl HeapState {
         self.program_mappings.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s, e)).collect()
     }
 
+    /// Marks `[start, end)` as the allocator's, as if blocks had been there
+    /// (a heap a walk of the allocator's state found).
+    pub fn held_blocks(&mut self, start: u64, end: u64) {
+        for region in start >> REGION_SHIFT..=end.saturating_sub(1) >> REGION_SHIFT {
+            self.block_regions.insert(region);
+        }
+    }
+
     pub fn ever_held_blocks(&self, start: u64, end: u64) -> bool {
         let regions = start >> REGION_SHIFT..=(end.saturating_sub(1)) >> REGION_SHIFT;
         // A huge (corrupt) range: the regions known are fewer.

@@ -29,6 +29,7 @@ mod heap_state;
 pub mod ledger;
 pub mod numa;
 mod outside;
+pub mod outside_walk;
 pub mod owners;
 pub mod report;
 pub mod ruby;
@@ -46,7 +47,7 @@ pub use ledger::{
 pub use outside::assess as assess_cgroup;
 pub use outside::{
     CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS,
-    outside_ledger,
+    outside_ledger, walked_process_ledger,
 };
 pub use series::SeriesPoint;
 pub use snapshots::{

@@ -63,13 +63,22 @@ pub struct CgroupMemory {
     pub headroom_bytes: Option<u64>,
 }
 
-/// The rows known from outside. `heap` is live + slack + fragmented + retained.
+/// The rows known from outside. `heap` is live + slack + fragmented +
+/// retained; those four are known when the allocator's state was walked.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct KnownRows {
     pub heap: u64,
     pub lazy_free: u64,
     pub runtime: u64,
     pub other: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slack: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fragmented: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retained: Option<u64>,
 }
 
 impl KnownRows {
@@ -79,6 +88,22 @@ impl KnownRows {
 
     pub fn named(&self) -> [(&'static str, u64); 4] {
         [("heap", self.heap), ("lazy_free", self.lazy_free), ("runtime", self.runtime), ("other", self.other)]
+    }
+
+    /// The rows to show: the heap split into its four rows when known.
+    pub fn shown(&self) -> Vec<(&'static str, u64)> {
+        match (self.live, self.slack, self.fragmented, self.retained) {
+            (Some(live), Some(slack), Some(fragmented), Some(retained)) => vec![
+                ("live", live),
+                ("slack", slack),
+                ("fragmented", fragmented),
+                ("retained", retained),
+                ("lazy_free", self.lazy_free),
+                ("runtime", self.runtime),
+                ("other", self.other),
+            ],
+            _ => self.named().to_vec(),
+        }
     }
 }
 
@@ -152,6 +177,48 @@ pub struct ProcessLedger {
     /// Resident bytes per NUMA node.
     pub numa: BTreeMap<u32, u64>,
     pub verdict: String,
+    /// What malloc_trim(0) would return now, when the heap was walked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trim_would_return_bytes: Option<u64>,
+    /// How the walk of the allocator's state went, when it succeeded…
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub walk: Option<crate::outside_walk::WalkSummary>,
+    /// …or why the heap could not be walked (one line).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub walk_failure: Option<String>,
+    /// The recorded ledger's model of the walked heap: rows, heaps, trim
+    /// forecast, owners, findings and remedies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<Box<crate::Ledger>>,
+}
+
+/// The ledger of `reading` with the heap a walk of glibc's state found:
+/// every row known, from the recorded ledger's own code.
+pub fn walked_process_ledger(reading: &ProcfsReading, walk: &crate::outside_walk::WalkedHeap, pages: bool) -> ProcessLedger {
+    let mut process = outside_ledger(reading);
+    let ledger = crate::outside_walk::walked_ledger(walk, pages);
+    let r = &ledger.rows;
+    let heap = r.live + r.slack + r.fragmented + r.retained;
+    process.rows = KnownRows {
+        heap,
+        lazy_free: r.lazy_free,
+        runtime: r.runtime,
+        other: r.other,
+        live: Some(r.live),
+        slack: Some(r.slack),
+        fragmented: Some(r.fragmented),
+        retained: Some(r.retained),
+    };
+    process.unknown_rows = Vec::new();
+    process.heap_bytes = heap;
+    process.rss_bytes = ledger.rss_bytes;
+    process.residual_bytes = ledger.residual_bytes;
+    process.arenas = walk.arenas.len() as u32;
+    process.trim_would_return_bytes = Some(ledger.trim_would_return_bytes);
+    process.walk = Some(walk.summary());
+    process.verdict = ledger.verdict.clone();
+    process.ledger = Some(Box::new(ledger));
+    process
 }
 
 /// A malloc_trim(0) call made inside a running process (by memgap-attach).

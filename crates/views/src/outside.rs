@@ -16,12 +16,49 @@ pub fn snapshot(l: &ProcessLedger) -> String {
         name => format!("{name} malloc"),
     };
     let threads = if l.threads == 1 { "1 thread".to_string() } else { format!("{} threads", l.threads) };
+    if let (Some(ledger), Some(walk)) = (&l.ledger, &l.walk) {
+        let _ = writeln!(
+            out,
+            "memgap snapshot — pid {} ({}) — {threads}, {allocator} — its heap walked from outside, no recording",
+            l.pid, l.command
+        );
+        // The recorded ledger's view of the same model, less its title.
+        let body = crate::ledger::ledger(ledger, "");
+        out.push_str(body.split_once('\n').map_or("", |(_, rest)| rest));
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "  walk: {} arena{}, {} heap{}, {} live blocks, {} in tcaches, {} in fastbins, {} binned, {} mmapped; main_arena found by {}.",
+            walk.arenas,
+            if walk.arenas == 1 { "" } else { "s" },
+            walk.heaps,
+            if walk.heaps == 1 { "" } else { "s" },
+            crate::format::count(walk.live_blocks),
+            crate::format::count(walk.tcache_chunks),
+            crate::format::count(walk.fastbin_chunks),
+            crate::format::count(walk.binned_chunks),
+            crate::format::count(walk.mmapped_chunks),
+            walk.found_by
+        );
+        let _ = writeln!(
+            out,
+            "  The process was stopped {:.1} ms ({:.1} ms per GiB of heap{}). live counts the blocks' usable bytes: the sizes asked for are known only to a recording.",
+            walk.stopped_ms,
+            walk.stopped_ms_per_gib,
+            if walk.attempts > 1 { format!(", {} tries", walk.attempts) } else { String::new() }
+        );
+        let _ = writeln!(out, "  {}", cgroup_line(l.cgroup.as_ref()));
+        return out;
+    }
     let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — from /proc, no recording", l.pid, l.command);
     let _ = writeln!(out);
-    out.push_str(&crate::ledger::rows_table(&l.rows.named(), l.rss_bytes, 0));
+    out.push_str(&crate::ledger::rows_table(&l.rows.shown(), l.rss_bytes, 0));
     let _ =
         writeln!(out, "  {:<12} {:>11}   residual {}", "RSS (kernel)", bytes(l.rss_bytes), crate::ledger::signed_bytes(l.residual_bytes));
     let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
+    if let Some(why) = &l.walk_failure {
+        let _ = writeln!(out, "  The heap could not be walked: {why}.");
+    }
     let _ = writeln!(out);
     let s = &l.status;
     let _ = writeln!(

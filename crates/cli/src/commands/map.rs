@@ -10,9 +10,11 @@ use crate::output;
 
 /// A page map of each heap mapping at one snapshot: which pages hold live
 /// blocks (and how full they are), which are free but kept, which are released.
+/// Given a PID, the page map of that running glibc process, its heap walked
+/// from outside (as `memgap snapshot PID`).
 #[derive(clap::Args)]
 pub struct Args {
-    /// The trace file (.mgt) written by `memgap run`.
+    /// The trace file (.mgt) written by `memgap run`, or the PID of a running process.
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,
@@ -28,6 +30,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "never" => false,
         _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
+    if let Some(pid) = name.parse::<u32>().ok().filter(|_| !args.trace.exists()) {
+        let process = super::snapshot::walked_ledger_of(pid, true)?;
+        let Some(ledger) = process.ledger else {
+            let why = process.walk_failure.unwrap_or_else(|| format!("its malloc is {}, not glibc's", process.allocator));
+            bail!("process {pid} ({}): no page map without a walk of its heap: {why}", process.command);
+        };
+        let heading = format!("memgap map — pid {pid} ({}) — its heap walked from outside\n", process.command);
+        output::print(&(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let query = format!("map {name:?} --at {} color {color}", args.at.at);
     let text = super::indexed(&args.trace, &query, || text(&args, &name, color))?;
     output::print(&text)?;

@@ -27,8 +27,25 @@ pub fn ledger_of(pid: u32) -> Result<memgap_model::ProcessLedger, memgap_attach:
     Ok(memgap_model::outside_ledger(&reading))
 }
 
+/// The outside ledger with glibc's heap walked (the process is stopped a
+/// moment): every row known; today's rows, and why, when the walk fails.
+pub fn walked_ledger_of(pid: u32, pages: bool) -> Result<memgap_model::ProcessLedger, memgap_attach::AttachError> {
+    let reading = memgap_attach::read_process(pid)?;
+    if reading.allocator != "glibc" {
+        return Ok(memgap_model::outside_ledger(&reading));
+    }
+    match memgap_attach::walk_glibc_heap(reading.pid) {
+        Ok(walk) => Ok(memgap_model::walked_process_ledger(&reading, &walk, pages)),
+        Err(why) => {
+            let mut ledger = memgap_model::outside_ledger(&reading);
+            ledger.walk_failure = Some(why.to_string());
+            Ok(ledger)
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let ledger = ledger_of(args.pid)?;
+    let ledger = walked_ledger_of(args.pid, false)?;
     if args.json {
         output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
     } else {

@@ -1,0 +1,139 @@
+//! The glibc heap of a running process, read consistently: every thread is
+//! stopped (ptrace seize + interrupt, no signal), the page residency and
+//! the malloc state are read, and every thread is let go. A state caught
+//! in the middle of a malloc (a thread stopped inside the allocator, or a
+//! walk that does not add up) is let go and read again a moment later.
+//! The process is never left stopped: dropping the stopped threads detaches
+//! them, whatever happened.
+
+use std::time::{Duration, Instant};
+
+use memgap_model::outside_walk::WalkedHeap;
+use memgap_trace::records::{Mapping, SnapshotReason};
+
+use crate::error::AttachError;
+use crate::glibc_state::{self, GlibcState};
+use crate::glibc_walk::{self, MP_SBRK_BASE, WalkInput};
+use crate::libc_image::{LibcImage, Whereabouts};
+use crate::remote_memory::{Memory, ProcessMemory};
+use crate::tracee::StoppedThread;
+
+/// Tries at most; in the first half, a thread inside the allocator makes
+/// memgap let go and look again rather than walk.
+const ATTEMPTS: u32 = 40;
+
+/// Walks the glibc heap of `pid`.
+pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
+    let mappings = crate::procfs::mappings(pid)?;
+    let memory = ProcessMemory::new(pid);
+    let located = glibc_state::locate(pid, &mappings, &memory);
+    if let Err(why) = &located
+        && why.starts_with("glibc 2.")
+    {
+        return Err(AttachError::Failed(why.clone()));
+    }
+    let libc = LibcImage::load(pid, &mappings)?;
+    let mut last_failure = String::new();
+    for attempt in 1..=ATTEMPTS {
+        if attempt > 1 {
+            std::thread::sleep(Duration::from_millis(u64::from(attempt.min(10))));
+        }
+        let started = Instant::now();
+        let threads = StoppedThread::stop_all(pid)?;
+        if threads.is_empty() {
+            return Err(gone(pid));
+        }
+        let mut stack_pointers = Vec::new();
+        let mut inside = false;
+        for thread in &threads {
+            let Ok(regs) = thread.registers() else { continue };
+            stack_pointers.push(regs.rsp);
+            if libc.whereabouts(regs.rip, regs.rsp, regs.rbp, |at| thread.read_word(at)) == Whereabouts::InAllocator {
+                inside = true;
+            }
+        }
+        if inside && attempt <= ATTEMPTS / 2 {
+            drop(threads);
+            last_failure = "a thread was inside malloc each time".into();
+            continue;
+        }
+        let result = read_stopped(pid, &memory, &located, &mappings);
+        drop(threads);
+        let stopped_ns = started.elapsed().as_nanos() as u64;
+        match result {
+            Ok(mut heap) => {
+                heap.stack_pointers = stack_pointers;
+                heap.stopped_ns = stopped_ns;
+                heap.attempts = attempt;
+                heap.read_bytes = memory.read_bytes.get();
+                return Ok(heap);
+            }
+            Err(failure) => {
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    return Err(gone(pid));
+                }
+                if let Failure::Final(why) = failure {
+                    return Err(AttachError::Failed(why));
+                }
+                if let Failure::Again(why) = failure {
+                    last_failure = why;
+                }
+            }
+        }
+    }
+    Err(AttachError::Failed(format!("the heap kept changing under the walk, {ATTEMPTS} tries ({last_failure})")))
+}
+
+fn gone(pid: u32) -> AttachError {
+    AttachError::Failed(format!("process {pid} exited while memgap read its heap"))
+}
+
+enum Failure {
+    /// Another try may see a consistent state.
+    Again(String),
+    /// It will not: not glibc's state as memgap knows it.
+    Final(String),
+}
+
+/// Residency and the walk, while every thread is stopped.
+fn read_stopped(
+    pid: u32,
+    memory: &ProcessMemory,
+    located: &Result<GlibcState, String>,
+    _mappings: &[Mapping],
+) -> Result<WalkedHeap, Failure> {
+    let snapshot = crate::residency::snapshot(pid, SnapshotReason::Requested).map_err(|e| Failure::Final(e.to_string()))?;
+    let state = match located {
+        Ok(state) => state.clone(),
+        // The heuristic may have read a state changing under it: again, stopped.
+        Err(_) => glibc_state::locate(pid, &snapshot.mappings, memory).map_err(Failure::Final)?,
+    };
+    let page_size = snapshot.page_size;
+    let maps = &snapshot.mappings;
+    let resident = |addr: u64| {
+        let i = maps.partition_point(|m| m.start <= addr);
+        i > 0 && {
+            let m = &maps[i - 1];
+            addr < m.end && m.residency.is_resident(((addr - m.start) / page_size) as usize)
+        }
+    };
+    let sbrk_base = state.mp.and_then(|mp| memory.word(mp + MP_SBRK_BASE)).filter(|&b| b != 0);
+    let tcache_key = state.tcache_key_at.and_then(|at| memory.word(at));
+    let input = WalkInput { main_arena: state.main_arena, sbrk_base, tcache_key, mappings: maps, page_size, resident: &resident };
+    let walk = glibc_walk::walk(memory, &input).map_err(|e| Failure::Again(e.0))?;
+    Ok(WalkedHeap {
+        libc_path: state.libc_path,
+        found_by: state.found_by,
+        arenas: walk.arenas,
+        blocks: walk.blocks,
+        tcache: walk.tcache,
+        fastbin_chunks: walk.fastbin_chunks,
+        fastbin_bytes: walk.fastbin_bytes,
+        binned_chunks: walk.binned_chunks,
+        binned_bytes: walk.binned_bytes,
+        mmapped_chunks: walk.mmapped_chunks,
+        tcaches: walk.tcaches,
+        snapshot,
+        ..WalkedHeap::default()
+    })
+}
