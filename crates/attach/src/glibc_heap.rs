@@ -18,9 +18,12 @@ use crate::libc_image::{LibcImage, Whereabouts};
 use crate::remote_memory::{Memory, ProcessMemory};
 use crate::tracee::StoppedThread;
 
-/// Tries at most; in the first half, a thread inside the allocator makes
-/// memgap let go and look again rather than walk.
-const ATTEMPTS: u32 = 40;
+/// Tries at most; in the first few, a thread inside the allocator makes
+/// memgap let go and look again rather than walk (after them the walk goes
+/// on: threads that never leave malloc for long would otherwise cost every
+/// try, and a walk that does not add up is tried again anyway).
+const ATTEMPTS: u32 = 20;
+const OUTSIDE_MALLOC_TRIES: u32 = 3;
 
 /// Walks the glibc heap of `pid`.
 pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
@@ -36,7 +39,7 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
     let mut last_failure = String::new();
     for attempt in 1..=ATTEMPTS {
         if attempt > 1 {
-            std::thread::sleep(Duration::from_millis(u64::from(attempt.min(10))));
+            std::thread::sleep(Duration::from_millis(u64::from(attempt.min(5))));
         }
         let started = Instant::now();
         let threads = StoppedThread::stop_all(pid)?;
@@ -52,7 +55,7 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
                 inside = true;
             }
         }
-        if inside && attempt <= ATTEMPTS / 2 {
+        if inside && attempt <= OUTSIDE_MALLOC_TRIES {
             drop(threads);
             last_failure = "a thread was inside malloc each time".into();
             continue;
