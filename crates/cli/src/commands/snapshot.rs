@@ -18,6 +18,10 @@ pub struct Args {
     /// Also list every mapping and its group.
     #[arg(long)]
     mappings: bool,
+    /// Do not stop the process to walk its heap: only the rows /proc gives
+    /// (what `memgap exporter` publishes, which never stops a process).
+    #[arg(long)]
+    no_walk: bool,
 }
 
 /// The outside ledger of `pid`: what `memgap snapshot` shows, and what
@@ -45,7 +49,7 @@ pub fn walked_ledger_of(pid: u32, pages: bool) -> Result<memgap_model::ProcessLe
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let ledger = walked_ledger_of(args.pid, false)?;
+    let ledger = if args.no_walk { ledger_of(args.pid)? } else { walked_ledger_of(args.pid, false)? };
     if args.json {
         output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
     } else {
