@@ -457,3 +457,24 @@ fn a_tree_report_has_a_section_per_process_and_the_largest_gap_in_full() {
     let header = &dom[dom.find("id=\"command\"").unwrap()..];
     assert!(header[..header.find("</span>").unwrap()].contains("frees_at 100 300"), "the whole report is about frees_at");
 }
+
+/// The verdict's `quoted` commands are code, not backticks; the header says
+/// whose peak live heap it gives and when; a one-node machine gets no NUMA
+/// panel of one-cell tables.
+#[test]
+fn the_verdict_shows_commands_as_code_and_one_node_has_no_numa_panel() {
+    let Some(browser) = chromium() else { return };
+    let (_, html, page) = culprit_report();
+    assert!(page.contains("`memgap blame`"), "culprit's verdict names blame in backticks");
+    let dom = dump_dom(browser, &format!("file://{}", html.display()));
+    let verdict = &dom[dom.find("id=\"verdict-text\"").unwrap()..];
+    let verdict = &verdict[..verdict.find("</p>").unwrap()];
+    assert!(verdict.contains("<code>memgap blame</code>") && !verdict.contains('`'), "{verdict}");
+    let facts = &dom[dom.find("id=\"facts\"").unwrap()..];
+    assert!(facts[..facts.find("</p>").unwrap()].contains("peak live heap ") && facts.contains("(malloc’s, at "), "{}", &facts[..300]);
+    let nodes = std::fs::read_dir("/sys/devices/system/node")
+        .map_or(1, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("node")).count());
+    if nodes < 2 {
+        assert!(dom.contains("<section id=\"numa\" class=\"panel\" hidden=\"\">"), "a NUMA panel on a one-node machine");
+    }
+}

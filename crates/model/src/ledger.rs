@@ -685,7 +685,17 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     let owner = gap_owner.and_then(|name| present.iter().find(|o| o.name() == name));
     let body = owner.and_then(|o| o.verdict(ledger)).unwrap_or_else(|| verdict(ledger));
     let headlines: Vec<String> = present.iter().filter_map(|o| o.headline(ledger)).collect();
-    ledger.verdict = if headlines.is_empty() { body } else { format!("{} {body}", headlines.join(" ")) };
+    ledger.verdict = if headlines.is_empty() {
+        body
+    } else {
+        // The headline gave the gap's ratio against its own layer; a second
+        // ratio against malloc's live heap would contradict it.
+        let body = match body.strip_prefix(opening(ledger).as_str()) {
+            Some(rest) => format!("{}{rest}", malloc_layer_opening(ledger)),
+            None => body,
+        };
+        format!("{} {body}", headlines.join(" "))
+    };
 }
 
 impl Ledger {
@@ -1113,7 +1123,9 @@ fn mib(bytes: u64) -> String {
 /// thread stacks), or for an owner without a verdict of its own: the
 /// dominant row besides live, and the remedies that apply.
 pub fn verdict(l: &Ledger) -> String {
-    let rss = l.program_rss().max(1);
+    // Shares are of the RSS the kernel reported, as in every table (the rows
+    // add up to it); only the ratio leaves memgap's own memory out.
+    let rss = l.rss_bytes.max(1);
     let r = &l.rows;
     let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
     let mut gap_rows = program_gap_rows(l);
@@ -1173,6 +1185,15 @@ pub fn opening(l: &Ledger) -> String {
         mib(rss),
         mib(l.memgap_bytes)
     )
+}
+
+/// The opening under a layer's headline: malloc's live heap, without a
+/// second ratio.
+fn malloc_layer_opening(l: &Ledger) -> String {
+    match l.memgap_bytes {
+        0 => format!("Below it, malloc's live heap is {}.", mib(l.rows.live)),
+        own => format!("Below it, malloc's live heap is {}; memgap's own {} is left out.", mib(l.rows.live), mib(own)),
+    }
 }
 
 /// "X% of RSS is outside every heap: …" with `other`'s parts (memgap's own
@@ -1260,6 +1281,22 @@ mod tests {
             &mut glibc(),
         );
         assert!(plain.page_maps[0].objects.is_none());
+    }
+
+    /// The verdict's shares are of the RSS the kernel reported, the base of
+    /// the ledger's table and of `memgap run`'s ledger line; only the ratio
+    /// leaves memgap's own memory out.
+    #[test]
+    fn the_verdicts_shares_are_of_the_rss_the_table_shows() {
+        let l = Ledger {
+            rss_bytes: 100 << 20,
+            memgap_bytes: 10 << 20,
+            rows: Rows { live: 5 << 20, fragmented: 80 << 20, other: 15 << 20, ..Rows::default() },
+            ..Ledger::default()
+        };
+        let text = verdict(&l);
+        assert!(text.contains("the kernel charges 90.0 MiB of RSS for it (18.0x), memgap's own 10.0 MiB left out"), "{text}");
+        assert!(text.contains(" 80% of RSS (80.0 MiB) is free space on pages that still hold live blocks"), "{text}");
     }
 
     #[test]

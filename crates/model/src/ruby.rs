@@ -192,7 +192,8 @@ fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
     let b = crate::human_bytes;
     // memgap's own memory is not the program's: left out of the ratio and the gap.
     let program_rss = l.program_rss();
-    let rss = program_rss.max(1);
+    // Shares of the RSS the kernel reported, as in the ledger's table.
+    let rss = l.rss_bytes.max(1);
     let gap = program_rss.saturating_sub(ruby.known_bytes);
     let ruby_rows = l.share(NAME).map_or(0, |s| s.rows.retained + s.rows.fragmented + s.rows.lazy_free);
     let malloc_lost = (l.rows.retained + l.rows.fragmented + l.rows.lazy_free).saturating_sub(ruby_rows);

@@ -137,6 +137,7 @@ fn summary(report: &Report) -> Value {
         "total_events": s.total_events,
         "allocated_bytes": s.allocated_bytes,
         "peak_live_bytes": s.peak_live_bytes,
+        "peak_live_seconds": s.peak_live_seconds,
         "peak_rss_bytes": s.peak_rss_bytes,
         "live_bytes_at_end": s.live_bytes_at_end,
         "threads": s.threads,

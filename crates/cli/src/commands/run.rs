@@ -417,10 +417,11 @@ fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &O
     let (chosen_trace, closing) = &closings[chosen];
     let s = &closing.summary;
     eprintln!(
-        "memgap: {} — {} calls, peak live heap {}, peak RSS {}, {} live at exit{}",
+        "memgap: {} — {} calls, peak live heap {} (malloc's, at {}), peak RSS {}, {} live at exit{}",
         chosen_trace.display(),
         memgap_views::format::count(s.total_events),
         bytes(s.peak_live_bytes),
+        memgap_views::format::seconds(s.peak_live_seconds),
         bytes(s.peak_rss_bytes),
         bytes(s.live_bytes_at_end),
         if s.truncated { " (cut short)" } else { "" }

@@ -78,7 +78,8 @@ pub fn finding_bytes(findings: &[Finding], owner: &str, kind: &str) -> u64 {
 /// The malloc's verdict: the dominant row besides live, what it is, and its
 /// remedies (only this allocator's).
 pub fn verdict(l: &Ledger, owner: &str) -> String {
-    let rss = l.program_rss().max(1);
+    // Of the RSS the kernel reported, as in the ledger's table.
+    let rss = l.rss_bytes.max(1);
     let r = &l.rows;
     let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
     let mut gap_rows = crate::ledger::program_gap_rows(l);

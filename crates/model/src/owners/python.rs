@@ -193,7 +193,8 @@ impl HeapOwner for PythonOwner {
         let part = ledger.share(NAME)?;
         let section: PythonSection = ledger.section(NAME)?;
         let b = human_bytes;
-        let rss = ledger.program_rss().max(1);
+        // Of the RSS the kernel reported, as in the ledger's table.
+        let rss = ledger.rss_bytes.max(1);
         let r = &part.rows;
         let mut text = format!(
             "CPython {}'s pymalloc holds {} of RSS in {} arenas for {} of allocated blocks ({} objects and buffers of up to 512 bytes).",

@@ -33,6 +33,12 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   const fmtCount = (n) => Math.round(n).toLocaleString('en-US');
   const percent = (part, whole) => (whole > 0 ? (part * 100 / whole).toFixed(1) + ' %' : '');
 
+  // Text whose `quoted` parts are commands or code: those go in <code>, all as text.
+  function withCode(node, text) {
+    node.textContent = '';
+    String(text).split('`').forEach((part, i) => node.append(i % 2 ? el('code', part) : part));
+    return node;
+  }
   function el(tag, text, className) {
     const node = document.createElement(tag);
     if (text !== undefined && text !== null) node.textContent = String(text);
@@ -90,7 +96,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   $('command').textContent = summary.command;
   const facts = [
     'pid ' + summary.pid, fmtSeconds(summary.duration_seconds), fmtCount(summary.total_events) + ' calls',
-    'peak RSS ' + fmtBytes(summary.peak_rss_bytes), 'peak live heap ' + fmtBytes(summary.peak_live_bytes),
+    'peak RSS ' + fmtBytes(summary.peak_rss_bytes), 'peak live heap ' + fmtBytes(summary.peak_live_bytes) + ' (malloc\u2019s, at ' + fmtSeconds(summary.peak_live_seconds) + ')',
     snapshots.length + ' snapshots', 'trace ' + data.trace,
   ];
   if (summary.exit_code !== null) facts.push('exit ' + summary.exit_code);
@@ -100,7 +106,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
   const moment = snapshots[data.moment.index];
   $('verdict-at').textContent = data.moment.line;
   if (moment) {
-    $('verdict-text').textContent = moment.verdict;
+    withCode($('verdict-text'), moment.verdict);
     const numbers = [
       [fmtBytes(moment.rss), 'RSS at ' + fmtSeconds(moment.seconds), '#ledger'],
       [fmtBytes(moment.rows.live), 'live', '#blame'],
@@ -1056,7 +1062,8 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
 
   function showNuma() {
     const n = data.numa;
-    if (!n) return;
+    // One node: every page is local and each table would be one cell.
+    if (!n || n.nodes.length < 2) return;
     $('numa').hidden = false;
     $('numa-link').hidden = false;
     const nodes = n.nodes.map((node) => 'node ' + node.id);
@@ -1123,7 +1130,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     // Each RTS layer in the colour of the ledger row it lands in.
     const GHC_COLOURS = { live: ROW_COLOURS.live, heap_blocks_not_live: ROW_COLOURS.fragmented, megablock_free: ROW_COLOURS.retained, block_descriptors: ROW_COLOURS.runtime, lazy_free: ROW_COLOURS.lazy_free, non_heap: ROW_COLOURS.other };
     $('ghc-facts').textContent = (g.version ? 'GHC ' + g.version + ', ' : '') + fmtCount(g.collections) + ' GCs (' + fmtCount(g.major_collections) + ' major), max live ' + fmtBytes(g.max_live) + ', max heap ' + fmtBytes(g.max_heap);
-    $('ghc-verdict').textContent = g.verdict;
+    withCode($('ghc-verdict'), g.verdict);
     const legend = $('ghc-legend');
     for (const row of GHC_ROWS) {
       const key = el('span', row);

@@ -95,7 +95,9 @@
     facts.append(p.full ? link('its full report below', '#verdict') : el('code', 'memgap report ' + p.trace));
     facts.append(' · ');
     facts.append(link('all processes', '#tree'));
-    section.append(title, facts, bar(p), el('p', p.verdict || 'The trace has no snapshot.', 'tree-verdict'));
+    const verdict = el('p', null, 'tree-verdict');
+    String(p.verdict || 'The trace has no snapshot.').split('`').forEach((part, i) => verdict.append(i % 2 ? el('code', part) : part));
+    section.append(title, facts, bar(p), verdict);
     sections.append(section);
   }
   $('tree').setAttribute('data-ready', 'true');
