@@ -13,6 +13,8 @@
 //! # Ok::<(), memgap_attach::AttachError>(())
 //! ```
 
+#[cfg(target_arch = "x86_64")]
+pub mod allocator_stats;
 pub mod cgroup;
 mod error;
 #[cfg(target_arch = "x86_64")]

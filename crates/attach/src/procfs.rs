@@ -57,6 +57,9 @@ pub fn read_process(pid: u32) -> Result<ProcfsReading, AttachError> {
     if first.state == 'Z' {
         return Err(AttachError::Zombie(pid));
     }
+    // The allocator's own figures first: the call stops a thread briefly
+    // and may touch pages, before smaps and VmRSS are read.
+    let (linked, allocator_stats, allocator_stats_error) = linked_allocator_stats(pid, &first);
     let mappings = mappings(pid)?;
     // Read last, so that VmRSS and smaps are as close in time as they can be.
     let status = status(pid)?;
@@ -65,12 +68,51 @@ pub fn read_process(pid: u32) -> Result<ProcfsReading, AttachError> {
         command: status.name.clone(),
         threads: status.threads,
         status: status.rss,
-        allocator: crate::modules::allocator_of(&mappings).to_string(),
+        allocator: match &linked {
+            Some(linked) => linked.name.to_string(),
+            None => crate::modules::allocator_of(&mappings).to_string(),
+        },
+        allocator_statically_linked: linked.as_ref().is_some_and(|l| l.statically_linked),
+        allocator_stats,
+        allocator_stats_error,
         mappings,
         stack_pointers: threads(pid).iter().filter_map(|t| t.stack_pointer).collect(),
         numa: std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).map(|text| parse_numa_maps(&text)).unwrap_or_default(),
         cgroup: cgroup::of_process(pid),
     })
+}
+
+/// The allocator linked into `pid` (statically or as a library) and its
+/// own statistics, or why they could not be read.
+#[cfg(target_arch = "x86_64")]
+fn linked_allocator_stats(
+    pid: u32,
+    status: &Status,
+) -> (Option<crate::allocator_stats::LinkedAllocator>, Option<memgap_model::owners::allocator_stats::AllocatorStats>, Option<String>) {
+    let Ok(mappings) = mappings(pid) else { return (None, None, None) };
+    let Some(linked) = crate::allocator_stats::linked_allocator(pid, &mappings) else { return (None, None, None) };
+    if status.tracer_pid != 0 {
+        let why = format!("process {pid} is traced by process {} (a debugger?)", status.tracer_pid);
+        return (Some(linked), None, Some(why));
+    }
+    if let Err(refused) = crate::trim::refuse_another_users_process(pid) {
+        return (Some(linked), None, Some(refused.to_string()));
+    }
+    match crate::allocator_stats::read_stats(pid, &linked, &mappings) {
+        Ok(stats) => (Some(linked), stats, None),
+        Err(error) => (Some(linked), None, Some(error.to_string())),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn linked_allocator_stats(_pid: u32, _status: &Status) -> (Option<NoLinkedAllocator>, Option<memgap_model::owners::allocator_stats::AllocatorStats>, Option<String>) {
+    (None, None, None)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+struct NoLinkedAllocator {
+    name: &'static str,
+    statically_linked: bool,
 }
 
 /// Resident bytes per node: the `N<node>=<pages>` fields of every line,

@@ -27,28 +27,96 @@ pub struct Returned {
     pub duration: Duration,
 }
 
-/// Calls `function(argument)` on `thread`. If it has not returned after
-/// `patience`, asks `can_abandon` (with the thread stopped) whether leaving
-/// it there is harmless; if so, gives up, otherwise waits again.
-/// The thread's state is restored on every path where it still exists.
+/// Calls `function(arguments…)` (at most six, in registers) on `thread`.
+/// If it has not returned after `patience`, asks `can_abandon` (with the
+/// thread stopped) whether leaving it there is harmless; if so, gives up,
+/// otherwise waits again. The thread's state is restored on every path
+/// where it still exists.
 pub fn call(
     thread: &mut StoppedThread,
     function: u64,
-    argument: u64,
+    arguments: &[u64],
     patience: Duration,
     can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool,
 ) -> Result<Returned, AttachError> {
     let saved = thread.registers()?;
+    call_below(thread, saved, saved.rsp - RED_ZONE, function, arguments, patience, can_abandon)
+}
+
+/// [`call`] with a scratch area the function reads and writes (strings to
+/// pass, results to read back): `scratch` is copied below the stopped
+/// thread's red zone, where the program keeps nothing (signal handlers use
+/// it the same way), `arguments` are made from its address, and after the
+/// call `scratch` holds what the function left there. The words it
+/// covered are put back.
+pub fn call_with_scratch(
+    thread: &mut StoppedThread,
+    function: u64,
+    scratch: &mut [u8],
+    arguments: &dyn Fn(u64) -> Vec<u64>,
+    patience: Duration,
+    can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool,
+) -> Result<Returned, AttachError> {
+    let saved = thread.registers()?;
+    let words = scratch.len().div_ceil(8);
+    let base = (saved.rsp - RED_ZONE - words as u64 * 8) & !15;
+    let tid = thread.tid;
+    let unreadable = || AttachError::Failed(format!("cannot read the stack of thread {tid}"));
+    let mut before = Vec::with_capacity(words);
+    for i in 0..words as u64 {
+        before.push(thread.read_word(base + i * 8).ok_or_else(unreadable)?);
+    }
+    let write = |thread: &StoppedThread, bytes: &[u8]| -> Result<(), AttachError> {
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            thread.write_word(base + i as u64 * 8, u64::from_le_bytes(word))?;
+        }
+        Ok(())
+    };
+    let outcome = write(thread, scratch).and_then(|()| {
+        let arguments = arguments(base);
+        call_below(thread, saved, base, function, &arguments, patience, can_abandon)
+    });
+    if outcome.is_ok() {
+        for (i, chunk) in scratch.chunks_mut(8).enumerate() {
+            let word = thread.read_word(base + i as u64 * 8).ok_or_else(unreadable)?;
+            chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+        }
+    }
+    let restored: Vec<u8> = before.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let restored = write(thread, &restored);
+    let returned = outcome?;
+    restored?;
+    Ok(returned)
+}
+
+/// Makes the call with its frame below `lowest_in_use`.
+fn call_below(
+    thread: &mut StoppedThread,
+    saved: user_regs_struct,
+    lowest_in_use: u64,
+    function: u64,
+    arguments: &[u64],
+    patience: Duration,
+    can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool,
+) -> Result<Returned, AttachError> {
+    if arguments.len() > 6 {
+        return Err(AttachError::Failed(format!("a call with {} arguments: at most six are passed in registers", arguments.len())));
+    }
     let saved_vector = thread.extended_state()?;
     // At a function's first instruction rsp + 8 is 16-aligned: the slot at
     // rsp holds the return address.
-    let return_slot = ((saved.rsp - RED_ZONE - 256) & !15) - 8;
+    let return_slot = ((lowest_in_use - 256) & !15) - 8;
     let saved_word =
         thread.read_word(return_slot).ok_or_else(|| AttachError::Failed(format!("cannot read the stack of thread {}", thread.tid)))?;
     thread.write_word(return_slot, 0)?;
     let mut regs = saved;
     regs.rip = function;
-    regs.rdi = argument;
+    let registers = [&mut regs.rdi, &mut regs.rsi, &mut regs.rdx, &mut regs.rcx, &mut regs.r8, &mut regs.r9];
+    for (register, &value) in registers.into_iter().zip(arguments) {
+        *register = value;
+    }
     regs.rsp = return_slot;
     regs.rax = 0;
     regs.orig_rax = u64::MAX;

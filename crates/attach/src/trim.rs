@@ -26,8 +26,8 @@ use crate::tracee::StoppedThread;
 /// io_getevents, semtimedop, epoll_wait, epoll_pwait, io_pgetevents, epoll_pwait2.
 const EINTR_ON_STOP: [i64; 10] = [65, 69, 70, 128, 208, 220, 232, 281, 333, 441];
 /// Stack a thread must have below its stack pointer for the call.
-const STACK_ROOM: u64 = 64 << 10;
-const SIGSEGV_BIT: u64 = 1 << (libc::SIGSEGV - 1);
+pub(crate) const STACK_ROOM: u64 = 64 << 10;
+pub(crate) const SIGSEGV_BIT: u64 = 1 << (libc::SIGSEGV - 1);
 
 #[derive(Debug, Clone)]
 pub struct TrimOptions {
@@ -49,7 +49,7 @@ impl Default for TrimOptions {
 /// memgap trim runs code in the target: only in a process of the user who
 /// runs memgap, or as root. CAP_SYS_PTRACE alone (a memgap binary given it
 /// with setcap, a container granting it) would let the kernel permit more.
-fn refuse_another_users_process(pid: u32) -> Result<(), AttachError> {
+pub(crate) fn refuse_another_users_process(pid: u32) -> Result<(), AttachError> {
     let caller = unsafe { libc::getuid() };
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).map_err(|e| AttachError::from_proc(pid, "read", &path, e))?;
@@ -166,7 +166,7 @@ impl Skip {
 
 /// The threads to try, best first: blocked in a system call that restarts
 /// transparently, then running, then blocked where a stop causes EINTR.
-fn candidates(pid: u32, only: Option<u32>) -> Result<Vec<ThreadInfo>, AttachError> {
+pub(crate) fn candidates(pid: u32, only: Option<u32>) -> Result<Vec<ThreadInfo>, AttachError> {
     let mut threads = procfs::threads(pid);
     if let Some(tid) = only {
         threads.retain(|t| t.tid == tid);
@@ -213,7 +213,7 @@ fn try_thread(
     let waiting_for_lock = |t: &StoppedThread, r: &libc::user_regs_struct| {
         libc.whereabouts(r.rip, r.rsp, r.rbp, |at| t.read_word(at)) == Whereabouts::WaitingForLock
     };
-    let returned = remote_call::call(&mut stopped, libc.malloc_trim, 0, options.patience, &waiting_for_lock);
+    let returned = remote_call::call(&mut stopped, libc.malloc_trim, &[0], options.patience, &waiting_for_lock);
     let detached = stopped.detach();
     let returned = returned?;
     detached?;
@@ -222,10 +222,10 @@ fn try_thread(
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT wait while memgap holds a thread:
 /// dying then would let the kernel resume it in the middle of the call.
-struct TerminationSignalsBlocked(libc::sigset_t);
+pub(crate) struct TerminationSignalsBlocked(libc::sigset_t);
 
 impl TerminationSignalsBlocked {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // SAFETY: plain signal-set manipulation on local sets.
         unsafe {
             let mut block: libc::sigset_t = std::mem::zeroed();

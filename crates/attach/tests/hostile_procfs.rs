@@ -120,6 +120,7 @@ proptest! {
             stack_pointers: pointers,
             numa: parse_numa_maps(&numa),
             cgroup: None,
+            ..ProcfsReading::default()
         };
         let _ = outside_ledger(&reading);
     }

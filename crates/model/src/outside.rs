@@ -15,6 +15,7 @@ use memgap_trace::records::{Mapping, Rss};
 use serde::Serialize;
 
 use crate::ledger::MappingLedger;
+use crate::owners::allocator_stats::AllocatorStats;
 use crate::owners::glibc::GLIBC_HEAP_ALIGN;
 
 /// The rows of the recorded ledger a snapshot from outside cannot fill.
@@ -38,6 +39,12 @@ pub struct ProcfsReading {
     /// Whose malloc the process calls: "glibc", "jemalloc", "tcmalloc",
     /// "mimalloc", or "unknown" (no libc.so.6: statically linked).
     pub allocator: String,
+    /// The allocator's own statistics, read in the process (jemalloc,
+    /// tcmalloc), and whether it is linked into the executable.
+    pub allocator_stats: Option<AllocatorStats>,
+    pub allocator_statically_linked: bool,
+    /// Why the statistics of an allocator that has them could not be read.
+    pub allocator_stats_error: Option<String>,
 }
 
 /// The memory cgroup a process runs in.
@@ -176,6 +183,18 @@ pub struct ProcessLedger {
     pub cgroup: Option<CgroupMemory>,
     /// Resident bytes per NUMA node.
     pub numa: BTreeMap<u32, u64>,
+    /// The allocator is linked into the executable (no libc malloc serves the program).
+    pub allocator_statically_linked: bool,
+    /// The allocator's own figures (jemalloc's mallctl, tcmalloc's
+    /// MallocExtension), when it gives them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_stats: Option<AllocatorStats>,
+    /// The heap row split by those figures: `unknown_rows` then lists only
+    /// what they do not give.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_rows: Option<AllocatorRows>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_stats_error: Option<String>,
     pub verdict: String,
     /// What malloc_trim(0) would return now, when the heap was walked.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -219,6 +238,18 @@ pub fn walked_process_ledger(reading: &ProcfsReading, walk: &crate::outside_walk
     process.verdict = ledger.verdict.clone();
     process.ledger = Some(Box::new(ledger));
     process
+}
+
+/// The heap row of a process whose allocator reports itself, split.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct AllocatorRows {
+    pub live: u64,
+    pub fragmented: u64,
+    pub retained: u64,
+    /// The allocator's metadata (in the runtime row of a recorded ledger).
+    pub metadata: u64,
+    /// Heap bytes its figures do not account for (the program's own mmaps, glibc's heap).
+    pub unaccounted: u64,
 }
 
 /// A malloc_trim(0) call made inside a running process (by memgap-attach).
@@ -347,8 +378,22 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
     ledger.heap_bytes = rows.heap;
     ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
     ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
+    split_by_allocator_stats(&mut ledger, reading);
     ledger.verdict = verdict(&ledger);
     ledger
+}
+
+/// The heap row split by the allocator's own figures, when it gave them.
+fn split_by_allocator_stats(ledger: &mut ProcessLedger, reading: &ProcfsReading) {
+    ledger.allocator_statically_linked = reading.allocator_statically_linked;
+    ledger.allocator_stats_error = reading.allocator_stats_error.clone();
+    let Some(stats) = &reading.allocator_stats else { return };
+    let split = stats.rows(ledger.rows.heap, 0);
+    let r = split.rows;
+    ledger.allocator_rows =
+        Some(AllocatorRows { live: r.live, fragmented: r.fragmented, retained: r.retained, metadata: r.runtime, unaccounted: split.unaccounted });
+    ledger.unknown_rows = stats.unknown_rows();
+    ledger.allocator_stats = Some(stats.clone());
 }
 
 /// The group of one mapping: "heap", "stack", "file", "shmem", "static
@@ -421,13 +466,36 @@ pub fn assess(mut cgroup: CgroupMemory) -> CgroupMemory {
 
 fn verdict(l: &ProcessLedger) -> String {
     let rss = l.rss_bytes.max(1);
-    let mut text = format!(
+    let mut text = match &l.allocator_rows {
+        Some(a) => {
+            let b = crate::human_bytes;
+            let linked = if l.allocator_statically_linked { ", linked into the program," } else { "" };
+            format!(
+                "The heap takes {} of {} RSS ({:.0}%). By its own statistics, {}{linked} holds {} live, {} free on pages with live data \
+                 (fragmented), {} of free pages it keeps (retained) and {} of metadata; {} of the heap is not its. Which call sites hold it \
+                 needs a recording with its calls hooked.",
+                b(l.heap_bytes),
+                b(l.rss_bytes),
+                l.heap_bytes as f64 * 100.0 / rss as f64,
+                l.allocator,
+                b(a.live),
+                b(a.fragmented),
+                b(a.retained),
+                b(a.metadata),
+                b(a.unaccounted)
+            )
+        }
+        None => String::new(),
+    };
+    if text.is_empty() {
+        text = format!(
         "The heap takes {} of {} RSS ({:.0}%). How it splits into live data, allocator slack, fragmentation and free pages the allocator keeps \
          needs a recording: `memgap run -- CMD`, then `memgap ledger`.",
         crate::human_bytes(l.heap_bytes),
         crate::human_bytes(l.rss_bytes),
         l.heap_bytes as f64 * 100.0 / rss as f64
-    );
+        );
+    }
     if l.allocator == "glibc" && l.heap_bytes > 0 {
         text.push_str(" `memgap trim PID` measures now what malloc_trim(0) gives back.");
     }

@@ -13,6 +13,7 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let mut out = String::new();
     let allocator = match l.allocator.as_str() {
         "unknown" => "no libc.so.6 (statically linked)".to_string(),
+        name if l.allocator_statically_linked => format!("{name} (linked statically into the program)"),
         name => format!("{name} malloc"),
     };
     let threads = if l.threads == 1 { "1 thread".to_string() } else { format!("{} threads", l.threads) };
@@ -55,9 +56,20 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     out.push_str(&crate::ledger::rows_table(&l.rows.shown(), l.rss_bytes, 0));
     let _ =
         writeln!(out, "  {:<12} {:>11}   residual {}", "RSS (kernel)", bytes(l.rss_bytes), crate::ledger::signed_bytes(l.residual_bytes));
-    let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
+    if let Some(a) = &l.allocator_rows {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "  the heap row by {}'s own statistics:", l.allocator);
+        let rows = [("live", a.live), ("fragmented", a.fragmented), ("retained", a.retained), ("metadata", a.metadata), ("not its", a.unaccounted)];
+        out.push_str(&crate::ledger::rows_table(&rows, l.rss_bytes, 0));
+        let _ = writeln!(out, "  {}: not known from its statistics (no per-block view without hooked calls).", l.unknown_rows.join(", "));
+    } else {
+        let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
+    }
     if let Some(why) = &l.walk_failure {
         let _ = writeln!(out, "  The heap could not be walked: {why}.");
+    }
+    if let Some(error) = &l.allocator_stats_error {
+        let _ = writeln!(out, "  {}'s statistics could not be read: {error}", l.allocator);
     }
     let _ = writeln!(out);
     let s = &l.status;

@@ -16,6 +16,7 @@ use crate::agent;
 
 mod go;
 mod helpers;
+mod linked_allocator;
 mod numa;
 mod placement;
 mod python;
@@ -190,7 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(ghc) = ghc.as_mut() {
         ghc.started(&mut child);
     }
-    let status = child.wait().context("waiting for the program")?;
+    let status = wait_for_exit(&mut child).context("waiting for the program")?;
     let (exit_code, signal) = match (status.code(), status.signal()) {
         (Some(code), _) => (code, 0),
         (None, Some(signal)) => (128 + signal, signal),
@@ -482,4 +483,28 @@ fn cut(text: &str, width: usize) -> String {
 fn sibling_traces(pattern: &Path, run_id: u64, top: &Path) -> Vec<PathBuf> {
     let Some(dir) = pattern.parent() else { return Vec::new() };
     traces::of_run(dir, run_id).into_iter().filter(|path| path != top).collect()
+}
+
+/// Waits for the program to exit. The recorder holds threads of the
+/// program with ptrace at snapshots (to read a linked allocator's
+/// statistics), and a plain wait by any thread of the tracer's process
+/// would take those stops, never seen by the recorder: this one only looks
+/// (WNOWAIT) until the program has exited, then reaps it.
+fn wait_for_exit(child: &mut std::process::Child) -> std::io::Result<std::process::ExitStatus> {
+    loop {
+        // SAFETY: waitid fills the siginfo_t we own.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let waited = unsafe { libc::waitid(libc::P_PID, child.id() as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if waited < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return child.wait();
+        }
+        if matches!(info.si_code, libc::CLD_EXITED | libc::CLD_KILLED | libc::CLD_DUMPED) {
+            return child.wait();
+        }
+        // A stop the recorder's ptrace is about to take: look again shortly.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }

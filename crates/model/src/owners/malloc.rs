@@ -4,6 +4,9 @@
 //! Each allocator (glibc.rs, jemalloc.rs…) says how to recognise it, how its
 //! blocks sit in memory, and which of its own knobs address each finding.
 
+use memgap_trace::records::Metrics;
+
+use super::allocator_stats::AllocatorStats;
 use crate::human_bytes;
 use crate::ledger::owner::share;
 use crate::ledger::{Finding, HeapOwner, Ledger, MallocLayout, Remedy};
@@ -27,6 +30,11 @@ pub trait Allocator: MallocLayout + Default {
 pub struct MallocOwner<A: Allocator> {
     allocator: A,
     present: bool,
+    /// Its own figures at each snapshot, when linked into the program (no
+    /// hook sees its calls), and each one's snapshot in CLOCK_MONOTONIC
+    /// nanoseconds once replayed.
+    stats: Vec<AllocatorStats>,
+    stats_ns: Vec<u64>,
 }
 
 impl<A: Allocator> HeapOwner for MallocOwner<A> {
@@ -35,15 +43,33 @@ impl<A: Allocator> HeapOwner for MallocOwner<A> {
     }
 
     fn present(&self) -> bool {
-        self.present
+        self.present || !self.stats.is_empty()
     }
 
     fn allocator(&mut self, path: &str) {
         self.present = A::serves(path);
     }
 
+    fn metrics(&mut self, metrics: &Metrics) {
+        if let Some(stats) = AllocatorStats::from_metrics(metrics, A::NAME) {
+            self.stats.push(stats);
+        }
+    }
+
+    fn replayed(&mut self, timeline: &memgap_replay::Timeline) {
+        self.stats_ns = self.stats.iter().map(|s| timeline.monotonic_ns(s.snapshot_time)).collect();
+    }
+
+    fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
+        if let Some(at) = self.stats_ns.iter().rposition(|&ns| ns == monotonic_ns) {
+            super::allocator_stats::attach(ledger, &self.stats[at], A::NAME);
+        }
+    }
+
     fn malloc_layout(&self) -> Option<&dyn MallocLayout> {
-        Some(&self.allocator)
+        // Linked statically, its blocks are not in the trace: the hooked
+        // malloc (glibc's, for the few calls libc makes) lays out the heap.
+        self.present.then_some(&self.allocator as &dyn MallocLayout)
     }
 
     fn findings(&self, ledger: &Ledger) -> Vec<Finding> {

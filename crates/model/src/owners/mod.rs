@@ -8,6 +8,7 @@ use memgap_trace::records::{Metrics, Process, Rss, Snapshot};
 
 use crate::ledger::{self, GcMark, HeapOwner, Ledger};
 
+pub mod allocator_stats;
 pub mod glibc;
 pub mod jemalloc;
 pub mod malloc;

@@ -519,6 +519,9 @@ struct ProcessRecorder {
     live_drop_seen_ns: Option<u64>,
     /// When the agent asked for its exit snapshot (the process had not exited yet).
     exit_requested_ns: Option<u64>,
+    /// An allocator linked into the program, whose calls no hook sees:
+    /// its own statistics are read at each snapshot (found at the first).
+    linked_allocator: Option<Option<super::linked_allocator::LinkedAllocatorReader>>,
 }
 
 impl ProcessRecorder {
@@ -561,6 +564,7 @@ impl ProcessRecorder {
             live_last_round: 0,
             live_drop_seen_ns: None,
             exit_requested_ns: None,
+            linked_allocator: None,
         }
     }
 
@@ -916,6 +920,11 @@ impl ProcessRecorder {
         // rows can be checked against both; a program moving RSS by more
         // than 1 % meanwhile gets a second and third reading, and the
         // closest is kept (the ledger says how far RSS moved).
+        let allocator_stats = self
+            .linked_allocator
+            .get_or_insert_with(|| super::linked_allocator::LinkedAllocatorReader::find(self.pid))
+            .as_mut()
+            .and_then(|reader| reader.read(self.pid));
         let mut best: Option<(u64, Rss, u64, Vec<memgap_trace::records::Mapping>)> = None;
         for _attempt in 0..SNAPSHOT_ATTEMPTS {
             let before = self.read_status();
@@ -966,6 +975,10 @@ impl ProcessRecorder {
         let placement = self.placer.place(&snapshot);
         if let Some(census) = python {
             self.push(&Record::Metrics(census.to_metrics(monotonic_ns())));
+        }
+        if let Some(mut stats) = allocator_stats {
+            stats.snapshot_time = time;
+            self.push(&Record::Metrics(stats.to_metrics(monotonic_ns())));
         }
         self.push(&Record::Snapshot(snapshot));
         self.push(&Record::Placement(placement));
@@ -1070,6 +1083,7 @@ impl ProcessRecorder {
     /// An exec: the next image's area, and the trace goes on with it.
     fn switch_image(&mut self, next: MappedArea) {
         self.area = next;
+        self.linked_allocator = None;
         self.image += 1;
         write_trace_path(&self.area, &self.path);
         self.area.header().recorder_state.store(shared::RECORDER_ATTACHED, Release);

@@ -1,0 +1,112 @@
+//! Allocators linked statically into the program: a Rust program with
+//! tikv-jemallocator (tests/programs/rust_jemalloc, its own Cargo project)
+//! holds a known heap; `memgap run` and `memgap snapshot PID` must name
+//! jemalloc and put in `live` what jemalloc's own `stats.allocated` (printed
+//! by the program) says, within 10 %, with the program's output unchanged.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+/// Builds the Rust program once per test binary, into a target directory
+/// shared by every test run (building jemalloc takes minutes; rebuilding
+/// an unchanged project, a second).
+fn rust_jemalloc() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let project = programs_dir().join("rust_jemalloc");
+            let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-programs");
+            let out = output_of(
+                Command::new(env!("CARGO"))
+                    .args(["build", "--release", "--quiet", "--target-dir"])
+                    .arg(&target)
+                    .current_dir(&project)
+                    .env_remove("RUSTFLAGS")
+                    .env_remove("CARGO_TARGET_DIR"),
+            );
+            assert!(out.status.success(), "building tests/programs/rust_jemalloc failed:\n{}", text(&out.stderr));
+            target.join("release/rust_jemalloc")
+        })
+        .clone()
+}
+
+fn printed(stdout: &str, key: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no \"{key} N\" in the program's output:\n{stdout}"))
+}
+
+fn assert_within_10_percent(what: &str, measured: u64, truth: u64) {
+    let off = measured.abs_diff(truth) as f64 / truth.max(1) as f64;
+    assert!(off <= 0.10, "{what}: {measured} against jemalloc's stats.allocated {truth} ({:.1} % off)", off * 100.0);
+}
+
+#[test]
+fn recorded_run_names_jemalloc_and_fills_live_from_its_statistics() {
+    let (_tmp, dir) = tempdir();
+    let program = rust_jemalloc();
+    let plain = run_plain(&dir, arg(&program), &[]);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    let trace = dir.join("je.mgt");
+    let traced = output_of(memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&program)]).stderr(std::process::Stdio::piped()));
+    assert!(traced.status.success(), "memgap run failed: {}", text(&traced.stderr));
+    // The program's output is its own: the same lines as a plain run (only
+    // jemalloc's own figures vary a little from run to run).
+    let shape = |out: &str| out.lines().map(|l| l.split(" stats.").next().unwrap_or("").to_string()).collect::<Vec<_>>();
+    assert_eq!(shape(&text(&traced.stdout)), shape(&text(&plain.stdout)), "stdout differs under memgap");
+    assert_eq!(traced.status.code(), plain.status.code());
+    let plain_allocated = printed(&text(&plain.stdout), "jemalloc stats.allocated");
+    let allocated = printed(&text(&traced.stdout), "jemalloc stats.allocated");
+    assert_within_10_percent("jemalloc's stats.allocated under memgap", allocated, plain_allocated);
+
+    let out = memgap(&dir, &["ledger", arg(&trace), "--at", "end", "--json"]);
+    assert!(out.status.success(), "memgap ledger failed: {}", text(&out.stderr));
+    let ledger: Value = serde_json::from_slice(&out.stdout).expect("ledger JSON");
+    let named = ledger["allocator"].as_str().unwrap_or("");
+    assert!(named.contains("jemalloc"), "allocator {named:?}");
+    let share = ledger["owners"].as_array().and_then(|o| o.iter().find(|s| s["owner"] == "jemalloc")).cloned();
+    let share = share.unwrap_or_else(|| panic!("no jemalloc share in {:#}", ledger["owners"]));
+    assert_within_10_percent("the recorded ledger's live row", ledger["rows"]["live"].as_u64().unwrap(), allocated);
+    assert_within_10_percent("jemalloc's share of live", share["rows"]["live"].as_u64().unwrap(), allocated);
+    // Its figures, as jemalloc gave them, in its section.
+    let section = ledger["jemalloc"]["allocated_bytes"].as_u64().unwrap_or_else(|| panic!("no jemalloc section: {ledger:#}"));
+    assert_within_10_percent("jemalloc's stats.allocated at the last snapshot", section, allocated);
+    let rows = &ledger["rows"];
+    let sum: u64 = ["live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other"].iter().map(|r| rows[r].as_u64().unwrap()).sum();
+    let rss = ledger["rss_bytes"].as_u64().unwrap();
+    assert!(sum.abs_diff(rss) * 100 <= rss, "rows add up to {sum}, RSS {rss}");
+    // The human ledger says where the figures come from.
+    let human = text(&memgap(&dir, &["ledger", arg(&trace), "--at", "end"]).stdout);
+    assert!(human.contains("jemalloc"), "{human}");
+}
+
+#[test]
+fn snapshot_of_a_running_program_names_jemalloc_and_fills_live() {
+    let (_tmp, dir) = tempdir();
+    let program = rust_jemalloc();
+    let target = Background::start(Command::new(&program).arg("60").current_dir(&dir), 3);
+    let allocated = target.printed("jemalloc stats.allocated");
+    let out = memgap(&dir, &["snapshot", &target.pid.to_string(), "--json"]);
+    assert!(out.status.success(), "memgap snapshot failed: {}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("snapshot JSON");
+    assert_eq!(json["allocator"], "jemalloc", "{json:#}");
+    assert_eq!(json["allocator_statically_linked"], true);
+    let rows = &json["allocator_rows"];
+    assert_within_10_percent("the outside ledger's live", rows["live"].as_u64().unwrap_or(0), allocated);
+    // The program idles: jemalloc's figure is the one it printed (and for
+    // the call's own small allocations).
+    let asked = json["allocator_stats"]["allocated_bytes"].as_u64().unwrap_or(0);
+    assert!(asked.abs_diff(allocated) * 100 <= allocated, "stats.allocated {asked} asked from outside, {allocated} printed");
+    assert!(json["allocator_stats"]["arenas"].as_u64().unwrap_or(0) >= 1, "{json:#}");
+    assert_eq!(json["unknown_rows"], serde_json::json!(["slack"]));
+    // The process runs on, as it was: still alive, still idle.
+    assert!(proc_status(target.pid, "State").is_some_and(|s| s.starts_with('S')), "{:?}", proc_status(target.pid, "State"));
+    let human = text(&memgap(&dir, &["snapshot", &target.pid.to_string()]).stdout);
+    assert!(human.contains("jemalloc (linked statically into the program)") && human.contains("own statistics"), "{human}");
+}
