@@ -110,3 +110,36 @@ fn snapshot_of_a_running_program_names_jemalloc_and_fills_live() {
     let human = text(&memgap(&dir, &["snapshot", &target.pid.to_string()]).stdout);
     assert!(human.contains("jemalloc (linked statically into the program)") && human.contains("own statistics"), "{human}");
 }
+
+/// jemalloc and tcmalloc loaded as libraries: `memgap snapshot PID` asks
+/// them the same way (their `mallctl` and `MallocExtension_GetNumericProperty`
+/// are in the library's dynamic symbols). tests/programs/retainer.c prints
+/// the bytes it still holds; the allocator's own count must cover them,
+/// plus its size-class rounding and libc's few buffers.
+#[test]
+fn snapshot_asks_preloaded_jemalloc_and_tcmalloc_for_their_figures() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "retainer.c");
+    for (library, name) in [("libjemalloc.so.2", "jemalloc"), ("libtcmalloc_minimal.so.4", "tcmalloc")] {
+        let library = Path::new(ALLOCATOR_DIR).join(library);
+        if !library.exists() {
+            eprintln!("{} is not installed (.ci/run installs it); skipped", library.display());
+            continue;
+        }
+        let counter = dir.join(format!("counter-{name}"));
+        let target = Background::start(command(arg(&exe), ["2", "16", arg(&counter)]).env("LD_PRELOAD", &library), 2);
+        let kept = target.printed("kept");
+        let out = memgap(&dir, &["snapshot", &target.pid.to_string(), "--json"]);
+        assert!(out.status.success(), "memgap snapshot failed: {}", text(&out.stderr));
+        let json: Value = serde_json::from_slice(&out.stdout).expect("snapshot JSON");
+        assert_eq!((json["allocator"].as_str(), json["allocator_statically_linked"].as_bool()), (Some(name), Some(false)), "{json:#}");
+        let allocated = json["allocator_stats"]["allocated_bytes"].as_u64().unwrap_or_else(|| panic!("{name}: no allocated_bytes: {json:#}"));
+        assert!(allocated >= kept && allocated <= kept + kept / 2 + (1 << 20), "{name}: allocated {allocated}, the program keeps {kept}");
+        assert_eq!(json["allocator_rows"]["live"].as_u64(), Some(allocated), "{name}: {json:#}");
+        assert!(json["allocator_stats"]["mapped_bytes"].as_u64().unwrap_or(0) >= allocated, "{name}: {json:#}");
+        // The process runs on: its counter still moves.
+        let before = std::fs::read_to_string(&counter).unwrap_or_default();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_ne!(std::fs::read_to_string(&counter).unwrap_or_default(), before, "{name}: the program stopped");
+    }
+}
