@@ -362,7 +362,7 @@ mod tests {
             threads: 3,
             allocator: "glibc".into(),
             rss_bytes: 100 << 20,
-            rows: KnownRows { heap: 80 << 20, lazy_free: 0, runtime: 1 << 20, other: 19 << 20 },
+            rows: KnownRows { heap: 80 << 20, lazy_free: 0, runtime: 1 << 20, other: 19 << 20, ..KnownRows::default() },
             unknown_rows: memgap_model::UNKNOWN_ROWS.to_vec(),
             arenas: 2,
             heaps: vec![
