@@ -30,7 +30,6 @@ use memgap_trace::records::{Metrics, Record, Records};
 use memgap_trace::{TraceError, TraceFile};
 use serde::{Deserialize, Serialize};
 
-const MIB: f64 = 1024.0 * 1024.0;
 /// Usable blocks per 1 MiB megablock (the first 16 KiB hold descriptors).
 const BLOCKS_PER_MBLOCK: u64 = 252;
 const BLOCK_BYTES: u64 = 4096;
@@ -128,9 +127,12 @@ pub struct PinnedShare {
 pub struct GhcVerdict {
     pub pinned_fragmentation: bool,
     pub lazy_free: bool,
-    pub text: String,
     /// The GC the pinned-fragmentation finding rests on.
     pub at_seconds: Option<f64>,
+    /// The most LazyFree while the program ran, and RSS then: what the
+    /// lazy_free finding rests on (0 without it).
+    pub lazy_free_bytes: u64,
+    pub lazy_free_rss_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -354,7 +356,6 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
 /// -hT, the ARR_WORDS share at the nearest census is quoted too.
 fn verdict(report: &GhcReport) -> GhcVerdict {
     let mut verdict = GhcVerdict::default();
-    let mut parts = Vec::new();
     let candidate = report
         .timeline
         .iter()
@@ -368,28 +369,6 @@ fn verdict(report: &GhcReport) -> GhcVerdict {
     if let Some(p) = candidate {
         verdict.pinned_fragmentation = true;
         verdict.at_seconds = Some(p.seconds);
-        let unmoved = p.unmoved_bytes.unwrap_or(0);
-        let mib = |b: u64| b as f64 / MIB;
-        let rss = p.rss_bytes.map(|r| format!(", RSS {:.1} MiB", mib(r))).unwrap_or_default();
-        let census = report.census_at(p.seconds);
-        let census = census
-            .map(|c| {
-                format!(
-                    " The -hT census at {:.2} s counts {:.0}% of the heap as ARR_WORDS ({:.1} MiB): pinned blocks are counted whole.",
-                    c.seconds,
-                    c.share * 100.0,
-                    mib(c.arr_words_bytes)
-                )
-            })
-            .unwrap_or_default();
-        parts.push(format!(
-            "Pinned fragmentation: after the major GC at {:.2} s the heap is {:.1} MiB{rss} for {:.1} MiB of live data, and {:.1} MiB ({:.0}%) of that live data was not copied by the GC: it sits in pinned blocks (ByteString, pinned byte arrays) or large objects, which never move. A pinned block stays whole while any object in it lives, so dead neighbours of a few survivors count as live, and the RTS keeps free blocks in proportion to live data (-F, default 2).{census} Remedies: keep the survivors in unpinned storage (ShortByteString, Data.Text ≥ 2, unpinned byte arrays); copy the retained slices (Data.ByteString.copy) so they pack into fresh blocks; retain contiguous runs (take) rather than strided survivors (every 10th).",
-            p.seconds,
-            mib(p.heap_size_bytes),
-            mib(p.live_bytes),
-            mib(unmoved),
-            unmoved as f64 * 100.0 / p.live_bytes.max(1) as f64,
-        ));
     }
     // LazyFree while the program ran (up to the settled major GC: the RTS's
     // final GC at exit frees everything, and says nothing about the run).
@@ -402,29 +381,9 @@ fn verdict(report: &GhcReport) -> GhcVerdict {
         .max_by_key(|&(lazy, _)| lazy);
     if let Some((lazy, rss)) = lazy.filter(|&(lazy, rss)| lazy >= 16 << 20 && lazy * 4 >= rss) {
         verdict.lazy_free = true;
-        parts.push(format!(
-            "The RTS is slow to give memory back, not holding it: up to {:.1} MiB of RSS ({:.0}% of {:.1} MiB) is megablocks returned with MADV_FREE (smaps LazyFree), which the kernel counts until it needs the memory; RSS − LazyFree = {:.1} MiB. Nothing to fix; run with +RTS --disable-delayed-os-memory-return to see RSS fall at once.",
-            lazy as f64 / MIB,
-            lazy as f64 * 100.0 / rss.max(1) as f64,
-            rss as f64 / MIB,
-            rss.saturating_sub(lazy) as f64 / MIB,
-        ));
+        verdict.lazy_free_bytes = lazy;
+        verdict.lazy_free_rss_bytes = rss;
     }
-    if parts.is_empty() {
-        let s = report.settled.as_ref();
-        parts.push(match s {
-            Some(p) => format!(
-                "No pinned fragmentation: at the last major GC ({:.2} s) {:.1} MiB live, {:.1} MiB of it unmoved (pinned or large), heap {:.1} MiB.",
-                p.seconds,
-                p.live_bytes as f64 / MIB,
-                p.unmoved_bytes.unwrap_or(0) as f64 / MIB,
-                p.heap_size_bytes as f64 / MIB
-            ),
-            None if report.timeline.is_empty() => "No GC was logged in an eventlog: only the RTS's own figures (+RTS -s, -Dg) are known.".into(),
-            None => "No major GC was logged: live data is unknown.".into(),
-        });
-    }
-    verdict.text = parts.join(" ");
     verdict
 }
 
@@ -649,23 +608,6 @@ impl crate::ledger::HeapOwner for GhcOwner {
         }
         out
     }
-
-    fn verdict(&self, ledger: &crate::ledger::Ledger) -> Option<String> {
-        let report = self.report.as_ref()?;
-        let part = ledger.share(NAME)?;
-        let b = crate::human_bytes;
-        let r = &part.rows;
-        let opening = format!(
-            "The GHC heap holds {} of live data (last major GC); its megablocks take {} of the {} RSS: fragmented {} (blocks not live: nursery, slop, dead neighbours in pinned blocks), retained {} (free megablocks), lazy_free {}.",
-            b(r.live),
-            b(r.total()),
-            b(ledger.rss_bytes),
-            b(r.fragmented),
-            b(r.retained),
-            b(r.lazy_free)
-        );
-        Some(format!("{opening} {}{}", report.verdict.text, crate::ledger::remedies_sentence(ledger)))
-    }
 }
 
 /// Indexes of the GHC heap's committed mappings: the read-write parts of a
@@ -748,9 +690,8 @@ mod tests {
     #[test]
     fn strided_survivors_in_pinned_blocks_are_pinned_fragmentation() {
         let report = report(&strip()).unwrap();
-        assert!(report.verdict.pinned_fragmentation, "{}", report.verdict.text);
+        assert!(report.verdict.pinned_fragmentation, "{:?}", report.verdict);
         assert_eq!(report.verdict.at_seconds, Some(1.9));
-        assert!(report.verdict.text.contains("ShortByteString"));
         assert!(!report.verdict.lazy_free);
     }
 
@@ -766,8 +707,7 @@ mod tests {
         input.metrics.extend([census(1_800_000_000, 32.0 * MB as f64, 8.0 * MB as f64), census(1_950_000_000, 1.0, 0.0)]);
         let report = report(&input).unwrap();
         assert_eq!(report.pinned_share.len(), 2);
-        assert_eq!(report.census_at(1.9).map(|c| c.share), Some(0.8));
-        assert!(report.verdict.text.contains("counts 80% of the heap as ARR_WORDS (32.0 MiB)"), "{}", report.verdict.text);
+        assert_eq!(report.census_at(1.9).map(|c| (c.share, c.arr_words_bytes)), Some((0.8, 32 * MB)));
     }
 
     #[test]
@@ -776,9 +716,9 @@ mod tests {
         input.metrics[2] = gc(1_900_000_000, 1, 45 * MB, Some(11_225_176), 8_003_720, 34_029_568);
         input.lazy_free = vec![(0, 0), (1_950_000_000, 120 * MB)];
         let report = report(&input).unwrap();
-        assert!(!report.verdict.pinned_fragmentation, "{}", report.verdict.text);
-        assert!(report.verdict.lazy_free, "{}", report.verdict.text);
-        assert!(report.verdict.text.contains("--disable-delayed-os-memory-return"));
+        assert!(!report.verdict.pinned_fragmentation, "{:?}", report.verdict);
+        assert!(report.verdict.lazy_free, "{:?}", report.verdict);
+        assert_eq!(report.verdict.lazy_free_bytes, 120 * MB);
         assert_eq!(report.timeline[2].rows.lazy_free, Some(120 * MB));
     }
 

@@ -241,7 +241,6 @@ pub struct Ledger {
     /// Every mapping of the snapshot and where its bytes went.
     pub mappings: Vec<MappingLedger>,
     pub snapshot_cost_ms: f64,
-    pub verdict: String,
     /// Each heap owner's part of the rows (the allocator, the runtime).
     pub owners: Vec<OwnerShare>,
     /// The owner holding most of the gap (RSS − live), whose verdict this is.
@@ -644,8 +643,8 @@ fn python_arena_stacks(
 }
 
 /// Sums the owners' shares, thread stacks and `other` into the rows, checks
-/// them against VmRSS, and asks the owners for findings, remedies and the
-/// verdict. Called again after an owner lays a layer over the ledger.
+/// them against VmRSS, asks the owners for findings and remedies, and
+/// names the owner holding the gap. Called again after an owner lays a layer over the ledger.
 pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     let other = &ledger.other_breakdown;
     let memgap = other.agent;
@@ -678,24 +677,9 @@ pub fn finish(ledger: &mut Ledger, owners: &[Box<dyn HeapOwner>]) {
     }
     ledger.findings = findings;
     ledger.remedies = remedies;
-    // The verdict is the one of the owner holding most of the gap; rows no
-    // owner holds (other, stacks) are the core's.
-    let gap_owner = ledger.owners.iter().filter(|s| s.gap() > 0 || s.rows.live > 0).max_by_key(|s| (s.gap(), s.rows.live)).map(|s| s.owner);
-    ledger.gap_owner = gap_owner;
-    let owner = gap_owner.and_then(|name| present.iter().find(|o| o.name() == name));
-    let body = owner.and_then(|o| o.verdict(ledger)).unwrap_or_else(|| verdict(ledger));
-    let headlines: Vec<String> = present.iter().filter_map(|o| o.headline(ledger)).collect();
-    ledger.verdict = if headlines.is_empty() {
-        body
-    } else {
-        // The headline gave the gap's ratio against its own layer; a second
-        // ratio against malloc's live heap would contradict it.
-        let body = match body.strip_prefix(opening(ledger).as_str()) {
-            Some(rest) => format!("{}{rest}", malloc_layer_opening(ledger)),
-            None => body,
-        };
-        format!("{} {body}", headlines.join(" "))
-    };
+    // Rows no owner holds (other, stacks) are the core's.
+    ledger.gap_owner =
+        ledger.owners.iter().filter(|s| s.gap() > 0 || s.rows.live > 0).max_by_key(|s| (s.gap(), s.rows.live)).map(|s| s.owner);
 }
 
 impl Ledger {
@@ -1111,109 +1095,6 @@ fn is_memgap_file(name: &str) -> bool {
     file.ends_with(memgap_trace::shared::AREA_SUFFIX) && dir.starts_with("memgap-")
 }
 
-fn percent(part: u64, whole: u64) -> f64 {
-    if whole == 0 { 0.0 } else { part as f64 * 100.0 / whole as f64 }
-}
-
-fn mib(bytes: u64) -> String {
-    crate::human_bytes(bytes)
-}
-
-/// One paragraph when no owner holds the gap (it sits in `other` or in
-/// thread stacks), or for an owner without a verdict of its own: the
-/// dominant row besides live, and the remedies that apply.
-pub fn verdict(l: &Ledger) -> String {
-    // Shares are of the RSS the kernel reported, as in every table (the rows
-    // add up to it); only the ratio leaves memgap's own memory out.
-    let rss = l.rss_bytes.max(1);
-    let r = &l.rows;
-    let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
-    let mut gap_rows = program_gap_rows(l);
-    gap_rows.sort_by(|a, b| b.1.cmp(&a.1));
-    let (dominant, bytes) = gap_rows[0];
-    let opening = opening(l);
-    let share = percent(bytes, rss);
-    if bytes < r.live / 4 && r.live > heap_total / 2 {
-        return format!("{opening} Most of it is live data: the allocator and runtime add little. Shrinking RSS means holding less.");
-    }
-    let body = match dominant {
-        "fragmented" => format!("{share:.0}% of RSS ({}) is free space on pages that still hold live blocks: fragmentation.", mib(bytes)),
-        "retained" => format!("{share:.0}% of RSS ({}) is free pages the allocator or runtime keeps.", mib(bytes)),
-        "lazy_free" => format!(
-            "{share:.0}% of RSS ({}) was returned with MADV_FREE and is still counted until the kernel needs the memory. Nothing to fix: it is reclaimed under pressure.",
-            mib(bytes)
-        ),
-        "slack" => format!(
-            "{share:.0}% of RSS ({}) is allocator overhead inside live blocks (headers, alignment, size-class rounding). Fewer, larger objects help.",
-            mib(bytes)
-        ),
-        "runtime" => {
-            format!("{share:.0}% of RSS ({}) is thread stacks and runtime metadata. Fewer threads or smaller stacks help.", mib(bytes))
-        }
-        _ => other_sentence(l, share, bytes),
-    };
-    let tries = remedies_sentence(l);
-    format!("{opening} {body}{tries}")
-}
-
-/// The rows besides live that make the program's gap, `other` without
-/// memgap's own memory.
-pub fn program_gap_rows(l: &Ledger) -> [(&'static str, u64); 6] {
-    let r = &l.rows;
-    let other = r.other.saturating_sub(l.memgap_bytes);
-    [
-        ("fragmented", r.fragmented),
-        ("retained", r.retained),
-        ("lazy_free", r.lazy_free),
-        ("slack", r.slack),
-        ("other", other),
-        ("runtime", r.runtime),
-    ]
-}
-
-/// "The program holds X of live heap; the kernel charges Y of RSS (Zx)":
-/// RSS less memgap's own memory, which is named apart.
-pub fn opening(l: &Ledger) -> String {
-    let rss = l.program_rss();
-    let ratio = rss as f64 / l.rows.live.max(1) as f64;
-    if l.memgap_bytes == 0 {
-        return format!("The program holds {} of live heap; the kernel charges {} of RSS ({ratio:.1}x).", mib(l.rows.live), mib(rss));
-    }
-    format!(
-        "The program holds {} of live heap; the kernel charges {} of RSS for it ({ratio:.1}x), memgap's own {} left out.",
-        mib(l.rows.live),
-        mib(rss),
-        mib(l.memgap_bytes)
-    )
-}
-
-/// The opening under a layer's headline: malloc's live heap, without a
-/// second ratio.
-fn malloc_layer_opening(l: &Ledger) -> String {
-    match l.memgap_bytes {
-        0 => format!("Below it, malloc's live heap is {}.", mib(l.rows.live)),
-        own => format!("Below it, malloc's live heap is {}; memgap's own {} is left out.", mib(l.rows.live), mib(own)),
-    }
-}
-
-/// "X% of RSS is outside every heap: …" with `other`'s parts (memgap's own
-/// memory is not among them: it is named apart).
-pub fn other_sentence(l: &Ledger, share: f64, bytes: u64) -> String {
-    format!(
-        "{share:.0}% of RSS ({}) is outside the heap: code and file mappings {}, the program's own anonymous mmaps {}, static data {}, unclassified {}.",
-        mib(bytes),
-        mib(l.other_breakdown.file + l.other_breakdown.shmem),
-        mib(l.other_breakdown.program_mmap),
-        mib(l.other_breakdown.static_data),
-        mib(l.other_breakdown.unclassified)
-    )
-}
-
-/// " To try: …" with the ledger's remedies, best first (empty without).
-pub fn remedies_sentence(l: &Ledger) -> String {
-    crate::compare::measured::remedies_sentence(&l.remedies)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1281,22 +1162,6 @@ mod tests {
             &mut glibc(),
         );
         assert!(plain.page_maps[0].objects.is_none());
-    }
-
-    /// The verdict's shares are of the RSS the kernel reported, the base of
-    /// the ledger's table and of `memgap run`'s ledger line; only the ratio
-    /// leaves memgap's own memory out.
-    #[test]
-    fn the_verdicts_shares_are_of_the_rss_the_table_shows() {
-        let l = Ledger {
-            rss_bytes: 100 << 20,
-            memgap_bytes: 10 << 20,
-            rows: Rows { live: 5 << 20, fragmented: 80 << 20, other: 15 << 20, ..Rows::default() },
-            ..Ledger::default()
-        };
-        let text = verdict(&l);
-        assert!(text.contains("the kernel charges 90.0 MiB of RSS for it (18.0x), memgap's own 10.0 MiB left out"), "{text}");
-        assert!(text.contains(" 80% of RSS (80.0 MiB) is free space on pages that still hold live blocks"), "{text}");
     }
 
     #[test]

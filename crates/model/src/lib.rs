@@ -15,7 +15,7 @@
 //! let summary = memgap_model::Summary::of_trace("t.mgt".as_ref())?;
 //! println!("peak live heap: {} bytes", summary.peak_live_bytes);
 //! if let Some(ledger) = ledger_at("t.mgt".as_ref(), At::Gap, false)? {
-//!     println!("{}", ledger.verdict);
+//!     println!("gap held by {:?}: {:?}", ledger.gap_owner, ledger.findings.first());
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

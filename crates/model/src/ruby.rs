@@ -165,11 +165,6 @@ impl HeapOwner for RubyOwner {
             free,
         )]
     }
-
-    fn headline(&self, ledger: &Ledger) -> Option<String> {
-        let layer: RubyLayer = ledger.section(NAME)?;
-        Some(headline(ledger, &layer))
-    }
 }
 
 /// Adds the layer to the ledger: its section, and its object pages (out of
@@ -188,50 +183,9 @@ pub fn attach(ledger: &mut Ledger, layer: &RubyLayer) {
     ledger.set_section(NAME, layer);
 }
 
-fn headline(l: &Ledger, ruby: &RubyLayer) -> String {
-    let b = crate::human_bytes;
-    // memgap's own memory is not the program's: left out of the ratio and the gap.
-    let program_rss = l.program_rss();
-    // Shares of the RSS the kernel reported, as in the ledger's table.
-    let rss = l.rss_bytes.max(1);
-    let gap = program_rss.saturating_sub(ruby.known_bytes);
-    let ruby_rows = l.share(NAME).map_or(0, |s| s.rows.retained + s.rows.fragmented + s.rows.lazy_free);
-    let malloc_lost = (l.rows.retained + l.rows.fragmented + l.rows.lazy_free).saturating_sub(ruby_rows);
-    let ruby_lost = ruby.free_slots_bytes + ruby.page_overhead_bytes;
-    let opening = format!(
-        "Ruby {} knows of {} (its live objects and the data they own); the kernel charges {} ({:.1}x), {} more.",
-        ruby.version,
-        b(ruby.known_bytes),
-        b(program_rss),
-        program_rss as f64 / ruby.known_bytes.max(1) as f64,
-        b(gap)
-    );
-    let layer = if malloc_lost >= ruby_lost {
-        format!(
-            "The difference sits in the malloc layer, below Ruby: {} ({:.0}% of RSS) is free memory glibc keeps (retained {}, fragmented {}), while Ruby's object pages waste only {}.",
-            b(malloc_lost),
-            100.0 * malloc_lost as f64 / rss as f64,
-            b(l.rows.retained),
-            b(l.rows.fragmented),
-            b(ruby_lost)
-        )
-    } else {
-        format!(
-            "The difference sits in Ruby's own heap: {} of its {} object pages ({:.0}% of their slots) are free slots. Ruby returns a page only when \
-             every slot on it is free, so survivors scattered over many pages keep them all. GC.compact (or GC.auto_compact = true) moves the survivors \
-             together so whole pages free up.",
-            b(ruby.free_slots_bytes),
-            ruby.object_pages,
-            100.0 * ruby.free_slot_fraction
-        )
-    };
-    format!("{opening} {layer}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Rows;
 
     fn m(ns: u64, kind: &str, values: &[(&str, f64)]) -> Metrics {
         Metrics {
@@ -282,21 +236,6 @@ mod tests {
         // The deep figure carries over until the next deep sample.
         assert_eq!(later.memsize_of_all_bytes, Some(1_000_000));
         assert!(layer_at(&refs, "3.1.2", 0, 15).is_none());
-    }
-
-    #[test]
-    fn headline_names_the_layer_that_holds_the_gap() {
-        let all = samples();
-        let refs: Vec<&Metrics> = all.iter().collect();
-        let layer = layer_at(&refs, "3.1.2", 0, 25).unwrap();
-        let mut malloc_heavy = Ledger { rss_bytes: 200 << 20, rows: Rows { retained: 150 << 20, ..Rows::default() }, ..Ledger::default() };
-        attach(&mut malloc_heavy, &layer);
-        let text = headline(&malloc_heavy, &layer);
-        assert!(text.contains("malloc layer"), "{text}");
-        let mut ruby_heavy = Ledger { rss_bytes: 4 << 20, rows: Rows { retained: 4096, ..Rows::default() }, ..Ledger::default() };
-        attach(&mut ruby_heavy, &layer);
-        let text = headline(&ruby_heavy, &layer);
-        assert!(text.contains("GC.compact"), "{text}");
     }
 
     #[test]

@@ -553,7 +553,7 @@ pub fn closing(path: &Path) -> Result<Closing, TraceError> {
 }
 
 /// The ledger at every snapshot, and the live heap and VmRSS between them.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Timeline {
     /// The ledger at every snapshot, in time order.
     pub snapshots: Vec<Ledger>,

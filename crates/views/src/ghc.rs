@@ -5,7 +5,6 @@
 use std::fmt::Write;
 
 use memgap_model::ghc::{GhcPoint, GhcReport};
-use serde::Serialize;
 
 use crate::format::{bytes, count};
 use crate::ledger::{signed_bytes, wrap};
@@ -115,7 +114,7 @@ pub fn report(r: &GhcReport, title: &str) -> String {
         let _ = writeln!(out, "  -Dg inventory (last): {}.", parts.join(", "));
     }
     let _ = writeln!(out);
-    out.push_str(&wrap(&r.verdict.text, 78, "  "));
+    out.push_str(&wrap(&verdict(r), 78, "  "));
     out
 }
 
@@ -134,20 +133,76 @@ pub fn brief(r: &GhcReport) -> String {
             opt(p.rss_bytes)
         );
     }
-    for line in wrap(&r.verdict.text, 90, "memgap: ").lines() {
+    for line in wrap(&verdict(r), 90, "memgap: ").lines() {
         out.push_str(line);
         out.push('\n');
     }
     out
 }
 
-/// `value` as JSON with a `ghc` key added when there is a GHC report.
-pub fn json_with_ghc<T: Serialize>(value: &T, ghc: Option<&GhcReport>) -> String {
-    let mut json = serde_json::to_value(value).expect("model structs always serialize");
-    if let (Some(ghc), Some(object)) = (ghc, json.as_object_mut()) {
-        object.insert("ghc".into(), serde_json::to_value(ghc).expect("model structs always serialize"));
+/// The RTS report's finding in words: pinned fragmentation (at the major GC
+/// it rests on, with the -hT census nearest to it), memory slow to go back
+/// (LazyFree), or neither with the last major GC's figures.
+pub fn verdict(report: &GhcReport) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let mib = |b: u64| b as f64 / MIB;
+    let v = &report.verdict;
+    let mut parts = Vec::new();
+    let pinned_at = v.at_seconds.filter(|_| v.pinned_fragmentation);
+    if let Some(p) = pinned_at.and_then(|at| report.timeline.iter().find(|p| p.seconds == at)) {
+        let unmoved = p.unmoved_bytes.unwrap_or(0);
+        let rss = p.rss_bytes.map(|r| format!(", RSS {:.1} MiB", mib(r))).unwrap_or_default();
+        let census = report
+            .census_at(p.seconds)
+            .map(|c| {
+                format!(
+                    " The -hT census at {:.2} s counts {:.0}% of the heap as ARR_WORDS ({:.1} MiB): pinned blocks are counted whole.",
+                    c.seconds,
+                    c.share * 100.0,
+                    mib(c.arr_words_bytes)
+                )
+            })
+            .unwrap_or_default();
+        parts.push(format!(
+            "Pinned fragmentation: after the major GC at {:.2} s the heap is {:.1} MiB{rss} for {:.1} MiB of live data, and {:.1} MiB ({:.0}%) of that live data was not copied by the GC: it sits in pinned blocks (ByteString, pinned byte arrays) or large objects, which never move. A pinned block stays whole while any object in it lives, so dead neighbours of a few survivors count as live, and the RTS keeps free blocks in proportion to live data (-F, default 2).{census} Remedies: keep the survivors in unpinned storage (ShortByteString, Data.Text ≥ 2, unpinned byte arrays); copy the retained slices (Data.ByteString.copy) so they pack into fresh blocks; retain contiguous runs (take) rather than strided survivors (every 10th).",
+            p.seconds,
+            mib(p.heap_size_bytes),
+            mib(p.live_bytes),
+            mib(unmoved),
+            unmoved as f64 * 100.0 / p.live_bytes.max(1) as f64,
+        ));
     }
-    serde_json::to_string_pretty(&json).expect("values always serialize")
+    if v.lazy_free {
+        let (lazy, rss) = (v.lazy_free_bytes, v.lazy_free_rss_bytes);
+        parts.push(format!(
+            "The RTS is slow to give memory back, not holding it: up to {:.1} MiB of RSS ({:.0}% of {:.1} MiB) is megablocks returned with MADV_FREE (smaps LazyFree), which the kernel counts until it needs the memory; RSS − LazyFree = {:.1} MiB. Nothing to fix; run with +RTS --disable-delayed-os-memory-return to see RSS fall at once.",
+            mib(lazy),
+            lazy as f64 * 100.0 / rss.max(1) as f64,
+            mib(rss),
+            mib(rss.saturating_sub(lazy)),
+        ));
+    }
+    if parts.is_empty() {
+        parts.push(match &report.settled {
+            Some(p) => format!(
+                "No pinned fragmentation: at the last major GC ({:.2} s) {:.1} MiB live, {:.1} MiB of it unmoved (pinned or large), heap {:.1} MiB.",
+                p.seconds,
+                mib(p.live_bytes),
+                mib(p.unmoved_bytes.unwrap_or(0)),
+                mib(p.heap_size_bytes)
+            ),
+            None if report.timeline.is_empty() => "No GC was logged in an eventlog: only the RTS's own figures (+RTS -s, -Dg) are known.".into(),
+            None => "No major GC was logged: live data is unknown.".into(),
+        });
+    }
+    parts.join(" ")
+}
+
+/// The report as JSON, its verdict with its `text`.
+pub fn report_json(report: &GhcReport) -> serde_json::Value {
+    let mut json = serde_json::to_value(report).expect("model structs always serialize");
+    json["verdict"]["text"] = verdict(report).into();
+    json
 }
 
 #[cfg(test)]
@@ -180,7 +235,7 @@ mod tests {
             settled: Some(point.clone()),
             timeline: vec![point],
             gcs_per_capability: vec![CapabilityGcs { capability: Some(0), by_generation: vec![2, 1] }],
-            verdict: GhcVerdict { text: "Pinned fragmentation: …".into(), ..GhcVerdict::default() },
+            verdict: GhcVerdict { pinned_fragmentation: true, at_seconds: Some(1.5), ..GhcVerdict::default() },
             ..GhcReport::default()
         }
     }
@@ -191,20 +246,37 @@ mod tests {
         assert!(text.contains("  megablock_free            58.0 MiB   58.0%"), "{text}");
         assert!(text.contains("  lazy_free                  unknown"), "{text}");
         assert!(text.contains("cap 0 (gen 0: 2, gen 1: 1)"), "{text}");
-        assert!(text.trim_end().ends_with("Pinned fragmentation: …"), "{text}");
+        assert!(text.contains("  Pinned fragmentation: after the major GC at 1.50 s the heap is 90.0 MiB, RSS"), "{text}");
+        assert!(text.trim_end().ends_with("(every 10th)."), "{text}");
+        let verdict = verdict(&sample());
+        assert!(verdict.contains("100.0 MiB for 20.0 MiB of live data, and 15.0 MiB (75%) of that live data was not copied"), "{verdict}");
         assert!(brief(&sample()).starts_with("memgap: GHC heap after the major GC at 1.50 s: live 20.0 MiB"));
     }
 
     #[test]
-    fn json_gains_a_ghc_key_only_with_a_report() {
-        #[derive(Serialize)]
-        struct Plain {
-            rss_bytes: u64,
-        }
-        let with: serde_json::Value = serde_json::from_str(&json_with_ghc(&Plain { rss_bytes: 1 }, Some(&sample()))).unwrap();
-        assert_eq!(with["ghc"]["settled"]["rows"]["megablock_free"], 58 << 20);
-        assert_eq!(with["ghc"]["gcs_per_capability"][0]["by_generation"][1], 1);
-        let without: serde_json::Value = serde_json::from_str(&json_with_ghc(&Plain { rss_bytes: 1 }, None)).unwrap();
-        assert!(without.get("ghc").is_none());
+    fn the_verdict_quotes_the_census_and_names_lazy_free() {
+        let mut r = sample();
+        r.pinned_share =
+            vec![memgap_model::ghc::PinnedShare { seconds: 1.4, arr_words_bytes: 32 << 20, total_bytes: 40 << 20, share: 0.8 }];
+        let text = verdict(&r);
+        assert!(text.contains("The -hT census at 1.40 s counts 80% of the heap as ARR_WORDS (32.0 MiB)"), "{text}");
+        r.verdict = GhcVerdict { lazy_free: true, lazy_free_bytes: 120 << 20, lazy_free_rss_bytes: 160 << 20, ..GhcVerdict::default() };
+        let text = verdict(&r);
+        assert!(
+            text.starts_with("The RTS is slow to give memory back") && text.contains("up to 120.0 MiB of RSS (75% of 160.0 MiB)"),
+            "{text}"
+        );
+        assert!(text.contains("--disable-delayed-os-memory-return"), "{text}");
+        r.verdict = GhcVerdict::default();
+        assert!(verdict(&r).starts_with("No pinned fragmentation: at the last major GC (1.50 s) 20.0 MiB live"));
+    }
+
+    #[test]
+    fn report_json_has_the_verdicts_text() {
+        let json = report_json(&sample());
+        assert_eq!(json["settled"]["rows"]["megablock_free"], 58 << 20);
+        assert_eq!(json["gcs_per_capability"][0]["by_generation"][1], 1);
+        assert_eq!(json["verdict"]["pinned_fragmentation"], true);
+        assert!(json["verdict"]["text"].as_str().unwrap().starts_with("Pinned fragmentation"));
     }
 }

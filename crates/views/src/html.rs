@@ -114,7 +114,7 @@ fn ghc_panel(ghc: &memgap_model::ghc::GhcReport) -> Value {
         "caps": ghc.gcs_per_capability,
         "pinned_share": ghc.pinned_share,
         "rts_summary": ghc.rts_summary,
-        "verdict": ghc.verdict.text,
+        "verdict": crate::ghc::verdict(ghc),
     })
 }
 
@@ -189,7 +189,7 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "live_blocks": l.live_blocks,
         "other": l.other_breakdown,
         "heaps": l.heaps,
-        "verdict": l.verdict,
+        "verdict": crate::verdict::of(l),
         "go": l.sections.get("go"),
         "pagemap": maps,
         "ruby": l.sections.get("ruby"),

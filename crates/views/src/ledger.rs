@@ -159,7 +159,7 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     }
     out.push_str(&owners_table(l));
     let _ = writeln!(out);
-    out.push_str(&wrap(&l.verdict, 78, "  "));
+    out.push_str(&wrap(&crate::verdict::of(l), 78, "  "));
     out.push_str(&remedies(l));
     out
 }
@@ -287,7 +287,7 @@ pub fn brief(l: &Ledger) -> String {
     }
     let at = l.moment.as_ref().map_or_else(|| format!("at {:.2} s, ", l.at_seconds), |m| format!("{}\nmemgap: ", m.line()));
     let mut out = format!("memgap: {at}RSS {}: {}\n", bytes(l.rss_bytes), rows.join(", "));
-    for line in wrap(&l.verdict, 90, "memgap: ").lines() {
+    for line in wrap(&crate::verdict::of(l), 90, "memgap: ").lines() {
         out.push_str(line);
         out.push('\n');
     }
@@ -601,13 +601,10 @@ mod tests {
 
     #[test]
     fn brief_is_prefixed_lines() {
-        let l = Ledger {
-            rss_bytes: 4096,
-            rows: memgap_model::Rows { live: 4096, ..Default::default() },
-            verdict: "All live.".into(),
-            ..Ledger::default()
-        };
-        assert_eq!(brief(&l), "memgap: at 0.00 s, RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n");
+        let l = Ledger { rss_bytes: 4096, rows: memgap_model::Rows { live: 4096, ..Default::default() }, ..Ledger::default() };
+        assert!(crate::verdict::of(&l).contains("Most of it is live data"));
+        let verdict = wrap(&crate::verdict::of(&l), 90, "memgap: ");
+        assert_eq!(brief(&l), format!("memgap: at 0.00 s, RSS 4.00 KiB: live 4.00 KiB (100%)\n{verdict}"));
         let moment = memgap_model::Moment {
             index: 3,
             seconds: 2.414,
@@ -617,7 +614,9 @@ mod tests {
         let l = Ledger { moment: Some(moment), ..l };
         assert_eq!(
             brief(&l),
-            "memgap: at 2.41 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others\nmemgap: RSS 4.00 KiB: live 4.00 KiB (100%)\nmemgap: All live.\n"
+            format!(
+                "memgap: at 2.41 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others\nmemgap: RSS 4.00 KiB: live 4.00 KiB (100%)\n{verdict}"
+            )
         );
     }
 

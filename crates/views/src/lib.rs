@@ -26,3 +26,4 @@ pub mod outside;
 pub mod palette;
 pub mod terminal;
 pub mod tree;
+pub mod verdict;

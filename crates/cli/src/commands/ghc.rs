@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     };
     if args.json {
-        output::print(&(memgap_views::json::to_string(&report) + "\n"))?;
+        output::print(&(memgap_views::json::to_string(&memgap_views::ghc::report_json(&report)) + "\n"))?;
     } else {
         output::print(&memgap_views::ghc::report(&report, &name))?;
     }

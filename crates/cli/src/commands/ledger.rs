@@ -39,7 +39,7 @@ fn text(args: &Args, name: &str) -> anyhow::Result<String> {
     // The GHC owner put the RTS's whole report in the ledger.
     let ghc: Option<memgap_model::ghc::GhcReport> = ledger.section(memgap_model::ghc::NAME);
     if args.json {
-        return Ok(memgap_views::json::to_string(&ledger) + "\n");
+        return Ok(memgap_views::json::ledger(&ledger) + "\n");
     }
     let mut text = memgap_views::ledger::ledger(&ledger, &name);
     if let Some(ghc) = &ghc {

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn text(args: &Args, color: bool, width: Option<usize>) -> anyhow::Result<String> {
     let timeline = memgap_model::timeline(&args.trace).with_context(|| args.trace.display().to_string())?;
     if args.json {
-        return Ok(memgap_views::json::to_string(&timeline) + "\n");
+        return Ok(memgap_views::json::timeline(&timeline) + "\n");
     }
     let (trims, trim_calls) =
         memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;

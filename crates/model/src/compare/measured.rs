@@ -140,33 +140,6 @@ pub fn recommendable(remedy: &crate::ledger::Remedy) -> bool {
     remedy.measured.as_ref().is_none_or(|m| m.outcome == Outcome::Lower)
 }
 
-/// " To try: …" with the best three remedies that did not measure worse,
-/// and what `memgap compare --remedies` measured of them and of the others
-/// (empty without remedies).
-pub fn remedies_sentence(remedies: &[crate::ledger::Remedy]) -> String {
-    let b = crate::human_bytes;
-    let figure = |m: &Measured| format!("{} RSS {} → {}", m.metric, b(m.default_bytes), b(m.bytes));
-    let tries: Vec<String> = remedies
-        .iter()
-        .filter(|r| recommendable(r))
-        .take(3)
-        .map(|r| match &r.measured {
-            Some(m) => format!("{} (measured: {})", r.description, figure(m)),
-            None => r.description.clone(),
-        })
-        .collect();
-    let mut text = if tries.is_empty() { String::new() } else { format!(" To try: {}.", tries.join("; ")) };
-    let rejected: Vec<String> = remedies
-        .iter()
-        .filter(|r| !recommendable(r))
-        .filter_map(|r| r.measured.as_ref().map(|m| format!("{} ({}, {})", r.id, figure(m), m.outcome.name())))
-        .collect();
-    if !rejected.is_empty() {
-        text.push_str(&format!(" Measured with memgap compare and not recommended: {}.", rejected.join("; ")));
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{ConfigSpec, Options, RssSample, Run, Stdout, compare};
@@ -240,7 +213,7 @@ mod tests {
     }
 
     #[test]
-    fn the_verdict_never_recommends_what_measured_worse() {
+    fn remedies_that_measured_worse_rank_last() {
         use crate::ledger::Remedy;
         let mut remedies = vec![
             Remedy::new("glibc-arena-max", "glibc", "fewer arenas", &[("MALLOC_ARENA_MAX", "2")], 120 * MIB),
@@ -261,10 +234,6 @@ mod tests {
         rank(&mut remedies, &measurements);
         let order: Vec<&str> = remedies.iter().map(|r| r.id).collect();
         assert_eq!(order, ["glibc-trim-threshold", "glibc-trim", "ruby-compact", "glibc-arena-max"]);
-        let text = remedies_sentence(&remedies);
-        let (tries, rejected) = text.split_once("not recommended").unwrap();
-        assert!(!tries.contains("fewer arenas") && tries.contains("trim every second (measured: steady RSS 180 MiB → 80.0 MiB)"), "{text}");
-        assert!(rejected.contains("glibc-arena-max (steady RSS 180 MiB → 190 MiB, higher)"), "{text}");
-        assert_eq!(remedies_sentence(&[]), "");
+        assert!(!recommendable(&remedies[3]) && recommendable(&remedies[2]));
     }
 }

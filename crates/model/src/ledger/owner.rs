@@ -175,19 +175,8 @@ pub trait HeapOwner {
         Vec::new()
     }
 
-    /// The verdict when it holds most of the gap (a paragraph).
-    fn verdict(&self, _ledger: &Ledger) -> Option<String> {
-        None
-    }
-
     /// Its live heap and threads over the whole run, for `memgap summary`.
     fn summary(&self) -> Option<RuntimeSummary> {
-        None
-    }
-
-    /// A sentence put in front of the verdict whichever owner holds the
-    /// gap (a layer over another owner: Ruby over malloc).
-    fn headline(&self, _ledger: &Ledger) -> Option<String> {
         None
     }
 }

@@ -28,7 +28,7 @@ pub const SOURCE: &str = "node";
 /// V8's MemoryChunk alignment (kPageSize on 64-bit builds).
 pub const V8_CHUNK_ALIGN: u64 = 256 << 10;
 /// The owners that serve malloc, where Buffers and external memory live.
-const MALLOC_OWNERS: [&str; 5] = [super::glibc::NAME, super::jemalloc::NAME, super::tcmalloc::NAME, super::mimalloc::NAME, "malloc"];
+pub const MALLOC_OWNERS: [&str; 5] = [super::glibc::NAME, super::jemalloc::NAME, super::tcmalloc::NAME, super::mimalloc::NAME, "malloc"];
 /// Below this a finding or remedy is not worth a run.
 const WORTH_TRYING: u64 = 1 << 20;
 /// Resident V8 mappings and the spaces' physical sizes further apart than
@@ -364,31 +364,6 @@ impl HeapOwner for NodeOwner {
         }
         out
     }
-
-    fn headline(&self, ledger: &Ledger) -> Option<String> {
-        let layer: NodeLayer = ledger.section(NAME)?;
-        Some(headline(ledger, &layer))
-    }
-
-    fn verdict(&self, ledger: &Ledger) -> Option<String> {
-        let layer: NodeLayer = ledger.section(NAME)?;
-        let part = ledger.share(NAME)?;
-        let b = human_bytes;
-        let mut text = format!(
-            "V8's heap holds {} resident: {} in use, {} free inside its pages, {} committed but empty{}.",
-            b(part.rows.total()),
-            b(part.rows.live),
-            b(part.rows.fragmented),
-            b(part.rows.retained + part.rows.lazy_free),
-            if layer.semi_space_unused_bytes > 0 {
-                format!(" (of which the young generation's unused semi-space {})", b(layer.semi_space_unused_bytes.min(part.rows.retained)))
-            } else {
-                String::new()
-            }
-        );
-        text.push_str(&crate::ledger::remedies_sentence(ledger));
-        Some(text)
-    }
 }
 
 /// Adds the layer to the ledger: its section, and V8's mappings (taken back
@@ -433,23 +408,6 @@ pub fn attach(ledger: &mut Ledger, mut layer: NodeLayer) {
     });
     ledger.owners.push(OwnerShare { owner: NAME, rows, released_bytes: committed.saturating_sub(resident + lazy), estimated });
     ledger.set_section(NAME, &layer);
-}
-
-fn headline(l: &Ledger, node: &NodeLayer) -> String {
-    let b = human_bytes;
-    let v8 = l.share(NAME).map_or(0, |s| s.rows.total());
-    let malloc: u64 = l.owners.iter().filter(|s| MALLOC_OWNERS.contains(&s.owner)).map(|s| s.rows.total()).sum();
-    format!(
-        "Node {} (V8 {}): V8's heap holds {} of RSS {} ({} used by JavaScript objects); the malloc layer {}, where Node's external memory lives ({} external, {} of it array buffers and Buffers).",
-        node.version,
-        node.v8_version,
-        b(v8),
-        b(l.rss_bytes),
-        b(node.heap_used_bytes),
-        b(malloc),
-        b(node.external_bytes),
-        b(node.array_buffers_bytes)
-    )
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use memgap_source_python::Census;
 use serde::{Deserialize, Serialize};
 
 use super::malloc::{finding_bytes, row_findings};
-use crate::human_bytes;
 use crate::ledger::{Finding, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
 
 pub const NAME: &str = "python";
@@ -188,35 +187,6 @@ impl HeapOwner for PythonOwner {
         }
         out
     }
-
-    fn verdict(&self, ledger: &Ledger) -> Option<String> {
-        let part = ledger.share(NAME)?;
-        let section: PythonSection = ledger.section(NAME)?;
-        let b = human_bytes;
-        // Of the RSS the kernel reported, as in the ledger's table.
-        let rss = ledger.rss_bytes.max(1);
-        let r = &part.rows;
-        let mut text = format!(
-            "CPython {}'s pymalloc holds {} of RSS in {} arenas for {} of allocated blocks ({} objects and buffers of up to 512 bytes).",
-            section.version,
-            b(r.total()),
-            section.arenas,
-            b(section.allocated_blocks_bytes),
-            section.allocated_blocks
-        );
-        if r.fragmented > 0 {
-            text.push_str(&format!(
-                " {} ({:.0}% of RSS) is free blocks and empty pools inside arenas that still hold live blocks: pymalloc returns an arena to the kernel only when every pool in it is empty, so a few survivors per arena keep it all.",
-                b(r.fragmented),
-                100.0 * r.fragmented as f64 / rss as f64
-            ));
-        }
-        if r.retained > 0 {
-            text.push_str(&format!(" {} is arenas that hold no block (pymalloc keeps the last one to avoid thrashing).", b(r.retained)));
-        }
-        text.push_str(&crate::ledger::remedies_sentence(ledger));
-        Some(text)
-    }
 }
 
 /// pymalloc's arena pages leave `other` (program mmaps) for its share.
@@ -284,7 +254,6 @@ mod tests {
         let section: PythonSection = ledger.section(NAME).unwrap();
         assert_eq!((section.allocator.as_str(), section.arenas, section.version.as_str()), ("pymalloc", 3, "3.11.2"));
         assert_eq!(ledger.gap_owner, Some(NAME));
-        assert!(ledger.verdict.contains("pymalloc"), "{}", ledger.verdict);
         assert_eq!(ledger.remedies[0].env.get("PYTHONMALLOC").map(String::as_str), Some("malloc"));
         assert!(ledger.remedies.iter().all(|r| r.owner == NAME));
     }
