@@ -163,7 +163,12 @@ pub fn read_stats(pid: u32, allocator: &LinkedAllocator, mappings: &[Mapping]) -
 }
 
 /// Reads the statistics on `thread` if it is outside the allocator.
-fn try_thread(pid: u32, thread: &ThreadInfo, allocator: &LinkedAllocator, mappings: &[Mapping]) -> Result<Option<AllocatorStats>, AttachError> {
+fn try_thread(
+    pid: u32,
+    thread: &ThreadInfo,
+    allocator: &LinkedAllocator,
+    mappings: &[Mapping],
+) -> Result<Option<AllocatorStats>, AttachError> {
     let task = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", thread.tid)).unwrap_or_default();
     let mask = |key| field(&task, key).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
     if (mask("SigBlk") | mask("SigIgn")) & SIGSEGV_BIT != 0 {

@@ -105,7 +105,10 @@ fn linked_allocator_stats(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn linked_allocator_stats(_pid: u32, _status: &Status) -> (Option<NoLinkedAllocator>, Option<memgap_model::owners::allocator_stats::AllocatorStats>, Option<String>) {
+fn linked_allocator_stats(
+    _pid: u32,
+    _status: &Status,
+) -> (Option<NoLinkedAllocator>, Option<memgap_model::owners::allocator_stats::AllocatorStats>, Option<String>) {
     (None, None, None)
 }
 

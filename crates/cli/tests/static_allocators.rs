@@ -78,7 +78,8 @@ fn recorded_run_names_jemalloc_and_fills_live_from_its_statistics() {
     let section = ledger["jemalloc"]["allocated_bytes"].as_u64().unwrap_or_else(|| panic!("no jemalloc section: {ledger:#}"));
     assert_within_10_percent("jemalloc's stats.allocated at the last snapshot", section, allocated);
     let rows = &ledger["rows"];
-    let sum: u64 = ["live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other"].iter().map(|r| rows[r].as_u64().unwrap()).sum();
+    let sum: u64 =
+        ["live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other"].iter().map(|r| rows[r].as_u64().unwrap()).sum();
     let rss = ledger["rss_bytes"].as_u64().unwrap();
     assert!(sum.abs_diff(rss) * 100 <= rss, "rows add up to {sum}, RSS {rss}");
     // The human ledger says where the figures come from.
@@ -133,7 +134,8 @@ fn snapshot_asks_preloaded_jemalloc_and_tcmalloc_for_their_figures() {
         assert!(out.status.success(), "memgap snapshot failed: {}", text(&out.stderr));
         let json: Value = serde_json::from_slice(&out.stdout).expect("snapshot JSON");
         assert_eq!((json["allocator"].as_str(), json["allocator_statically_linked"].as_bool()), (Some(name), Some(false)), "{json:#}");
-        let allocated = json["allocator_stats"]["allocated_bytes"].as_u64().unwrap_or_else(|| panic!("{name}: no allocated_bytes: {json:#}"));
+        let allocated =
+            json["allocator_stats"]["allocated_bytes"].as_u64().unwrap_or_else(|| panic!("{name}: no allocated_bytes: {json:#}"));
         assert!(allocated >= kept && allocated <= kept + kept / 2 + (1 << 20), "{name}: allocated {allocated}, the program keeps {kept}");
         assert_eq!(json["allocator_rows"]["live"].as_u64(), Some(allocated), "{name}: {json:#}");
         assert!(json["allocator_stats"]["mapped_bytes"].as_u64().unwrap_or(0) >= allocated, "{name}: {json:#}");

@@ -195,7 +195,6 @@ pub struct ProcessLedger {
     pub allocator_rows: Option<AllocatorRows>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_stats_error: Option<String>,
-    pub verdict: String,
     /// What malloc_trim(0) would return now, when the heap was walked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trim_would_return_bytes: Option<u64>,
@@ -235,7 +234,6 @@ pub fn walked_process_ledger(reading: &ProcfsReading, walk: &crate::outside_walk
     process.arenas = walk.arenas.len() as u32;
     process.trim_would_return_bytes = Some(ledger.trim_would_return_bytes);
     process.walk = Some(walk.summary());
-    process.verdict = ledger.verdict.clone();
     process.ledger = Some(Box::new(ledger));
     process
 }
@@ -379,7 +377,6 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
     ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
     ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
     split_by_allocator_stats(&mut ledger, reading);
-    ledger.verdict = verdict(&ledger);
     ledger
 }
 
@@ -390,8 +387,13 @@ fn split_by_allocator_stats(ledger: &mut ProcessLedger, reading: &ProcfsReading)
     let Some(stats) = &reading.allocator_stats else { return };
     let split = stats.rows(ledger.rows.heap, 0);
     let r = split.rows;
-    ledger.allocator_rows =
-        Some(AllocatorRows { live: r.live, fragmented: r.fragmented, retained: r.retained, metadata: r.runtime, unaccounted: split.unaccounted });
+    ledger.allocator_rows = Some(AllocatorRows {
+        live: r.live,
+        fragmented: r.fragmented,
+        retained: r.retained,
+        metadata: r.runtime,
+        unaccounted: split.unaccounted,
+    });
     ledger.unknown_rows = stats.unknown_rows();
     ledger.allocator_stats = Some(stats.clone());
 }
@@ -462,52 +464,6 @@ pub fn assess(mut cgroup: CgroupMemory) -> CgroupMemory {
         cgroup.headroom_bytes = Some(max.saturating_sub(cgroup.current_bytes));
     }
     cgroup
-}
-
-fn verdict(l: &ProcessLedger) -> String {
-    let rss = l.rss_bytes.max(1);
-    let mut text = match &l.allocator_rows {
-        Some(a) => {
-            let b = crate::human_bytes;
-            let linked = if l.allocator_statically_linked { ", linked into the program," } else { "" };
-            format!(
-                "The heap takes {} of {} RSS ({:.0}%). By its own statistics, {}{linked} holds {} live, {} free on pages with live data \
-                 (fragmented), {} of free pages it keeps (retained) and {} of metadata; {} of the heap is not its. Which call sites hold it \
-                 needs a recording with its calls hooked.",
-                b(l.heap_bytes),
-                b(l.rss_bytes),
-                l.heap_bytes as f64 * 100.0 / rss as f64,
-                l.allocator,
-                b(a.live),
-                b(a.fragmented),
-                b(a.retained),
-                b(a.metadata),
-                b(a.unaccounted)
-            )
-        }
-        None => String::new(),
-    };
-    if text.is_empty() {
-        text = format!(
-        "The heap takes {} of {} RSS ({:.0}%). How it splits into live data, allocator slack, fragmentation and free pages the allocator keeps \
-         needs a recording: `memgap run -- CMD`, then `memgap ledger`.",
-        crate::human_bytes(l.heap_bytes),
-        crate::human_bytes(l.rss_bytes),
-        l.heap_bytes as f64 * 100.0 / rss as f64
-        );
-    }
-    if l.allocator == "glibc" && l.heap_bytes > 0 {
-        text.push_str(" `memgap trim PID` measures now what malloc_trim(0) gives back.");
-    }
-    if let Some(c) = &l.cgroup
-        && let (Some(percent), Some(headroom)) = (c.used_percent, c.headroom_bytes)
-    {
-        text.push_str(&format!(
-            " Its cgroup uses {percent:.0}% of its memory limit ({} left before the kernel reclaims file pages and then OOM-kills).",
-            crate::human_bytes(headroom)
-        ));
-    }
-    text
 }
 
 #[cfg(test)]

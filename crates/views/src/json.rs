@@ -40,3 +40,14 @@ pub fn timeline(timeline: &memgap_model::Timeline) -> String {
         vm_rss: &timeline.vm_rss,
     })
 }
+
+/// `memgap snapshot PID --json`: the process's ledger with its verdict.
+pub fn process_ledger(ledger: &memgap_model::ProcessLedger) -> String {
+    #[derive(Serialize)]
+    struct WithVerdict<'a> {
+        #[serde(flatten)]
+        ledger: &'a memgap_model::ProcessLedger,
+        verdict: String,
+    }
+    to_string(&WithVerdict { ledger, verdict: crate::outside::verdict(ledger) })
+}

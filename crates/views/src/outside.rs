@@ -59,7 +59,13 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     if let Some(a) = &l.allocator_rows {
         let _ = writeln!(out);
         let _ = writeln!(out, "  the heap row by {}'s own statistics:", l.allocator);
-        let rows = [("live", a.live), ("fragmented", a.fragmented), ("retained", a.retained), ("metadata", a.metadata), ("not its", a.unaccounted)];
+        let rows = [
+            ("live", a.live),
+            ("fragmented", a.fragmented),
+            ("retained", a.retained),
+            ("metadata", a.metadata),
+            ("not its", a.unaccounted),
+        ];
         out.push_str(&crate::ledger::rows_table(&rows, l.rss_bytes, 0));
         let _ = writeln!(out, "  {}: not known from its statistics (no per-block view without hooked calls).", l.unknown_rows.join(", "));
     } else {
@@ -124,8 +130,63 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     }
     let _ = writeln!(out, "  {}", cgroup_line(l.cgroup.as_ref()));
     let _ = writeln!(out);
-    out.push_str(&wrap(&l.verdict, 78, "  "));
+    out.push_str(&wrap(&verdict(l), 78, "  "));
     out
+}
+
+/// The verdict of a running process: the recorded ledger's when its heap
+/// was walked, else what is known of the heap without a recording.
+pub fn verdict(l: &ProcessLedger) -> String {
+    match &l.ledger {
+        Some(ledger) => crate::verdict::of(ledger),
+        None => heap_verdict(l),
+    }
+}
+
+fn heap_verdict(l: &ProcessLedger) -> String {
+    let rss = l.rss_bytes.max(1);
+    let mut text = match &l.allocator_rows {
+        Some(a) => {
+            let b = memgap_model::human_bytes;
+            let linked = if l.allocator_statically_linked { ", linked into the program," } else { "" };
+            format!(
+                "The heap takes {} of {} RSS ({:.0}%). By its own statistics, {}{linked} holds {} live, {} free on pages with live data \
+                 (fragmented), {} of free pages it keeps (retained) and {} of metadata; {} of the heap is not its. Which call sites hold it \
+                 needs a recording with its calls hooked.",
+                b(l.heap_bytes),
+                b(l.rss_bytes),
+                l.heap_bytes as f64 * 100.0 / rss as f64,
+                l.allocator,
+                b(a.live),
+                b(a.fragmented),
+                b(a.retained),
+                b(a.metadata),
+                b(a.unaccounted)
+            )
+        }
+        None => String::new(),
+    };
+    if text.is_empty() {
+        text = format!(
+            "The heap takes {} of {} RSS ({:.0}%). How it splits into live data, allocator slack, fragmentation and free pages the allocator keeps \
+         needs a recording: `memgap run -- CMD`, then `memgap ledger`.",
+            memgap_model::human_bytes(l.heap_bytes),
+            memgap_model::human_bytes(l.rss_bytes),
+            l.heap_bytes as f64 * 100.0 / rss as f64
+        );
+    }
+    if l.allocator == "glibc" && l.heap_bytes > 0 {
+        text.push_str(" `memgap trim PID` measures now what malloc_trim(0) gives back.");
+    }
+    if let Some(c) = &l.cgroup
+        && let (Some(percent), Some(headroom)) = (c.used_percent, c.headroom_bytes)
+    {
+        text.push_str(&format!(
+            " Its cgroup uses {percent:.0}% of its memory limit ({} left before the kernel reclaims file pages and then OOM-kills).",
+            memgap_model::human_bytes(headroom)
+        ));
+    }
+    text
 }
 
 pub fn trim(r: &TrimReport) -> String {

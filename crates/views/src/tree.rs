@@ -55,7 +55,7 @@ impl TreeProcess {
             rss_bytes: moment.map(|l| l.rss_bytes),
             memgap_bytes: moment.map(|l| l.memgap_bytes),
             rows: moment.map(|l| l.rows),
-            verdict: moment.map(|l| l.verdict.clone()),
+            verdict: moment.map(crate::verdict::of),
             full,
         }
     }

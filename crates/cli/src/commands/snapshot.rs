@@ -51,7 +51,7 @@ pub fn walked_ledger_of(pid: u32, pages: bool) -> Result<memgap_model::ProcessLe
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let ledger = if args.no_walk { ledger_of(args.pid)? } else { walked_ledger_of(args.pid, false)? };
     if args.json {
-        output::print(&(memgap_views::json::to_string(&ledger) + "\n"))?;
+        output::print(&(memgap_views::json::process_ledger(&ledger) + "\n"))?;
     } else {
         output::print(&memgap_views::outside::snapshot(&ledger))?;
         if args.mappings {

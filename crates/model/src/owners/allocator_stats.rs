@@ -239,7 +239,10 @@ mod tests {
             retained_bytes: Some(100 * MIB),
             mapped_bytes: Some(60 * MIB),
             arenas: Some(4),
-            arena_pages: vec![ArenaPages { arena: 0, dirty_bytes: 6 * MIB, muzzy_bytes: 0 }, ArenaPages { arena: 3, dirty_bytes: 4 * MIB, muzzy_bytes: 0 }],
+            arena_pages: vec![
+                ArenaPages { arena: 0, dirty_bytes: 6 * MIB, muzzy_bytes: 0 },
+                ArenaPages { arena: 3, dirty_bytes: 4 * MIB, muzzy_bytes: 0 },
+            ],
             snapshot_time: 77,
         }
     }
