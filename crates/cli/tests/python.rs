@@ -364,6 +364,14 @@ fn blame_by_default_names_the_line_whose_objects_keep_arenas_resident() {
     let column: u64 = all.iter().map(|e| u(&e["fragmentation_bytes"])).sum();
     let row = u(&l["rows"]["fragmented"]);
     assert!((column as f64 - row as f64).abs() <= 0.02 * row as f64, "column {column} against the fragmented row {row}");
+    // The page map draws the arenas as the python owner's pages (by fill,
+    // mostly free: '.'), not as program mmaps ('p', other).
+    let out = memgap(&dir, &["map", "--color", "never", "index.mgt"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let map = text(&out.stdout);
+    let cells: String = map.lines().filter(|l| l.starts_with("  0x")).map(|l| l.split_at(17.min(l.len())).1).collect();
+    let count = |c: char| cells.chars().filter(|&x| x == c).count();
+    assert!(count('.') > 1000 && count('p') * 100 < count('.'), "{map}");
 }
 
 /// A differently shaped program: buffers (bytearrays, malloc'd by the

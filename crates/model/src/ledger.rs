@@ -141,6 +141,12 @@ pub enum PageClass {
     },
     Agent,
     ProgramMmap,
+    /// Resident, in a pymalloc arena (the python owner's): `fill` is how
+    /// much of the arena's resident bytes its allocated blocks take (0..=255),
+    /// None for an arena that holds no block (retained).
+    Python {
+        fill: Option<u8>,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -490,6 +496,7 @@ fn compute_walking(
             allocator_owned,
             &agent_ranges,
             state,
+            snapshot.time,
             &mut heap,
             &mut ledger.other_breakdown,
         );
@@ -857,13 +864,15 @@ fn account_pages(
     allocator_owned: bool,
     agent_ranges: &[(u64, u64)],
     state: &HeapState,
+    snapshot_time: u64,
     heap: &mut HeapLedger,
     other: &mut crate::ledger::OtherBreakdown,
 ) -> (Vec<PageClass>, Vec<u32>) {
     let all_pages = (mapping.end - mapping.start) / page;
     let count = walked.min(all_pages) as usize;
     let page_start = |i: u64| mapping.start + i * page;
-    let mut classify = PageClassifier { mapping, page, trim, allocator_owned, agent_ranges, state, heap, other };
+    let python_arenas = state.python_census.as_ref().filter(|c| c.snapshot_time == snapshot_time);
+    let mut classify = PageClassifier { mapping, page, trim, allocator_owned, agent_ranges, state, heap, other, python_arenas };
     // Bytes of each page taken by block extents and by requested bytes.
     let mut taken = vec![0u32; if allocator_owned { count } else { 0 }];
     let mut requested = vec![0u32; taken.len()];
@@ -955,6 +964,8 @@ struct PageClassifier<'a> {
     state: &'a HeapState,
     heap: &'a mut HeapLedger,
     other: &'a mut OtherBreakdown,
+    /// pymalloc at this snapshot, for its arenas' pages.
+    python_arenas: Option<&'a memgap_source_python::Census>,
 }
 
 impl PageClassifier<'_> {
@@ -968,8 +979,14 @@ impl PageClassifier<'_> {
             self.other.agent += resident_bytes;
             PageClass::Agent
         } else if self.state.program_mapping_at(ps).is_some() {
+            // A pymalloc arena's pages count as program mmaps until the
+            // python owner takes them from there; drawn as its.
             self.other.program_mmap += resident_bytes;
-            PageClass::ProgramMmap
+            match self.python_arenas.and_then(|census| census.arena_at(ps)) {
+                Some(_) if !resident => PageClass::NotResident,
+                Some(arena) => PageClass::Python { fill: arena.fill() },
+                None => PageClass::ProgramMmap,
+            }
         } else if !self.allocator_owned {
             self.other.unclassified += resident_bytes;
             return None;

@@ -27,7 +27,8 @@ const BLAME_TOP_PER_ORDER: usize = 200;
 const FLAME_MIN_SHARE: f64 = 1.0 / 2000.0;
 
 /// The page-map byte of a page: 0 not resident, 1 free (trim would return
-/// it), 2 free (kept), 3 memgap, 4 program mmap, 5..=36 used, by fill.
+/// it), 2 free (kept), 3 memgap, 4 program mmap, 5..=36 used, by fill,
+/// 37..=68 a pymalloc arena's, by its fill, 69 an arena holding no block.
 pub fn page_byte(class: PageClass) -> u8 {
     match class {
         PageClass::NotResident => 0,
@@ -36,6 +37,8 @@ pub fn page_byte(class: PageClass) -> u8 {
         PageClass::Agent => 3,
         PageClass::ProgramMmap => 4,
         PageClass::Used { fill } => 5 + fill / 8,
+        PageClass::Python { fill: Some(fill) } => 37 + fill / 8,
+        PageClass::Python { fill: None } => 69,
     }
 }
 
@@ -400,5 +403,8 @@ mod tests {
         assert_eq!(page_byte(PageClass::Used { fill: 0 }), 5);
         assert_eq!(page_byte(PageClass::Used { fill: 255 }), 36);
         assert_eq!(page_byte(PageClass::Free { trimmable: true }), 1);
+        assert_eq!(page_byte(PageClass::Python { fill: Some(0) }), 37);
+        assert_eq!(page_byte(PageClass::Python { fill: Some(255) }), 68);
+        assert_eq!(page_byte(PageClass::Python { fill: None }), 69);
     }
 }

@@ -389,10 +389,11 @@ fn cell_text(pages: &[PageClass], color: bool) -> String {
     let (mut trimmable, mut retained, mut absent, mut agent, mut program) = (0, 0, 0, 0, 0);
     for page in pages {
         match page {
-            PageClass::Used { fill } => {
+            PageClass::Used { fill } | PageClass::Python { fill: Some(fill) } => {
                 used += 1;
                 fill_sum += usize::from(*fill);
             }
+            PageClass::Python { fill: None } => retained += 1,
             PageClass::Free { trimmable: true } => trimmable += 1,
             PageClass::Free { trimmable: false } => retained += 1,
             PageClass::NotResident => absent += 1,

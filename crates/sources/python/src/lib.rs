@@ -82,6 +82,13 @@ impl ArenaRows {
     pub fn resident_bytes(&self) -> u64 {
         self.live_bytes + self.slack_bytes + self.fragmented_bytes + self.retained_bytes
     }
+
+    /// How much of its resident bytes its allocated blocks take (0..=255);
+    /// None when it holds no block.
+    pub fn fill(&self) -> Option<u8> {
+        let held = self.live_bytes + self.slack_bytes + self.fragmented_bytes;
+        (self.live_bytes > 0).then(|| (self.live_bytes * 255 / held.max(1)).min(255) as u8)
+    }
 }
 
 /// pymalloc at one snapshot: its figures, and its resident arena bytes
@@ -246,6 +253,13 @@ const FIELDS: [&str; 16] = [
 ];
 
 impl Census {
+    /// The arena holding `address`, if it has resident pages.
+    pub fn arena_at(&self, address: u64) -> Option<&ArenaRows> {
+        let size = if self.arenas == 0 { 0 } else { self.arena_bytes / self.arenas };
+        let i = self.arena_rows.partition_point(|a| a.address <= address);
+        self.arena_rows[..i].last().filter(|a| address < a.address + size)
+    }
+
     fn fields(&self) -> [u64; 16] {
         [
             self.snapshot_time,
@@ -446,6 +460,11 @@ mod tests {
         );
         assert_eq!((rb.address, rb.retained_bytes, rb.live_bytes), (b, PAGE, 0));
         assert_eq!(census.arena_rows.iter().map(ArenaRows::resident_bytes).sum::<u64>(), census.resident_bytes);
+        assert_eq!(census.arena_at(first + 5).map(|r| r.address), Some(a));
+        assert_eq!(census.arena_at(b + ARENA - 1).map(|r| r.address), Some(b));
+        assert_eq!(census.arena_at(b + ARENA), None);
+        assert_eq!(census.arena_at(a - 1), None);
+        assert!(ra.fill().is_some_and(|f| f > 0) && rb.fill().is_none());
     }
 
     #[test]

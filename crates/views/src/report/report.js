@@ -456,7 +456,9 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
 
   // ---- page map --------------------------------------------------------------
   // Page bytes (html.rs page_byte): 0 not resident, 1 free (trim would return
-  // it), 2 free (kept), 3 memgap, 4 program mmap, 5..=36 used by fill. Each
+  // it), 2 free (kept), 3 memgap, 4 program mmap, 5..=36 used by fill,
+  // 37..=68 a pymalloc arena's by the arena's fill, 69 an arena with no
+  // block (the python owner's rows, in the same colours). Each
   // in the colour of the ledger row its bytes fall in: free pages are
   // retained, memgap and program mmaps are other, and a used page goes from
   // the fragmented colour (nearly empty: its free bytes are fragmented) to
@@ -468,8 +470,11 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
     const f = fill / 31;
     PAGE_COLOURS.push(EMPTY_PAGE.map((c, i) => Math.round(c + (FULL_PAGE[i] - c) * f)));
   }
+  PAGE_COLOURS.push(...PAGE_COLOURS.slice(5, 37), rgbOf(PALETTE.retained_kept));
   const cssOf = (rgb) => 'rgb(' + rgb.join(',') + ')';
   function pageClassText(byte) {
+    if (byte === 69) return 'pymalloc arena holding no block (python, retained)';
+    if (byte >= 37) return 'pymalloc arena (python): allocated blocks take about ' + Math.round((byte - 37) / 31 * 100) + ' % of the arena\u2019s resident bytes, the rest is fragmented';
     if (byte >= 5) return 'used: blocks take about ' + Math.round((byte - 5) / 31 * 100) + ' % of the page';
     return ['not resident (released or never touched)', 'free, resident: malloc_trim would return it', 'free, resident: kept (trim cannot reach it)', 'memgap\u2019s own buffers', 'the program\u2019s own mmap'][byte];
   }
