@@ -28,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
         stack_pointers: vec![0x7ffd_0000_0000],
         numa: parse_numa_maps(&numa),
         cgroup: None,
+        ..ProcfsReading::default()
     };
     let _ = outside_ledger(&reading);
 });
