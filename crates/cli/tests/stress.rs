@@ -353,9 +353,9 @@ fn disk_full_stops_recording_once_and_leaves_the_program_alone() {
     let prog = compile(&dir, "churn_hwm.c");
     let Some(disk) = SmallDisk::mount(&dir.join("small"), "2m") else { return };
     let trace = disk.dir.join("t.mgt");
-    let traced = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "3000000"]);
+    let traced = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "30000000"]);
     assert_eq!(traced.status.code(), Some(0), "stderr:\n{}", text(&traced.stderr));
-    assert!(text(&traced.stdout).ends_with("pairs 3000000\n"), "{}", text(&traced.stdout));
+    assert!(text(&traced.stdout).ends_with("pairs 30000000\n"), "{}", text(&traced.stdout));
     let said = memgap_lines(&traced.stderr);
     let stopped = said.iter().filter(|l| l.contains("recording stopped")).count();
     assert_eq!(stopped, 1, "memgap says once that recording stopped: {said:?}");
@@ -395,14 +395,15 @@ fn file_size_limit_does_not_kill_the_program() {
     let said = memgap_lines(&traced.stderr);
     assert!(said.iter().any(|l| l.contains("file size limit")), "{said:?}");
 
-    // Room for the buffers but not for the trace: recording stops once.
+    // Room for the buffers but not for the trace (compressed, it needs many
+    // events to pass 1 MiB): recording stops once.
     let trace = dir.join("t2.mgt");
-    let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "2000000"]);
+    let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "20000000"]);
     limit_to(&mut traced_cmd, 1 << 20);
     let traced = output_of(&mut traced_cmd);
     assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
     assert_eq!(traced.status.code(), Some(0), "{}", text(&traced.stderr));
-    assert!(text(&traced.stdout).ends_with("pairs 2000000\n"));
+    assert!(text(&traced.stdout).ends_with("pairs 20000000\n"));
     let said = memgap_lines(&traced.stderr);
     assert_eq!(said.iter().filter(|l| l.contains("recording stopped")).count(), 1, "{said:?}");
     let s = summary_json(&trace);
