@@ -21,13 +21,15 @@ fn rust_jemalloc() -> PathBuf {
         .get_or_init(|| {
             let project = programs_dir().join("rust_jemalloc");
             let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-programs");
-            let out = output_of(
+            // Compiling jemalloc from source takes minutes on a loaded machine.
+            let out = output_within(
                 Command::new(env!("CARGO"))
                     .args(["build", "--release", "--quiet", "--target-dir"])
                     .arg(&target)
                     .current_dir(&project)
                     .env_remove("RUSTFLAGS")
                     .env_remove("CARGO_TARGET_DIR"),
+                std::time::Duration::from_secs(20 * 60),
             );
             assert!(out.status.success(), "building tests/programs/rust_jemalloc failed:\n{}", text(&out.stderr));
             target.join("release/rust_jemalloc")

@@ -137,12 +137,18 @@ pub fn assert_same_behaviour(plain: &Output, traced: &Output) {
 /// Runs `cmd` with stdin closed, collecting stdout and stderr; kills its
 /// process group and fails if it outlives TIMEOUT.
 pub fn output_of(cmd: &mut Command) -> Output {
+    output_within(cmd, TIMEOUT)
+}
+
+/// `output_of` with its own deadline, for the few commands (building a
+/// test program's dependencies) that are slow by nature.
+pub fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
     use std::os::unix::process::CommandExt;
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
     let stdout = read_in_background(child.stdout.take().unwrap());
     let stderr = read_in_background(child.stderr.take().unwrap());
-    let status = wait_or_kill(&mut child, &format!("{cmd:?}"));
+    let status = wait_or_kill_after(&mut child, &format!("{cmd:?}"), timeout);
     Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
@@ -156,7 +162,11 @@ pub fn read_in_background(mut pipe: impl Read + Send + 'static) -> JoinHandle<Ve
 
 /// Waits for a child started in its own process group.
 pub fn wait_or_kill(child: &mut Child, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + TIMEOUT;
+    wait_or_kill_after(child, what, TIMEOUT)
+}
+
+fn wait_or_kill_after(child: &mut Child, what: &str, timeout: Duration) -> ExitStatus {
+    let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
@@ -164,7 +174,7 @@ pub fn wait_or_kill(child: &mut Child, what: &str) -> ExitStatus {
         if Instant::now() > deadline {
             sigkill(-(child.id() as i32));
             let _ = child.wait();
-            panic!("{what} did not finish within {TIMEOUT:?}; killed it");
+            panic!("{what} did not finish within {timeout:?}; killed it");
         }
         thread::sleep(Duration::from_millis(20));
     }
