@@ -5,7 +5,7 @@
 //! tree, [`memgap_source_numa::launch`]). `memgap compare` runs the same
 //! command under several allocators with it.
 //!
-//! Not for: recording heap events (the agent, `crates/record`) or comparing
+//! Not for: recording heap events (the agent, `crates/agent`) or comparing
 //! runs (`memgap_model::compare`): this crate only produces a
 //! [`memgap_model::compare::Run`] per run.
 //!
