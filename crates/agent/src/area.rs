@@ -23,7 +23,7 @@ pub const RECORDER_PATIENCE_NS: u64 = 1_000_000_000;
 static BASE: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
 /// One request to the recorder at a time, among this process's threads.
-static REQUEST_LOCK: SpinLock = SpinLock::new();
+static REQUEST_LOCK: SpinLock<()> = SpinLock::new(());
 
 /// The area of this process image, once made.
 #[inline(always)]
@@ -143,8 +143,12 @@ fn push_decimal(out: &mut Vec<u8>, value: u32) {
 
 /// In a fork child: the parent's area is the parent's. Unmapped here; the
 /// child makes its own.
-pub fn forget_after_fork() {
-    REQUEST_LOCK.reset();
+///
+/// # Safety
+/// Only in a fork child, as [`SpinLock::unlock_after_fork`] says.
+pub unsafe fn forget_after_fork() {
+    // SAFETY: the caller's promise.
+    unsafe { REQUEST_LOCK.unlock_after_fork() };
     let base = BASE.swap(core::ptr::null_mut(), AcqRel);
     crate::clock::use_area(core::ptr::null());
     if !base.is_null() {

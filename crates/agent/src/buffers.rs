@@ -116,11 +116,7 @@ struct Channel {
     seq: u32,
 }
 
-struct ChannelCell(core::cell::UnsafeCell<Channel>);
-// SAFETY: only touched under CHANNEL_LOCK (or by the lone thread of a fork child).
-unsafe impl Sync for ChannelCell {}
-static CHANNEL_LOCK: SpinLock = SpinLock::new();
-static CHANNEL: ChannelCell = ChannelCell(core::cell::UnsafeCell::new(Channel { chunk: None, len: 0, seq: 0 }));
+static CHANNEL: SpinLock<Channel> = SpinLock::new(Channel { chunk: None, len: 0, seq: 0 });
 
 /// Appends `record` to the records channel; false if it could not be (no
 /// area, or no chunk to be had).
@@ -128,8 +124,7 @@ pub fn push_record(record: &Record) -> bool {
     let Some(area) = area::get() else { return false };
     let mut bytes = Vec::new();
     record.encode(&mut bytes);
-    let _guard = CHANNEL_LOCK.lock();
-    let channel = unsafe { &mut *CHANNEL.0.get() };
+    let mut channel = CHANNEL.lock();
     let mut rest = &bytes[..];
     while !rest.is_empty() {
         let index = match channel.chunk {
@@ -674,14 +669,17 @@ fn claim_slot(area: Area, thread: u32, tid: u32, stack_hint: u64, first_chunk: u
 /// In a fork child only the forking thread survives, and the area is the
 /// parent's: forget this thread's buffer and the records channel. The
 /// thread keeps `forking_thread`, its number in the parent, if it had one.
-pub fn reset_after_fork(forking_thread: Option<u32>) {
+///
+/// # Safety
+/// Only in a fork child, as [`SpinLock::unlock_after_fork`] says.
+pub unsafe fn reset_after_fork(forking_thread: Option<u32>) {
     let continued = forking_thread.map_or(0, |thread| (u64::from(sys::gettid()) << 32) | u64::from(thread));
     CONTINUED_THREAD.store(continued, Relaxed);
     current::set(null_mut());
     current::set_own(null_mut());
-    CHANNEL_LOCK.reset();
-    let channel = unsafe { &mut *CHANNEL.0.get() };
-    *channel = Channel { chunk: None, len: 0, seq: 0 };
+    // SAFETY: the caller is the fork child's only thread.
+    unsafe { CHANNEL.unlock_after_fork() };
+    *CHANNEL.lock() = Channel { chunk: None, len: 0, seq: 0 };
     TAKE_HINT.store(0, Relaxed);
     DROPPED_EARLY.store(0, Relaxed);
 }

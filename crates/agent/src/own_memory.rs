@@ -9,7 +9,6 @@
 //! mappings named "memgap" so the ledger can tell them apart.
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::cell::UnsafeCell;
 use core::ptr::null_mut;
 
 use crate::sys::{self, SpinLock};
@@ -28,12 +27,12 @@ struct FreeLists {
     fresh: [(*mut u8, usize); CLASSES],
 }
 
-struct Lists(UnsafeCell<FreeLists>);
-// SAFETY: only touched under LOCK (or by the single thread of a fork child).
-unsafe impl Sync for Lists {}
+// SAFETY: the lists own the blocks and slabs their pointers lead to (each
+// block is on a list or handed out, never both), memory of the agent's own
+// mappings that no thread owns: moving the lists moves nothing thread-bound.
+unsafe impl Send for FreeLists {}
 
-static LOCK: SpinLock = SpinLock::new();
-static LISTS: Lists = Lists(UnsafeCell::new(FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] }));
+static LISTS: SpinLock<FreeLists> = SpinLock::new(FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] });
 
 fn class_of(layout: Layout) -> Option<usize> {
     let size = layout.size().max(layout.align()).max(16);
@@ -83,23 +82,25 @@ unsafe impl GlobalAlloc for OwnMemory {
             return null_mut();
         }
         let Some(class) = class_of(layout) else { return sys::mmap_anonymous(large_len(layout)) };
-        let _guard = LOCK.lock();
-        let lists = unsafe { &mut *LISTS.0.get() };
+        let mut lists = LISTS.lock();
         unsafe { lists.take(class, || sys::mmap_anonymous(SLAB_BYTES)) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let Some(class) = class_of(layout) else { return sys::munmap(ptr, large_len(layout)) };
-        let _guard = LOCK.lock();
-        let lists = unsafe { &mut *LISTS.0.get() };
+        let mut lists = LISTS.lock();
         unsafe { (ptr as *mut *mut u8).write(lists.heads[class]) };
         lists.heads[class] = ptr;
     }
 }
 
 /// In a fork child: a thread that held the lock at fork time is gone.
-pub fn reset_after_fork() {
-    LOCK.reset();
+///
+/// # Safety
+/// Only in a fork child, as [`SpinLock::unlock_after_fork`] says.
+pub unsafe fn unlock_after_fork() {
+    // SAFETY: the caller's promise.
+    unsafe { LISTS.unlock_after_fork() };
 }
 
 #[cfg(test)]

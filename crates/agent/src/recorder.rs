@@ -35,13 +35,12 @@ static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// glibc runs pthread key destructors at most this many rounds.
 const PTHREAD_DESTRUCTOR_ITERATIONS: u32 = 4;
 
-struct ConfigCell(core::cell::UnsafeCell<Option<Config>>);
-// SAFETY: written once while PHASE is STARTING, read afterwards.
-unsafe impl Sync for ConfigCell {}
-static CONFIG: ConfigCell = ConfigCell(core::cell::UnsafeCell::new(None));
+/// Set once, by the one thread that moved PHASE to STARTING: the set never
+/// waits (a `OnceLock` only waits for a racing initializer, and none can race).
+static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
 
 fn config() -> Option<&'static Config> {
-    unsafe { (*CONFIG.0.get()).as_ref() }
+    CONFIG.get()
 }
 
 #[inline(always)]
@@ -95,7 +94,7 @@ fn start_recording() -> bool {
     sys::current_cpu::init();
     FOLLOW.store(config.follow, Relaxed);
     crate::stacks::configure(config.stacks, config.stack_depth);
-    unsafe { *CONFIG.0.get() = Some(config) };
+    let _ = CONFIG.set(config);
     open_area(config_ref())
 }
 
@@ -320,11 +319,18 @@ extern "C" fn on_fork_child() {
     let parent_image_start_ns = IMAGE_START_NS.load(Relaxed);
     let forking = buffers::current_state();
     let forking_thread = if forking.is_null() { None } else { Some(unsafe { (*forking).thread }) };
-    sys::agent_ranges::reset_lock();
-    crate::own_memory::reset_after_fork();
+    // SAFETY: this is the fork child's only thread, and the agent never
+    // forks inside its own locked sections: the guards the fork copied
+    // belong to threads that do not exist here. (A program's signal handler
+    // that forks while this thread is inside one is the exception no lock
+    // can see: the child's agent state may then be torn, as it always could.)
+    unsafe {
+        sys::agent_ranges::unlock_after_fork();
+        crate::own_memory::unlock_after_fork();
+        buffers::reset_after_fork(forking_thread);
+        area::forget_after_fork();
+    }
     crate::python_frames::reset_after_fork();
-    buffers::reset_after_fork(forking_thread);
-    area::forget_after_fork();
     FINISHED.store(false, Relaxed);
     buffers::while_busy(|| {
         if !FOLLOW.load(Relaxed) || !open_area(config_ref()) {

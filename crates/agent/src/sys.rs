@@ -42,8 +42,6 @@ pub fn munmap(addr: *mut u8, len: usize) {
 /// on kernels without CONFIG_ANON_VMA_NAME, and the kernel may merge ours
 /// with the program's).
 pub mod agent_ranges {
-    use core::cell::UnsafeCell;
-
     use super::SpinLock;
 
     const MAX: usize = 4096;
@@ -53,38 +51,32 @@ pub mod agent_ranges {
         len: usize,
     }
 
-    struct Cell(UnsafeCell<Table>);
-    // SAFETY: only touched under LOCK.
-    unsafe impl Sync for Cell {}
-
-    static LOCK: SpinLock = SpinLock::new();
-    static TABLE: Cell = Cell(UnsafeCell::new(Table { ranges: [(0, 0); MAX], len: 0 }));
+    static TABLE: SpinLock<Table> = SpinLock::new(Table { ranges: [(0, 0); MAX], len: 0 });
 
     pub fn add(start: u64, len: u64) {
-        let _guard = LOCK.lock();
-        let table = unsafe { &mut *TABLE.0.get() };
+        let mut table = TABLE.lock();
         if table.len < MAX {
-            table.ranges[table.len] = (start, len);
+            let at = table.len;
+            table.ranges[at] = (start, len);
             table.len += 1;
         }
-        mirror(table);
+        mirror(&table);
     }
 
     pub fn remove(start: u64) {
-        let _guard = LOCK.lock();
-        let table = unsafe { &mut *TABLE.0.get() };
+        let mut table = TABLE.lock();
         if let Some(i) = table.ranges[..table.len].iter().position(|r| r.0 == start) {
-            table.ranges[i] = table.ranges[table.len - 1];
-            table.len -= 1;
+            let last = table.len - 1;
+            table.ranges[i] = table.ranges[last];
+            table.len = last;
         }
-        mirror(table);
+        mirror(&table);
     }
 
     /// Copies the table into the shared area, where the recorder reads it
     /// at snapshots (under a sequence count: odd while it changes).
     pub fn publish() {
-        let _guard = LOCK.lock();
-        mirror(unsafe { &*TABLE.0.get() });
+        mirror(&TABLE.lock());
     }
 
     fn mirror(table: &Table) {
@@ -105,8 +97,12 @@ pub mod agent_ranges {
     }
 
     /// In a fork child: the parent's buffers were unmapped, the rest stays.
-    pub fn reset_lock() {
-        LOCK.reset();
+    ///
+    /// # Safety
+    /// Only in a fork child, as [`SpinLock::unlock_after_fork`] says.
+    pub unsafe fn unlock_after_fork() {
+        // SAFETY: the caller's promise.
+        unsafe { TABLE.unlock_after_fork() };
     }
 }
 
@@ -182,19 +178,35 @@ pub fn read_file(path: &core::ffi::CStr) -> Vec<u8> {
     out
 }
 
-/// A spin lock for the agent's rare slow paths (thread registration, buffer
-/// pool). It never allocates and is reset after fork.
-pub struct SpinLock(core::sync::atomic::AtomicBool);
+/// A spin lock that owns what it guards, for the agent's rare slow paths
+/// (its own heap, the records channel, the table of its mappings). Unlike
+/// a futex-based mutex it never allocates, never sleeps on a word the
+/// program could hold, and a fork child can take it back from the thread
+/// that held it at the fork and is gone ([`SpinLock::unlock_after_fork`]).
+pub struct SpinLock<T> {
+    locked: core::sync::atomic::AtomicBool,
+    value: core::cell::UnsafeCell<T>,
+}
 
-impl SpinLock {
-    pub const fn new() -> Self {
-        SpinLock(core::sync::atomic::AtomicBool::new(false))
+// SAFETY: the value is reached only through a guard, and `locked` lets one
+// guard exist at a time, so sharing the lock hands `T` from thread to
+// thread like a move: `T: Send` is what that needs (as for `Mutex`).
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+impl<T> SpinLock<T> {
+    pub const fn new(value: T) -> Self {
+        SpinLock { locked: core::sync::atomic::AtomicBool::new(false), value: core::cell::UnsafeCell::new(value) }
     }
 
-    pub fn lock(&self) -> SpinGuard<'_> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
         use core::sync::atomic::Ordering::*;
+        self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_ok()
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
         let mut spins = 0u32;
-        while self.0.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+        while !self.try_acquire() {
             spins += 1;
             if spins > 100 {
                 sleep_ns(50_000);
@@ -202,34 +214,68 @@ impl SpinLock {
                 core::hint::spin_loop();
             }
         }
-        SpinGuard(self)
+        SpinGuard { lock: self, _not_sync_unless_t_is: core::marker::PhantomData }
     }
 
     /// Like `lock`, but gives up after `timeout_ns`.
-    pub fn try_lock_for(&self, timeout_ns: u64) -> Option<SpinGuard<'_>> {
-        use core::sync::atomic::Ordering::*;
+    pub fn try_lock_for(&self, timeout_ns: u64) -> Option<SpinGuard<'_, T>> {
         let mut waited = 0u64;
-        while self.0.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+        while !self.try_acquire() {
             if waited >= timeout_ns {
                 return None;
             }
             sleep_ns(100_000);
             waited += 100_000;
         }
-        Some(SpinGuard(self))
+        Some(SpinGuard { lock: self, _not_sync_unless_t_is: core::marker::PhantomData })
     }
 
-    /// Only for the fork child, where the thread that held it is gone.
-    pub fn reset(&self) {
-        self.0.store(false, core::sync::atomic::Ordering::Release);
+    /// Frees the lock whoever holds it: in a fork child, where the thread
+    /// that held it at the fork does not exist.
+    ///
+    /// # Safety
+    /// No guard of this lock may be alive in the calling process, other
+    /// than ones that will never be used or dropped again (those of a
+    /// thread the fork left behind): a fork child's only thread, outside
+    /// any guard of its own, is such a caller.
+    pub unsafe fn unlock_after_fork(&self) {
+        self.locked.store(false, core::sync::atomic::Ordering::Release);
     }
 }
 
-pub struct SpinGuard<'a>(&'a SpinLock);
+/// The lock held: the guarded value through `Deref`/`DerefMut`; dropping
+/// it releases the lock.
+pub struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+    /// Shares `&T` across threads only when `T: Sync` (and moves the guard
+    /// only when `T: Send`), as `&mut T` does.
+    _not_sync_unless_t_is: core::marker::PhantomData<&'a mut T>,
+}
 
-impl Drop for SpinGuard<'_> {
+impl<T> core::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: this guard exists only while `locked` is held by it, so
+        // no other reference to the value is alive.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> core::ops::DerefMut for SpinGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only
+        // reference through the guard.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    #[inline]
     fn drop(&mut self) {
-        (self.0).0.store(false, core::sync::atomic::Ordering::Release);
+        self.lock.locked.store(false, core::sync::atomic::Ordering::Release);
     }
 }
 
@@ -316,5 +362,72 @@ pub mod current_cpu {
             assert!(agrees);
             assert_ne!(super::CPU_ID_OFFSET.load(core::sync::atomic::Ordering::Relaxed), super::NONE, "glibc here registers rseq");
         }
+    }
+}
+
+#[cfg(test)]
+mod spin_lock_tests {
+    use super::SpinLock;
+
+    #[test]
+    fn threads_contending_lose_no_update() {
+        // A plain (non-atomic) counter and a pair that must stay equal: a
+        // second holder would lose increments or see the pair torn.
+        static COUNTS: SpinLock<(u64, u64)> = SpinLock::new((0, 0));
+        const THREADS: u64 = 4;
+        const ROUNDS: u64 = 20_000;
+        let workers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..ROUNDS {
+                        let mut counts = COUNTS.lock();
+                        assert_eq!(counts.0, counts.1, "another thread was inside the lock");
+                        counts.0 += 1;
+                        std::hint::black_box(&mut *counts);
+                        counts.1 += 1;
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        assert_eq!(*COUNTS.lock(), (THREADS * ROUNDS, THREADS * ROUNDS));
+    }
+
+    #[test]
+    fn dropping_the_guard_releases_the_lock() {
+        let lock = SpinLock::new(vec![1u8]);
+        let mut guard = lock.lock();
+        guard.push(2);
+        assert!(lock.try_lock_for(0).is_none(), "held while the guard lives");
+        assert!(lock.try_lock_for(300_000).is_none(), "still held after waiting");
+        drop(guard);
+        let again = lock.try_lock_for(0).expect("free once the guard is dropped");
+        assert_eq!(*again, [1, 2]);
+    }
+
+    #[test]
+    fn a_waiting_thread_gets_the_lock_when_the_holder_lets_go() {
+        let lock = SpinLock::new(0u32);
+        let guard = lock.lock();
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| *lock.lock() + 1);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!waiter.is_finished(), "waits while the lock is held");
+            drop(guard);
+            assert_eq!(waiter.join().unwrap(), 1);
+        });
+    }
+
+    #[test]
+    fn unlock_after_fork_frees_a_lock_whose_holder_is_gone() {
+        let lock = SpinLock::new(7u8);
+        // A holder that will never drop its guard, as a thread the fork left behind.
+        core::mem::forget(lock.lock());
+        assert!(lock.try_lock_for(0).is_none());
+        // SAFETY: the only guard is forgotten and never used again.
+        unsafe { lock.unlock_after_fork() };
+        assert_eq!(*lock.try_lock_for(0).expect("free again"), 7);
     }
 }
