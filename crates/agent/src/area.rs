@@ -29,6 +29,8 @@ static REQUEST_LOCK: SpinLock<()> = SpinLock::new(());
 #[inline(always)]
 pub fn get() -> Option<Area> {
     let base = BASE.load(Acquire);
+    // SAFETY: BASE is only ever a mapping of a whole area, made by `create`, and
+    // is cleared before that mapping goes (`forget_after_fork`).
     (!base.is_null()).then(|| unsafe { Area::from_base(base) })
 }
 
@@ -50,6 +52,7 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
         path.push(0);
         // Owner only, never through a symlink, never someone else's file.
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: `path` is NUL-terminated; the kernel checks the rest.
         fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), flags, 0o600) } as i32;
         if fd >= 0 || sys::errno() != libc::EEXIST {
             break;
@@ -61,11 +64,13 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     // A file size limit (ulimit -f) below the buffers: smaller buffers, or none.
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     let mut max_chunks = max_chunks;
+    // SAFETY: `limit` is ours to write.
     if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY {
         let fitting = (limit.rlim_cur as usize).saturating_sub(shared::HEADER_BYTES) / shared::CHUNK_BYTES;
         max_chunks = max_chunks.min(fitting as u32);
     }
     if max_chunks < 2 {
+        // SAFETY: `path` is NUL-terminated, `fd` our own descriptor.
         unsafe {
             libc::syscall(libc::SYS_unlinkat, libc::AT_FDCWD, path.as_ptr(), 0);
             libc::syscall(libc::SYS_close, fd);
@@ -76,6 +81,7 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     let initial = shared::area_bytes(shared::INITIAL_CHUNKS.min(max_chunks));
     let fail = |what| {
         let errno = sys::errno();
+        // SAFETY: as above.
         unsafe {
             libc::syscall(libc::SYS_unlinkat, libc::AT_FDCWD, path.as_ptr(), 0);
             libc::syscall(libc::SYS_close, fd);
@@ -84,14 +90,18 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     };
     // Backed up front (not just sized): a page of a full tmpfs touched
     // through the mapping would kill the program with SIGBUS.
+    // SAFETY: `fd` is our own descriptor.
     let sized = sys::without_xfsz(|| unsafe { libc::syscall(libc::SYS_ftruncate, fd, bytes) } == 0);
     if !sized {
         return fail("size");
     }
+    // SAFETY: as above.
     let reserved = sys::without_xfsz(|| unsafe { libc::syscall(libc::SYS_fallocate, fd, 0, 0i64, initial as i64) } == 0);
     if !reserved {
         return fail("reserve");
     }
+    // SAFETY: a new shared mapping of our own file, placed by the kernel: it
+    // replaces nothing of the program's.
     let addr = unsafe {
         libc::syscall(
             libc::SYS_mmap,
@@ -106,8 +116,11 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     if addr == -1 || addr == 0 {
         return fail("map");
     }
+    // SAFETY: our own descriptor, closed once.
     unsafe { libc::syscall(libc::SYS_close, fd) };
     sys::agent_ranges::add(addr as u64, bytes as u64);
+    // SAFETY: `addr` maps the whole area, `bytes` long, which stays mapped
+    // for the life of this process image.
     let area = unsafe { Area::from_base(addr as *mut u8) };
     let header = area.header();
     header.pid.store(pid, Relaxed);
@@ -153,6 +166,7 @@ pub unsafe fn forget_after_fork() {
     crate::clock::use_area(core::ptr::null());
     if !base.is_null() {
         let bytes = MAPPED_BYTES.load(Relaxed) as usize;
+        // SAFETY: the area's own mapping, of MAPPED_BYTES; BASE no longer leads to it.
         unsafe { libc::syscall(libc::SYS_munmap, base, bytes) };
         sys::agent_ranges::remove(base as u64);
     }
@@ -205,9 +219,11 @@ pub fn request(kind: u32) -> Option<u64> {
 /// Shared futexes (no FUTEX_PRIVATE_FLAG): the recorder is another process.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
     let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as i64, tv_nsec: (timeout_ns % 1_000_000_000) as i64 };
+    // SAFETY: `word` is a live atomic, `ts` a valid timespec.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts) };
 }
 
 pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live atomic.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }

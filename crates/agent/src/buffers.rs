@@ -142,6 +142,9 @@ pub fn push_record(record: &Record) -> bool {
             }
         };
         let n = rest.len().min(CHUNK_DATA - channel.len as usize);
+        // SAFETY: `index` is the channel's own chunk, taken above and below the
+        // capacity, whose data is CHUNK_DATA bytes of the mapped area, and
+        // `channel.len + n <= CHUNK_DATA`; `rest` is our own buffer, outside the area.
         unsafe { core::ptr::copy_nonoverlapping(rest.as_ptr(), area.chunk_data(index).add(channel.len as usize), n) };
         channel.len += n as u32;
         area.chunk(index).len.store(channel.len, Release);
@@ -359,11 +362,15 @@ fn write_nested(state: *mut ThreadState) {
     current::set(IN_HOOK as *mut ThreadState);
     // SAFETY: this thread's own live state.
     let st = unsafe { &mut *state };
+    // SAFETY: boxed with the state, freed only with it in `close`.
     let nested = unsafe { &*st.nested };
     let mut written = 0;
     loop {
         let len = nested.len.load(Acquire);
         for index in written..(len as usize).min(NESTED_EVENTS) {
+            // SAFETY: a signal handler on this thread runs to its end before this loop
+            // goes on, so the places below `len` are written, and handlers write only
+            // at or past `len`.
             let event = unsafe { *nested.events[index].get() };
             st.write(&event);
         }
@@ -404,6 +411,8 @@ pub fn while_busy<R>(f: impl FnOnce() -> R) -> R {
 
 #[inline(always)]
 pub fn append(hook: Hook, event: &Event) {
+    // SAFETY: `append_encoded` calls `encode` only with MAX_RECORD_LEN bytes of
+    // room at `out` (see `ThreadState::room`).
     append_encoded(hook, || *event, |delta, out| unsafe { RawEncoder::encode(delta, out, event) });
 }
 
@@ -417,6 +426,10 @@ pub fn append_encoded(hook: Hook, event: impl FnOnce() -> Event, encode: impl Fn
     if !is_state(state) {
         return append_slow(state, &event());
     }
+    // SAFETY: `state` is this thread's live state (`is_state`), and only this
+    // thread touches it: a signal handler interrupting the hook finds the thread
+    // IN_HOOK and keeps its events aside. `room` makes the MAX_RECORD_LEN bytes
+    // `encode` may write.
     unsafe {
         let st = &mut *state;
         if st.room(MAX_RECORD_LEN) {
@@ -439,6 +452,9 @@ pub fn append_allocation(hook: Hook, event: &mut Event) {
     if !is_state(state) {
         return append_slow(state, event);
     }
+    // SAFETY: as in `append_encoded`: this thread's live state, touched only by
+    // it; `st.errno` is this thread's errno; `room` makes the bytes the record
+    // with its stack definition needs.
     unsafe {
         let st = &mut *state;
         let stacks = st.stacks.get_or_insert_with(|| Box::new(ThreadStacks::new()));
@@ -464,11 +480,13 @@ fn append_slow(state: *mut ThreadState, event: &Event) {
             if state.is_null() {
                 count_dropped(1);
             } else {
+                // SAFETY: non-null, so a live state, made just now for this thread.
                 unsafe { (*state).write(event) };
             }
         }
         IN_HOOK => {
             let own = current::own();
+            // SAFETY: `own` is this thread's live state, its nested events boxed with it.
             if own.is_null() || !unsafe { &*(*own).nested }.push(event) {
                 count_dropped(1);
             }
@@ -483,8 +501,10 @@ fn append_slow(state: *mut ThreadState, event: &Event) {
 #[cold]
 fn new_thread_state() -> *mut ThreadState {
     current::set(BUSY as *mut ThreadState);
+    // SAFETY: the calling thread's errno (valid for its whole life).
     let errno = unsafe { *libc::__errno_location() };
     let created = ThreadState::create().unwrap_or(null_mut());
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     current::set_own(created);
     current::set(created);
@@ -544,6 +564,7 @@ impl ThreadState {
         }
         let state = Box::into_raw(Box::new(ThreadState {
             cursor: data,
+            // SAFETY: `data` starts a chunk's CHUNK_DATA bytes, and TICK_BYTES is less.
             end: unsafe { data.add(TICK_BYTES) },
             data,
             chunk: area.chunk(index),
@@ -554,6 +575,7 @@ impl ThreadState {
             next_seq: 1,
             destructor_rounds: 0,
             stacks: None,
+            // SAFETY: no precondition; the address of this thread's errno.
             errno: unsafe { libc::__errno_location() },
             nested: Box::into_raw(Box::new(Nested::new())),
         }));
@@ -581,20 +603,23 @@ impl ThreadState {
     #[cold]
     fn tick_or_next_chunk(&mut self, len: usize) -> bool {
         crate::clock::advance();
+        // SAFETY: the end of the chunk's data, within the mapped area.
         let chunk_end = unsafe { self.data.add(CHUNK_DATA) };
         if (chunk_end as usize - self.cursor as usize) < len && !self.next_chunk() {
             return false;
         }
+        // SAFETY: as above, for the chunk `next_chunk` may have moved to.
         let chunk_end = unsafe { self.data.add(CHUNK_DATA) };
         // Room for this record at least: one longer than a tick (a deep
         // stack's definition) must not leave the cursor past `end`.
-        self.end = chunk_end.min(unsafe { self.cursor.add(TICK_BYTES.max(len)) });
+        self.end = chunk_end.min(self.cursor.wrapping_add(TICK_BYTES.max(len)));
         true
     }
 
     /// Writes `event` with no stack (the slow paths).
     fn write(&mut self, event: &Event) {
         if self.room(MAX_RECORD_LEN) {
+            // SAFETY: `room` made MAX_RECORD_LEN bytes at the cursor.
             self.cursor = unsafe { RawEncoder::encode(&mut self.delta, self.cursor, event) };
             self.publish();
         }
@@ -603,14 +628,18 @@ impl ThreadState {
     /// Makes the bytes written so far visible to the recorder.
     #[inline(always)]
     fn publish(&mut self) {
+        // SAFETY: the current chunk's header, in the area, which stays mapped while
+        // the thread's state lives (only a fork child unmaps it, forgetting the state).
         unsafe { (*self.chunk).len.store((self.cursor as usize - self.data as usize) as u32, Release) };
     }
 
     #[cold]
     fn next_chunk(&mut self) -> bool {
         let Some(area) = area::get() else { return false };
+        // SAFETY: the calling thread's errno.
         let errno = unsafe { *libc::__errno_location() };
         let fresh = take_chunk(self.thread, self.tid, self.next_seq);
+        // SAFETY: as above.
         unsafe { *libc::__errno_location() = errno };
         let Some(index) = fresh else { return false };
         crate::recorder::note_loader_changes();
@@ -619,6 +648,8 @@ impl ThreadState {
         // The hook's mark moves with the thread: on the fresh chunk before
         // the link, off the old one after, so a recorder that finds it gone
         // from the old chunk finds the link and the mark on the fresh one.
+        // SAFETY: the old chunk's header: atomics in the area, which stays
+        // mapped while the thread's state lives.
         unsafe {
             fresh_chunk.live_bytes.store((*self.chunk).live_bytes.load(Relaxed), Relaxed);
             fresh_chunk.in_hook_since.store((*self.chunk).in_hook_since.load(Relaxed), Relaxed);
@@ -634,9 +665,16 @@ impl ThreadState {
     }
 
     /// Thread exit: the recorder copies out the rest; the state is ours to free.
-    pub fn close(state: *mut ThreadState) {
+    ///
+    /// # Safety
+    /// `state` is the calling thread's live state, from `create`, and is
+    /// not used after this.
+    pub unsafe fn close(state: *mut ThreadState) {
         current::set(GONE as *mut ThreadState);
         current::set_own(null_mut());
+        // SAFETY: `state` and its nested events are live boxes (the caller's
+        // contract), freed below; no handler touches them any more, the thread
+        // being GONE; `room` in `write` makes room in the chunk.
         unsafe {
             let nested = Box::from_raw((*state).nested as *mut Nested);
             let st = &mut *state;
@@ -645,6 +683,7 @@ impl ThreadState {
             }
             (*st.chunk).closed.store(1, Release);
         }
+        // SAFETY: made by `Box::into_raw` in `create`; nothing refers to it now.
         drop(unsafe { Box::from_raw(state) });
     }
 }

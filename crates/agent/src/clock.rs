@@ -44,6 +44,7 @@ pub fn now() -> u64 {
 
 /// Starts a new round; events from here on carry the returned value.
 pub fn advance() -> u64 {
+    // SAFETY: as in `now`.
     unsafe { (*ROUND.load(Relaxed)).fetch_add(1, Relaxed) + 1 }
 }
 
@@ -57,6 +58,7 @@ pub fn realtime_ns() -> u64 {
 
 fn read(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is ours to write.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -54,6 +54,8 @@ impl FreeLists {
         let block = 16 << class;
         let p = self.heads[class];
         if !p.is_null() {
+            // SAFETY: a freed block on the list holds the next one's address in its
+            // first word (written by `dealloc`), and blocks are at least 16 bytes.
             self.heads[class] = unsafe { (p as *mut *mut u8).read() };
             return p;
         }
@@ -76,6 +78,11 @@ impl FreeLists {
 
 pub struct OwnMemory;
 
+// SAFETY: blocks come from the agent's own mappings, each handed out once
+// until freed, sized and aligned for the layout's class (a power of two at
+// least the size and the alignment, cut at multiples of itself from
+// page-aligned slabs); larger layouts get whole mappings of their own, and
+// alignments above a page get null.
 unsafe impl GlobalAlloc for OwnMemory {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if layout.align() > PAGE {
@@ -83,12 +90,15 @@ unsafe impl GlobalAlloc for OwnMemory {
         }
         let Some(class) = class_of(layout) else { return sys::mmap_anonymous(large_len(layout)) };
         let mut lists = LISTS.lock();
+        // SAFETY: `new_slab` returns a fresh writable mapping of SLAB_BYTES, or null.
         unsafe { lists.take(class, || sys::mmap_anonymous(SLAB_BYTES)) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let Some(class) = class_of(layout) else { return sys::munmap(ptr, large_len(layout)) };
         let mut lists = LISTS.lock();
+        // SAFETY: `ptr` is a block of this class that `alloc` handed out (the
+        // caller's contract), at least 16 bytes, now ours again.
         unsafe { (ptr as *mut *mut u8).write(lists.heads[class]) };
         lists.heads[class] = ptr;
     }
@@ -119,15 +129,22 @@ mod tests {
     #[test]
     fn blocks_are_distinct_aligned_and_reused() {
         let layout = Layout::from_size_align(48, 16).unwrap();
+        // SAFETY: a non-zero layout.
         let a = unsafe { OwnMemory.alloc(layout) };
+        // SAFETY: as above.
         let b = unsafe { OwnMemory.alloc(layout) };
         assert!(!a.is_null() && !b.is_null() && a != b);
         assert_eq!(a as usize % 64, 0);
+        // SAFETY: `a` came from `alloc` with this layout.
         unsafe { OwnMemory.dealloc(a, layout) };
+        // SAFETY: a non-zero layout.
         assert_eq!(unsafe { OwnMemory.alloc(layout) }, a);
         let big = Layout::from_size_align(100_000, 8).unwrap();
+        // SAFETY: a non-zero layout.
         let p = unsafe { OwnMemory.alloc(big) };
+        // SAFETY: `p` is a fresh block of 100,000 bytes (null would have failed the test).
         unsafe { p.write_bytes(7, 100_000) };
+        // SAFETY: `p` came from `alloc` with this layout.
         unsafe { OwnMemory.dealloc(p, big) };
     }
 
@@ -141,17 +158,23 @@ mod tests {
         let mut slabs = [base, base.wrapping_add(SLAB_BYTES)].into_iter();
         let mut lists = FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] };
         let class = 9; // 8 KiB blocks, 32 to a slab
+        // SAFETY: the slabs are the painted buffer's two page-aligned SLAB_BYTES parts.
         let blocks: Vec<*mut u8> = (0..3).map(|_| unsafe { lists.take(class, || slabs.next().unwrap()) }).collect();
         assert_eq!(blocks, [base, base.wrapping_add(8192), base.wrapping_add(16384)]);
+        // SAFETY: the first three 8 KiB blocks of the first slab, inside `memory`.
         let untouched = unsafe { core::slice::from_raw_parts(base.wrapping_add(3 * 8192), SLAB_BYTES - 3 * 8192) };
         assert!(untouched.iter().all(|&b| b == PAINT), "the rest of the slab is not written");
         // A freed block is handed out again first; a used-up slab brings the next.
+        // SAFETY: a block handed out above, at least 8 bytes, given back.
         unsafe { (blocks[1] as *mut *mut u8).write(lists.heads[class]) };
         lists.heads[class] = blocks[1];
+        // SAFETY: the list holds a block; no new slab is needed.
         assert_eq!(unsafe { lists.take(class, || unreachable!()) }, blocks[1]);
         for _ in 3..32 {
+            // SAFETY: the rest of the first slab; no new slab is needed.
             unsafe { lists.take(class, || unreachable!()) };
         }
+        // SAFETY: the second slab of the painted buffer.
         assert_eq!(unsafe { lists.take(class, || slabs.next().unwrap()) }, base.wrapping_add(SLAB_BYTES));
     }
 }

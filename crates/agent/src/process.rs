@@ -34,7 +34,11 @@ pub enum StackMode {
 }
 
 fn env(name: &CStr) -> Option<&'static [u8]> {
+    // SAFETY: `name` is NUL-terminated.
     let value = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: getenv returned a NUL-terminated string of the environment, which
+    // the agent reads before the program could change it (at start, or in a
+    // fork child copying its parent's).
     (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_bytes())
 }
 
@@ -73,6 +77,7 @@ pub fn describe(config: &Config, image: u32, start_time: u64) -> Process {
     let cmdline = sys::read_file(c"/proc/self/cmdline");
     let argv = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     let mut exe = [0u8; 4096];
+    // SAFETY: `exe` is writable for its length; readlink writes no NUL.
     let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), exe.as_mut_ptr() as *mut c_char, exe.len()) };
     Process {
         pid: sys::getpid(),
@@ -83,7 +88,9 @@ pub fn describe(config: &Config, image: u32, start_time: u64) -> Process {
         start_time,
         start_monotonic_ns: clock::monotonic_ns(),
         start_realtime_ns: clock::realtime_ns(),
+        // SAFETY: no precondition.
         page_size: unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64,
+        // SAFETY: no precondition.
         cpu_count: unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32,
         exe: if n > 0 { String::from_utf8_lossy(&exe[..n as usize]).into_owned() } else { String::new() },
         argv,
@@ -94,21 +101,31 @@ pub fn describe(config: &Config, image: u32, start_time: u64) -> Process {
 /// so stacks can be symbolized offline against the right files.
 pub fn loaded_modules() -> Vec<Module> {
     let mut modules: Vec<Module> = Vec::new();
+    // SAFETY: `visit_module` takes `data` as the `Vec<Module>` passed here.
     unsafe { libc::dl_iterate_phdr(Some(visit_module), &mut modules as *mut Vec<Module> as *mut c_void) };
     modules
 }
 
+/// # Safety
+/// A dl_iterate_phdr callback: `info` valid for the call, `data` the
+/// `Vec<Module>` `loaded_modules` passes, borrowed by nothing else.
 unsafe extern "C" fn visit_module(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+    // SAFETY: `data` is the `Vec<Module>` `loaded_modules` passes, borrowed by
+    // nothing else during the iteration.
     let modules = unsafe { &mut *(data as *mut Vec<Module>) };
+    // SAFETY: the loader passes a valid entry for the duration of the call.
     let info = unsafe { &*info };
+    // SAFETY: the loader's NUL-terminated module name.
     let name = if info.dlpi_name.is_null() { &b""[..] } else { unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes() };
     let path = if name.is_empty() && modules.is_empty() {
         let mut exe = [0u8; 4096];
+        // SAFETY: `exe` is writable for its length; readlink writes no NUL.
         let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), exe.as_mut_ptr() as *mut c_char, exe.len()) };
         String::from_utf8_lossy(&exe[..n.max(0) as usize]).into_owned()
     } else {
         String::from_utf8_lossy(name).into_owned()
     };
+    // SAFETY: the loader's program headers of this module, `dlpi_phnum` of them.
     let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     let mut low = u64::MAX;
     let mut high = 0u64;
@@ -119,6 +136,7 @@ unsafe extern "C" fn visit_module(info: *mut libc::dl_phdr_info, _: usize, data:
             high = high.max(header.p_vaddr + header.p_memsz);
         } else if header.p_type == libc::PT_NOTE && build_id.is_empty() {
             let start = (info.dlpi_addr + header.p_vaddr) as *const u8;
+            // SAFETY: the module's PT_NOTE segment, inside one of its loaded segments.
             let notes = unsafe { core::slice::from_raw_parts(start, header.p_memsz as usize) };
             build_id = find_build_id(notes).unwrap_or_default();
         }
@@ -152,12 +170,18 @@ fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
 /// The loader's counts of objects loaded and unloaded so far: when they
 /// move, the module list must be recorded again.
 pub fn loader_generation() -> (u64, u64) {
+    /// # Safety
+    /// A dl_iterate_phdr callback: `info` valid for the call, `data` the
+    /// `(u64, u64)` `loader_generation` passes.
     unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the `(u64, u64)` `loader_generation` passes.
         let counts = unsafe { &mut *(data as *mut (u64, u64)) };
+        // SAFETY: `info` is the loader's valid entry for this call.
         unsafe { *counts = ((*info).dlpi_adds, (*info).dlpi_subs) };
         1
     }
     let mut counts = (0u64, 0u64);
+    // SAFETY: `first` takes `data` as the pair passed here.
     unsafe { libc::dl_iterate_phdr(Some(first), &mut counts as *mut (u64, u64) as *mut c_void) };
     counts
 }
@@ -165,9 +189,16 @@ pub fn loader_generation() -> (u64, u64) {
 /// Removes the agent from LD_PRELOAD in place (no allocation), so programs
 /// this one starts run untraced (`--no-follow`).
 pub fn remove_self_from_ld_preload() {
-    let Some(value) = env(c"LD_PRELOAD") else { return };
-    let value = value.as_ptr() as *mut u8;
+    // SAFETY: a NUL-terminated name.
+    let value = unsafe { libc::getenv(c"LD_PRELOAD".as_ptr()) } as *mut u8;
+    if value.is_null() {
+        return;
+    }
+    // SAFETY: getenv's NUL-terminated string.
     let len = unsafe { libc::strlen(value as *const c_char) };
+    // SAFETY: the environment string is writable memory of the process (the
+    // initial stack, or what setenv allocated), `len` bytes before its NUL, and
+    // the agent holds no other reference to it while it edits it.
     let bytes = unsafe { core::slice::from_raw_parts_mut(value, len) };
     let mut kept = 0;
     let mut start = 0;
@@ -184,6 +215,7 @@ pub fn remove_self_from_ld_preload() {
         }
         start = end + 1;
     }
+    // SAFETY: `kept <= len`: at most the NUL's own place.
     unsafe { *value.add(kept) = 0 };
 }
 

@@ -52,8 +52,10 @@ static PREVIOUS: Previous = Previous(core::cell::UnsafeCell::new(ArenaAllocator 
 /// program's, recorded): the second `dlerror` frees it here, unrecorded
 /// like its allocation.
 fn symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: `name` is NUL-terminated; dlsym only looks it up.
     let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
     if found.is_null() {
+        // SAFETY: no precondition; the string dlerror returns is not used.
         unsafe {
             libc::dlerror();
             libc::dlerror();
@@ -84,11 +86,14 @@ pub fn install() {
     if get.is_null() || set.is_null() || version.is_null() {
         return;
     }
+    // SAFETY: CPython's `Py_GetVersion`, of this C type.
     let version: unsafe extern "C" fn() -> *const c_char = unsafe { core::mem::transmute(version) };
+    // SAFETY: callable at any time: it formats a static buffer once.
     let text = unsafe { version() };
     if text.is_null() {
         return;
     }
+    // SAFETY: Py_GetVersion returns a NUL-terminated static string.
     let text = unsafe { CStr::from_ptr(text) }.to_bytes();
     let Some(((major, minor), number)) = parse_version(text) else { return };
     if major != 3 || minor < 8 {
@@ -99,18 +104,27 @@ pub fn install() {
     let (arena, pool) = if minor >= 10 { (1 << 20, 16 << 10) } else { (256 << 10, 4 << 10) };
     ARENA_BYTES.store(arena, Relaxed);
     POOL_BYTES.store(pool, Relaxed);
+    // SAFETY: CPython's `PyObject_GetArenaAllocator`, of this C type.
     let get: unsafe extern "C" fn(*mut ArenaAllocator) = unsafe { core::mem::transmute(get) };
+    // SAFETY: CPython's `PyObject_SetArenaAllocator`, of this C type.
     let set: unsafe extern "C" fn(*const ArenaAllocator) = unsafe { core::mem::transmute(set) };
     let mut previous = ArenaAllocator { ctx: core::ptr::null_mut(), alloc: None, free: None };
+    // SAFETY: `previous` is a `PyObjectArenaAllocator` (repr(C)) to write.
     unsafe { get(&mut previous) };
     if previous.alloc.is_none() || previous.free.is_none() {
         return;
     }
+    // SAFETY: written here once, before `set` below lets CPython call
+    // `arena_alloc`/`arena_free` (the only readers), at load time before `main`,
+    // while the program has one thread.
     unsafe { *PREVIOUS.0.get() = previous };
     CURRENT_ALLOCATOR_NAME.store(symbol(c"_PyMem_GetCurrentAllocatorName"), Relaxed);
     let ours = ArenaAllocator { ctx: core::ptr::null_mut(), alloc: Some(arena_alloc), free: Some(arena_free) };
+    // SAFETY: `ours` is a valid allocator; CPython copies it.
     unsafe { set(&ours) };
     crate::python_frames::install(major, minor, symbol);
+    // SAFETY: written here once, before the Release store of INSTALLED; read only
+    // after an Acquire load of it sees true.
     let version = unsafe { &mut *VERSION.0.get() };
     let len = number.len().min(version.0.len());
     version.0[..len].copy_from_slice(&number[..len]);
@@ -134,6 +148,7 @@ pub fn publish() {
     }
     let Some(area) = area::get() else { return };
     let note = {
+        // SAFETY: INSTALLED is true (Acquire, above): VERSION is written and stays so.
         let version = unsafe { &*VERSION.0.get() };
         let mut note = alloc::string::String::from("python ");
         note.push_str(&alloc::string::String::from_utf8_lossy(&version.0[..version.1]));
@@ -162,8 +177,11 @@ pub fn note_allocator() {
     let text = if name.is_null() {
         None
     } else {
+        // SAFETY: CPython's `_PyMem_GetCurrentAllocatorName`, of this C type.
         let name: unsafe extern "C" fn() -> *const c_char = unsafe { core::mem::transmute(name) };
+        // SAFETY: callable while the interpreter lives; it returns a static name.
         let text = unsafe { name() };
+        // SAFETY: a NUL-terminated static string.
         (!text.is_null()).then(|| alloc::string::String::from_utf8_lossy(unsafe { CStr::from_ptr(text) }.to_bytes()).into_owned())
     };
     let mut note = alloc::string::String::from("python allocator ");
@@ -184,6 +202,7 @@ static MAPPED_EXTRA: AtomicU64 = AtomicU64::new(0);
 /// whose objects fill it).
 pub fn arena_mapped(address: u64, len: u64, extra: u64) -> bool {
     let thread = MAPPING_THREAD.load(Acquire);
+    // SAFETY: no precondition.
     if thread == 0 || len != ARENA_BYTES.load(Relaxed) || thread != unsafe { libc::pthread_self() } as usize {
         return false;
     }
@@ -192,7 +211,12 @@ pub fn arena_mapped(address: u64, len: u64, extra: u64) -> bool {
     true
 }
 
+/// Our `PyObjectArenaAllocator.alloc`: the previous one's, recorded.
+///
+/// # Safety
+/// Called by CPython as an arena allocator's `alloc`, after `install`.
 unsafe extern "C" fn arena_alloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: written once in `install` before CPython could call this.
     let previous = unsafe { *PREVIOUS.0.get() };
     let Some(alloc) = previous.alloc else { return core::ptr::null_mut() };
     // The arena allocator also serves other memory of the interpreter's
@@ -201,37 +225,50 @@ unsafe extern "C" fn arena_alloc(_ctx: *mut c_void, size: usize) -> *mut c_void 
     let is_arena = size as u64 == ARENA_BYTES.load(Relaxed);
     // One thread at a time (interpreters with a GIL each may race here: the
     // others' arenas are recorded by the mmap hook, without their stack).
+    // SAFETY: no precondition.
     let me = unsafe { libc::pthread_self() } as usize;
     let watched = is_arena && crate::recorder::is_recording() && MAPPING_THREAD.compare_exchange(0, me, Acquire, Relaxed).is_ok();
+    // SAFETY: the previous arena allocator, called as CPython calls ours.
     let address = unsafe { alloc(previous.ctx, size) };
     if watched {
         let mapped = MAPPED_ADDRESS.swap(0, Relaxed);
         let extra = MAPPED_EXTRA.load(Relaxed);
         MAPPING_THREAD.store(0, Release);
         if mapped != 0 {
+            // SAFETY: the calling thread's errno.
             let errno = unsafe { *libc::__errno_location() };
             let hook = crate::buffers::enter_hook();
             crate::recorder::record_mapping_with_stack(hook, mapped, size as u64, extra);
             crate::buffers::leave_hook(hook);
+            // SAFETY: as above.
             unsafe { *libc::__errno_location() = errno };
         }
     }
     if !address.is_null() && is_arena {
+        // SAFETY: the calling thread's errno.
         let errno = unsafe { *libc::__errno_location() };
         insert(address as u64);
         if !ALLOCATOR_NOTED.load(Relaxed) && crate::recorder::is_recording() {
             buffers::while_busy(note_allocator);
         }
+        // SAFETY: as above.
         unsafe { *libc::__errno_location() = errno };
     }
     address
 }
 
+/// Our `PyObjectArenaAllocator.free`.
+///
+/// # Safety
+/// Called by CPython as an arena allocator's `free`: `address` is an arena
+/// `arena_alloc` returned, of `size` bytes, no longer used.
 unsafe extern "C" fn arena_free(_ctx: *mut c_void, address: *mut c_void, size: usize) {
+    // SAFETY: written once in `install` before CPython could call this.
     let previous = unsafe { *PREVIOUS.0.get() };
     // Out of the table first: the recorder must not read an arena being unmapped.
     remove(address as u64);
     if let Some(free) = previous.free {
+        // SAFETY: the previous allocator frees the arena it made, as CPython asks.
         unsafe { free(previous.ctx, address, size) };
     }
 }

@@ -85,7 +85,11 @@ pub fn enabled() -> bool {
 }
 
 #[inline(always)]
+/// # Safety
+/// `base + offset` is readable and aligned for `T`: a field of a live
+/// interpreter object laid out as `layout_311` says.
 unsafe fn read<T: Copy>(base: usize, offset: usize) -> T {
+    // SAFETY: the caller's contract.
     unsafe { core::ptr::read((base + offset) as *const T) }
 }
 
@@ -96,34 +100,49 @@ pub fn capture(out: &mut [u64]) -> usize {
     if !enabled() {
         return 0;
     }
+    // SAFETY: `install` stored CPython's `_PyThreadState_UncheckedGet` here
+    // before ENABLED, a function of this C type.
     let current: unsafe extern "C" fn() -> usize = unsafe { core::mem::transmute(CURRENT_TSTATE.load(Relaxed)) };
+    // SAFETY: as above, for `PyGILState_GetThisThreadState`.
     let this_thread: unsafe extern "C" fn() -> usize = unsafe { core::mem::transmute(THIS_THREAD_TSTATE.load(Relaxed)) };
     // The GIL's holder, and this thread's own state: equal only on the
     // thread holding the GIL, whose frames cannot change under it.
+    // SAFETY: both getters only read a thread-local pointer; callable on any
+    // thread, with or without the GIL.
     let tstate = unsafe { current() };
+    // SAFETY: as above.
     if tstate == 0 || unsafe { this_thread() } != tstate {
         return 0;
     }
     let code_type = CODE_TYPE.load(Relaxed);
+    // SAFETY: `tstate` is this thread's live PyThreadState and this thread holds
+    // the GIL, so the interpreter's frames cannot change or go while we read them;
+    // the offsets are 3.11's (`install` checked the version).
     let cframe: usize = unsafe { read(tstate, TSTATE_CFRAME) };
     if cframe == 0 {
         return 0;
     }
+    // SAFETY: the live `_PyCFrame` of that thread state (non-null).
     let mut frame: usize = unsafe { read(cframe, CFRAME_CURRENT_FRAME) };
     let mut count = 0;
     while frame != 0 && count < out.len() {
+        // SAFETY: a live `_PyInterpreterFrame` of the chain (non-null).
         let code: usize = unsafe { read(frame, FRAME_CODE) };
+        // SAFETY: a frame's non-null code pointer is a live object, its type at OBJECT_TYPE.
         if code == 0 || unsafe { read::<usize>(code, OBJECT_TYPE) } != code_type {
             break;
         }
+        // SAFETY: a live frame, as above.
         let prev_instr: usize = unsafe { read(frame, FRAME_PREV_INSTR) };
         let units = code + CODE_UNITS;
         // A frame being set up points one unit before its code.
         let instruction = (prev_instr >= units).then(|| ((prev_instr - units) / 2) as u32);
+        // SAFETY: as above.
         let entry = unsafe { read::<u8>(frame, FRAME_IS_ENTRY) } != 0;
         let Some(id) = code_id(code) else { break };
         out[count] = encode_frame(id, instruction, entry);
         count += 1;
+        // SAFETY: as above.
         frame = unsafe { read(frame, FRAME_PREVIOUS) };
     }
     count
@@ -155,6 +174,8 @@ static GENERATION: AtomicU32 = AtomicU32::new(1);
 #[inline(always)]
 fn fingerprint(code: usize) -> u64 {
     let (first_line, filename, qualname, linetable): (i32, usize, usize, usize) =
+        // SAFETY: `code` is a live code object (its type checked by the caller), read
+        // under the GIL.
         unsafe { (read(code, CODE_FIRST_LINE), read(code, CODE_FILENAME), read(code, CODE_QUALNAME), read(code, CODE_LINETABLE)) };
     (first_line as u32 as u64) ^ (filename as u64).rotate_left(13) ^ (qualname as u64).rotate_left(29) ^ (linetable as u64).rotate_left(43)
 }
@@ -197,13 +218,17 @@ fn code_id(code: usize) -> Option<u32> {
 }
 
 fn record_code(code: usize, id: u32) {
+    // SAFETY: `code` is a live code object, read under the GIL (see `capture`).
     let first_line: i32 = unsafe { read(code, CODE_FIRST_LINE) };
     let record = PythonCode {
         id,
         first_line: first_line.max(0) as u32,
         line_table_format: LINE_TABLE_CPYTHON_311,
+        // SAFETY: as above.
         file: unicode(unsafe { read(code, CODE_FILENAME) }).unwrap_or_default(),
+        // SAFETY: as above.
         qualified_name: unicode(unsafe { read(code, CODE_QUALNAME) }).unwrap_or_default(),
+        // SAFETY: as above.
         line_table: bytes(unsafe { read(code, CODE_LINETABLE) }).unwrap_or_default(),
     };
     buffers::push_record(&Record::PythonCode(record));
@@ -216,10 +241,13 @@ const MAX_LINE_TABLE: usize = 1 << 20;
 
 /// A `str`'s text, for the compact forms every name and file name takes.
 fn unicode(object: usize) -> Option<alloc::string::String> {
+    // SAFETY: `object` is a non-null field of a live code object: a live object.
     if object == 0 || unsafe { read::<usize>(object, OBJECT_TYPE) } != UNICODE_TYPE.load(Relaxed) {
         return None;
     }
+    // SAFETY: a live `str` (its type checked above).
     let length: isize = unsafe { read(object, UNICODE_LENGTH) };
+    // SAFETY: as above.
     let state: u32 = unsafe { read(object, UNICODE_STATE) };
     let (kind, compact, ascii) = ((state >> 2) & 7, state & (1 << 5) != 0, state & (1 << 6) != 0);
     if !compact || length < 0 {
@@ -230,8 +258,12 @@ fn unicode(object: usize) -> Option<alloc::string::String> {
     let mut text = alloc::string::String::with_capacity(length);
     for index in 0..length {
         let point: u32 = match kind {
+            // SAFETY: a compact `str` keeps `length` code points of `kind` bytes at
+            // `data`; `index < length`.
             1 => unsafe { read::<u8>(data, index) as u32 },
+            // SAFETY: as above.
             2 => unsafe { read::<u16>(data, 2 * index) as u32 },
+            // SAFETY: as above.
             4 => unsafe { read::<u32>(data, 4 * index) },
             _ => return None,
         };
@@ -241,13 +273,16 @@ fn unicode(object: usize) -> Option<alloc::string::String> {
 }
 
 fn bytes(object: usize) -> Option<alloc::vec::Vec<u8>> {
+    // SAFETY: `object` is a non-null field of a live code object: a live object.
     if object == 0 || unsafe { read::<usize>(object, OBJECT_TYPE) } != BYTES_TYPE.load(Relaxed) {
         return None;
     }
+    // SAFETY: a live `bytes` (its type checked above).
     let length: isize = unsafe { read(object, VAR_SIZE) };
     if length < 0 || length as usize > MAX_LINE_TABLE {
         return None;
     }
+    // SAFETY: a `bytes` object keeps its `length` bytes at BYTES_DATA.
     let data = unsafe { core::slice::from_raw_parts((object + BYTES_DATA) as *const u8, length as usize) };
     Some(data.to_vec())
 }

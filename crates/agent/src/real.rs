@@ -86,11 +86,16 @@ fn resolve_slow() -> Option<&'static Real> {
     match STATE.compare_exchange(UNRESOLVED, RESOLVING, AcqRel, Acquire) {
         Ok(_) => {
             RESOLVER_TID.store(crate::sys::gettid(), Relaxed);
+            // SAFETY: this thread alone moved STATE to RESOLVING, so it alone resolves.
             let real = unsafe { resolve_all() };
+            // SAFETY: written by this thread alone (it moved STATE to RESOLVING), and
+            // read by others only once they see READY.
             unsafe { *REAL.0.get() = Some(real) };
             STATE.store(READY, Release);
+            // SAFETY: written just above; no one writes it again.
             unsafe { (*REAL.0.get()).as_ref() }
         }
+        // SAFETY: STATE is READY (Acquire): written once, before, and never again.
         Err(READY) => unsafe { (*REAL.0.get()).as_ref() },
         Err(_) => {
             // A nested call from inside dlsym: bootstrap. Another thread: wait.
@@ -100,64 +105,100 @@ fn resolve_slow() -> Option<&'static Real> {
             while STATE.load(Acquire) != READY {
                 core::hint::spin_loop();
             }
+            // SAFETY: as above.
             unsafe { (*REAL.0.get()).as_ref() }
         }
     }
 }
 
+/// # Safety
+/// `dlsym(RTLD_NEXT)` from the agent's own code: callable once libc is up,
+/// which it is before any code of the agent runs.
 unsafe fn next(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: `name` is NUL-terminated.
     let symbol = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
     (!symbol.is_null()).then_some(symbol)
 }
 
 macro_rules! lookup {
     ($name:literal, $fallback:expr, $ty:ty) => {
+        // SAFETY: `name` is a NUL-terminated literal.
         match unsafe { next($name) } {
+            // SAFETY: the symbol of this name in the next object is the libc
+            // function of the same name, whose C type `$ty` spells.
             Some(symbol) => unsafe { core::mem::transmute::<*mut c_void, $ty>(symbol) },
             None => $fallback,
         }
     };
 }
 
+/// # Safety
+/// None: a stand-in for a missing function, `unsafe` to have its C type.
 unsafe extern "C" fn unknown_usable_size(_: *mut c_void) -> usize {
     0
 }
 
 /// An allocator without malloc_trim: nothing was released, as glibc says.
+///
+/// # Safety
+/// None, as `unknown_usable_size`.
 unsafe extern "C" fn nothing_trimmed(_: usize) -> i32 {
     0
 }
 
+/// # Safety
+/// None, as `unknown_usable_size`.
 unsafe extern "C" fn no_brk(_: *mut c_void) -> i32 {
+    // SAFETY: the calling thread's errno.
     unsafe { *libc::__errno_location() = libc::ENOMEM };
     -1
 }
 
+/// # Safety
+/// None, as `unknown_usable_size`.
 unsafe extern "C" fn no_sbrk(_: isize) -> *mut c_void {
+    // SAFETY: the calling thread's errno.
     unsafe { *libc::__errno_location() = libc::ENOMEM };
     usize::MAX as *mut c_void
 }
 
+/// # Safety
+/// None, as `unknown_usable_size`.
 unsafe extern "C" fn no_execve(_: *const libc::c_char, _: Argv, _: Argv) -> i32 {
+    // SAFETY: the calling thread's errno.
     unsafe { *libc::__errno_location() = libc::ENOSYS };
     -1
 }
 
+/// # Safety
+/// None, as `unknown_usable_size`.
 unsafe extern "C" fn no_fexecve(_: i32, _: Argv, _: Argv) -> i32 {
+    // SAFETY: the calling thread's errno.
     unsafe { *libc::__errno_location() = libc::ENOSYS };
     -1
 }
 
+/// # Safety
+/// None, as `unknown_usable_size`.
 unsafe extern "C" fn no_execveat(_: i32, _: *const libc::c_char, _: Argv, _: Argv, _: i32) -> i32 {
+    // SAFETY: the calling thread's errno.
     unsafe { *libc::__errno_location() = libc::ENOSYS };
     -1
 }
 
+/// # Safety
+/// None: ends the process, as `exit` without atexit handlers.
 unsafe extern "C" fn exit_group(code: i32) -> ! {
+    // SAFETY: ends the process; no precondition.
     unsafe { libc::syscall(libc::SYS_exit_group, code) };
     unreachable!()
 }
 
+/// The real functions, each by `dlsym(RTLD_NEXT)` or, when the next object
+/// lacks it, glibc's internal name or a stand-in.
+///
+/// # Safety
+/// As [`next`]; called once, by the thread that resolves.
 unsafe fn resolve_all() -> Real {
     Real {
         malloc: lookup!(c"malloc", __libc_malloc, MallocFn),
@@ -181,11 +222,15 @@ unsafe fn resolve_all() -> Real {
     }
 }
 
+/// # Safety
+/// As `posix_memalign`: `out` is writable.
 unsafe extern "C" fn posix_memalign_via_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    // SAFETY: glibc's own memalign, with the caller's arguments.
     let ptr = unsafe { __libc_memalign(align, size) };
     if ptr.is_null() {
         return libc::ENOMEM;
     }
+    // SAFETY: `out` is writable (posix_memalign's contract).
     unsafe { *out = ptr };
     0
 }
@@ -204,16 +249,21 @@ pub enum UsableSize {
 
 /// The file a function was loaded from.
 pub fn module_path(function: *const c_void) -> alloc::string::String {
+    // SAFETY: `Dl_info` is plain pointers, for which zero is a valid value.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    // SAFETY: `info` is ours to write; dladdr only looks `function` up.
     if unsafe { libc::dladdr(function, &mut info) } == 0 || info.dli_fname.is_null() {
         return alloc::string::String::new();
     }
+    // SAFETY: dladdr's NUL-terminated file name, which lives as long as the module.
     alloc::string::String::from_utf8_lossy(unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes()).into_owned()
 }
 
 pub fn usable_size_method(real: &Real) -> UsableSize {
     let module_of = |f: *const c_void| {
+        // SAFETY: as above.
         let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
         if unsafe { libc::dladdr(f, &mut info) } == 0 {
             (core::ptr::null_mut(), core::ptr::null())
         } else {
@@ -224,6 +274,7 @@ pub fn usable_size_method(real: &Real) -> UsableSize {
     if malloc_module.is_null() {
         return UsableSize::Unknown;
     }
+    // SAFETY: dladdr's NUL-terminated file name of a loaded module.
     let file = if malloc_file.is_null() { &b""[..] } else { unsafe { CStr::from_ptr(malloc_file) }.to_bytes() };
     // By file name: tcmalloc exports glibc's internal names (__libc_malloc)
     // too, so comparing addresses with them proves nothing.
@@ -243,6 +294,7 @@ pub fn usable_size_method(real: &Real) -> UsableSize {
 #[inline(always)]
 pub unsafe fn glibc_usable_size(ptr: *mut c_void) -> usize {
     const IS_MMAPPED: usize = 2;
+    // SAFETY: a live glibc block has its chunk's size word just before it.
     let size_word = unsafe { (ptr as *const usize).sub(1).read() };
     let chunk_size = size_word & !7;
     if size_word & IS_MMAPPED != 0 { chunk_size - 16 } else { chunk_size - 8 }
@@ -271,12 +323,14 @@ pub fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
     let mut used = ARENA_USED.load(Relaxed);
     loop {
         let start = (arena_base() + used + BOOTSTRAP_HEADER).next_multiple_of(align);
-        let end = start.checked_add(size).unwrap_or(usize::MAX);
+        let end = start.saturating_add(size);
         if end > arena_base() + BOOTSTRAP_BYTES {
             return core::ptr::null_mut();
         }
         match ARENA_USED.compare_exchange(used, end - arena_base(), AcqRel, Relaxed) {
             Ok(_) => {
+                // SAFETY: the compare-exchange gave this call `start - BOOTSTRAP_HEADER ..
+                // end`, inside the arena, with room for the header word (aligned to 16).
                 unsafe { ((start - BOOTSTRAP_HEADER) as *mut usize).write(size) };
                 return start as *mut c_void;
             }
@@ -290,6 +344,12 @@ pub fn is_bootstrap(ptr: *mut c_void) -> bool {
     (ptr as usize).wrapping_sub(arena_base()) < BOOTSTRAP_BYTES
 }
 
-pub fn bootstrap_size(ptr: *mut c_void) -> usize {
+/// The size a bootstrap block was asked for.
+///
+/// # Safety
+/// `ptr` is a block [`bootstrap_alloc`] returned.
+pub unsafe fn bootstrap_size(ptr: *mut c_void) -> usize {
+    // SAFETY: `ptr` is a block `bootstrap_alloc` returned (the caller's
+    // contract): its size is in the header word before it.
     unsafe { ((ptr as usize - BOOTSTRAP_HEADER) as *const usize).read() }
 }

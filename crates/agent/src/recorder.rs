@@ -72,6 +72,8 @@ fn start() -> bool {
     unsafe extern "C" {
         static environ: *const *const libc::c_char;
     }
+    // SAFETY: reads libc's `environ` pointer (not what it points to); libc
+    // sets it before any code of the program runs.
     if unsafe { environ }.is_null() {
         // Too early in process start-up to read the environment: try later.
         return false;
@@ -80,8 +82,10 @@ fn start() -> bool {
         return PHASE.load(Acquire) == ON;
     }
     let started = buffers::while_busy(|| {
+        // SAFETY: the calling thread's errno.
         let errno = unsafe { *libc::__errno_location() };
         let started = start_recording();
+        // SAFETY: as above.
         unsafe { *libc::__errno_location() = errno };
         started
     });
@@ -135,6 +139,7 @@ pub fn on_load() {
         };
         USABLE_SIZE.store(method, Relaxed);
         let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is ours to write; the destructor is an `extern "C"` fn.
         if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
             THREAD_KEY.store(key, Release);
             let main_state = buffers::current_state();
@@ -142,6 +147,7 @@ pub fn on_load() {
                 on_new_thread(main_state);
             }
         }
+        // SAFETY: handlers of the right C types, each living as long as the process.
         unsafe {
             on_exit(at_exit, core::ptr::null_mut());
             libc::pthread_atfork(Some(on_fork_prepare), None, Some(on_fork_child));
@@ -180,9 +186,10 @@ pub fn note_loader_changes() {
 /// A program that defines `malloc` itself (a statically linked allocator)
 /// wins over the preload: say so rather than show an empty trace.
 fn warn_if_allocator_is_unreachable() {
+    // SAFETY: a NUL-terminated name; dlsym only looks it up.
     let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = crate::hooks::malloc as *const c_void;
-    if !found.is_null() && found as *const c_void != ours {
+    if !found.is_null() && !core::ptr::eq(found, ours) {
         let note = "malloc is defined by the program itself ahead of memgap's agent; its heap calls are not visible";
         buffers::push_record(&Record::Note { time: clock::now(), text: note.into() });
     }
@@ -191,6 +198,7 @@ fn warn_if_allocator_is_unreachable() {
 pub fn on_new_thread(state: *mut ThreadState) {
     let key = THREAD_KEY.load(Acquire);
     if key != u32::MAX {
+        // SAFETY: `key` was created by pthread_key_create; glibc only stores the value.
         unsafe { libc::pthread_setspecific(key, state as *const c_void) };
     }
 }
@@ -198,8 +206,14 @@ pub fn on_new_thread(state: *mut ThreadState) {
 /// pthread key destructor. glibc runs key destructors up to four rounds, and
 /// other libraries' destructors may free memory after ours: re-arm for the
 /// later rounds and close the thread's buffers only in the last.
+///
+/// # Safety
+/// Called by glibc at thread exit with the value `on_new_thread` stored for
+/// this thread: its live state.
 unsafe extern "C" fn on_thread_exit(value: *mut c_void) {
     let state = value as *mut ThreadState;
+    // SAFETY: `value` is the state `on_new_thread` stored under this key for
+    // this thread, still live: only the last round below closes it.
     unsafe {
         (*state).destructor_rounds += 1;
         if (*state).destructor_rounds < PTHREAD_DESTRUCTOR_ITERATIONS {
@@ -207,7 +221,9 @@ unsafe extern "C" fn on_thread_exit(value: *mut c_void) {
             return;
         }
     }
-    ThreadState::close(state);
+    // SAFETY: the thread's live state, in its last destructor round: nothing
+    // of this thread uses the state after this.
+    unsafe { ThreadState::close(state) };
 }
 
 unsafe extern "C" {
@@ -227,8 +243,10 @@ pub fn program_snapshot() {
     if PHASE.load(Acquire) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
         return;
     }
+    // SAFETY: the calling thread's errno.
     let errno = unsafe { *libc::__errno_location() };
     buffers::while_busy(|| area::request(REQUEST_SNAPSHOT));
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
@@ -268,6 +286,7 @@ pub fn finish(_reason: EndReason) {
     if FINISHED.swap(true, AcqRel) {
         return;
     }
+    // SAFETY: the calling thread's errno.
     let errno = unsafe { *libc::__errno_location() };
     buffers::while_busy(|| {
         let Some(area) = area::get() else { return };
@@ -284,6 +303,7 @@ pub fn finish(_reason: EndReason) {
         header.agent_state.store(AGENT_FINISHED, Release);
         area::wake_recorder(header);
     });
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
@@ -318,6 +338,7 @@ extern "C" fn on_fork_child() {
     let parent_pid = OWNER_PID.load(Relaxed);
     let parent_image_start_ns = IMAGE_START_NS.load(Relaxed);
     let forking = buffers::current_state();
+    // SAFETY: non-null, so this thread's live state, copied into the child.
     let forking_thread = if forking.is_null() { None } else { Some(unsafe { (*forking).thread }) };
     // SAFETY: this is the fork child's only thread, and the agent never
     // forks inside its own locked sections: the guards the fork copied
@@ -389,7 +410,10 @@ pub fn record_realloc(hook: Hook, kind: EventKind, before: u64, new: *mut c_void
 pub fn usable_size(addr: *mut c_void) -> usize {
     match USABLE_SIZE.load(Relaxed) {
         _ if addr.is_null() => 0,
+        // SAFETY: USABLE_GLIBC means the real allocator is glibc's, and `addr` is
+        // a live block of it that the hook just got.
         USABLE_GLIBC => unsafe { real::glibc_usable_size(addr) },
+        // SAFETY: the real allocator's own function, on a live block of it.
         USABLE_CALL => real::real().map_or(0, |real| unsafe { (real.malloc_usable_size)(addr) }),
         _ => 0,
     }
@@ -404,6 +428,8 @@ pub fn freed_size(addr: *mut c_void) -> usize {
     if addr.is_null() || USABLE_SIZE.load(Relaxed) != USABLE_GLIBC {
         return 0;
     }
+    // SAFETY: glibc is the real allocator, and `addr` is the live block about
+    // to be freed (the caller's contract with the hook).
     unsafe { real::glibc_usable_size(addr) }
 }
 
@@ -428,6 +454,7 @@ pub fn record_alloc(hook: Hook, kind: EventKind, addr: *mut c_void, size: usize,
     if crate::stacks::enabled() && !addr.is_null() {
         buffers::append_allocation(hook, &mut event());
     } else if matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) {
+        // SAFETY: `append_encoded` calls this with MAX_RECORD_LEN bytes of room.
         buffers::append_encoded(hook, event, |delta, out| unsafe {
             RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64)
         });
@@ -442,6 +469,7 @@ pub fn record_free(hook: Hook, time: u64, addr: *mut c_void, usable: usize) {
     buffers::count_live(hook, 0u64.wrapping_sub(usable as u64));
     let cpu = cpu();
     let event = || Event { time, kind: Some(EventKind::Free), cpu, addr: addr as u64, ..Event::default() };
+    // SAFETY: as above.
     buffers::append_encoded(hook, event, |delta, out| unsafe { RawEncoder::encode_free(delta, out, time, cpu, addr as u64) });
 }
 

@@ -7,6 +7,8 @@
 use core::ffi::c_void;
 
 pub fn mmap_anonymous(len: usize) -> *mut u8 {
+    // SAFETY: a new private anonymous mapping, placed by the kernel: it
+    // replaces nothing.
     let addr = unsafe {
         libc::syscall(
             libc::SYS_mmap,
@@ -26,6 +28,7 @@ pub fn mmap_anonymous(len: usize) -> *mut u8 {
     // profiler's memory from the program's; older kernels refuse, harmlessly.
     const PR_SET_VMA: libc::c_int = 0x53564d41;
     const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
+    // SAFETY: names the mapping just made; the name is a static C string.
     unsafe {
         libc::prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, addr as libc::c_ulong, len as libc::c_ulong, c"memgap".as_ptr());
     }
@@ -33,6 +36,7 @@ pub fn mmap_anonymous(len: usize) -> *mut u8 {
 }
 
 pub fn munmap(addr: *mut u8, len: usize) {
+    // SAFETY: the caller's own mapping (one `mmap_anonymous` made), which nothing uses any more.
     unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
     agent_ranges::remove(addr as u64);
 }
@@ -107,18 +111,22 @@ pub mod agent_ranges {
 }
 
 pub fn errno() -> i32 {
+    // SAFETY: the calling thread's errno.
     unsafe { *libc::__errno_location() }
 }
 
 pub fn gettid() -> u32 {
+    // SAFETY: a system call without arguments.
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 pub fn getpid() -> u32 {
+    // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_getpid) as u32 }
 }
 
 pub fn getppid() -> u32 {
+    // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_getppid) as u32 }
 }
 
@@ -127,6 +135,8 @@ pub fn getppid() -> u32 {
 /// is taken back, so the call only fails with EFBIG; one the program
 /// already had pending stays pending.
 pub fn without_xfsz<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: signal sets on our stack, initialized by sigemptyset (or written
+    // by the kernel) before they are read; errno is the calling thread's.
     unsafe {
         let mut xfsz: libc::sigset_t = core::mem::zeroed();
         let mut old: libc::sigset_t = core::mem::zeroed();
@@ -147,6 +157,7 @@ pub fn without_xfsz<R>(f: impl FnOnce() -> R) -> R {
 }
 
 fn xfsz_pending() -> bool {
+    // SAFETY: a signal set on our stack, written by sigpending before it is read.
     unsafe {
         let mut pending: libc::sigset_t = core::mem::zeroed();
         libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGXFSZ) == 1
@@ -156,11 +167,13 @@ fn xfsz_pending() -> bool {
 /// Sleeps without touching any libc state the program may hold.
 pub fn sleep_ns(ns: u64) {
     let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
+    // SAFETY: `ts` is a valid timespec; no remaining time is asked for.
     unsafe { libc::syscall(libc::SYS_nanosleep, &ts, core::ptr::null_mut::<libc::timespec>()) };
 }
 
 /// Reads a whole small file (such as /proc/self/cmdline) with raw syscalls.
 pub fn read_file(path: &core::ffi::CStr) -> Vec<u8> {
+    // SAFETY: `path` is NUL-terminated.
     let fd = unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as i32;
     if fd < 0 {
         return Vec::new();
@@ -168,12 +181,14 @@ pub fn read_file(path: &core::ffi::CStr) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
+        // SAFETY: `buf` is writable for its length.
         let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
         if n <= 0 {
             break;
         }
         out.extend_from_slice(&buf[..n as usize]);
     }
+    // SAFETY: our own descriptor, closed once.
     unsafe { libc::syscall(libc::SYS_close, fd) };
     out
 }
@@ -326,11 +341,15 @@ pub mod current_cpu {
         }
         // Looked up rather than linked: the agent must load on a glibc
         // older than 2.35 too.
+        // SAFETY: NUL-terminated names; dlsym only looks them up.
         let offset = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()) } as *const isize;
+        // SAFETY: as above.
         let size = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()) } as *const u32;
+        // SAFETY: glibc's `__rseq_size`, a u32 it exports (checked non-null).
         if offset.is_null() || size.is_null() || unsafe { *size } == 0 {
             return;
         }
+        // SAFETY: glibc's `__rseq_offset`, an isize it exports (checked non-null).
         CPU_ID_OFFSET.store(unsafe { *offset } + CPU_ID_FIELD, Relaxed);
     }
 
@@ -348,6 +367,7 @@ pub mod current_cpu {
                 return cpu as u32;
             }
         }
+        // SAFETY: no precondition.
         unsafe { libc::sched_getcpu() as u32 }
     }
 
@@ -358,6 +378,7 @@ pub mod current_cpu {
             super::init();
             // A migration between the two reads is possible but rare; one
             // agreement in a few tries shows the field is the right one.
+            // SAFETY: no precondition.
             let agrees = (0..100).any(|_| super::get() == unsafe { libc::sched_getcpu() } as u32);
             assert!(agrees);
             assert_ne!(super::CPU_ID_OFFSET.load(core::sync::atomic::Ordering::Relaxed), super::NONE, "glibc here registers rseq");

@@ -42,10 +42,13 @@ impl TrimCall {
 /// Calls the real `malloc_trim` (`trim`) and records what it did. The
 /// program sees the same result and errno as without us.
 pub fn measure(pad: usize, trim: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the calling thread's errno.
     let errno = unsafe { *libc::__errno_location() };
     let rss_before = buffers::while_busy(|| area::request(REQUEST_RSS)).unwrap_or(0);
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     let returned = trim();
+    // SAFETY: as above.
     let errno = unsafe { *libc::__errno_location() };
     buffers::while_busy(|| {
         let rss_after = area::request(REQUEST_RSS).unwrap_or(0);
@@ -56,6 +59,7 @@ pub fn measure(pad: usize, trim: impl FnOnce() -> i32) -> i32 {
             area::wake_recorder(area.header());
         }
     });
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     returned
 }
@@ -66,12 +70,15 @@ mod tests {
 
     #[test]
     fn a_call_keeps_the_result_and_errno_of_the_real_one() {
+        // SAFETY: the calling thread's errno.
         unsafe { *libc::__errno_location() = libc::EAGAIN };
         let returned = measure(128, || {
+            // SAFETY: as above.
             unsafe { *libc::__errno_location() = libc::ENOMEM };
             7
         });
         assert_eq!(returned, 7);
+        // SAFETY: as above.
         assert_eq!(unsafe { *libc::__errno_location() }, libc::ENOMEM, "the errno the real call left");
         let call = TrimCall { monotonic_ns: 5, rss_before: 400 << 20, rss_after: 40 << 20, pad: 0, returned: 1 };
         let Record::Metrics(m) = call.record() else { panic!("a METRICS record") };

@@ -156,11 +156,13 @@ macro_rules! current_registers {
     () => {{
         let (ip, sp, bp): (u64, u64, u64);
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: reads three registers into outputs; no memory, no stack.
         unsafe {
             core::arch::asm!("lea {ip}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp",
                 ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp, options(nomem, nostack, preserves_flags));
         }
         #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
         unsafe {
             core::arch::asm!("adr {ip}, .", "mov {sp}, sp", "mov {bp}, x29",
                 ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp, options(nomem, nostack, preserves_flags));
@@ -346,6 +348,7 @@ impl ThreadUnwinder {
         self.modules_built += 1;
         self.generation = Some(MODULES_GENERATION.load(Acquire));
         let mut found = LoadedModules::default();
+        // SAFETY: `collect_module` takes `data` as the `LoadedModules` passed here.
         unsafe { libc::dl_iterate_phdr(Some(collect_module), &mut found as *mut LoadedModules as *mut c_void) };
         found.code.sort_unstable_by_key(|range| range.start);
         self.code = KnownCode { ranges: found.code, loader_events: found.loader_events, ..KnownCode::default() };
@@ -422,9 +425,11 @@ impl StackBounds {
         unsafe extern "C" {
             static __libc_stack_end: *const c_void;
         }
+        // SAFETY: reads the pointer glibc's start-up stored (not what it points to).
         let high = (unsafe { __libc_stack_end } as u64).next_multiple_of(4096);
         let mut limit = libc::rlimit64 { rlim_cur: 8 << 20, rlim_max: 0 };
         let keep = core::ptr::null::<libc::rlimit64>();
+        // SAFETY: `limit` is ours to write; no new limit is set (`keep` is null).
         unsafe { libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_STACK, keep, &mut limit) };
         StackBounds { low: high.saturating_sub(limit.rlim_cur.min(4 << 30)), high }
     }
@@ -483,6 +488,7 @@ impl StackReader<'_, '_> {
 /// read with raw system calls into a stack buffer (no allocation, no lock).
 fn mapping_containing(address: u64) -> Option<(u64, u64)> {
     let fd =
+        // SAFETY: a NUL-terminated path.
         unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as i32;
     if fd < 0 {
         return None;
@@ -491,6 +497,7 @@ fn mapping_containing(address: u64) -> Option<(u64, u64)> {
     let mut filled = 0usize;
     let mut found = None;
     'read: loop {
+        // SAFETY: `buf[filled..]` is writable for `buf.len() - filled` bytes.
         let n = unsafe { libc::syscall(libc::SYS_read, fd, buf[filled..].as_mut_ptr(), buf.len() - filled) };
         if n <= 0 {
             break;
@@ -502,11 +509,12 @@ fn mapping_containing(address: u64) -> Option<(u64, u64)> {
             consumed += newline + 1;
             let range = line.split(|&b| b == b' ').next().unwrap_or(&[]);
             let mut ends = range.split(|&b| b == b'-').map(|h| core::str::from_utf8(h).ok().and_then(|h| u64::from_str_radix(h, 16).ok()));
-            if let (Some(Some(start)), Some(Some(end))) = (ends.next(), ends.next()) {
-                if start <= address && address < end {
-                    found = Some((start, end));
-                    break 'read;
-                }
+            if let (Some(Some(start)), Some(Some(end))) = (ends.next(), ends.next())
+                && start <= address
+                && address < end
+            {
+                found = Some((start, end));
+                break 'read;
             }
         }
         // Keep the unfinished line; a line longer than the buffer is dropped.
@@ -516,6 +524,7 @@ fn mapping_containing(address: u64) -> Option<(u64, u64)> {
             filled = 0;
         }
     }
+    // SAFETY: our own descriptor, closed once.
     unsafe { libc::syscall(libc::SYS_close, fd) };
     found
 }
@@ -576,11 +585,16 @@ fn loader_events_of(info: &libc::dl_phdr_info, size: usize) -> Option<u64> {
 }
 
 fn loader_events() -> u64 {
+    /// # Safety
+    /// A dl_iterate_phdr callback: `info` valid for the call, `events` the `u64`
+    /// `loader_events` passes.
     unsafe extern "C" fn first_module(info: *mut libc::dl_phdr_info, size: usize, events: *mut c_void) -> c_int {
+        // SAFETY: the callback's contract, just above.
         unsafe { *(events as *mut u64) = loader_events_of(&*info, size).unwrap_or(0) };
         1 // stop at the first module
     }
     let mut events = 0u64;
+    // SAFETY: `first_module` takes `data` as the `u64` passed here.
     unsafe { libc::dl_iterate_phdr(Some(first_module), &mut events as *mut u64 as *mut c_void) };
     events
 }
@@ -588,12 +602,18 @@ fn loader_events() -> u64 {
 /// dl_iterate_phdr callback: one module's executable ranges and, read in
 /// place from its image, its unwind sections. ELF addresses are relative to
 /// the module's load base.
+///
+/// # Safety
+/// A dl_iterate_phdr callback: `info` valid for the call, `found` the
+/// `LoadedModules` `refresh_modules` passes, borrowed by nothing else.
 unsafe extern "C" fn collect_module(info: *mut libc::dl_phdr_info, size: usize, found: *mut c_void) -> c_int {
+    // SAFETY: the callback's contract, just above.
     let (info, found) = unsafe { (&*info, &mut *(found as *mut LoadedModules)) };
     found.loader_events = loader_events_of(info, size).unwrap_or(found.loader_events);
     if info.dlpi_phdr.is_null() {
         return 0;
     }
+    // SAFETY: the loader's `dlpi_phnum` program headers of this module (non-null).
     let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum.into()) };
     let base = info.dlpi_addr;
     let mut text: Option<Range<u64>> = None;
@@ -821,6 +841,9 @@ mod tests {
         }
         let mut walks = Walks(ThreadUnwinder::new(), [0; 64], 0, 0);
         for garbage in [0xdead_beef_u64, fake_sp + 80, here.sp] {
+            // SAFETY: a call with a garbage frame pointer, restored around it: rbp is
+            // pushed and popped, the stack realigned, and `capture_both` is an
+            // `extern "C"` fn taking `walks` in rdi, every C-clobbered register declared.
             unsafe {
                 core::arch::asm!("push rbp", "sub rsp, 8", "mov rbp, {garbage}", "call {f}", "add rsp, 8", "pop rbp",
                     garbage = in(reg) garbage, f = sym capture_both, in("rdi") &mut walks, clobber_abi("C"));
@@ -885,8 +908,12 @@ mod tests {
         const SPAN: u64 = 128 << 10;
         const PAINT: u64 = 0x5a5a_5a5a_5a5a_5a5a;
         let sp = current_registers!().sp;
+        // SAFETY: the thread's own mapped stack below its live frames (256 bytes
+        // down, past the red zone), which no frame uses until `f` runs; a test
+        // measurement only.
         (sp - SPAN..sp - 256).step_by(8).for_each(|a| unsafe { (a as *mut u64).write_volatile(PAINT) });
         f();
+        // SAFETY: the same words, just written.
         let untouched = (sp - SPAN..sp).step_by(8).take_while(|&a| unsafe { (a as *const u64).read_volatile() } == PAINT);
         SPAN - 8 * untouched.count() as u64
     }
