@@ -32,8 +32,10 @@ fn snapshot_if_traced() {
     unsafe extern "C" {
         fn dlsym(handle: *mut std::ffi::c_void, symbol: *const std::ffi::c_char) -> *mut std::ffi::c_void;
     }
+    // SAFETY: a NUL-terminated name; a null handle is RTLD_DEFAULT.
     let found = unsafe { dlsym(std::ptr::null_mut(), c"memgap_snapshot".as_ptr()) };
     if !found.is_null() {
+        // SAFETY: the agent exports memgap_snapshot as `extern "C" fn()`.
         let snapshot: extern "C" fn() = unsafe { std::mem::transmute(found) };
         snapshot();
     }

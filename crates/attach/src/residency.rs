@@ -23,6 +23,7 @@ const EXCLUSIVE: u64 = 1 << 56;
 /// Nanoseconds on CLOCK_MONOTONIC, the clock of traces written outside the agent.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is ours to write.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -38,6 +39,7 @@ pub fn snapshot(pid: u32, reason: SnapshotReason) -> Result<Snapshot, AttachErro
     let started = monotonic_ns();
     let before = procfs::status(pid)?.rss;
     let mut mappings = procfs::mappings(pid)?;
+    // SAFETY: no precondition.
     let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     let pagemap = File::open(format!("/proc/{pid}/pagemap")).ok();
     let mut entries: Vec<u8> = Vec::new();
@@ -85,14 +87,17 @@ mod tests {
     #[test]
     fn our_own_touched_pages_are_resident() {
         let len = 64 * 4096;
+        // SAFETY: a new private anonymous mapping the kernel places: it replaces nothing.
         let area = unsafe {
             libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         } as *mut u8;
         assert!(!area.is_null());
         for page in (0..64).step_by(2) {
+            // SAFETY: inside the 64 pages just mapped, writable.
             unsafe { *area.add(page * 4096) = 1 };
         }
         // Pages only read map the shared zero page: not resident in RSS terms.
+        // SAFETY: inside the mapping, readable.
         let read: u8 = (1..64).step_by(2).map(|page| unsafe { std::ptr::read_volatile(area.add(page * 4096)) }).sum();
         assert_eq!(read, 0);
         let start = area as u64;
@@ -115,6 +120,7 @@ mod tests {
             seen = pattern();
         }
         assert_eq!(seen, expected);
+        // SAFETY: the test's own mapping, unused from here on.
         unsafe { libc::munmap(area.cast(), len) };
     }
 }

@@ -50,6 +50,7 @@ impl Default for TrimOptions {
 /// runs memgap, or as root. CAP_SYS_PTRACE alone (a memgap binary given it
 /// with setcap, a container granting it) would let the kernel permit more.
 pub(crate) fn refuse_another_users_process(pid: u32) -> Result<(), AttachError> {
+    // SAFETY: no precondition.
     let caller = unsafe { libc::getuid() };
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).map_err(|e| AttachError::from_proc(pid, "read", &path, e))?;

@@ -24,6 +24,7 @@ pub fn width() -> Option<usize> {
     if !std::io::stdout().is_terminal() {
         return None;
     }
+    // SAFETY: winsize is plain data, valid all zero.
     let mut size: libc::winsize = unsafe { std::mem::zeroed() };
     // SAFETY: TIOCGWINSZ fills a winsize; stdout is a terminal.
     let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;

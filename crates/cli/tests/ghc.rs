@@ -157,6 +157,7 @@ fn a_directory_with_a_space_and_a_careless_umask() {
     // other tests of this file create nothing whose mode they check.
     let old = unsafe { libc::umask(0) };
     let out = memgap(&dir, &["run", "-o", "t.mgt", "--", arg(&exe), "strip", "20000"]);
+    // SAFETY: restores the mask read above.
     unsafe { libc::umask(old) };
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");

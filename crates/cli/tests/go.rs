@@ -273,6 +273,7 @@ fn without_the_helper_the_ledger_comes_from_gctrace() {
             break;
         }
     }
+    // SAFETY: no memory precondition; the child this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = wait_or_kill(&mut child, "memgap run of the service");
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "the service's own status");

@@ -176,7 +176,9 @@ fn files_that_are_not_traces() {
     // child of this test ever grew near its size.
     let out = memgap_within_bound(&dir, &["ghc", arg(&sparse)]);
     assert!(text(&out.stderr).contains("not a GHC eventlog"), "{}", text(&out.stderr));
+    // SAFETY: rusage is plain data, valid all zero.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is ours to write.
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) }, 0);
     assert!(usage.ru_maxrss < 512 * 1024, "a child peaked at {} KiB", usage.ru_maxrss);
 }

@@ -26,6 +26,7 @@ fn skip_reason() -> Option<String> {
     let installed = |tool: &str| {
         Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
     };
+    // SAFETY: no precondition.
     let is_root = unsafe { libc::geteuid() } == 0;
     if !is_root && !(installed("qemu-system-x86_64") && installed("numactl") && installed("cpio")) {
         return Some("qemu-system-x86, numactl or cpio is missing and only root may install them".into());
@@ -72,6 +73,7 @@ fn two_nodes_in_a_guest_match_their_forced_placement() {
             break Some(status);
         }
         if started.elapsed() > SCRIPT_TIMEOUT {
+            // SAFETY: no memory precondition; the process group of the child this test started.
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             child.wait().ok();
             break None;

@@ -442,7 +442,9 @@ fn wait_with_rusage(child: &mut Child, what: &str) -> (std::process::ExitStatus,
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let mut status = 0;
+        // SAFETY: rusage is plain data, valid all zero.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `status` and `usage` are ours to write.
         let reaped = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
         if reaped == pid {
             let seconds = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);

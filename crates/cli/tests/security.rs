@@ -20,8 +20,10 @@ fn under_umask_000<T>(f: impl FnOnce() -> T) -> T {
     // The umask is per process, and tests run on threads: take a lock.
     static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: no precondition; UMASK keeps the tests of this file from changing it at once.
     let old = unsafe { libc::umask(0) };
     let result = f();
+    // SAFETY: restores the mask read above.
     unsafe { libc::umask(old) };
     result
 }

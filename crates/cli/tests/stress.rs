@@ -183,6 +183,7 @@ fn wait_for(running: &mut Background) -> std::process::ExitStatus {
 }
 
 fn send(pid: i32, signal: i32) {
+    // SAFETY: no memory precondition.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid} {signal}");
 }
 
@@ -293,6 +294,7 @@ fn trace_directory_not_writable_for_the_user() {
     fs::set_permissions(&readonly, fs::Permissions::from_mode(0o555)).unwrap();
     let trace = readonly.join("t.mgt");
     // As root every directory is writable: run as nobody where we can.
+    // SAFETY: no precondition.
     let as_nobody = unsafe { libc::geteuid() } == 0;
     let wrap = |cmd: &mut Command| {
         if as_nobody {
@@ -372,6 +374,8 @@ fn file_size_limit_does_not_kill_the_program() {
     // leaves the program untraced (said in one line), never harmed.
     let (_tmp, dir) = tempdir();
     let prog = compile(&dir, "churn_hwm.c");
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // setrlimit, which is async-signal-safe, and allocates nothing.
     let limit_to = |cmd: &mut Command, bytes: u64| unsafe {
         cmd.pre_exec(move || {
             let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
@@ -470,14 +474,17 @@ fn a_slow_recorder_bounds_memory_and_loses_nothing_silently() {
     let stopper = thread::spawn(move || {
         for _ in 0..10 {
             thread::sleep(Duration::from_millis(100));
+            // SAFETY: no memory precondition.
             if unsafe { libc::kill(recorder, libc::SIGSTOP) } != 0 {
                 break;
             }
             thread::sleep(Duration::from_millis(300));
+            // SAFETY: no memory precondition.
             unsafe { libc::kill(recorder, libc::SIGCONT) };
         }
     });
     stopper.join().unwrap();
+    // SAFETY: no memory precondition.
     unsafe { libc::kill(recorder, libc::SIGCONT) };
     let status = wait_or_kill(&mut child, "memgap run -- churn_hwm");
     let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());

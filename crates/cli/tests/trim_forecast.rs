@@ -142,6 +142,7 @@ fn memgap_trim_agrees_with_the_forecast() {
     let out = memgap(&dir, &["trim", &pid.to_string(), "--json"]);
     assert!(out.status.success(), "memgap trim: {}", text(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).expect("trim JSON");
+    // SAFETY: no memory precondition; the program this test started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let status = target.child.wait().expect("memgap run ends");
     assert!(status.success(), "{status:?}");

@@ -122,6 +122,7 @@ mod tests {
         let mut tree = ProcessTree::new(root);
         let with_sleep = tree.rss_bytes().expect("sh is running");
         assert!(with_sleep > tree.resident_bytes(root), "the tree counts more than its root");
+        // SAFETY: no memory precondition; the target is the sleep this test started.
         unsafe { libc::kill(scanned[0] as i32, libc::SIGKILL) };
         sh.wait().unwrap();
     }

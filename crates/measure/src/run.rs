@@ -143,6 +143,7 @@ fn wait_without_reaping(pid: u32) -> io::Result<()> {
     loop {
         // SAFETY: waitid fills the siginfo_t we own.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: siginfo_t is plain data, valid all zero.
         let result = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         if result == 0 {
             return Ok(());
@@ -161,6 +162,7 @@ fn reap(pid: u32) -> io::Result<(libc::c_int, libc::rusage)> {
         let mut status = 0;
         // SAFETY: wait4 fills the status and rusage we own.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: rusage is plain data, valid all zero.
         let result = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
         if result == pid as libc::pid_t {
             return Ok((status, usage));

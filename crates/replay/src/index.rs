@@ -272,6 +272,7 @@ fn read_own_file(path: &Path) -> Option<Vec<u8>> {
     if fd < 0 {
         return None;
     }
+    // SAFETY: `fd` was just opened (non-negative) and nothing else owns it.
     let file = unsafe { File::from_raw_fd(fd) };
     let meta = file.metadata().ok()?;
     // SAFETY: geteuid cannot fail.

@@ -703,6 +703,7 @@ mod tests {
         let mut end = out.as_mut_ptr();
         for &(kind, addr, time) in events {
             let event = Event { kind: Some(kind), addr, size: 16, usable: 24, time, ..Event::default() };
+            // SAFETY: `out` has MAX_RECORD_LEN bytes per event, and `end` advances by one record each.
             end = unsafe { RawEncoder::encode(&mut state, end, &event) };
         }
         let len = end as usize - out.as_ptr() as usize;
@@ -822,6 +823,7 @@ mod tests {
                     stack,
                     ..Event::default()
                 };
+                // SAFETY: the test's few short stacks fit in `out`'s 4 KiB many times over.
                 end = unsafe { RawEncoder::encode_with_stack(&mut state, end, &event, (!frames.is_empty()).then_some(frames)) };
             }
             let len = end as usize - out.as_ptr() as usize;

@@ -175,6 +175,7 @@ impl RawEncoder {
     /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
     #[inline(always)]
     pub unsafe fn encode(state: &mut DeltaState, out: *mut u8, event: &Event) -> *mut u8 {
+        // SAFETY: the caller's contract, which is `encode_with_stack`'s with no stack.
         unsafe { Self::encode_with_stack(state, out, event, None) }
     }
 
@@ -185,6 +186,8 @@ impl RawEncoder {
     /// `out` must be valid for [`max_record_len`]`(frames)` bytes of writes.
     #[inline(always)]
     pub unsafe fn encode_with_stack(state: &mut DeltaState, out: *mut u8, event: &Event, new_stack: Option<&[u64]>) -> *mut u8 {
+        // SAFETY: the caller's contract: `out` has room for the longest such record,
+        // and each write below stays within it.
         unsafe {
             let kind = event.kind();
             let (mut header, mut p) = time_and_cpu(state, out, event.time, event.cpu);
@@ -258,6 +261,8 @@ impl RawEncoder {
     /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
     #[inline(always)]
     pub unsafe fn encode_free(state: &mut DeltaState, out: *mut u8, time: u64, cpu: u32, addr: u64) -> *mut u8 {
+        // SAFETY: the caller's contract: MAX_RECORD_LEN bytes at `out`, more than a
+        // free's header, time, CPU and address take.
         unsafe {
             let (header, p) = time_and_cpu(state, out, time, cpu);
             *out = header | EventKind::Free as u8;
@@ -283,6 +288,8 @@ impl RawEncoder {
         usable: u64,
     ) -> *mut u8 {
         debug_assert!(matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc));
+        // SAFETY: the caller's contract: MAX_RECORD_LEN bytes at `out`, more than an
+        // allocation without alignment or stack takes.
         unsafe {
             let (header, p) = time_and_cpu(state, out, time, cpu);
             *out = header | kind as u8;
@@ -293,8 +300,12 @@ impl RawEncoder {
 
 /// Writes a record's time and CPU after its header byte at `out`; returns
 /// the header's flags for them and where the payload goes.
+///
+/// # Safety
+/// `out` is valid for the writes of a whole record (header, time, CPU).
 #[inline(always)]
 unsafe fn time_and_cpu(state: &mut DeltaState, out: *mut u8, time: u64, cpu: u32) -> (u8, *mut u8) {
+    // SAFETY: the caller gives room for a whole record, of which this is the start.
     unsafe {
         let mut flags = 0;
         let mut p = out.add(1);
@@ -314,16 +325,24 @@ unsafe fn time_and_cpu(state: &mut DeltaState, out: *mut u8, time: u64, cpu: u32
 }
 
 /// An address field: a zigzag delta against the previous address written.
+///
+/// # Safety
+/// `p` is valid for [`varint::MAX_VARINT_LEN`] bytes of writes.
 #[inline(always)]
 unsafe fn address(state: &mut DeltaState, p: *mut u8, value: u64) -> *mut u8 {
+    // SAFETY: the caller's contract: room for a varint at `p`.
     let end = unsafe { varint::write_raw(p, zigzag(value.wrapping_sub(state.addr) as i64)) };
     state.addr = value;
     end
 }
 
 /// A block's requested size, then its usable size as a zigzag difference.
+///
+/// # Safety
+/// `p` is valid for two varints' bytes of writes.
 #[inline(always)]
 unsafe fn sizes(p: *mut u8, size: u64, usable: u64) -> *mut u8 {
+    // SAFETY: the caller's contract: room for two varints at `p`.
     unsafe { varint::write_raw(varint::write_raw(p, size), zigzag(usable.wrapping_sub(size) as i64)) }
 }
 
@@ -429,6 +448,7 @@ pub fn encode_all(events: &[Event]) -> Vec<u8> {
     let mut out = vec![0u8; events.len() * MAX_RECORD_LEN];
     let mut p = out.as_mut_ptr();
     for event in events {
+        // SAFETY: `out` has MAX_RECORD_LEN bytes per event, and `p` advances by one record each.
         p = unsafe { RawEncoder::encode(&mut state, p, event) };
     }
     let len = p as usize - out.as_ptr() as usize;
@@ -470,7 +490,9 @@ mod tests {
     fn an_event_at_the_same_time_omits_it_and_format_1_0_records_still_decode() {
         let event = Event { time: 0, kind: Some(EventKind::Malloc), addr: 0x40, size: 24, usable: 24, ..Event::default() };
         let mut out = [0u8; MAX_RECORD_LEN];
+        // SAFETY: `out` is MAX_RECORD_LEN bytes.
         let end = unsafe { RawEncoder::encode(&mut DeltaState::default(), out.as_mut_ptr(), &event) };
+        // SAFETY: `end` points into `out`, at or after its start.
         let written = unsafe { end.offset_from(out.as_ptr()) } as usize;
         assert_eq!(&out[..written], &[EventKind::Malloc as u8 | SAME_TIME, 0x80, 0x01, 24, 0]);
         // 1.0 wrote the time delta (0 here) every time.
@@ -511,20 +533,26 @@ mod tests {
                     e.stack = NO_STACK;
                 }
                 let short = match e.kind() {
+                    // SAFETY: `b` is MAX_RECORD_LEN bytes.
                     EventKind::Free if e.stack == NO_STACK => Some(unsafe { RawEncoder::encode_free(&mut fields, b.as_mut_ptr(), e.time, e.cpu, e.addr) }),
                     kind @ (EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) if e.stack == NO_STACK => {
+                        // SAFETY: as above.
                         Some(unsafe { RawEncoder::encode_allocation(&mut fields, b.as_mut_ptr(), kind, e.time, e.cpu, e.addr, e.size, e.usable) })
                     }
                     _ => None,
                 };
+                // SAFETY: `a` is MAX_RECORD_LEN bytes.
                 let end = unsafe { RawEncoder::encode(&mut general, a.as_mut_ptr(), &e) };
+                // SAFETY: `end` points into `a`, at or after its start.
                 let len = unsafe { end.offset_from(a.as_ptr()) } as usize;
                 match short {
                     Some(short_end) => {
+                        // SAFETY: `short_end` points into `b`, at or after its start.
                         let short_len = unsafe { short_end.offset_from(b.as_ptr()) } as usize;
                         prop_assert_eq!(&b[..short_len], &a[..len]);
                     }
                     // The rest go through `encode` on both sides.
+                    // SAFETY: `b` is MAX_RECORD_LEN bytes.
                     None => { unsafe { RawEncoder::encode(&mut fields, b.as_mut_ptr(), &e) }; }
                 }
                 prop_assert_eq!(fields, general);
@@ -539,7 +567,9 @@ mod tests {
         let mut out = vec![0u8; 2 * max_record_len(frames.len())];
         let mut state = DeltaState::default();
         let mut p = out.as_mut_ptr();
+        // SAFETY: `out` has room for two records, the first with these frames.
         p = unsafe { RawEncoder::encode_with_stack(&mut state, p, &event, Some(&frames)) };
+        // SAFETY: as above; `p` is past the first record only.
         p = unsafe { RawEncoder::encode(&mut state, p, &Event { time: 9, ..event }) };
         let len = p as usize - out.as_ptr() as usize;
         let mut cursor = Cursor::new(&out[..len]);

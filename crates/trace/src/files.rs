@@ -54,6 +54,7 @@ fn open_raw(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<F
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just opened (non-negative) and nothing else owns it.
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
@@ -262,6 +263,7 @@ mod tests {
         // SAFETY: umask only changes the process's file-creation mask.
         let old = unsafe { libc::umask(0) };
         let result = f();
+        // SAFETY: restores the mask read above.
         unsafe { libc::umask(old) };
         result
     }
@@ -338,6 +340,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
         let c = c_path(&fifo).unwrap();
+        // SAFETY: `c` is a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let error = open_regular(&fifo).unwrap_err();
         assert!(error.to_string().contains("FIFO"), "{error}");

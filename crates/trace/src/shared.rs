@@ -194,6 +194,7 @@ pub struct Area {
 // SAFETY: every shared word is atomic; chunk data is read by the recorder
 // only up to a length published with release ordering.
 unsafe impl Send for Area {}
+// SAFETY: as for `Send` above.
 unsafe impl Sync for Area {}
 
 impl Area {
@@ -209,19 +210,25 @@ impl Area {
     }
 
     pub fn header(&self) -> &Header {
+        // SAFETY: `from_base`'s contract: `base` maps at least HEADER_BYTES of an
+        // area, which starts with the (repr(C), atomic) header.
         unsafe { &*(self.base as *const Header) }
     }
 
     /// Chunk `index` (not number): the caller keeps it below the capacity.
     pub fn chunk(&self, index: u32) -> &ChunkHeader {
+        // SAFETY: within the mapped chunks only for `index` below the capacity, the
+        // callers' duty (see the doc); a chunk starts with its atomic header.
         unsafe { &*(self.chunk_ptr(index) as *const ChunkHeader) }
     }
 
     pub fn chunk_ptr(&self, index: u32) -> *mut u8 {
+        // SAFETY: as above: within the mapping for an index below the capacity.
         unsafe { self.base.add(HEADER_BYTES + index as usize * CHUNK_BYTES) }
     }
 
     pub fn chunk_data(&self, index: u32) -> *mut u8 {
+        // SAFETY: as above; the data follows the chunk's header.
         unsafe { self.chunk_ptr(index).add(CHUNK_HEADER) }
     }
 

@@ -12,6 +12,8 @@ pub const MAX_VARINT_LEN: usize = 10;
 /// `out` must be valid for [`MAX_VARINT_LEN`] bytes of writes.
 #[inline(always)]
 pub unsafe fn write_raw(mut out: *mut u8, mut value: u64) -> *mut u8 {
+    // SAFETY: the caller's contract: MAX_VARINT_LEN bytes at `out`, the most
+    // a u64 takes.
     unsafe {
         while value >= 0x80 {
             *out = (value as u8) | 0x80;
@@ -35,6 +37,7 @@ pub fn unzigzag(value: u64) -> i64 {
 
 pub fn push(out: &mut Vec<u8>, value: u64) {
     let mut bytes = [0u8; MAX_VARINT_LEN];
+    // SAFETY: `bytes` is MAX_VARINT_LEN long.
     let end = unsafe { write_raw(bytes.as_mut_ptr(), value) };
     let len = end as usize - bytes.as_ptr() as usize;
     out.extend_from_slice(&bytes[..len]);

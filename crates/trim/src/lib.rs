@@ -36,6 +36,7 @@ extern "C" fn on_load() {
     THRESHOLD_BYTES.store(env_number(c"MEMGAP_TRIM_THRESHOLD").unwrap_or(0), Relaxed);
     if spawn_quiet_thread() {
         // The thread does not survive a fork: the child starts its own.
+        // SAFETY: registers a plain `extern "C"` handler; no precondition.
         unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
     }
 }
@@ -52,16 +53,20 @@ fn malloc_is_glibcs() -> bool {
     // node) exports a PLT stub under its name, which dlsym finds first:
     // the malloc it calls is the next definition.
     if in_main_program(malloc) {
+        // SAFETY: a NUL-terminated name; dlsym only looks it up.
         let next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc".as_ptr()) };
         if next.is_null() {
             return false;
         }
         malloc = next;
     }
+    // SAFETY: `Dl_info` is plain pointers, valid all zero.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    // SAFETY: `info` is ours to write; dladdr only looks `malloc` up.
     if unsafe { libc::dladdr(malloc, &mut info) } == 0 || info.dli_fname.is_null() {
         return false;
     }
+    // SAFETY: dladdr's NUL-terminated file name of a loaded module.
     let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
     path.rsplit(|&b| b == b'/').next().is_some_and(|file| file.starts_with(b"libc.so"))
 }
@@ -69,29 +74,38 @@ fn malloc_is_glibcs() -> bool {
 /// Whether `address` lies in the program's executable (not a library).
 fn in_main_program(address: *mut c_void) -> bool {
     let base_of = |at: *const c_void| {
+        // SAFETY: as above.
         let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
         (unsafe { libc::dladdr(at, &mut info) } != 0).then_some(info.dli_fbase)
     };
+    // SAFETY: no precondition.
     let program_headers = unsafe { libc::getauxval(libc::AT_PHDR) } as *const c_void;
     !program_headers.is_null() && base_of(program_headers).is_some_and(|base| base_of(address) == Some(base))
 }
 
 fn symbol(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: a NUL-terminated name; dlsym only looks it up.
     let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
     (!found.is_null()).then_some(found)
 }
 
 fn env_number(name: &CStr) -> Option<u64> {
+    // SAFETY: a NUL-terminated name.
     let value: *const c_char = unsafe { libc::getenv(name.as_ptr()) };
     if value.is_null() {
         return None;
     }
+    // SAFETY: getenv's NUL-terminated string, read at load time before the
+    // program could change the environment.
     unsafe { CStr::from_ptr(value) }.to_str().ok()?.parse().ok()
 }
 
 /// A detached thread with every signal blocked, so that none of the
 /// program's signals is delivered to it.
 fn spawn_quiet_thread() -> bool {
+    // SAFETY: signal sets on our stack, filled before they are read; `thread`
+    // is ours to write, and `trim_loop` is an `extern "C"` thread entry.
     unsafe {
         let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (core::mem::zeroed(), core::mem::zeroed());
         libc::sigfillset(&mut all);
@@ -107,16 +121,19 @@ fn spawn_quiet_thread() -> bool {
 }
 
 extern "C" fn trim_loop(_: *mut c_void) -> *mut c_void {
+    // SAFETY: a static NUL-terminated name.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"memgap-trim".as_ptr()) };
     // SAFETY: found by name in the loaded libc, with these C signatures.
     let malloc_trim: extern "C" fn(usize) -> c_int = unsafe { core::mem::transmute(MALLOC_TRIM.load(Relaxed) as *const c_void) };
     let mallinfo2 = match MALLINFO2.load(Relaxed) {
         0 => None,
+        // SAFETY: non-zero only when `init` found glibc's `mallinfo2`, of this C type.
         f => Some(unsafe { core::mem::transmute::<*const c_void, extern "C" fn() -> libc::mallinfo2>(f as *const c_void) }),
     };
     loop {
         let ns = INTERVAL_NS.load(Relaxed);
         let pause = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+        // SAFETY: `pause` is a valid timespec; no remaining time is asked for.
         unsafe { libc::nanosleep(&pause, core::ptr::null_mut()) };
         let threshold = THRESHOLD_BYTES.load(Relaxed);
         // mallinfo2 walks every arena's bins: ask only when a threshold is

@@ -69,6 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         start_time: start,
         start_monotonic_ns: start,
         start_realtime_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+        // SAFETY: no precondition.
         page_size: unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64,
         cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
         exe: exe.clone(),
@@ -156,6 +157,8 @@ fn install_stop_handler() {
         STOP.store(true, Ordering::Relaxed);
     }
     for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is valid; the handler only stores an atomic,
+        // which is async-signal-safe.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = stop as extern "C" fn(libc::c_int) as usize;

@@ -338,12 +338,15 @@ fn forward_signals() {
     extern "C" fn forward(signal: libc::c_int) {
         let pid = CHILD_PID.load(Ordering::SeqCst);
         if pid > 0 {
+            // SAFETY: kill is async-signal-safe and has no memory precondition.
             unsafe { libc::kill(pid, signal) };
         } else {
             PENDING_SIGNAL.store(signal, Ordering::SeqCst);
         }
     }
     extern "C" fn ignore(_: libc::c_int) {}
+    // SAFETY: a zeroed sigaction is valid; both handlers only call
+    // async-signal-safe functions and atomics.
     let install = |signal: libc::c_int, handler: extern "C" fn(libc::c_int)| unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = handler as usize;
@@ -365,16 +368,19 @@ fn child_started(pid: u32) {
     CHILD_PID.store(pid as i32, Ordering::SeqCst);
     let pending = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
     if pending != 0 {
+        // SAFETY: no memory precondition; `pid` is our child.
         unsafe { libc::kill(pid as i32, pending) };
     }
     // Past RLIMIT_FSIZE (`ulimit -f`) adding the exit status fails instead
     // of killing memgap. Set after the program started: it inherits no change.
+    // SAFETY: no precondition.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString, top_closing: Option<memgap_model::Closing>) {
     if !recorded {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `limit` is ours to write.
         let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
         if fsize && (limit.rlim_cur as usize) < memgap_trace::shared::area_bytes(2) {
             eprintln!(
@@ -494,6 +500,7 @@ fn wait_for_exit(child: &mut std::process::Child) -> std::io::Result<std::proces
     loop {
         // SAFETY: waitid fills the siginfo_t we own.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: siginfo_t is plain data, valid all zero.
         let waited = unsafe { libc::waitid(libc::P_PID, child.id() as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         if waited < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {

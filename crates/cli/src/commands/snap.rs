@@ -41,12 +41,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .write(true)
         .open(&path)
         .with_context(|| format!("cannot ask for a snapshot through {}", path.display()))?;
+    // SAFETY: a new shared mapping of the area file, placed by the kernel.
     let base = unsafe {
         libc::mmap(std::ptr::null_mut(), shared::HEADER_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
     };
     if base == libc::MAP_FAILED {
         bail!("cannot map {}: {}", path.display(), std::io::Error::last_os_error());
     }
+    // SAFETY: `base` maps HEADER_BYTES of the file, all `header()` reads; the
+    // chunks are never touched here.
     let area = unsafe { Area::from_base(base as *mut u8) };
     let header = area.header();
     if header.magic.load(Acquire) != shared::AREA_MAGIC || header.pid.load(Relaxed) != args.pid {
@@ -55,6 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mine = header.snap_requests.fetch_add(1, AcqRel).wrapping_add(1);
     header.wake.0.fetch_add(1, Release);
     // A futex shared with the recorder's process.
+    // SAFETY: `wake` is a live atomic in the mapping.
     unsafe { libc::syscall(libc::SYS_futex, header.wake.0.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
     while (header.snap_answered.load(Acquire).wrapping_sub(mine) as i32) < 0 {
         if Instant::now() > deadline || !PathBuf::from(format!("/proc/{}", args.pid)).exists() {
@@ -64,6 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // Read once answered: a recorder that just found the area names its trace then.
     let trace = String::from_utf8_lossy(area.trace_path()).into_owned();
+    // SAFETY: our own mapping; `area` and `header` are not used after this.
     unsafe { libc::munmap(base, shared::HEADER_BYTES) };
     eprintln!("memgap: snapshot of process {} added to {trace}", args.pid);
     Ok(ExitCode::SUCCESS)
@@ -84,6 +89,7 @@ fn started_recently(pid: u32) -> bool {
     let Some(uptime) = std::fs::read_to_string("/proc/uptime").ok().and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok()) else {
         return false;
     };
+    // SAFETY: no precondition.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     uptime - start_ticks / ticks < 2.0
 }

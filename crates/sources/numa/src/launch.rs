@@ -37,6 +37,7 @@ pub struct Sampling {
 
 fn pipe() -> std::io::Result<(i32, i32)> {
     let mut fds = [0; 2];
+    // SAFETY: `fds` is room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -46,6 +47,7 @@ fn pipe() -> std::io::Result<(i32, i32)> {
 /// CLOCK_MONOTONIC in nanoseconds, the clock of the samples' times.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is ours to write.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -70,7 +72,9 @@ pub fn prepare(command: &mut std::process::Command) -> std::io::Result<Sampling>
     let stopping = stop.clone();
     let thread = std::thread::spawn(move || {
         let mut pid = 0i32;
+        // SAFETY: `pid` is 4 writable bytes; `pid_read` is this thread's own descriptor.
         let got = unsafe { libc::read(pid_read, &mut pid as *mut i32 as *mut libc::c_void, 4) };
+        // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(pid_read) };
         let sampler = if got == 4 {
             let cpus: Vec<u32> = online_cpus();
@@ -78,6 +82,7 @@ pub fn prepare(command: &mut std::process::Command) -> std::io::Result<Sampling>
         } else {
             Err("the program did not start".to_string())
         };
+        // SAFETY: our own descriptors, each closed once; the byte is a static.
         unsafe {
             libc::write(go_write, b"g".as_ptr() as *const libc::c_void, 1);
             libc::close(go_write);
@@ -106,6 +111,7 @@ impl Sampling {
     /// After spawn returned (or failed): a child that never ran pre_exec
     /// (fork failed) must not leave the helper waiting.
     pub fn spawned(&self) {
+        // SAFETY: our own descriptor, closed once (`spawned` runs once).
         unsafe { libc::close(self.pid_write) };
     }
 

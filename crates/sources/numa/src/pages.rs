@@ -11,6 +11,8 @@ pub fn nodes_of(pid: u32, addresses: &[u64]) -> std::io::Result<Vec<i32>> {
     let mut status = vec![-libc::ENOENT; addresses.len()];
     for (addresses, status) in addresses.chunks(BATCH).zip(status.chunks_mut(BATCH)) {
         let pages: Vec<u64> = addresses.iter().map(|a| a & !4095).collect();
+        // SAFETY: the pointers address `pages` and the batch of `status`, both of
+        // the batch's length; move_pages with no nodes only reports where pages are.
         let result = unsafe {
             libc::syscall(
                 libc::SYS_move_pages,
@@ -36,10 +38,13 @@ mod tests {
     #[test]
     fn touched_untouched_and_unmapped_pages() {
         let len = 3 * 4096;
+        // SAFETY: a new private anonymous mapping the kernel places: it replaces nothing.
         let mem = unsafe {
             libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         } as *mut u8;
+        // SAFETY: the first page of the mapping, writable.
         unsafe { *mem = 1 };
+        // SAFETY: the third page of the test's own mapping.
         unsafe { libc::munmap(mem.add(2 * 4096) as *mut libc::c_void, 4096) };
         let base = mem as u64;
         let status = match nodes_of(std::process::id(), &[base + 10, base + 4096, base + 2 * 4096]) {
@@ -48,6 +53,7 @@ mod tests {
         };
         assert!(status[0] >= 0, "{status:?}");
         assert_eq!(&status[1..], &[-libc::ENOENT, -libc::EFAULT]);
+        // SAFETY: the rest of the test's own mapping.
         unsafe { libc::munmap(mem as *mut libc::c_void, 2 * 4096) };
     }
 }

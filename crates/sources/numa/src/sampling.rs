@@ -134,6 +134,7 @@ unsafe impl Send for Ring {}
 
 impl Drop for Ring {
     fn drop(&mut self) {
+        // SAFETY: the ring's own mapping and descriptor, released once, here.
         unsafe {
             libc::munmap(self.base as *mut libc::c_void, self.len);
             libc::close(self.fd);
@@ -202,6 +203,7 @@ impl Sampler {
         attr.wakeup_events = 0;
         let mut rings = Vec::new();
         for &cpu in cpus {
+            // SAFETY: `attr` is a valid perf_event_attr that outlives the call.
             let fd = unsafe {
                 libc::syscall(
                     libc::SYS_perf_event_open,
@@ -216,9 +218,11 @@ impl Sampler {
                 return Err(std::io::Error::last_os_error());
             }
             let len = (1 + (1 << RING_PAGES_LOG2)) * PAGE;
+            // SAFETY: a new shared mapping of the perf descriptor, placed by the kernel.
             let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
             if base == libc::MAP_FAILED {
                 let error = std::io::Error::last_os_error();
+                // SAFETY: our own descriptor, not yet owned by a Ring.
                 unsafe { libc::close(fd) };
                 return Err(error);
             }
@@ -276,11 +280,15 @@ fn paranoid() -> String {
 
 fn read_ring(ring: &Ring, data_source: bool, out: &mut MemorySamples) {
     // perf_event_mmap_page: data_head at 1024, data_tail at 1032.
+    // SAFETY: the ring's first page is the kernel's perf_event_mmap_page, with
+    // the 8-byte aligned data_head at 1024 and data_tail at 1032.
     let head_word = unsafe { &*(ring.base.add(1024) as *const AtomicU64) };
+    // SAFETY: as above.
     let tail_word = unsafe { &*(ring.base.add(1032) as *const AtomicU64) };
     let head = head_word.load(Ordering::Acquire);
     let mut tail = tail_word.load(Ordering::Relaxed);
     let size = (1u64 << RING_PAGES_LOG2) * PAGE as u64;
+    // SAFETY: the data pages follow the first page in the ring's mapping.
     let data = unsafe { std::slice::from_raw_parts(ring.base.add(PAGE), size as usize) };
     let copy = |from: u64, len: usize| -> Vec<u8> { (0..len as u64).map(|i| data[((from + i) % size) as usize]).collect() };
     while tail + 8 <= head {
@@ -377,12 +385,15 @@ mod tests {
         let cpus: Vec<u32> = crate::topology::this_machine().nodes.iter().flat_map(|n| n.cpus.clone()).collect();
         let (go_read, go_write) = {
             let mut fds = [0; 2];
+            // SAFETY: `fds` is room for the two descriptors.
             assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
             (fds[0], fds[1])
         };
+        // SAFETY: the child only reads, execs and exits (async-signal-safe calls).
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let mut byte = 0u8;
+            // SAFETY: the child's own descriptor and static C strings; execl's list ends with null.
             unsafe {
                 libc::read(go_read, &mut byte as *mut u8 as *mut libc::c_void, 1);
                 let script = c"x=$(head -c 1048576 /dev/zero | tr '\\0' a); echo ${#x} >/dev/null";
@@ -391,8 +402,10 @@ mod tests {
             }
         }
         let sampler = Sampler::open(pid as u32, &cpus, Err("test".into()));
+        // SAFETY: our own pipe's write end; the byte is a static.
         unsafe { libc::write(go_write, b"g".as_ptr() as *const libc::c_void, 1) };
         let mut status = 0;
+        // SAFETY: `status` is ours to write; `pid` is our child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         let sampler = match sampler {
             Ok(sampler) => sampler,

@@ -64,6 +64,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     // before the program starts.
     let dir = pattern.parent().unwrap_or(Path::new("."));
     let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).context("the trace's directory")?;
+    // SAFETY: a NUL-terminated path.
     if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
         anyhow::bail!("cannot write the trace in {}: {}", dir.display(), std::io::Error::last_os_error());
     }
@@ -88,6 +89,8 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     let (stderr_read, stderr_write, packets) = stderr_pipe()?;
     command.stderr(Stdio::from(stderr_write));
     // The child keeps its ends of the two pipes across exec.
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // fcntl, which is async-signal-safe, and allocates nothing.
     unsafe {
         command.pre_exec(move || {
             for fd in child_ends {
@@ -146,6 +149,7 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
         start_time: start_ns,
         start_monotonic_ns: start_ns,
         start_realtime_ns,
+        // SAFETY: no precondition.
         page_size: unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64,
         cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
         exe,
@@ -372,9 +376,11 @@ impl Recorder<'_> {
 
 fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
+    // SAFETY: `fds` is room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error()).context("cannot create a pipe");
     }
+    // SAFETY: pipe2 succeeded, so both descriptors are new and owned by nothing else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
@@ -382,16 +388,19 @@ fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
 /// read returns one write), else a plain pipe; whether it is a packet pipe.
 fn stderr_pipe() -> anyhow::Result<(OwnedFd, OwnedFd, bool)> {
     let mut fds = [0; 2];
+    // SAFETY: `fds` is room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_DIRECT) } == 0 {
         // Each write takes a page of the pipe whatever its length: the default
         // 16 pages fill at once, and the writers that waited for room (the
         // runtime's thread among them) resume in any order, mixing their
         // writes more than the program did.
         for size in [1 << 20, 256 << 10] {
+            // SAFETY: our own descriptor; no memory is passed.
             if unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, size) } >= 0 {
                 break;
             }
         }
+        // SAFETY: pipe2 succeeded, so both descriptors are new and owned by nothing else.
         return Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]), true) });
     }
     let (read, write) = pipe()?;
@@ -449,6 +458,7 @@ fn readable_before(file: &File, deadline: Instant) -> bool {
         let wait = deadline.saturating_duration_since(Instant::now());
         let mut poll = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         let timeout = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX).max(1);
+        // SAFETY: `poll` is one valid pollfd, ours to write.
         match unsafe { libc::poll(&mut poll, 1, timeout) } {
             0 if Instant::now() >= deadline => return false,
             0 => {}
@@ -674,12 +684,14 @@ fn spawn_helper_reader(read_end: OwnedFd, sender: Sender<Message>) {
 fn spawn_waiter(pid: u32, sender: Sender<Message>) {
     std::thread::spawn(move || {
         let pid = pid as libc::pid_t;
+        // SAFETY: no memory is passed; `pid` is the program memgap started.
         let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, libc::PTRACE_O_TRACEEXIT as libc::c_long) } == 0;
         if !seized {
             let _ = sender.send(Message::NoExitSnapshot(format!("ptrace is not permitted ({})", std::io::Error::last_os_error())));
         }
         loop {
             let mut status = 0;
+            // SAFETY: `status` is ours to write.
             let got = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
             if got < 0 {
                 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
@@ -707,6 +719,7 @@ fn spawn_waiter(pid: u32, sender: Sender<Message>) {
                     if sender.send(Message::ExitStop(reply)).is_ok() {
                         let _ = replied.recv_timeout(Duration::from_secs(30));
                     }
+                    // SAFETY: no memory is passed.
                     unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
                 }
                 libc::PTRACE_EVENT_STOP => {
@@ -717,9 +730,11 @@ fn spawn_waiter(pid: u32, sender: Sender<Message>) {
                     } else {
                         libc::PTRACE_CONT
                     };
+                    // SAFETY: no memory is passed.
                     unsafe { libc::ptrace(request, pid, 0, 0) };
                 }
                 _ => {
+                    // SAFETY: no memory is passed.
                     unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, signal as libc::c_long) };
                 }
             }

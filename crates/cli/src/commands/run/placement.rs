@@ -117,6 +117,8 @@ impl Placer {
         self.status.clear();
         self.status.resize(self.addresses.len(), NOT_PRESENT);
         for (addresses, status) in self.addresses.chunks(BATCH).zip(self.status.chunks_mut(BATCH)) {
+            // SAFETY: `addresses` and `status` are batches of the same length; with no
+            // nodes, move_pages only reports where pages are.
             let result = unsafe {
                 libc::syscall(
                     libc::SYS_move_pages,
@@ -129,6 +131,7 @@ impl Placer {
                 )
             };
             if result < 0 {
+                // SAFETY: the calling thread's errno.
                 let errno = unsafe { *libc::__errno_location() };
                 // Unusable for this process (no NUMA in the kernel, not
                 // permitted): say so in the record and stop asking.
@@ -154,11 +157,13 @@ mod tests {
 
     fn mapped(pages: usize, touch: impl Fn(usize) -> bool) -> (*mut u8, Residency) {
         let len = pages * 4096;
+        // SAFETY: a new private anonymous mapping the kernel places: it replaces nothing.
         let mem = unsafe {
             libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         } as *mut u8;
         let mut bits = vec![0u8; pages.div_ceil(8)];
         for i in (0..pages).filter(|&i| touch(i)) {
+            // SAFETY: inside the mapping just made, writable.
             unsafe { *mem.add(i * 4096) = 1 };
             bits[i / 8] |= 1 << (i % 8);
         }
@@ -191,6 +196,7 @@ mod tests {
             let status = index.status_of(mem as u64 + i * 4096).unwrap();
             assert_eq!(status >= 0, i % 4 == 0, "page {i}: {status}");
         }
+        // SAFETY: the test's own mapping, unused from here on.
         unsafe { libc::munmap(mem as *mut libc::c_void, 64 * 4096) };
     }
 
@@ -205,6 +211,7 @@ mod tests {
         assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 10);
         assert!(runs.iter().all(|r| r.0 >= 0), "{runs:?}");
         assert_eq!(placer.addresses.len(), 4); // pages 0, 3, 6, 9
+        // SAFETY: the test's own mapping, unused from here on.
         unsafe { libc::munmap(mem as *mut libc::c_void, 10 * 4096) };
     }
 }

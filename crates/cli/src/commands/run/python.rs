@@ -67,6 +67,9 @@ fn read_pieces(pid: u32, pieces: &[(u64, usize)], buffer: &mut [u8]) -> Vec<bool
             pieces[start..].iter().map(|&(a, len)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: len }).collect();
         let total: usize = pieces[start..].iter().map(|p| p.1).sum();
         let local = libc::iovec { iov_base: buffer[offset..].as_mut_ptr() as *mut libc::c_void, iov_len: total };
+        // SAFETY: the remote ranges are only read (by the kernel, in the other
+        // process); `local` holds `total` bytes only because every caller sizes
+        // `buffer` to the pieces' total length (not checked here).
         let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
         if n <= 0 {
             // The piece at `start` cannot be read (unmapped meanwhile): skip it.

@@ -70,6 +70,7 @@ impl AreaDir {
         let shm = Path::new("/dev/shm");
         let writable = |dir: &Path| {
             let c = CString::new(dir.as_os_str().as_bytes()).unwrap_or_default();
+            // SAFETY: a NUL-terminated path.
             unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
         };
         let base = if shm.is_dir() && writable(shm) { shm.to_path_buf() } else { std::env::temp_dir() };
@@ -120,20 +121,26 @@ impl MappedArea {
         use std::os::unix::fs::OpenOptionsExt;
         let file = File::options().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
         let meta = file.metadata().ok()?;
+        // SAFETY: no precondition.
         if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } || (meta.len() as usize) < shared::HEADER_BYTES {
             return None;
         }
         let len = meta.len() as usize;
         let base =
+            // SAFETY: a new shared mapping of the area file, placed by the kernel.
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if base == libc::MAP_FAILED {
             return None;
         }
+        // SAFETY: `base` maps the file's `len` bytes, at least HEADER_BYTES; the
+        // chunks below the capacity are read only once `area_bytes(max_chunks) <= len`
+        // is checked below.
         let area = unsafe { Area::from_base(base as *mut u8) };
         let header = area.header();
         let max_chunks = header.max_chunks.load(Acquire);
         let ready = header.magic.load(Acquire) == shared::AREA_MAGIC && shared::area_bytes(max_chunks) <= len;
         if !ready {
+            // SAFETY: our own mapping, not used after this.
             unsafe { libc::munmap(base, len) };
             return None;
         }
@@ -164,6 +171,7 @@ impl MappedArea {
             return;
         }
         let grown = (capacity * 2).min(max);
+        // SAFETY: our own descriptor; no memory is passed.
         let ok = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, shared::area_bytes(grown) as libc::off_t) } == 0;
         if ok {
             header.capacity_chunks.store(grown, Release);
@@ -173,6 +181,7 @@ impl MappedArea {
 
 impl Drop for MappedArea {
     fn drop(&mut self) {
+        // SAFETY: the mapping `open` made, of `len` bytes, dropped with the last use of `area`.
         unsafe { libc::munmap(self.area.base() as *mut libc::c_void, self.len) };
         let _ = std::fs::remove_file(&self.path);
     }
@@ -351,13 +360,17 @@ fn record_process(
     area.header().recorder_state.store(shared::RECORDER_ATTACHED, Release);
     outcome.trace = Some(trace.clone());
     let mut process = ProcessRecorder::new(area, file, trace, settings, names.clone());
+    // SAFETY: no memory is passed.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    // SAFETY: pidfd_open succeeded, so the descriptor is new and owned by nothing else.
     let pidfd = (pidfd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) });
     let exited = || match &pidfd {
         Some(fd) => {
             let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: `poll` is one valid pollfd, ours to write.
             (unsafe { libc::poll(&mut poll, 1, 0) }) > 0
         }
+        // SAFETY: signal 0 only checks that `pid` exists.
         None => (unsafe { libc::kill(pid as libc::pid_t, 0) }) != 0,
     };
     let interval_ns = settings.interval.as_nanos() as u64;
@@ -416,6 +429,9 @@ fn write_trace_path(area: &MappedArea, trace: &Path) {
     let bytes = trace.as_os_str().as_bytes();
     let field = &area.header().trace_path as *const [u8; 1024] as *mut u8;
     let n = bytes.len().min(1023);
+    // SAFETY: `field` is the header's 1024-byte trace_path array in our shared
+    // mapping; `n` plus the NUL fit. (Written through a pointer from a shared
+    // reference: the field is plain bytes in memory another process shares.)
     unsafe {
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), field, n);
         *field.add(n) = 0;
@@ -729,6 +745,10 @@ impl ProcessRecorder {
             let next = chunk.next.load(Acquire);
             let len = (chunk.len.load(Acquire) as usize).min(CHUNK_DATA);
             let emitted = (chunk.emitted.load(Relaxed) as usize).min(len);
+            // SAFETY: `head` is below the capacity; the agent wrote bytes up to `len`
+            // (clamped to CHUNK_DATA) before publishing `len` with Release, and writes
+            // no more of them. A program scribbling on its area can only make them
+            // garbage, which the decoder takes as untrusted input.
             let data = unsafe { std::slice::from_raw_parts(self.area.area.chunk_data(head).add(emitted), len - emitted) };
             self.records_pending.extend_from_slice(data);
             chunk.emitted.store(len as u32, Relaxed);
@@ -823,6 +843,7 @@ impl ProcessRecorder {
         if len <= emitted {
             return;
         }
+        // SAFETY: as in `drain_records`: committed bytes of a chunk below the capacity.
         let bytes = unsafe { std::slice::from_raw_parts(area.chunk_data(index).add(emitted as usize), (len - emitted) as usize) };
         let (thread, tid, seq) = (chunk.thread.load(Relaxed), chunk.tid.load(Relaxed), chunk.seq.load(Relaxed));
         Record::encode_events(&mut self.raw, thread, tid, seq, emitted, bytes);
@@ -915,6 +936,7 @@ impl ProcessRecorder {
         self.trims_seen = self.header().trims.load(Acquire);
         self.last_snapshot_after_trim = std::mem::take(&mut self.trim_snapshot_pending);
         let started_ns = monotonic_ns();
+        // SAFETY: no precondition.
         let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
         // VmRSS is read right before and right after the pages, so the
         // rows can be checked against both; a program moving RSS by more
@@ -1148,10 +1170,12 @@ fn residency_of(pagemap: &File, start: u64, end: u64, page_size: u64, entries: &
 /// Shared futexes: the word is in memory the traced process maps too.
 fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
     let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as i64, tv_nsec: (timeout_ns % 1_000_000_000) as i64 };
+    // SAFETY: `word` is a live atomic, `ts` a valid timespec.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts) };
 }
 
 pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live atomic.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
@@ -1162,10 +1186,12 @@ mod tests {
     #[test]
     fn residency_of_our_own_pages() {
         let page = 4096usize;
+        // SAFETY: a new private anonymous mapping the kernel places: it replaces nothing.
         let mem = unsafe {
             libc::mmap(std::ptr::null_mut(), 64 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         } as *mut u8;
         for i in (0..64).step_by(4) {
+            // SAFETY: inside the mapping just made, writable.
             unsafe { *mem.add(i * page) = 1 };
         }
         let pagemap = File::open("/proc/self/pagemap").unwrap();
@@ -1173,6 +1199,7 @@ mod tests {
         for i in 0..64 {
             assert_eq!(residency.is_resident(i), i % 4 == 0, "page {i}");
         }
+        // SAFETY: the test's own mapping, unused from here on.
         unsafe { libc::munmap(mem as *mut libc::c_void, 64 * page) };
     }
 }
