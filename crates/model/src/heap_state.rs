@@ -38,6 +38,9 @@ pub struct HeapState {
     /// `is_glibc()` for the allocator string at this address and length:
     /// asked on every event, compared once per string.
     glibc_for: Option<(usize, usize, bool)>,
+    /// Walks of glibc's state a trace holds (`memgap watch`), by the time
+    /// of the snapshot each goes with, oldest first.
+    walks: std::collections::VecDeque<(u64, crate::outside_walk::WalkedHeap)>,
 }
 
 impl HeapState {
@@ -59,7 +62,25 @@ impl HeapState {
             self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
         } else if let Some(census) = memgap_source_python::Census::from_metrics(metrics) {
             self.python_census = Some(census);
+        } else if let Some(walk) = crate::outside_walk::WalkedHeap::from_metrics(metrics) {
+            self.walks.push_back(walk);
         }
+    }
+
+    /// The walk of glibc's state taken with `snapshot`, if the trace holds
+    /// one: its in-use chunks are the live set replayed up to it.
+    pub fn take_walk(&mut self, snapshot: &memgap_trace::records::Snapshot) -> Option<crate::outside_walk::WalkedHeap> {
+        while self.walks.front().is_some_and(|&(time, _)| time < snapshot.time) {
+            self.walks.pop_front();
+        }
+        if self.walks.front().is_none_or(|&(time, _)| time != snapshot.time) {
+            return None;
+        }
+        let (_, mut walk) = self.walks.pop_front()?;
+        walk.blocks = self.live.in_address_order().iter().map(|&(addr, block)| (addr, block.usable())).collect();
+        walk.libc_path = self.allocator.clone();
+        walk.snapshot = snapshot.clone();
+        Some(walk)
     }
 
     /// The call stack that made the mapping starting at `start`, if it was
@@ -93,6 +114,9 @@ impl HeapState {
     /// A snapshot no ledger is computed at: the one after the program's own
     /// malloc_trim still tells what that trim left.
     pub fn pass_snapshot(&mut self, snapshot: &memgap_trace::records::Snapshot) {
+        while self.walks.front().is_some_and(|&(time, _)| time <= snapshot.time) {
+            self.walks.pop_front();
+        }
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
             let live: Vec<(u64, u64)> = self
                 .live

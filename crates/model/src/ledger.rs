@@ -346,6 +346,11 @@ const UNKNOWN_MALLOC: &str = "malloc";
 /// The ledger of `snapshot`, given the heap as replayed up to its instant
 /// and the heap owners as they have seen the trace so far.
 pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owners: &mut [Box<dyn HeapOwner>]) -> Ledger {
+    // Watched from outside (`memgap watch`): the ledger of the walk taken
+    // with this snapshot, as `memgap snapshot PID` computed it.
+    if let Some(walk) = state.take_walk(snapshot) {
+        return crate::outside_walk::walked_ledger_with(&walk, detail);
+    }
     let walks = PageWalks::of(snapshot, plausible_page_size(snapshot.page_size), detail.pages);
     compute_walking(state, snapshot, detail, owners, walks)
 }

@@ -10,7 +10,7 @@
 //! chunks' size words.
 
 use memgap_replay::ThreadEvent;
-use memgap_trace::records::Snapshot;
+use memgap_trace::records::{Metrics, Snapshot};
 use memgap_trace::{Event, EventKind};
 use serde::Serialize;
 
@@ -140,9 +140,205 @@ pub fn heap_state(walk: &WalkedHeap) -> HeapState {
 /// The ledger of the walked process: the same rows, trim forecast and page
 /// maps as a recording's ledger at a snapshot.
 pub fn walked_ledger(walk: &WalkedHeap, pages: bool) -> Ledger {
+    walked_ledger_with(walk, Detail { pages, ..Detail::default() })
+}
+
+/// [`walked_ledger`] with the detail a command asks for.
+pub fn walked_ledger_with(walk: &WalkedHeap, detail: Detail) -> Ledger {
     let mut state = heap_state(walk);
     let mut owners = crate::owners::registered();
     owners.iter_mut().for_each(|o| o.allocator(&walk.libc_path));
-    let detail = Detail { pages, ..Detail::default() };
     ledger::compute(&mut state, &walk.snapshot, detail, &mut owners)
+}
+
+/// A walk kept in a trace (`memgap watch`): a METRICS record of this
+/// source and kind carries everything the walk found but the in-use chunks
+/// and the page residency; the chunks are malloc and free events bringing
+/// the trace's live set to the walk's, and the residency is the SNAPSHOT of
+/// the same time. Replay puts the three together again at that snapshot
+/// and computes its ledger with [`walked_ledger`]: the rows are the walk's.
+pub const WALK_SOURCE: &str = "glibc";
+pub const WALK_KIND: &str = "walk";
+
+impl WalkedHeap {
+    /// The walk as a METRICS record (addresses are below 2^53, exact in f64).
+    pub fn to_metrics(&self, monotonic_ns: u64) -> Metrics {
+        let mut values: Vec<(String, f64)> = Vec::new();
+        let mut put = |name: String, value: u64| values.push((name, value as f64));
+        put("snapshot_time".into(), self.snapshot.time);
+        put("found_by_debug_info".into(), u64::from(self.found_by == "debug info"));
+        for (i, arena) in self.arenas.iter().enumerate() {
+            put(format!("arena[{i}]:state"), arena.state);
+            put(format!("arena[{i}]:main"), u64::from(arena.main));
+            put(format!("arena[{i}]:top"), arena.top);
+            put(format!("arena[{i}]:top_size"), arena.top_size);
+            put(format!("arena[{i}]:system"), arena.system_bytes);
+            for (j, &(start, end)) in arena.heaps.iter().enumerate() {
+                put(format!("arena[{i}]:heap[{j}]:start"), start);
+                put(format!("arena[{i}]:heap[{j}]:end"), end);
+            }
+        }
+        for (k, &(addr, size)) in self.tcache.iter().enumerate() {
+            put(format!("tcache[{k}]:addr"), addr);
+            put(format!("tcache[{k}]:size"), size);
+        }
+        for (k, &sp) in self.stack_pointers.iter().enumerate() {
+            put(format!("stack_pointer[{k}]"), sp);
+        }
+        for (name, value) in [
+            ("fastbin_chunks", self.fastbin_chunks),
+            ("fastbin_bytes", self.fastbin_bytes),
+            ("binned_chunks", self.binned_chunks),
+            ("binned_bytes", self.binned_bytes),
+            ("mmapped_chunks", self.mmapped_chunks),
+            ("tcaches", self.tcaches),
+            ("stopped_ns", self.stopped_ns),
+            ("attempts", u64::from(self.attempts)),
+            ("read_bytes", self.read_bytes),
+        ] {
+            put(name.into(), value);
+        }
+        Metrics { monotonic_ns, source: WALK_SOURCE.into(), kind: WALK_KIND.into(), values }
+    }
+
+    /// Read back from a METRICS record written by [`Self::to_metrics`]: the
+    /// snapshot's time and the walk without its blocks, snapshot and libc path.
+    pub fn from_metrics(m: &Metrics) -> Option<(u64, WalkedHeap)> {
+        if m.source != WALK_SOURCE || m.kind != WALK_KIND {
+            return None;
+        }
+        let number = |v: f64| (v.is_finite() && v >= 0.0 && v < 2f64.powi(63)).then_some(v as u64);
+        let snapshot_time = number(m.get("snapshot_time")?)?;
+        let mut walk = WalkedHeap {
+            found_by: if m.get("found_by_debug_info").is_some_and(|v| v > 0.0) { "debug info" } else { "heuristic" },
+            ..WalkedHeap::default()
+        };
+        let index = |text: &str| -> Option<(usize, String)> {
+            let (i, rest) = text.split_once(']')?;
+            Some((i.parse().ok()?, rest.to_string()))
+        };
+        let mut heaps: Vec<Vec<(u64, u64)>> = Vec::new();
+        for (name, value) in &m.values {
+            let Some(value) = number(*value) else { continue };
+            if let Some((i, field)) = name.strip_prefix("arena[").and_then(index) {
+                if i >= 4096 {
+                    continue;
+                }
+                if walk.arenas.len() <= i {
+                    walk.arenas.resize(i + 1, WalkedArena::default());
+                    heaps.resize(i + 1, Vec::new());
+                }
+                let arena = &mut walk.arenas[i];
+                match field.as_str() {
+                    ":state" => arena.state = value,
+                    ":main" => arena.main = value > 0,
+                    ":top" => arena.top = value,
+                    ":top_size" => arena.top_size = value,
+                    ":system" => arena.system_bytes = value,
+                    heap => {
+                        let Some((j, end)) = heap.strip_prefix(":heap[").and_then(index) else { continue };
+                        if j >= 4096 {
+                            continue;
+                        }
+                        let list = &mut heaps[i];
+                        if list.len() <= j {
+                            list.resize(j + 1, (0, 0));
+                        }
+                        match end.as_str() {
+                            ":start" => list[j].0 = value,
+                            ":end" => list[j].1 = value,
+                            _ => {}
+                        }
+                    }
+                }
+            } else if let Some((k, field)) = name.strip_prefix("tcache[").and_then(index) {
+                if k >= 1 << 20 {
+                    continue;
+                }
+                if walk.tcache.len() <= k {
+                    walk.tcache.resize(k + 1, (0, 0));
+                }
+                match field.as_str() {
+                    ":addr" => walk.tcache[k].0 = value,
+                    ":size" => walk.tcache[k].1 = value,
+                    _ => {}
+                }
+            } else if let Some((k, _)) = name.strip_prefix("stack_pointer[").and_then(index) {
+                if k < 1 << 20 {
+                    walk.stack_pointers.push(value);
+                }
+            } else {
+                match name.as_str() {
+                    "fastbin_chunks" => walk.fastbin_chunks = value,
+                    "fastbin_bytes" => walk.fastbin_bytes = value,
+                    "binned_chunks" => walk.binned_chunks = value,
+                    "binned_bytes" => walk.binned_bytes = value,
+                    "mmapped_chunks" => walk.mmapped_chunks = value,
+                    "tcaches" => walk.tcaches = value,
+                    "stopped_ns" => walk.stopped_ns = value,
+                    "attempts" => walk.attempts = value.min(u64::from(u32::MAX)) as u32,
+                    "read_bytes" => walk.read_bytes = value,
+                    _ => {}
+                }
+            }
+        }
+        for (arena, heaps) in walk.arenas.iter_mut().zip(heaps) {
+            arena.heaps = heaps.into_iter().filter(|&(start, end)| start < end).collect();
+        }
+        walk.tcache.retain(|&(addr, size)| addr != 0 && size != 0);
+        Some((snapshot_time, walk))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_walk_reads_back_from_its_metrics_record() {
+        let walk = WalkedHeap {
+            found_by: "debug info",
+            arenas: vec![
+                WalkedArena {
+                    state: 0x7f00_1000,
+                    main: true,
+                    heaps: vec![(0x5555_0000, 0x5556_0000)],
+                    top: 1,
+                    top_size: 2,
+                    system_bytes: 3,
+                },
+                WalkedArena {
+                    state: 0x7e00_0000_0020,
+                    main: false,
+                    heaps: vec![(0x7e00_0000_08c0, 0x7e00_0400_0000), (0x7e00_0800_0020, 0x7e00_0900_0000)],
+                    top: 0x7e00_0800_1000,
+                    top_size: 4096,
+                    system_bytes: 1 << 26,
+                },
+            ],
+            blocks: vec![(0x5555_0010, 24)],
+            tcache: vec![(0x5555_0400, 32), (0x5555_0800, 1040)],
+            fastbin_chunks: 4,
+            fastbin_bytes: 128,
+            binned_chunks: 5,
+            binned_bytes: 1 << 20,
+            mmapped_chunks: 1,
+            tcaches: 2,
+            stack_pointers: vec![0x7ffd_0000_1000, 0x7e00_1000_0000],
+            snapshot: Snapshot { time: 123_456_789, ..Snapshot::default() },
+            stopped_ns: 9_000_000,
+            attempts: 2,
+            read_bytes: 65536,
+            libc_path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+        };
+        let (time, back) = WalkedHeap::from_metrics(&walk.to_metrics(5)).expect("a walk record");
+        assert_eq!(time, 123_456_789);
+        assert_eq!(back.arenas, walk.arenas);
+        assert_eq!((&back.tcache, &back.stack_pointers), (&walk.tcache, &walk.stack_pointers));
+        assert_eq!(back.summary(), WalkSummary { live_blocks: 0, ..walk.summary() });
+        // The blocks and the residency travel as events and the SNAPSHOT record.
+        assert!(back.blocks.is_empty() && back.libc_path.is_empty());
+        let other = Metrics { source: "glibc".into(), kind: "stats".into(), ..walk.to_metrics(5) };
+        assert!(WalkedHeap::from_metrics(&other).is_none());
+    }
 }

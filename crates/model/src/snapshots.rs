@@ -432,15 +432,8 @@ impl Visitor for LedgerVisitor<'_> {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         self.owners.snapshot_seen(snapshot);
         if (self.wanted)(self.seen) {
-            self.ledgers.push((
-                snapshot.time,
-                ledger::compute(
-                    &mut self.state,
-                    snapshot,
-                    ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() },
-                    &mut self.owners.list,
-                ),
-            ));
+            let detail = ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() };
+            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, detail, &mut self.owners.list)));
         } else {
             self.state.pass_snapshot(snapshot);
         }

@@ -27,3 +27,4 @@ pub mod palette;
 pub mod terminal;
 pub mod tree;
 pub mod verdict;
+pub mod watch;

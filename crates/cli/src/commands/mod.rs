@@ -15,6 +15,7 @@ pub mod snapshot;
 pub mod summary;
 pub mod timeline;
 pub mod trim;
+pub mod watch;
 
 /// The text answering `query` about `trace` (every argument that shapes it
 /// written into `query`): from the trace's index when the same question was

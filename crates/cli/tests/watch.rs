@@ -1,0 +1,408 @@
+//! `memgap watch`: a running program's outside ledger at an interval, into
+//! a trace that `timeline`, `ledger --at` and `report` read; its triggers;
+//! processes that exit while watched. Measured against `memgap snapshot
+//! --json` of the same idle moment and against VmRSS from /proc.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const HEAP_ROWS: [&str; 4] = ["live", "slack", "fragmented", "retained"];
+const MIB: u64 = 1 << 20;
+
+/// tests/programs/watch_stages.c, started plainly; each `next()` runs its next stage.
+struct Stages {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    pid: u32,
+}
+
+impl Stages {
+    fn start(exe: &Path) -> Stages {
+        let mut child =
+            Command::new(exe).env_remove("LD_PRELOAD").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start watch_stages");
+        let stdin = child.stdin.take();
+        let lines = lines_of(child.stdout.take().unwrap());
+        let first = lines.recv_timeout(TIMEOUT).expect("watch_stages says its pid");
+        let pid = first.strip_prefix("pid ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("printed {first:?}"));
+        Stages { child, stdin, lines, pid }
+    }
+
+    /// Runs the next stage and waits until it is done.
+    fn next(&mut self) -> u32 {
+        writeln!(self.stdin.as_mut().unwrap()).unwrap();
+        let line = self.lines.recv_timeout(TIMEOUT).expect("the stage ends");
+        line.strip_prefix("stage ").and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("printed {line:?}"))
+    }
+
+    /// Closes its stdin: it exits.
+    fn exit(&mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+impl Drop for Stages {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (sender, receiver) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// `memgap watch ARGS` in the background, its stdout a pipe (not a terminal).
+struct Watch {
+    child: Child,
+    lines: Receiver<String>,
+    stderr: std::thread::JoinHandle<Vec<u8>>,
+    seen: Vec<String>,
+}
+
+impl Watch {
+    fn start(dir: &Path, args: &[&str]) -> Watch {
+        let mut child = memgap_cmd(dir, &[&["watch"], args].concat())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start memgap watch");
+        let lines = lines_of(child.stdout.take().unwrap());
+        let stderr = read_in_background(child.stderr.take().unwrap());
+        Watch { child, lines, stderr, seen: Vec::new() }
+    }
+
+    /// Waits for `count` more lines about `pid`; returns them.
+    fn lines_about(&mut self, pid: u32, count: usize) -> Vec<String> {
+        let key = format!(" pid={pid} ");
+        let mut found = Vec::new();
+        let deadline = Instant::now() + TIMEOUT;
+        while found.len() < count {
+            let line = self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("no line about {pid} within {TIMEOUT:?}; seen {:?}", self.seen));
+            self.seen.push(line.clone());
+            if line.contains(&key) {
+                found.push(line);
+            }
+        }
+        found
+    }
+
+    /// Waits for the first line about `pid` that satisfies `wanted`, within `limit`.
+    fn line_where(&mut self, pid: u32, limit: Duration, wanted: impl Fn(&str) -> bool) -> Option<String> {
+        let key = format!(" pid={pid} ");
+        let deadline = Instant::now() + limit;
+        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.seen.push(line.clone());
+            if line.contains(&key) && wanted(&line) {
+                return Some(line);
+            }
+        }
+        None
+    }
+
+    /// SIGTERM, then its exit status, the lines it printed and its stderr.
+    fn stop(self) -> (std::process::ExitStatus, Vec<String>, String) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.finish()
+    }
+
+    /// Waits for it to end by itself.
+    fn finish(mut self) -> (std::process::ExitStatus, Vec<String>, String) {
+        let status = wait_or_kill(&mut self.child, "memgap watch");
+        let mut seen = std::mem::take(&mut self.seen);
+        seen.extend(self.lines.try_iter());
+        let stderr = text(&self.stderr.join().unwrap());
+        (status, seen, stderr)
+    }
+}
+
+fn snapshot_json(dir: &Path, pid: u32) -> Value {
+    let out = memgap(dir, &["snapshot", &pid.to_string(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn json_of(dir: &Path, args: &[&str]) -> Value {
+    let out = memgap(dir, args);
+    assert!(out.status.success(), "memgap {args:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("memgap {args:?}: {e}"))
+}
+
+fn u(json: &Value, key: &str) -> u64 {
+    json[key].as_u64().unwrap_or_else(|| panic!("no {key} in {json}"))
+}
+
+/// Within 5 %, or 64 KiB for rows of a few pages.
+fn close(a: u64, b: u64) -> bool {
+    a.abs_diff(b) <= (a.max(b) / 20).max(64 << 10)
+}
+
+fn rows_close(a: &Value, b: &Value) -> bool {
+    HEAP_ROWS.iter().all(|row| close(u(a, row), u(b, row)))
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// The VmRSS of `pid` in bytes, from /proc: the truth.
+fn vm_rss(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmRSS")
+}
+
+/// The value of `key=` in a plain line, in bytes when it is a size.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(' ').find_map(|f| f.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+#[test]
+fn the_trace_of_a_watch_shows_each_stage_with_the_rows_snapshot_measured() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    let trace = dir.join("w.mgt");
+    let mut watch = Watch::start(&dir, &[&program.pid.to_string(), "--interval", "200ms", "-o", arg(&trace)]);
+    watch.lines_about(program.pid, 1);
+    // Each stage, idle: memgap snapshot --json of it, between readings of the watch.
+    let mut measured = Vec::new();
+    for stage in 1..=3 {
+        assert_eq!(program.next(), stage);
+        watch.lines_about(program.pid, 2);
+        measured.push(snapshot_json(&dir, program.pid));
+        watch.lines_about(program.pid, 1);
+    }
+    let (status, lines, stderr) = watch.stop();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("seconds=") && l.contains(&format!(" pid={} comm=watch_stages ", program.pid))),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| !l.contains('\x1b')), "escapes in plain lines: {lines:?}");
+    assert_eq!(mode(&trace), 0o600);
+
+    // The stages, in order, each with the rows snapshot measured within 5 %.
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    let snapshots = timeline["snapshots"].as_array().expect("snapshots");
+    assert!(snapshots.len() >= 10, "{} snapshots", snapshots.len());
+    let mut at = 0;
+    let mut matched = Vec::new();
+    for (stage, snapshot) in measured.iter().enumerate() {
+        assert_eq!(snapshot["unknown_rows"], serde_json::json!([]), "{snapshot}");
+        let found = snapshots[at..]
+            .iter()
+            .position(|s| rows_close(&s["rows"], &snapshot["rows"]))
+            .unwrap_or_else(|| panic!("stage {}: no snapshot after #{at} with rows like {}", stage + 1, snapshot["rows"]));
+        at += found;
+        matched.push(at);
+        at += 1;
+    }
+    // The stages differ: growth, fragmentation, then retained pages malloc_trim would return.
+    let rows = |i: usize| &snapshots[matched[i]]["rows"];
+    assert!(u(rows(0), "live") > 25 * MIB, "{}", rows(0));
+    assert!(u(rows(1), "fragmented") > 5 * MIB && u(rows(1), "live") < 10 * MIB, "{}", rows(1));
+    assert!(u(rows(2), "retained") > 25 * MIB && u(rows(2), "live") < MIB, "{}", rows(2));
+    assert!(u(&snapshots[matched[2]], "trim_would_return_bytes") > 20 * MIB);
+
+    // ledger --at the second stage's moment shows the very rows of the timeline.
+    let seconds = snapshots[matched[1]]["at_seconds"].as_f64().unwrap();
+    let ledger = json_of(&dir, &["ledger", "--json", "--at", &format!("{seconds:.3}"), arg(&trace)]);
+    assert_eq!(ledger["rows"], snapshots[matched[1]]["rows"]);
+    let report = dir.join("w.html");
+    let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&report)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(&report).unwrap().contains("fragmented"));
+    program.exit();
+}
+
+#[test]
+fn a_process_that_exits_gets_one_line_and_the_watch_goes_on_with_the_others() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "watch_stages.c");
+    let mut first = Stages::start(&exe);
+    let mut second = Stages::start(&exe);
+    let (a, b) = (first.pid.to_string(), second.pid.to_string());
+    let mut watch = Watch::start(&dir, &[&a, &b, "--interval", "100ms", "-o", arg(&dir.join("w.mgt"))]);
+    watch.lines_about(first.pid, 1);
+    first.exit();
+    second.next();
+    // The other is still read, and grows.
+    let grown = watch.line_where(second.pid, TIMEOUT, |l| field(l, "live").ends_with("MiB")).expect("the second process is still watched");
+    assert!(grown.contains(" live="), "{grown}");
+    second.exit();
+    // With every pid gone, the watch ends by itself.
+    let (status, _, stderr) = watch.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    for pid in [first.pid, second.pid] {
+        let exits: Vec<&str> = stderr.lines().filter(|l| l.contains(&format!("process {pid} ")) && l.contains("exited")).collect();
+        assert_eq!(exits.len(), 1, "{stderr}");
+        let trace = dir.join(format!("w.{pid}.mgt"));
+        let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+        assert!(!timeline["snapshots"].as_array().unwrap().is_empty(), "{}", trace.display());
+    }
+}
+
+#[test]
+fn at_rss_marks_a_snapshot_as_rss_crosses_the_threshold() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    let threshold = vm_rss(program.pid) + 16 * MIB;
+    let trace = dir.join("w.mgt");
+    // Readings every minute: only the trigger can take the snapshot in time.
+    let mut watch =
+        Watch::start(&dir, &[&program.pid.to_string(), "--interval", "60s", "--at-rss", &threshold.to_string(), "-o", arg(&trace)]);
+    let first = watch.lines_about(program.pid, 1).remove(0);
+    assert!(!first.contains("mark="), "{first}");
+    let asked = Instant::now();
+    program.next();
+    let marked = watch.line_where(program.pid, Duration::from_secs(20), |l| l.contains("mark=")).expect("a marked snapshot");
+    assert!(asked.elapsed() < Duration::from_secs(20));
+    assert!(marked.contains("reached --at-rss"), "{marked}");
+    let (status, _, stderr) = watch.stop();
+    assert!(status.success(), "{stderr}");
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    let snapshots = timeline["snapshots"].as_array().unwrap();
+    assert_eq!(snapshots.len(), 2, "the first reading and the marked one");
+    let (before, after) = (u(&snapshots[0], "rss_bytes"), u(&snapshots[1], "rss_bytes"));
+    assert!(before < threshold && after >= threshold, "{before} then {after}, threshold {threshold}");
+    assert_eq!(snapshots[1]["snapshot_reason"], "requested");
+    program.exit();
+}
+
+#[test]
+fn trim_when_retained_calls_malloc_trim_where_the_forecast_says_it_returns_memory() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    for _ in 1..=2 {
+        program.next();
+    }
+    // Fragmented, with 10 MiB retained: under a 20 MiB threshold nothing is trimmed.
+    let before = vm_rss(program.pid);
+    let mut watch = Watch::start(
+        &dir,
+        &[&program.pid.to_string(), "--interval", "100ms", "--trim-when-retained", "20M", "-o", arg(&dir.join("a.mgt"))],
+    );
+    let lines = watch.lines_about(program.pid, 4);
+    assert!(lines.iter().all(|l| !l.contains("malloc_trim")), "{lines:?}");
+    assert!(vm_rss(program.pid) + 2 * MIB > before);
+    program.next();
+    // Everything freed below the pin: about 29 MiB retained, which the forecast says malloc_trim returns.
+    let trimmed = watch.line_where(program.pid, TIMEOUT, |l| l.contains("malloc_trim")).expect("a trim");
+    let after = vm_rss(program.pid);
+    assert!(before > after + 20 * MIB, "VmRSS {before} before, {after} after: {trimmed}");
+    // The snapshot after the trim: the retained pages are gone.
+    assert!(field(&trimmed, "retained").ends_with("KiB") || field(&trimmed, "retained") == "0B", "{trimmed}");
+    // Once, not at every reading.
+    let more = watch.lines_about(program.pid, 3);
+    assert!(more.iter().all(|l| !l.contains("malloc_trim")), "{more:?}");
+    let (status, _, stderr) = watch.stop();
+    assert!(status.success(), "{stderr}");
+    let timeline = memgap(&dir, &["timeline", arg(&dir.join("a.mgt"))]);
+    assert!(text(&timeline.stdout).contains("malloc_trim: "), "{}", text(&timeline.stdout));
+    program.exit();
+}
+
+#[test]
+fn cgroup_mode_watches_the_processes_of_a_cgroup() {
+    let (_tmp, dir) = tempdir();
+    // The cgroup2 hierarchy, wherever it is mounted (/sys/fs/cgroup/unified beside v1's controllers).
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(root) = mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = left.split(' ').nth(4)?;
+        right.starts_with("cgroup2 ").then(|| PathBuf::from(point))
+    }) else {
+        eprintln!("skipped: no cgroup2 hierarchy is mounted here: cgroup mode is not tested");
+        return;
+    };
+    let cgroup = root.join(format!("memgap-watch-test-{}", std::process::id()));
+    if let Err(error) = std::fs::create_dir(&cgroup) {
+        eprintln!("skipped: cannot create a cgroup under {} ({error}): cgroup mode is not tested here", root.display());
+        return;
+    }
+    if !cgroup.join("cgroup.procs").exists() {
+        let _ = std::fs::remove_dir(&cgroup);
+        eprintln!("skipped: {} is no cgroup: cgroup mode is not tested here", root.display());
+        return;
+    }
+    struct Removed(PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            for _ in 0..50 {
+                if std::fs::remove_dir(&self.0).is_ok() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    let _removed = Removed(cgroup.clone());
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    if let Err(error) = std::fs::write(cgroup.join("cgroup.procs"), program.pid.to_string()) {
+        eprintln!("skipped: cannot move a process into {} ({error})", cgroup.display());
+        return;
+    }
+    let limited = std::fs::write(cgroup.join("memory.max"), (256 * MIB).to_string()).is_ok();
+    let mut args = vec!["--cgroup".to_string(), cgroup.display().to_string(), "--interval".into(), "200ms".into()];
+    args.extend(["-o".into(), dir.join("c.mgt").display().to_string()]);
+    if limited {
+        // Above 4 % of 256 MiB once stage 1 holds 30 MiB.
+        args.extend(["--at-cgroup-percent".into(), "8".into()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut watch = Watch::start(&dir, &args);
+    watch.lines_about(program.pid, 1);
+    program.next();
+    if limited {
+        let marked = watch.line_where(program.pid, TIMEOUT, |l| l.contains("mark=")).expect("a marked snapshot");
+        assert!(marked.contains("--at-cgroup-percent 8"), "{marked}");
+    } else {
+        eprintln!("no memory controller on {}: --at-cgroup-percent is not tested here", cgroup.display());
+    }
+    let (status, _, stderr) = watch.stop();
+    assert!(status.success(), "{stderr}");
+    let trace = dir.join(format!("c.{}.mgt", program.pid));
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    assert!(!timeline["snapshots"].as_array().unwrap().is_empty());
+    let _ = std::fs::write(root.join("cgroup.procs"), program.pid.to_string());
+    program.exit();
+}
+
+#[test]
+fn bad_input_gets_one_line() {
+    let (_tmp, dir) = tempdir();
+    let out = memgap(&dir, &["watch", &unused_pid().to_string(), "--interval", "100ms"]);
+    assert!(assert_one_line_failure(&out).contains("no process"), "{}", text(&out.stderr));
+    let taken = dir.join("taken.mgt");
+    std::fs::write(&taken, b"x").unwrap();
+    let out = memgap(&dir, &["watch", &std::process::id().to_string(), "-o", arg(&taken)]);
+    assert!(assert_one_line_failure(&out).contains("exists"), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(&taken).unwrap(), b"x");
+    let out = memgap(&dir, &["watch", "1", "--interval", "soon"]);
+    assert!(!out.status.success());
+}
