@@ -223,6 +223,16 @@ impl ThreadUnwinder {
                 return Capture::Remembered(token);
             }
         }
+        self.walk_to_remember(registers, out, skip, dwarf_frames, modules)
+    }
+
+    /// A walk [`Self::capture_remembered`] could not recall, made so that
+    /// it can be next time. Out of line: the recall is the hot path, and
+    /// this one's vectors and frees would crowd it.
+    #[cold]
+    #[inline(never)]
+    fn walk_to_remember(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize, modules: u64) -> Capture {
+        let Registers { ip, sp, bp } = registers;
         let mut log = core::mem::take(&mut self.memo.log);
         log.clear();
         let depth = self.walk(registers, out, skip, dwarf_frames, Reading::Logged(&mut log));
