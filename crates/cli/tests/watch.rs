@@ -124,6 +124,7 @@ impl Watch {
 
     /// SIGTERM, then its exit status, the lines it printed and its stderr.
     fn stop(self) -> (std::process::ExitStatus, Vec<String>, String) {
+        // SAFETY: no memory precondition; the memgap watch this test started.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.finish()
     }

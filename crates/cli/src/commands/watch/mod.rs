@@ -650,6 +650,7 @@ fn cut(line: &str, width: usize) -> String {
 }
 
 fn terminal_size() -> (usize, usize) {
+    // SAFETY: winsize is plain data, valid all zero.
     let mut size: libc::winsize = unsafe { std::mem::zeroed() };
     // SAFETY: TIOCGWINSZ fills a winsize.
     let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
@@ -661,6 +662,8 @@ fn install_stop_handler() {
         STOP.store(true, Ordering::Relaxed);
     }
     for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is valid; the handler only stores an atomic,
+        // which is async-signal-safe.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = stop as extern "C" fn(libc::c_int) as usize;

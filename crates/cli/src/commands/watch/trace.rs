@@ -63,6 +63,7 @@ impl ProcessTrace {
             start_time: start,
             start_monotonic_ns: start,
             start_realtime_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+            // SAFETY: no precondition.
             page_size: unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64,
             cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
             exe,
