@@ -23,6 +23,8 @@ mod glibc_heap;
 mod glibc_state;
 #[cfg(target_arch = "x86_64")]
 mod glibc_walk;
+mod go_layout;
+pub mod go_runtime;
 #[cfg(target_arch = "x86_64")]
 mod libc_image;
 pub mod modules;

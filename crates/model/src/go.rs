@@ -202,7 +202,8 @@ pub struct GoSizeClass {
 pub struct GoLedger {
     /// As runtime.Version() spells it, when known.
     pub version: Option<String>,
-    /// "runtime/metrics" (the helper package), "memstats" (attach over
+    /// "runtime/metrics" (the helper package), "process memory" (read
+    /// from outside by `memgap snapshot PID`), "memstats" (attach over
     /// HTTP), "gctrace" (only GODEBUG=gctrace=1 lines), or "none".
     pub source: String,
     /// The runtime's own split of its heap is known (not gctrace only).
@@ -482,7 +483,12 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
     let mut rows = Rows::default();
     let heap_stacks;
     if let Some(objects) = go.get(N_HEAP_OBJECTS) {
-        g.source = if go.values_kind == "memstats" { "memstats" } else { "runtime/metrics" }.into();
+        g.source = match go.values_kind.as_str() {
+            "memstats" => "memstats",
+            "process_memory" => "process memory",
+            _ => "runtime/metrics",
+        }
+        .into();
         g.exact = true;
         g.figures_age_seconds = Some(snapshot.time.saturating_sub(go.values_ns) as f64 / 1e9);
         g.heap_objects_bytes = objects;

@@ -47,7 +47,7 @@ pub use ledger::{
 pub use outside::assess as assess_cgroup;
 pub use outside::{
     CgroupMemory, Groups, HeapMapping, KnownRows, ProcessLedger, ProcfsReading, SmapsTotals, StatusRss, TrimCall, TrimReport, UNKNOWN_ROWS,
-    outside_ledger, walked_process_ledger,
+    outside_ledger, runtime_process_ledger, walked_process_ledger,
 };
 pub use series::SeriesPoint;
 pub use snapshots::{

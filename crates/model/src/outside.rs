@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use memgap_trace::records::{Mapping, Rss};
+use memgap_trace::records::{Mapping, Metrics, Rss, Snapshot};
 use serde::Serialize;
 
 use crate::ledger::MappingLedger;
@@ -213,8 +213,34 @@ pub struct ProcessLedger {
 /// The ledger of `reading` with the heap a walk of glibc's state found:
 /// every row known, from the recorded ledger's own code.
 pub fn walked_process_ledger(reading: &ProcfsReading, walk: &crate::outside_walk::WalkedHeap, pages: bool) -> ProcessLedger {
-    let mut process = outside_ledger(reading);
     let ledger = crate::outside_walk::walked_ledger(walk, pages);
+    let mut process = with_model_ledger(outside_ledger(reading), ledger);
+    process.arenas = walk.arenas.len() as u32;
+    process.walk = Some(walk.summary());
+    process
+}
+
+/// The ledger of `reading` with what a runtime said about itself (METRICS
+/// records, e.g. the Go runtime's accounting read from its memory) laid
+/// over the page residency of `snapshot` by the owners' own code: the same
+/// split as a recording's ledger at a snapshot.
+pub fn runtime_process_ledger(reading: &ProcfsReading, snapshot: &Snapshot, metrics: &[Metrics], pages: bool) -> ProcessLedger {
+    let mut owners = crate::owners::registered();
+    for m in metrics {
+        owners.iter_mut().for_each(|o| o.metrics(m));
+    }
+    let detail = crate::ledger::Detail { pages, ..crate::ledger::Detail::default() };
+    let ledger = crate::ledger::compute(&mut crate::HeapState::default(), snapshot, detail, &mut owners);
+    let mut process = with_model_ledger(outside_ledger(reading), ledger);
+    process.allocator = process.ledger.as_ref().map_or(process.allocator, |l| l.allocator.clone());
+    process.arenas = 0;
+    // glibc's trim forecast says nothing of a runtime's own heap.
+    process.trim_would_return_bytes = None;
+    process
+}
+
+/// Every row of `ledger` (the recorded ledger's model of the process).
+fn with_model_ledger(mut process: ProcessLedger, ledger: crate::Ledger) -> ProcessLedger {
     let r = &ledger.rows;
     let heap = r.live + r.slack + r.fragmented + r.retained;
     process.rows = KnownRows {
@@ -231,9 +257,7 @@ pub fn walked_process_ledger(reading: &ProcfsReading, walk: &crate::outside_walk
     process.heap_bytes = heap;
     process.rss_bytes = ledger.rss_bytes;
     process.residual_bytes = ledger.residual_bytes;
-    process.arenas = walk.arenas.len() as u32;
     process.trim_would_return_bytes = Some(ledger.trim_would_return_bytes);
-    process.walk = Some(walk.summary());
     process.ledger = Some(Box::new(ledger));
     process
 }

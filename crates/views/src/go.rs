@@ -19,6 +19,7 @@ pub fn section(g: &GoLedger) -> String {
     let source = match g.source.as_str() {
         "runtime/metrics" => "runtime/metrics from the helper package",
         "memstats" => "runtime.MemStats over HTTP",
+        "process memory" => "the runtime's accounting read from the process's memory",
         "gctrace" => "gctrace lines only",
         _ => "no runtime figures yet",
     };

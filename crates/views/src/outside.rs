@@ -13,41 +13,41 @@ pub fn snapshot(l: &ProcessLedger) -> String {
     let mut out = String::new();
     let allocator = match l.allocator.as_str() {
         "unknown" => "no libc.so.6 (statically linked)".to_string(),
+        "go" => "the Go runtime's heap".to_string(),
         name if l.allocator_statically_linked => format!("{name} (linked statically into the program)"),
         name => format!("{name} malloc"),
     };
     let threads = if l.threads == 1 { "1 thread".to_string() } else { format!("{} threads", l.threads) };
-    if let (Some(ledger), Some(walk)) = (&l.ledger, &l.walk) {
-        let _ = writeln!(
-            out,
-            "memgap snapshot — pid {} ({}) — {threads}, {allocator} — its heap walked from outside, no recording",
-            l.pid, l.command
-        );
+    if let Some(ledger) = &l.ledger {
+        let how = if l.walk.is_some() { "its heap walked from outside" } else { "its runtime's accounting read from outside" };
+        let _ = writeln!(out, "memgap snapshot — pid {} ({}) — {threads}, {allocator} — {how}, no recording", l.pid, l.command);
         // The recorded ledger's view of the same model, less its title.
         let body = crate::ledger::ledger(ledger, "");
         out.push_str(body.split_once('\n').map_or("", |(_, rest)| rest));
         let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "  walk: {} arena{}, {} heap{}, {} live blocks, {} in tcaches, {} in fastbins, {} binned, {} mmapped; main_arena found by {}.",
-            walk.arenas,
-            if walk.arenas == 1 { "" } else { "s" },
-            walk.heaps,
-            if walk.heaps == 1 { "" } else { "s" },
-            crate::format::count(walk.live_blocks),
-            crate::format::count(walk.tcache_chunks),
-            crate::format::count(walk.fastbin_chunks),
-            crate::format::count(walk.binned_chunks),
-            crate::format::count(walk.mmapped_chunks),
-            walk.found_by
-        );
-        let _ = writeln!(
-            out,
-            "  The process was stopped {:.1} ms ({:.1} ms per GiB of heap{}). live counts the blocks' usable bytes: the sizes asked for are known only to a recording.",
-            walk.stopped_ms,
-            walk.stopped_ms_per_gib,
-            if walk.attempts > 1 { format!(", {} tries", walk.attempts) } else { String::new() }
-        );
+        if let Some(walk) = &l.walk {
+            let _ = writeln!(
+                out,
+                "  walk: {} arena{}, {} heap{}, {} live blocks, {} in tcaches, {} in fastbins, {} binned, {} mmapped; main_arena found by {}.",
+                walk.arenas,
+                if walk.arenas == 1 { "" } else { "s" },
+                walk.heaps,
+                if walk.heaps == 1 { "" } else { "s" },
+                crate::format::count(walk.live_blocks),
+                crate::format::count(walk.tcache_chunks),
+                crate::format::count(walk.fastbin_chunks),
+                crate::format::count(walk.binned_chunks),
+                crate::format::count(walk.mmapped_chunks),
+                walk.found_by
+            );
+            let _ = writeln!(
+                out,
+                "  The process was stopped {:.1} ms ({:.1} ms per GiB of heap{}). live counts the blocks' usable bytes: the sizes asked for are known only to a recording.",
+                walk.stopped_ms,
+                walk.stopped_ms_per_gib,
+                if walk.attempts > 1 { format!(", {} tries", walk.attempts) } else { String::new() }
+            );
+        }
         let _ = writeln!(out, "  {}", cgroup_line(l.cgroup.as_ref()));
         return out;
     }

@@ -36,6 +36,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let why = process.walk_failure.unwrap_or_else(|| format!("its malloc is {}, not glibc's", process.allocator));
             bail!("process {pid} ({}): no page map without a walk of its heap: {why}", process.command);
         };
+        if process.walk.is_none() {
+            bail!(
+                "process {pid} ({}): the {} runtime's accounting says how much of its heap is in each row, not where: no page map (its rows: memgap snapshot {pid})",
+                process.command,
+                process.allocator
+            );
+        }
         let heading = format!("memgap map — pid {pid} ({}) — its heap walked from outside\n", process.command);
         output::print(&(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)))?;
         return Ok(ExitCode::SUCCESS);

@@ -35,6 +35,9 @@ pub fn ledger_of(pid: u32) -> Result<memgap_model::ProcessLedger, memgap_attach:
 /// moment): every row known; today's rows, and why, when the walk fails.
 pub fn walked_ledger_of(pid: u32, pages: bool) -> Result<memgap_model::ProcessLedger, memgap_attach::AttachError> {
     let reading = memgap_attach::read_process(pid)?;
+    if let Some(ledger) = go_ledger_of(&reading, pages)? {
+        return Ok(ledger);
+    }
     if reading.allocator != "glibc" {
         return Ok(memgap_model::outside_ledger(&reading));
     }
@@ -44,6 +47,30 @@ pub fn walked_ledger_of(pid: u32, pages: bool) -> Result<memgap_model::ProcessLe
             let mut ledger = memgap_model::outside_ledger(&reading);
             ledger.walk_failure = Some(why.to_string());
             Ok(ledger)
+        }
+    }
+}
+
+/// The outside ledger of a Go program: the runtime's own accounting read
+/// from its memory (no stop), laid over its page residency by the Go
+/// owner of the recorded ledger. `None`: not a Go program. A Go program
+/// whose accounting cannot be read gets the rows /proc gives, and why.
+fn go_ledger_of(
+    reading: &memgap_model::ProcfsReading,
+    pages: bool,
+) -> Result<Option<memgap_model::ProcessLedger>, memgap_attach::AttachError> {
+    let read_at = memgap_attach::residency::monotonic_ns();
+    match memgap_attach::go_runtime::read_go_runtime(reading.pid, &reading.mappings) {
+        Ok(None) => Ok(None),
+        Ok(Some(go)) => {
+            let snapshot = memgap_attach::residency::snapshot(reading.pid, memgap_trace::records::SnapshotReason::Requested)?;
+            Ok(Some(memgap_model::runtime_process_ledger(reading, &snapshot, &go.metrics(read_at), pages)))
+        }
+        Err(why) => {
+            let mut ledger = memgap_model::outside_ledger(reading);
+            ledger.allocator = memgap_model::go::NAME.into();
+            ledger.walk_failure = Some(format!("the Go runtime's accounting is not known: {why}"));
+            Ok(Some(ledger))
         }
     }
 }

@@ -108,8 +108,11 @@ impl MemStats {
             (names::PROFILING_BUCKETS, g("BuckHashSys")),
             (names::OTHER, g("OtherSys")),
             (names::TOTAL, g("Sys")),
-            (names::HEAP_GOAL, g("NextGC")),
         ];
+        // Read from a process's memory, the goal is not known (the runtime computes it).
+        if self.fields.contains_key("NextGC") {
+            values.push((names::HEAP_GOAL, g("NextGC")));
+        }
         if self.fields.contains_key("NumGC") {
             values.push((names::GC_CYCLES, g("NumGC")));
         }
