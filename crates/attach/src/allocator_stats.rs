@@ -58,9 +58,20 @@ pub struct LinkedAllocator {
 /// namespace (`--with-jemalloc-prefix=je_`), and none.
 const JEMALLOC_PREFIXES: [&str; 3] = ["_rjem_", "je_", ""];
 
+/// What an ELF image's symbol tables say about the allocator it defines.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllocatorSymbols {
+    /// "jemalloc", "tcmalloc" or "mimalloc".
+    pub name: &'static str,
+    pub mallctl: Option<u64>,
+    pub numeric_property: Option<u64>,
+    /// From its lowest function to the end of its highest.
+    pub code: (u64, u64),
+}
+
 /// The allocator defined by an ELF image (its symbol tables), with its
 /// addresses relocated by `base`.
-pub fn allocator_in(data: &[u8], base: u64) -> Option<(&'static str, Option<u64>, Option<u64>, (u64, u64))> {
+pub fn allocator_in(data: &[u8], base: u64) -> Option<AllocatorSymbols> {
     let elf = object::File::parse(data).ok()?;
     let mut functions: Vec<(String, u64, u64)> = Vec::new();
     for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
@@ -84,19 +95,19 @@ pub fn allocator_in(data: &[u8], base: u64) -> Option<(&'static str, Option<u64>
         let (Some(mallctl), Some(_)) = (find(&format!("{prefix}mallctl")), find(&format!("{prefix}mallctlnametomib"))) else { continue };
         let private = format!("{prefix}je_");
         let code = range(&|n: &str| n.starts_with(&private) || (!prefix.is_empty() && n.starts_with(prefix)) || n.starts_with("je_"));
-        return Some(("jemalloc", Some(mallctl), None, code));
+        return Some(AllocatorSymbols { name: "jemalloc", mallctl: Some(mallctl), numeric_property: None, code });
     }
     if let Some(numeric) = find("MallocExtension_GetNumericProperty") {
         let code = range(&|n: &str| n.contains("tcmalloc") || n.starts_with("tc_") || n.contains("MallocExtension"));
-        return Some(("tcmalloc", None, Some(numeric), code));
+        return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: Some(numeric), code });
     }
     if find("tc_malloc").is_some() {
         let code = range(&|n: &str| n.contains("tcmalloc") || n.starts_with("tc_"));
-        return Some(("tcmalloc", None, None, code));
+        return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: None, code });
     }
     if find("mi_malloc").is_some() && (find("mi_stats_merge").is_some() || find("mi_process_info").is_some()) {
         let code = range(&|n: &str| n.starts_with("mi_") || n.starts_with("_mi_"));
-        return Some(("mimalloc", None, None, code));
+        return Some(AllocatorSymbols { name: "mimalloc", mallctl: None, numeric_property: None, code });
     }
     None
 }
@@ -126,7 +137,7 @@ pub fn linked_allocator(pid: u32, mappings: &[Mapping]) -> Option<LinkedAllocato
     for mapping in objects {
         let Ok(data) = open_mapped(pid, mapping) else { continue };
         let Some(base) = load_base(&data, mapping) else { continue };
-        if let Some((name, mallctl, numeric_property, code)) = allocator_in(&data, base) {
+        if let Some(AllocatorSymbols { name, mallctl, numeric_property, code }) = allocator_in(&data, base) {
             let statically_linked = exe.as_deref() == Some(mapping.name.trim_end_matches(" (deleted)"));
             return Some(LinkedAllocator { name, file: mapping.name.clone(), statically_linked, mallctl, numeric_property, code });
         }
@@ -318,7 +329,7 @@ mod tests {
     #[test]
     fn finds_no_allocator_in_memgaps_own_test_binary() {
         let exe = std::fs::read("/proc/self/exe").unwrap();
-        assert_eq!(allocator_in(&exe, 0).map(|a| a.0), None);
+        assert_eq!(allocator_in(&exe, 0).map(|a| a.name), None);
     }
 
     #[test]

@@ -127,7 +127,7 @@ fn fits(at: u64, field: impl Fn(u64) -> u64, brk: &Mapping, anonymous: &dyn Fn(u
     const SYSTEM_MEM: u64 = 2184;
     let in_brk = |p: u64| brk.start <= p && p < brk.end;
     let top = field(TOP);
-    if !in_brk(top) || top % 16 != 0 {
+    if !in_brk(top) || !top.is_multiple_of(16) {
         return false;
     }
     let system_mem = field(SYSTEM_MEM);
@@ -138,7 +138,8 @@ fn fits(at: u64, field: impl Fn(u64) -> u64, brk: &Mapping, anonymous: &dyn Fn(u
     for bin in 1..128u64 {
         let own = at + BINS + (bin - 1) * 16 - 16;
         let (fd, bk) = (field(BINS + (bin - 1) * 16), field(BINS + (bin - 1) * 16 + 8));
-        if !(fd == own && bk == own) && !(in_brk(fd) && in_brk(bk)) {
+        let (empty, lists_heap_chunks) = (fd == own && bk == own, in_brk(fd) && in_brk(bk));
+        if !empty && !lists_heap_chunks {
             return false;
         }
     }

@@ -215,7 +215,7 @@ pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<Walk, WalkError> {
                 if previous == 0 {
                     break;
                 }
-                if heaps.len() > (1 << 16) || heaps.iter().any(|h| h.0 == previous) || previous % HEAP_MAX != 0 {
+                if heaps.len() > (1 << 16) || heaps.iter().any(|h| h.0 == previous) || !previous.is_multiple_of(HEAP_MAX) {
                     return fail(format!("the heap list of the arena at {state_at:#x} does not end"));
                 }
                 heap = previous;
@@ -299,7 +299,7 @@ pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<Walk, WalkError> {
             if prev_size != 0
                 || word & SIZE_BITS != IS_MMAPPED
                 || size < input.page_size
-                || size % input.page_size != 0
+                || !size.is_multiple_of(input.page_size)
                 || at + size > mapping.end
             {
                 break;
@@ -340,12 +340,12 @@ fn walk_heap(
         }
         if size < MINSIZE {
             // An older heap ends in fenceposts; a heap with its top never does.
-            if top.is_none() && size % ALIGN == 0 {
+            if top.is_none() && size.is_multiple_of(ALIGN) {
                 return Ok(());
             }
             return fail(format!("a chunk of {size} bytes at {at:#x}: the heap changed under the walk or is corrupt"));
         }
-        if size % ALIGN != 0 || at + size > end {
+        if !size.is_multiple_of(ALIGN) || at + size > end {
             return fail(format!("the chunk at {at:#x} ({size} bytes) runs past its heap's end {end:#x}"));
         }
         previous = Some((at, size));
@@ -529,7 +529,7 @@ mod tests {
         heap.chunk(0x100, true);
         heap.chunk(128 * PAGE, true);
         heap.memory.put_word(LIBC_DATA + TOP, BRK + 32 * PAGE);
-        heap.memory.put_word(BRK + 32 * PAGE + 8, 32 * PAGE | 1);
+        heap.memory.put_word(BRK + 32 * PAGE + 8, (32 * PAGE) | 1);
         let error = heap.walk().unwrap_err();
         assert!(error.0.contains("runs past"), "{error}");
     }

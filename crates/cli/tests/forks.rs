@@ -47,7 +47,7 @@ fn before_trim(trace: &Path) -> Value {
     let out = memgap(trace.parent().unwrap(), &["timeline", arg(trace), "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let all: Value = serde_json::from_slice(&out.stdout).expect("timeline JSON");
-    all["snapshots"].as_array().unwrap().iter().cloned().find(|l| l["snapshot_reason"] == "program").expect("the child's snapshot")
+    all["snapshots"].as_array().unwrap().iter().find(|l| l["snapshot_reason"] == "program").cloned().expect("the child's snapshot")
 }
 
 fn assert_child_knows_its_heap(mode: &str, keep_every: &str) {

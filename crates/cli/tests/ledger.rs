@@ -25,7 +25,7 @@ fn planted(args: &[&str]) -> (Vec<Value>, String) {
     let timeline = memgap(&dir, &["timeline", arg(&trace), "--json"]);
     assert!(timeline.status.success(), "{}", text(&timeline.stderr));
     let all: Value = serde_json::from_slice(&timeline.stdout).expect("timeline JSON");
-    let ours: Vec<Value> = all["snapshots"].as_array().unwrap().iter().cloned().filter(|l| l["snapshot_reason"] == "program").collect();
+    let ours: Vec<Value> = all["snapshots"].as_array().unwrap().iter().filter(|l| l["snapshot_reason"] == "program").cloned().collect();
     for ledger in &ours {
         assert_rows_add_up(ledger);
     }
@@ -166,7 +166,7 @@ fn madv_free_pages_are_lazy_free_not_other() {
     // The kernel may under-report LazyFree a little (the reference saw 992
     // of 1024 kB).
     let lazy = row(l, "lazy_free");
-    assert!(lazy >= 0.95 * 64.0 * MIB && lazy <= 64.0 * MIB, "{l:#}");
+    assert!((0.95 * 64.0 * MIB..=64.0 * MIB).contains(&lazy), "{l:#}");
     assert!(l["verdict"].as_str().unwrap().contains("MADV_FREE"), "{l:#}");
 }
 
@@ -183,10 +183,10 @@ fn snap_takes_a_snapshot_of_a_running_process() {
         .unwrap();
     let deadline = std::time::Instant::now() + TIMEOUT;
     let pid = loop {
-        if let Some(pid) = children_of(run.id()).into_iter().next() {
-            if std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(prog.as_path()) {
-                break pid;
-            }
+        if let Some(pid) = children_of(run.id()).into_iter().next()
+            && std::fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() == Some(prog.as_path())
+        {
+            break pid;
         }
         assert!(std::time::Instant::now() < deadline, "sleeper did not start");
         std::thread::sleep(std::time::Duration::from_millis(20));

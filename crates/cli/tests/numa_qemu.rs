@@ -28,7 +28,8 @@ fn skip_reason() -> Option<String> {
     };
     // SAFETY: no precondition.
     let is_root = unsafe { libc::geteuid() } == 0;
-    if !is_root && !(installed("qemu-system-x86_64") && installed("numactl") && installed("cpio")) {
+    let tools_installed = installed("qemu-system-x86_64") && installed("numactl") && installed("cpio");
+    if !is_root && !tools_installed {
         return Some("qemu-system-x86, numactl or cpio is missing and only root may install them".into());
     }
     if !installed("python3") {

@@ -90,7 +90,7 @@ fn fork_from_threads_vfork_and_posix_spawn() {
         }
         let s = summary_json(&path);
         assert_eq!(s["truncated"], Value::Bool(false), "{name}: {s:#}");
-        if s["exit_code"] == Value::from(7) {
+        if s["exit_code"] == 7 {
             fork_children += 1;
             assert!(events(&s, "malloc") >= 1_000, "{name}: {s:#}");
             assert_eq!(number(&s, "threads"), 1, "only the forking thread lives on in a child: {s:#}");

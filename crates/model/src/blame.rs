@@ -587,21 +587,31 @@ impl Totals {
 
 type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
 
+/// One allocation site's sums, and the stack shown for it.
+struct SiteSums<'a> {
+    totals: Totals,
+    stacks: u32,
+    site: &'a Option<Frame>,
+    shown: &'a Vec<Frame>,
+    /// The shown stack's (bytes held, bytes allocated).
+    shown_weight: (u64, u64),
+}
+
 /// Sums the stacks that share an allocation site; shows the site's largest stack.
 fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEntry> {
-    let mut sites: FxHashMap<SiteKey, (Totals, u32, &Option<Frame>, &Vec<Frame>, (u64, u64))> = FxHashMap::default();
+    let mut sites: FxHashMap<SiteKey, SiteSums> = FxHashMap::default();
     for (frames, site, t) in stacks {
         let key = site.as_ref().map(|f| (f.function.clone(), f.file.clone(), f.line, f.module.clone())).unwrap_or_default();
         // The stack shown: the one holding most, else the one allocating most.
         let weight = (t.live_bytes + t.fragmentation_bytes as u64 + t.leaked_bytes, t.allocated_bytes);
-        let entry = sites.entry(key).or_insert((Totals::default(), 0, site, frames, (0, 0)));
-        entry.0.add(t);
-        entry.1 += 1;
-        if weight >= entry.4 {
-            (entry.3, entry.4) = (frames, weight);
+        let sums = sites.entry(key).or_insert(SiteSums { totals: Totals::default(), stacks: 0, site, shown: frames, shown_weight: (0, 0) });
+        sums.totals.add(t);
+        sums.stacks += 1;
+        if weight >= sums.shown_weight {
+            (sums.shown, sums.shown_weight) = (frames, weight);
         }
     }
-    sites.into_values().map(|(t, count, site, frames, _)| t.entry(site.as_ref(), frames.clone(), count)).collect()
+    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_ref(), sums.shown.clone(), sums.stacks)).collect()
 }
 
 pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {

@@ -184,7 +184,7 @@ impl GlibcTrimModel {
                 {
                     // Shrunk in place: the remainder chunk is freed.
                     let remainder = addr + new_size;
-                    self.to_tcache(thread, remainder, old_size - new_size);
+                    self.put_in_tcache(thread, remainder, old_size - new_size);
                     self.note_freed(remainder - EXTENT_TO_CHUNK, remainder + old_size - new_size - EXTENT_TO_CHUNK);
                 }
             }
@@ -225,7 +225,7 @@ impl GlibcTrimModel {
     #[inline]
     fn freed(&mut self, thread: u32, addr: u64, block: &Block) {
         if let Some(size) = chunk_size(block) {
-            self.to_tcache(thread, addr, size);
+            self.put_in_tcache(thread, addr, size);
         }
         self.note_freed(addr - EXTENT_TO_CHUNK, addr + block.usable());
     }
@@ -233,7 +233,7 @@ impl GlibcTrimModel {
     /// `_int_free` puts a chunk of at most 1040 bytes in the freeing
     /// thread's tcache while its bin holds fewer than 7.
     #[inline]
-    fn to_tcache(&mut self, thread: u32, addr: u64, size: u64) {
+    fn put_in_tcache(&mut self, thread: u32, addr: u64, size: u64) {
         if size < MINSIZE || (size - MINSIZE) / 16 >= TCACHE_BINS {
             return;
         }
@@ -417,7 +417,7 @@ fn freed_addr(event: &ThreadEvent) -> u64 {
 /// when that is a chunk size at all.
 fn chunk_size(block: &Block) -> Option<u64> {
     let size = block.usable() + EXTENT_TO_CHUNK;
-    (block.usable() > 0 && size >= MINSIZE && size % 16 == 0).then_some(size)
+    (block.usable() > 0 && size >= MINSIZE && size.is_multiple_of(16)).then_some(size)
 }
 
 fn tcache_bin(chunk_size: u64) -> usize {

@@ -685,9 +685,7 @@ mod tests {
 
     fn step_512() -> GoState {
         let mut go = GoState::default();
-        let mut classes = Vec::new();
-        classes.push(("span_bytes[16]".to_string(), 8192.0));
-        classes.push(("objects_per_span[16]".to_string(), 504.0));
+        let classes = vec![("span_bytes[16]".to_string(), 8192.0), ("objects_per_span[16]".to_string(), 504.0)];
         go.add(&Metrics { monotonic_ns: 1, source: "go".into(), kind: "size_classes".into(), values: classes });
         go.add(&metrics(1, "build", &[("go_info{version=\"go1.26.8\"}", 1.0)]));
         // 1<<20 16-byte objects allocated, then all but every 512th freed.

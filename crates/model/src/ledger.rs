@@ -391,7 +391,7 @@ fn compute_walking(
     let owners = &*owners;
     let malloc_owner = owners.iter().filter(|o| o.present()).find_map(|o| o.malloc_layout().map(|layout| (o.name(), layout)));
     // A trace with blocks or an allocator no owner recognised is still a malloc's.
-    let has_malloc = malloc_owner.is_some() || !state.allocator.is_empty() || state.live.len() > 0;
+    let has_malloc = malloc_owner.is_some() || !state.allocator.is_empty() || !state.live.is_empty();
     let (malloc_name, layout): (&'static str, &dyn MallocLayout) = malloc_owner.unwrap_or((UNKNOWN_MALLOC, &UnknownMalloc));
     let want_pages = detail.pages;
     let header = layout.block_header();
@@ -426,8 +426,7 @@ fn compute_walking(
     agent_ranges.sort_unstable();
     ledger.live_blocks = state.live.len() as u64;
     let mut buckets: Vec<SizeBucket> = Vec::new();
-    // Per stack: its share, and the last page counted (mapping start, page index).
-    let mut stacks: rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)> = rustc_hash::FxHashMap::default();
+    let mut stacks: StackShares = rustc_hash::FxHashMap::default();
     let mut previous: Option<&Mapping> = None;
     let mut lazy_outside_heap = 0;
     let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
@@ -629,18 +628,16 @@ fn compute_walking(
     ledger
 }
 
+/// Per stack: its share, and the last page counted (mapping start, page index).
+type StackShares = rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)>;
+
 /// pymalloc's arenas, each to the call stack that made pymalloc map it (the
 /// Python line whose objects needed a new arena): its allocated blocks as
 /// live, its free blocks and empty pools as fragmentation. Objects are not
 /// recorded one by one, so the arena is the finest grain; a program that
 /// grows a structure fills the arenas it makes, and the survivors that keep
 /// them resident are mostly its own.
-fn python_arena_stacks(
-    state: &HeapState,
-    snapshot_time: u64,
-    page: u64,
-    stacks: &mut rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)>,
-) {
+fn python_arena_stacks(state: &HeapState, snapshot_time: u64, page: u64, stacks: &mut StackShares) {
     let Some(census) = state.python_census.as_ref().filter(|c| c.snapshot_time == snapshot_time) else { return };
     for arena in &census.arena_rows {
         // Arenas without one (recorded with --no-stacks): with the blocks that have none.
@@ -790,8 +787,8 @@ pub(crate) fn plausible_page_size(page_size: u64) -> u64 {
 /// empty, and not larger than [`MAX_PAGES_PER_MAPPING`].
 pub(crate) fn countable_by_page(mapping: &Mapping, page: u64) -> bool {
     mapping.end > mapping.start
-        && mapping.start % page == 0
-        && mapping.end % page == 0
+        && mapping.start.is_multiple_of(page)
+        && mapping.end.is_multiple_of(page)
         && (mapping.end - mapping.start) / page <= MAX_PAGES_PER_MAPPING
 }
 

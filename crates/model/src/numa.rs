@@ -460,7 +460,7 @@ pub fn ghc_capability_nodes(
                     .nodes
                     .iter()
                     .enumerate()
-                    .filter(|(_, n)| n.cpus.iter().any(|&cpu| cpu >= cap && (cpu - cap) % count == 0))
+                    .filter(|(_, n)| n.cpus.iter().any(|&cpu| cpu >= cap && (cpu - cap).is_multiple_of(count)))
                     .map(|(i, _)| i)
                     .collect();
                 (nodes.len() == 1).then(|| topology.nodes[*nodes.first().unwrap()].id)

@@ -93,14 +93,7 @@ impl Collapse<'_> {
     }
 
     fn starts_with(&self, text: &str) -> bool {
-        let mut i = self.at;
-        for c in text.chars() {
-            if self.chars.get(i) != Some(&c) {
-                return false;
-            }
-            i += 1;
-        }
-        true
+        text.chars().enumerate().all(|(i, c)| self.chars.get(self.at + i) == Some(&c))
     }
 
     /// Copies the name up to `close` (the closing bracket of an enclosing

@@ -277,6 +277,7 @@ impl RawEncoder {
     /// # Safety
     /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // The hook's values straight from its registers, as in encode_free: no struct to build.
     pub unsafe fn encode_allocation(
         state: &mut DeltaState,
         out: *mut u8,

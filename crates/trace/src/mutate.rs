@@ -88,7 +88,7 @@ fn mutate_record(mut record: Record<'_>, choices: &mut Choices, out: &mut Vec<u8
             }
         }
         Record::Snapshot(snapshot) => {
-            if choices.byte() % 4 == 0 {
+            if choices.byte().is_multiple_of(4) {
                 snapshot.page_size = choices.value(snapshot.page_size);
             }
             if !snapshot.mappings.is_empty() {
@@ -109,7 +109,7 @@ fn mutate_record(mut record: Record<'_>, choices: &mut Choices, out: &mut Vec<u8
             }
         }
         Record::Placement(placement) => {
-            if choices.byte() % 4 == 0 {
+            if choices.byte().is_multiple_of(4) {
                 placement.page_size = choices.value(placement.page_size);
             }
             if !placement.mappings.is_empty() {

@@ -214,9 +214,13 @@ mod tests {
         path
     }
 
-    fn chunks(
-        read: impl FnOnce(&mut dyn FnMut(u64, &[u8]) -> Result<(), TraceError>) -> Result<Tail, TraceError>,
-    ) -> (Vec<(u64, Vec<u8>)>, Result<Tail, String>) {
+    /// What a chunk reader calls for each chunk: its offset and raw bytes.
+    type ChunkVisitor<'a> = &'a mut dyn FnMut(u64, &[u8]) -> Result<(), TraceError>;
+
+    /// The chunks a reader visited: offset and raw bytes.
+    type Visited = Vec<(u64, Vec<u8>)>;
+
+    fn chunks(read: impl FnOnce(ChunkVisitor) -> Result<Tail, TraceError>) -> (Visited, Result<Tail, String>) {
         let mut seen = Vec::new();
         let tail = read(&mut |offset, raw| {
             seen.push((offset, raw.to_vec()));

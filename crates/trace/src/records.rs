@@ -195,7 +195,7 @@ impl Residency {
                 while page < end {
                     let byte = bits[(page / 8) as usize];
                     let byte_end = ((page / 8 + 1) * 8).min(end);
-                    if page % 8 == 0 && (byte == 0 || byte == 0xff) {
+                    if page.is_multiple_of(8) && (byte == 0 || byte == 0xff) {
                         if byte == 0xff {
                             push(page, byte_end);
                         }

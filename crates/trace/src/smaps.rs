@@ -12,26 +12,26 @@ pub fn parse_smaps(text: &[u8]) -> Vec<Mapping> {
             continue;
         }
         let first = line.split(|&b| b == b' ').next().unwrap_or(&[]);
-        if let Some(dash) = first.iter().position(|&b| b == b'-') {
-            if let (Some(start), Some(end)) = (hex(&first[..dash]), hex(&first[dash + 1..])) {
-                let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
-                fields.next();
-                let perms = fields.next().unwrap_or(&[]);
-                let offset = fields.next().and_then(hex).unwrap_or(0);
-                fields.next(); // device
-                let inode = fields.next().and_then(decimal).unwrap_or(0);
-                let name: Vec<u8> = fields.collect::<Vec<_>>().join(&b' ');
-                mappings.push(Mapping {
-                    start,
-                    end,
-                    perms: String::from_utf8_lossy(perms).into_owned(),
-                    offset,
-                    inode,
-                    name: String::from_utf8_lossy(&name).into_owned(),
-                    ..Mapping::default()
-                });
-                continue;
-            }
+        if let Some(dash) = first.iter().position(|&b| b == b'-')
+            && let (Some(start), Some(end)) = (hex(&first[..dash]), hex(&first[dash + 1..]))
+        {
+            let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+            fields.next();
+            let perms = fields.next().unwrap_or(&[]);
+            let offset = fields.next().and_then(hex).unwrap_or(0);
+            fields.next(); // device
+            let inode = fields.next().and_then(decimal).unwrap_or(0);
+            let name: Vec<u8> = fields.collect::<Vec<_>>().join(&b' ');
+            mappings.push(Mapping {
+                start,
+                end,
+                perms: String::from_utf8_lossy(perms).into_owned(),
+                offset,
+                inode,
+                name: String::from_utf8_lossy(&name).into_owned(),
+                ..Mapping::default()
+            });
+            continue;
         }
         let Some(mapping) = mappings.last_mut() else { continue };
         let Some(colon) = line.iter().position(|&b| b == b':') else { continue };

@@ -68,8 +68,8 @@ mod tests {
         let rss = Record::Rss(Rss { time: 1, vm_rss: 4096, ..Rss::default() });
         let metrics =
             Record::Metrics(Metrics { monotonic_ns: 2, source: "go".into(), kind: "gc".into(), values: vec![("heap".into(), 1.5)] });
-        writer.write(&[rss.clone()]).unwrap();
-        writer.write(&[metrics.clone()]).unwrap();
+        writer.write(std::slice::from_ref(&rss)).unwrap();
+        writer.write(std::slice::from_ref(&metrics)).unwrap();
         drop(writer);
         let trace = TraceFile::open(&path).unwrap();
         assert_eq!(trace.header().run_id, 5);

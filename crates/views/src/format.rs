@@ -10,7 +10,7 @@ pub fn count(value: u64) -> String {
     let digits = value.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -20,6 +20,16 @@ pub fn count(value: u64) -> String {
 
 pub fn seconds(value: f64) -> String {
     if value < 1.0 { format!("{:.0} ms", value * 1000.0) } else { format!("{value:.2} s") }
+}
+
+/// Which moment a view shows and why: "at 2.41 s (periodic snapshot), the
+/// largest gap between RSS and the live heap; --at peak|end|SECONDS for
+/// others"; without a chosen moment, the time and kind of snapshot.
+pub fn moment(moment: Option<&memgap_model::Moment>, seconds: f64, snapshot_reason: &str) -> String {
+    match moment {
+        Some(m) => format!("at {seconds:.2} s ({snapshot_reason} snapshot), {}; --at {} for others", m.reason, m.others()),
+        None => format!("at {seconds:.2} s ({snapshot_reason} snapshot)"),
+    }
 }
 
 #[cfg(test)]
@@ -35,15 +45,5 @@ mod tests {
         assert_eq!(count(1_000_000), "1,000,000");
         assert_eq!(count(999), "999");
         assert_eq!(seconds(0.25), "250 ms");
-    }
-}
-
-/// Which moment a view shows and why: "at 2.41 s (periodic snapshot), the
-/// largest gap between RSS and the live heap; --at peak|end|SECONDS for
-/// others"; without a chosen moment, the time and kind of snapshot.
-pub fn moment(moment: Option<&memgap_model::Moment>, seconds: f64, snapshot_reason: &str) -> String {
-    match moment {
-        Some(m) => format!("at {seconds:.2} s ({snapshot_reason} snapshot), {}; --at {} for others", m.reason, m.others()),
-        None => format!("at {seconds:.2} s ({snapshot_reason} snapshot)"),
     }
 }

@@ -134,7 +134,7 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     }
     let worst: Vec<_> = {
         let mut buckets: Vec<_> = l.fragmentation_by_size.iter().filter(|b| b.fragmented_bytes > 0).collect();
-        buckets.sort_by(|a, b| b.fragmented_bytes.cmp(&a.fragmented_bytes));
+        buckets.sort_by_key(|b| std::cmp::Reverse(b.fragmented_bytes));
         buckets.into_iter().take(5).collect()
     };
     if !worst.is_empty() {

@@ -204,6 +204,13 @@ pub fn process(p: &memgap_model::numa::ProcessPlacement) -> String {
     out
 }
 
+/// "gen 0: 12 (3.1 MiB copied), gen 1: 2 (…)".
+fn ghc_generations(gcs: &[u64], copied: &[u64]) -> String {
+    let parts: Vec<String> =
+        gcs.iter().enumerate().map(|(g, n)| format!("gen {g}: {n} ({} copied)", bytes(copied.get(g).copied().unwrap_or(0)))).collect();
+    parts.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,11 +263,4 @@ mod tests {
         assert_eq!(cpu_ranges(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_ranges(&[]), "none");
     }
-}
-
-/// "gen 0: 12 (3.1 MiB copied), gen 1: 2 (…)".
-fn ghc_generations(gcs: &[u64], copied: &[u64]) -> String {
-    let parts: Vec<String> =
-        gcs.iter().enumerate().map(|(g, n)| format!("gen {g}: {n} ({} copied)", bytes(copied.get(g).copied().unwrap_or(0)))).collect();
-    parts.join(", ")
 }

@@ -30,7 +30,7 @@ impl MallocLayout for GlibcMalloc {
     fn heap_kind(&self, mapping: &Mapping) -> &'static str {
         if mapping.name == "[heap]" {
             "brk heap"
-        } else if mapping.start % GLIBC_HEAP_ALIGN == 0 {
+        } else if mapping.start.is_multiple_of(GLIBC_HEAP_ALIGN) {
             "arena"
         } else {
             "mapping"

@@ -372,7 +372,7 @@ pub fn attach(ledger: &mut Ledger, mut layer: NodeLayer) {
     let (mut resident, mut lazy, mut mappings) = (0, 0, 0);
     for index in 0..ledger.mappings.len() {
         let m = &ledger.mappings[index];
-        if m.class != "program mmap" || m.start % V8_CHUNK_ALIGN != 0 {
+        if m.class != "program mmap" || !m.start.is_multiple_of(V8_CHUNK_ALIGN) {
             continue;
         }
         if let Some((counted, lazily_freed)) = ledger.reclaim(index, "v8 heap") {

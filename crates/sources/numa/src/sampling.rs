@@ -365,9 +365,7 @@ mod tests {
     #[test]
     fn parses_a_sample_record_body() {
         let mut body = Vec::new();
-        for v in [0x401000u64] {
-            body.extend_from_slice(&v.to_le_bytes());
-        }
+        body.extend_from_slice(&0x401000u64.to_le_bytes());
         body.extend_from_slice(&7u32.to_le_bytes());
         body.extend_from_slice(&8u32.to_le_bytes());
         body.extend_from_slice(&123u64.to_le_bytes());

@@ -143,7 +143,7 @@ pub fn census(
 ) -> Census {
     let mut census =
         Census { arenas: arenas.len() as u64, arena_bytes: arenas.len() as u64 * arena_bytes, pool_bytes, ..Census::default() };
-    if arena_bytes == 0 || pool_bytes <= POOL_OVERHEAD || !page_bytes.is_power_of_two() || pool_bytes % page_bytes != 0 {
+    if arena_bytes == 0 || pool_bytes <= POOL_OVERHEAD || !page_bytes.is_power_of_two() || !pool_bytes.is_multiple_of(page_bytes) {
         return census;
     }
     let mut classes = [SizeClass::default(); CLASSES];
@@ -255,7 +255,7 @@ const FIELDS: [&str; 16] = [
 impl Census {
     /// The arena holding `address`, if it has resident pages.
     pub fn arena_at(&self, address: u64) -> Option<&ArenaRows> {
-        let size = if self.arenas == 0 { 0 } else { self.arena_bytes / self.arenas };
+        let size = self.arena_bytes.checked_div(self.arenas).unwrap_or(0);
         let i = self.arena_rows.partition_point(|a| a.address <= address);
         self.arena_rows[..i].last().filter(|a| address < a.address + size)
     }

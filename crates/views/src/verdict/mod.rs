@@ -60,7 +60,7 @@ pub fn verdict(l: &Ledger) -> String {
     let r = &l.rows;
     let heap_total = r.live + r.slack + r.fragmented + r.retained + r.lazy_free;
     let mut gap_rows = program_gap_rows(l);
-    gap_rows.sort_by(|a, b| b.1.cmp(&a.1));
+    gap_rows.sort_by_key(|row| std::cmp::Reverse(row.1));
     let (dominant, bytes) = gap_rows[0];
     let opening = opening(l);
     let share = percent(bytes, rss);
