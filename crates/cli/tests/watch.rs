@@ -407,3 +407,86 @@ fn bad_input_gets_one_line() {
     let out = memgap(&dir, &["watch", "1", "--interval", "soon"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn at_cgroup_percent_marks_a_snapshot_before_the_limit() {
+    let (_tmp, dir) = tempdir();
+    // A memory cgroup with a limit: v2's memory controller where enabled, else v1's.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mounts: Vec<(String, String)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            Some((left.split(' ').nth(4)?.to_string(), right.to_string()))
+        })
+        .collect();
+    let v2 = mounts.iter().find(|(_, fs)| fs.starts_with("cgroup2 ")).map(|(point, _)| PathBuf::from(point));
+    let v1 = mounts.iter().find(|(_, fs)| fs.starts_with("cgroup ") && fs.split([' ', ',']).any(|o| o == "memory"));
+    let (parent, limit_file) = match (v2, v1) {
+        (Some(root), _) if std::fs::read_to_string(root.join("cgroup.subtree_control")).is_ok_and(|c| c.contains("memory")) => {
+            (root, "memory.max")
+        }
+        (_, Some((point, _))) => (PathBuf::from(point), "memory.limit_in_bytes"),
+        _ => {
+            eprintln!("skipped: no memory controller to limit a cgroup with: --at-cgroup-percent is not tested here");
+            return;
+        }
+    };
+    let cgroup = parent.join(format!("memgap-watch-limit-{}", std::process::id()));
+    if std::fs::create_dir(&cgroup).is_err() || !cgroup.join("cgroup.procs").exists() {
+        let _ = std::fs::remove_dir(&cgroup);
+        eprintln!("skipped: cannot create a memory cgroup under {}", parent.display());
+        return;
+    }
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    let moved = std::fs::write(cgroup.join(limit_file), (256 * MIB).to_string()).is_ok()
+        && std::fs::write(cgroup.join("cgroup.procs"), program.pid.to_string()).is_ok();
+    if moved {
+        // 8 % of 256 MiB is 20.5 MiB: crossed when stage 1 allocates 30 MiB.
+        let mut watch =
+            Watch::start(&dir, &[&program.pid.to_string(), "--interval", "60s", "--at-cgroup-percent", "8", "-o", arg(&dir.join("w.mgt"))]);
+        let first = watch.lines_about(program.pid, 1).remove(0);
+        let percent = |line: &str| field(line, "cgroup").trim_end_matches('%').parse::<f64>().unwrap();
+        assert!(percent(&first) < 8.0, "{first}");
+        program.next();
+        let marked = watch.line_where(program.pid, Duration::from_secs(20), |l| l.contains("mark=")).expect("a marked snapshot");
+        assert!(marked.contains("--at-cgroup-percent 8") && percent(&marked) >= 8.0, "{marked}");
+        let (status, _, stderr) = watch.stop();
+        assert!(status.success(), "{stderr}");
+    } else {
+        eprintln!("skipped: cannot limit {} or move a process into it", cgroup.display());
+    }
+    program.exit();
+    for _ in 0..50 {
+        if std::fs::remove_dir(&cgroup).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn on_a_terminal_the_view_is_redrawn_in_place() {
+    let (_tmp, dir) = tempdir();
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no script(1) to give memgap watch a terminal");
+        return;
+    }
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    program.next();
+    let watch =
+        format!("{} watch {} --interval 100ms --duration 1s -o {}", memgap_bin().display(), program.pid, dir.join("t.mgt").display());
+    let out = output_of(
+        Command::new("script").args(["-qefc", &watch, "/dev/null"]).env("COLUMNS", "100").env("LINES", "40").env_remove("LD_PRELOAD"),
+    );
+    let screen = text(&out.stdout);
+    assert!(out.status.success(), "{screen}");
+    assert!(screen.contains(&format!("pid {} (watch_stages)  RSS ", program.pid)), "{screen}");
+    assert!(screen.contains("█") && screen.contains("  live "), "{screen}");
+    // Redrawn: the cursor goes back up over the previous frame.
+    assert!(screen.contains("\x1b[") && screen.contains("F\x1b[J"), "{screen}");
+    assert!(!screen.contains("seconds="), "plain lines on a terminal: {screen}");
+    program.exit();
+}

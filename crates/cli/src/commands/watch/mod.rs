@@ -252,12 +252,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    // The last frame stays on the screen, as it was.
+    if terminal {
+        screen.draw(&watched, &log, seconds, &args)?;
+    }
     for (_, w) in std::mem::take(&mut watched) {
         let snapshots = w.trace.snapshots;
         finished.push((w.trace.finish("the watch stopped; the process runs on")?, snapshots));
-    }
-    if terminal {
-        screen.draw(&watched, &log, seconds, &args)?;
     }
     for (path, snapshots) in &finished {
         eprintln!("memgap: {} — {snapshots} snapshots over {seconds:.1} s", path.display());
