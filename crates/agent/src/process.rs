@@ -7,6 +7,7 @@ use core::ffi::{CStr, c_char, c_int, c_void};
 use memgap_trace::records::{Module, Process};
 
 use memgap_trace::shared::DEFAULT_BUFFER_MB;
+use memgap_trace::vocabulary::env as protocol;
 
 use crate::{clock, sys};
 
@@ -50,25 +51,26 @@ impl Config {
     /// `None` when the agent was loaded without `memgap run` (nothing to do)
     /// or the environment is not set up yet (very early in process start).
     pub fn from_env() -> Option<Config> {
-        let area_dir = env(c"MEMGAP_AREA_DIR")?.to_vec();
+        let area_dir = env(protocol::AREA_DIR.c_name())?.to_vec();
         if area_dir.is_empty() {
             return None;
         }
         Some(Config {
             area_dir,
-            run_id: env_number(c"MEMGAP_RUN_ID", 16).unwrap_or(0),
-            follow: env(c"MEMGAP_FOLLOW") != Some(b"0"),
-            stacks: match env(c"MEMGAP_STACKS") {
-                Some(b"none") | Some(b"0") => StackMode::None,
-                Some(b"fp") => StackMode::FramePointers,
+            run_id: env_number(protocol::RUN_ID.c_name(), 16).unwrap_or(0),
+            follow: env(protocol::FOLLOW.c_name()) != Some(protocol::FOLLOW_OFF.as_bytes()),
+            stacks: match env(protocol::STACKS.c_name()) {
+                Some(b"0") => StackMode::None,
+                Some(mode) if mode == protocol::STACKS_NONE.as_bytes() => StackMode::None,
+                Some(mode) if mode == protocol::STACKS_FRAME_POINTERS.as_bytes() => StackMode::FramePointers,
                 _ => StackMode::Dwarf,
             },
-            stack_depth: env_number(c"MEMGAP_STACK_DEPTH", 10).unwrap_or(64).clamp(1, 256) as usize,
-            python_stacks: env(c"MEMGAP_PYTHON_STACKS") != Some(b"off"),
+            stack_depth: env_number(protocol::STACK_DEPTH.c_name(), 10).unwrap_or(64).clamp(1, 256) as usize,
+            python_stacks: env(protocol::PYTHON_STACKS.c_name()) != Some(protocol::PYTHON_STACKS_OFF.as_bytes()),
             // Enough for bursts; more only adds to the program's RSS when
             // the recorder falls behind for good (4 threads on 2 CPUs: a 128
             // MiB pool filled up, and the run took no less time than with 32).
-            buffer_bytes: (env_number(c"MEMGAP_BUFFER_MB", 10).unwrap_or(DEFAULT_BUFFER_MB).clamp(1, 16_384) as usize) << 20,
+            buffer_bytes: (env_number(protocol::BUFFER_MB.c_name(), 10).unwrap_or(DEFAULT_BUFFER_MB).clamp(1, 16_384) as usize) << 20,
         })
     }
 }

@@ -27,7 +27,7 @@ impl TrimCall {
     pub fn record(&self) -> Record<'static> {
         Record::Metrics(Metrics {
             monotonic_ns: self.monotonic_ns,
-            source: "malloc".into(),
+            source: memgap_trace::vocabulary::source::MALLOC.into(),
             kind: "trim".into(),
             values: vec![
                 ("rss_before:bytes".into(), self.rss_before as f64),

@@ -48,7 +48,7 @@ pub fn locate(pid: u32, mappings: &[Mapping], memory: &dyn Memory) -> Result<Gli
     let segment = elf.segments().find(|s| s.file_range().0 <= first.offset && first.offset < s.file_range().0 + s.file_range().1.max(1));
     let segment_address = segment.map_or(0, |s| s.address() + (first.offset - s.file_range().0)) & !0xfff;
     let base = first.start.wrapping_sub(segment_address);
-    let debug_dir = std::env::var_os("MEMGAP_DEBUG_DIR").map_or_else(|| DEBUG_DIR.into(), std::path::PathBuf::from);
+    let debug_dir = std::env::var_os(memgap_trace::vocabulary::env::DEBUG_DIR).map_or_else(|| DEBUG_DIR.into(), std::path::PathBuf::from);
     if let Some(found) = elf.build_id().ok().flatten().and_then(|id| from_debug_info(&debug_dir, id)) {
         let (main_arena, mp, tcache_key) = found;
         return Ok(GlibcState {

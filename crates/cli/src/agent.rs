@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use memgap_trace::vocabulary::env::{self, EnvVar};
 
 pub const AGENT_FILE: &str = "libmemgap_agent.so";
 /// The trim remedy's library (`memgap run --trim-only`, `memgap compare`).
@@ -13,15 +14,15 @@ pub const TRIM_FILE: &str = "libmemgap_trim.so";
 /// target dir), else `../lib/memgap/` or `../lib/` relative to it (an
 /// installed layout).
 pub fn locate() -> anyhow::Result<PathBuf> {
-    locate_library(AGENT_FILE, "MEMGAP_AGENT")
+    locate_library(AGENT_FILE, env::AGENT)
 }
 
 /// The trim remedy's library, found as the agent is (`MEMGAP_TRIM_LIBRARY`).
 pub fn locate_trim() -> anyhow::Result<PathBuf> {
-    locate_library(TRIM_FILE, "MEMGAP_TRIM_LIBRARY")
+    locate_library(TRIM_FILE, env::TRIM_LIBRARY)
 }
 
-fn locate_library(file: &str, variable: &str) -> anyhow::Result<PathBuf> {
+fn locate_library(file: &str, variable: EnvVar) -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os(variable) {
         let path = PathBuf::from(path);
         if !path.is_file() {

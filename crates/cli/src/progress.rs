@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Shown only once a replay has run this long (MEMGAP_PROGRESS_AFTER_MS
 /// changes it, for tests).
 fn show_after() -> Duration {
-    let ms = std::env::var("MEMGAP_PROGRESS_AFTER_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let ms = std::env::var(memgap_trace::vocabulary::env::PROGRESS_AFTER_MS).ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     Duration::from_millis(ms)
 }
 

@@ -235,7 +235,7 @@ impl GhcReport {
 /// Builds the report; None without GHC GC records, `-s` summary or `-Dg`
 /// inventory.
 pub fn report(input: &GhcInput) -> Option<GhcReport> {
-    let ghc: Vec<&Metrics> = input.metrics.iter().filter(|m| m.source == "ghc").collect();
+    let ghc: Vec<&Metrics> = input.metrics.iter().filter(|m| m.source == NAME).collect();
     let seconds = |ns: u64| ns.saturating_sub(input.origin_ns) as f64 / 1e9;
     let mut out = GhcReport::default();
     if let Some(info) = ghc.iter().find(|m| m.kind == "info")
@@ -408,7 +408,7 @@ pub fn report_of_trace(path: &Path) -> Result<Option<GhcReport>, TraceError> {
                 Record::Clock(c) => timeline.add(&c),
                 Record::Rss(r) => rss_times.push((r.time, r.vm_rss)),
                 Record::Snapshot(s) => lazy_times.push((s.time, s.mappings.iter().map(|m| m.lazy_free).sum::<u64>())),
-                Record::Metrics(m) if m.source == "ghc" => metrics.push(m),
+                Record::Metrics(m) if m.source == NAME => metrics.push(m),
                 _ => {}
             }
         }
@@ -426,7 +426,8 @@ pub fn report_of_trace(path: &Path) -> Result<Option<GhcReport>, TraceError> {
     Ok(report(&input))
 }
 
-pub const NAME: &str = "ghc";
+/// The owner is named as its source.
+pub const NAME: &str = memgap_trace::vocabulary::source::GHC;
 /// The RTS reserves its whole heap address space up front (1 TiB by
 /// default, `-xr`), and commits megablocks inside it: a run of adjacent
 /// anonymous mappings at least this large is the GHC heap.

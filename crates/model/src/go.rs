@@ -26,30 +26,17 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use memgap_trace::records::{Mapping, Metrics, Residency, Snapshot};
+use memgap_trace::vocabulary::go as names;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::owner::share;
 use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, MappingLedger, OwnerShare, Remedy, Rows};
 
-pub const NAME: &str = "go";
+/// The owner is named as its source.
+pub const NAME: &str = memgap_trace::vocabulary::source::GO;
 /// Below this a remedy is not worth a run.
 const WORTH_TRYING: u64 = 1 << 20;
 
-const N_HEAP_OBJECTS: &str = "/memory/classes/heap/objects:bytes";
-const N_HEAP_UNUSED: &str = "/memory/classes/heap/unused:bytes";
-const N_HEAP_FREE: &str = "/memory/classes/heap/free:bytes";
-const N_HEAP_RELEASED: &str = "/memory/classes/heap/released:bytes";
-const N_HEAP_STACKS: &str = "/memory/classes/heap/stacks:bytes";
-const N_TOTAL: &str = "/memory/classes/total:bytes";
-const N_ALLOCS: &str = "/gc/heap/allocs-by-size:bytes";
-const N_FREES: &str = "/gc/heap/frees-by-size:bytes";
-const N_GC_CYCLES: &str = "/gc/cycles/total:gc-cycles";
-const N_GOROUTINES: &str = "/sched/goroutines:goroutines";
-const N_GOAL: &str = "/gc/heap/goal:bytes";
-const N_GCTRACE_LIVE: &str = "gctrace/live:bytes";
-const N_GCTRACE_CYCLE: &str = "gctrace/cycle";
-const N_GCTRACE_GOAL: &str = "gctrace/goal:bytes";
-const N_GCTRACE_PROCS: &str = "gctrace/procs";
 /// The Go heap grows in page-allocator chunks of 4 MiB (pallocChunkBytes).
 const HEAP_CHUNK: u64 = 4 << 20;
 /// A class counts as pathological when its spans are on average at most
@@ -79,7 +66,7 @@ pub struct GoState {
 
 impl GoState {
     pub fn add(&mut self, metrics: &Metrics) {
-        if metrics.source == "go" {
+        if metrics.source == NAME {
             self.seen = true;
             self.pending.push_back(metrics.clone());
             // Snapshots reach the model at most a few writer rounds after the
@@ -112,24 +99,24 @@ impl GoState {
                 self.version = metrics
                     .values
                     .iter()
-                    .find_map(|(name, _)| name.strip_prefix("go_info{version=\"")?.strip_suffix("\"}").map(str::to_string))
+                    .find_map(|(name, _)| names::parse_version_metric(name).map(str::to_string))
                     .or(self.version.take());
             }
             "size_classes" => {
                 let mut classes: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
                 for (name, value) in &metrics.values {
-                    let Some((what, size)) = bucket(name) else { continue };
+                    let Some((what, size)) = names::parse_bucket(name) else { continue };
                     let entry = classes.entry(size as u64).or_default();
                     match what {
-                        "span_bytes" => entry.0 = *value as u64,
-                        "objects_per_span" => entry.1 = *value as u64,
+                        names::SPAN_BYTES => entry.0 = *value as u64,
+                        names::OBJECTS_PER_SPAN => entry.1 = *value as u64,
                         _ => {}
                     }
                 }
                 self.classes = classes;
             }
             "gc" => self.last_gc = Some(metrics),
-            _ if metrics.get(N_HEAP_OBJECTS).is_some() => {
+            _ if metrics.get(names::HEAP_OBJECTS).is_some() => {
                 self.values = metrics.values.into_iter().collect();
                 self.values_ns = metrics.monotonic_ns;
                 self.values_kind = metrics.kind;
@@ -147,14 +134,6 @@ impl GoState {
     }
 }
 
-/// `name[upper]` → (name, upper).
-fn bucket(name: &str) -> Option<(&str, f64)> {
-    let open = name.rfind('[')?;
-    let upper = name[open + 1..].strip_suffix(']')?;
-    let upper = if upper == "inf" { f64::INFINITY } else { upper.parse().ok()? };
-    Some((&name[..open], upper))
-}
-
 /// Live objects per object size: allocs-by-size − frees-by-size. A class of
 /// `size` bytes is the bucket with upper bound size + 1 (runtime/metrics.go);
 /// large objects (the `inf` bucket) are left out.
@@ -162,14 +141,14 @@ fn live_by_class(values: &BTreeMap<String, f64>) -> BTreeMap<u64, u64> {
     let mut allocs: BTreeMap<u64, f64> = BTreeMap::new();
     let mut frees: BTreeMap<u64, f64> = BTreeMap::new();
     for (name, &count) in values {
-        let Some((histogram, upper)) = bucket(name) else { continue };
+        let Some((histogram, upper)) = names::parse_bucket(name) else { continue };
         if !upper.is_finite() || upper < 2.0 {
             continue;
         }
         let size = upper as u64 - 1;
         match histogram {
-            N_ALLOCS => *allocs.entry(size).or_default() += count,
-            N_FREES => *frees.entry(size).or_default() += count,
+            names::ALLOCS_BY_SIZE => *allocs.entry(size).or_default() += count,
+            names::FREES_BY_SIZE => *frees.entry(size).or_default() += count,
             _ => {}
         }
     }
@@ -275,8 +254,8 @@ impl GoOwner {
     /// Live heap and threads as the figures come (for the summary): heap
     /// objects from runtime/metrics, else what gctrace's GCs marked.
     fn count(&mut self, metrics: &Metrics) {
-        let exact = metrics.get(N_HEAP_OBJECTS);
-        let marked = if metrics.kind == "gc" { metrics.get(N_GCTRACE_LIVE) } else { None };
+        let exact = metrics.get(names::HEAP_OBJECTS);
+        let marked = if metrics.kind == "gc" { metrics.get(names::GCTRACE_LIVE) } else { None };
         let have_exact = self.last_live.is_some_and(|(_, _, exact)| exact);
         let live = match (exact, marked) {
             (Some(bytes), _) => Some((bytes, true)),
@@ -300,9 +279,9 @@ impl GoOwner {
             s.live_bytes_at_end = bytes;
         }
         let threads = metrics
-            .get(N_GOROUTINES)
+            .get(names::GOROUTINES)
             .map(|g| (g, "goroutines"))
-            .or_else(|| metrics.get(N_GCTRACE_PROCS).map(|p| (p, "procs (GOMAXPROCS)")));
+            .or_else(|| metrics.get(names::GCTRACE_PROCS).map(|p| (p, "procs (GOMAXPROCS)")));
         if let Some((count, kind)) = threads {
             let count = count.max(0.0) as u32;
             if self.summary.threads_kind != "goroutines" || kind == "goroutines" {
@@ -474,15 +453,17 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
         version: go.version.clone(),
         heap_resident_bytes: heap_resident,
         heap_mappings,
-        gc_cycles: go.get(N_GC_CYCLES).or_else(|| go.last_gc.as_ref().and_then(|m| m.get(N_GCTRACE_CYCLE)).map(|v| v as u64)),
-        goroutines: go.get(N_GOROUTINES),
-        heap_goal_bytes: go.get(N_GOAL).or_else(|| go.last_gc.as_ref().and_then(|m| m.get(N_GCTRACE_GOAL)).map(|v| v as u64)),
-        last_gc_live_bytes: go.last_gc.as_ref().and_then(|m| m.get(N_GCTRACE_LIVE)).map(|v| v as u64),
+        gc_cycles: go.get(names::GC_CYCLES).or_else(|| go.last_gc.as_ref().and_then(|m| m.get(names::GCTRACE_CYCLE)).map(|v| v as u64)),
+        goroutines: go.get(names::GOROUTINES),
+        heap_goal_bytes: go
+            .get(names::HEAP_GOAL)
+            .or_else(|| go.last_gc.as_ref().and_then(|m| m.get(names::GCTRACE_GOAL)).map(|v| v as u64)),
+        last_gc_live_bytes: go.last_gc.as_ref().and_then(|m| m.get(names::GCTRACE_LIVE)).map(|v| v as u64),
         ..GoLedger::default()
     };
     let mut rows = Rows::default();
     let heap_stacks;
-    if let Some(objects) = go.get(N_HEAP_OBJECTS) {
+    if let Some(objects) = go.get(names::HEAP_OBJECTS) {
         g.source = match go.values_kind.as_str() {
             "memstats" => "memstats",
             "process_memory" => "process memory",
@@ -492,11 +473,11 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
         g.exact = true;
         g.figures_age_seconds = Some(snapshot.time.saturating_sub(go.values_ns) as f64 / 1e9);
         g.heap_objects_bytes = objects;
-        g.heap_unused_bytes = go.get(N_HEAP_UNUSED).unwrap_or(0);
-        g.heap_free_bytes = go.get(N_HEAP_FREE).unwrap_or(0);
-        g.heap_released_bytes = go.get(N_HEAP_RELEASED).unwrap_or(0);
-        g.heap_stacks_bytes = go.get(N_HEAP_STACKS).unwrap_or(0);
-        g.total_bytes = go.get(N_TOTAL).unwrap_or(0);
+        g.heap_unused_bytes = go.get(names::HEAP_UNUSED).unwrap_or(0);
+        g.heap_free_bytes = go.get(names::HEAP_FREE).unwrap_or(0);
+        g.heap_released_bytes = go.get(names::HEAP_RELEASED).unwrap_or(0);
+        g.heap_stacks_bytes = go.get(names::HEAP_STACKS).unwrap_or(0);
+        g.total_bytes = go.get(names::TOTAL).unwrap_or(0);
         g.heap_usage_bytes = g.heap_objects_bytes + g.heap_unused_bytes + g.heap_free_bytes;
         let mut parts = [g.heap_stacks_bytes, g.heap_unused_bytes, g.heap_objects_bytes, g.heap_free_bytes];
         let claimed_bytes: u64 = parts.iter().sum();
@@ -692,17 +673,17 @@ mod tests {
         go.add(&metrics(
             2,
             "sample",
-            &[(N_HEAP_OBJECTS, 16.0 * MIB as f64), (N_HEAP_UNUSED, 0.0), ("/gc/heap/allocs-by-size:bytes[17]", 1048576.0)],
+            &[(names::HEAP_OBJECTS, 16.0 * MIB as f64), (names::HEAP_UNUSED, 0.0), ("/gc/heap/allocs-by-size:bytes[17]", 1048576.0)],
         ));
         let unused = 2081.0 * 8192.0 - 2048.0 * 16.0;
         go.add(&metrics(
             3,
             "sample",
             &[
-                (N_HEAP_OBJECTS, 2048.0 * 16.0),
-                (N_HEAP_UNUSED, unused),
-                (N_HEAP_FREE, MIB as f64),
-                (N_HEAP_STACKS, 65536.0),
+                (names::HEAP_OBJECTS, 2048.0 * 16.0),
+                (names::HEAP_UNUSED, unused),
+                (names::HEAP_FREE, MIB as f64),
+                (names::HEAP_STACKS, 65536.0),
                 ("/gc/heap/allocs-by-size:bytes[17]", 1048576.0),
                 ("/gc/heap/frees-by-size:bytes[17]", 1048576.0 - 2048.0),
             ],
@@ -756,7 +737,7 @@ mod tests {
     #[test]
     fn gctrace_only_splits_live_from_the_rest() {
         let mut go = GoState::default();
-        go.add(&metrics(1, "gc", &[(N_GCTRACE_LIVE, 2.0 * MIB as f64), (N_GCTRACE_CYCLE, 3.0)]));
+        go.add(&metrics(1, "gc", &[(names::GCTRACE_LIVE, 2.0 * MIB as f64), (names::GCTRACE_CYCLE, 3.0)]));
         go.catch_up(5);
         let l = ledger(&go, &snapshot(5, 2048, 1024, 6 * MIB));
         assert_eq!((l.rows.live, l.rows.retained), (2 * MIB, 2 * MIB));

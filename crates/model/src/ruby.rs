@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
 
-pub const SOURCE: &str = "ruby";
-pub const NAME: &str = "ruby";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::RUBY;
+/// The owner is named as its source.
+pub const NAME: &str = SOURCE;
 
 /// Ruby's figures at one snapshot (its last sample before it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::path::Path;
 use memgap_trace::records::{Metrics, Process, Record, Records};
 use memgap_trace::{TraceError, TraceFile};
 
-pub const SOURCE: &str = "malloc";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::MALLOC;
 pub const KIND: &str = "trim";
 
 /// One `malloc_trim` the program called.

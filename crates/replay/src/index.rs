@@ -23,6 +23,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use memgap_trace::vocabulary::env;
+
 const MAGIC: &[u8; 8] = b"MGAPIDX\0";
 /// Bumped whenever the layout of the file or of an answer changes.
 const VERSION: u32 = 1;
@@ -43,7 +45,7 @@ pub fn path_of(trace: &Path) -> PathBuf {
 }
 
 fn enabled() -> bool {
-    std::env::var_os("MEMGAP_INDEX").is_none_or(|v| v != "off")
+    std::env::var_os(env::INDEX).is_none_or(|v| v != env::INDEX_OFF)
 }
 
 /// The answer to `query` about `trace`: from its index when it holds one

@@ -30,6 +30,7 @@ pub mod records;
 pub mod shared;
 pub mod smaps;
 pub mod varint;
+pub mod vocabulary;
 pub mod writer;
 
 pub use event::{Event, EventKind};

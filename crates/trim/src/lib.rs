@@ -13,6 +13,8 @@
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use memgap_trace::vocabulary::env::{self, EnvVar};
+
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
 static THRESHOLD_BYTES: AtomicU64 = AtomicU64::new(0);
 /// `malloc_trim` and `mallinfo2` as found at load (0: not found).
@@ -31,9 +33,9 @@ extern "C" fn on_load() {
     let Some(malloc_trim) = symbol(c"malloc_trim") else { return };
     MALLOC_TRIM.store(malloc_trim as u64, Relaxed);
     MALLINFO2.store(symbol(c"mallinfo2").map_or(0, |f| f as u64), Relaxed);
-    let interval_ms = env_number(c"MEMGAP_TRIM_INTERVAL_MS").unwrap_or(1000).clamp(1, 3_600_000);
+    let interval_ms = env_number(env::TRIM_INTERVAL_MS).unwrap_or(1000).clamp(1, 3_600_000);
     INTERVAL_NS.store(interval_ms * 1_000_000, Relaxed);
-    THRESHOLD_BYTES.store(env_number(c"MEMGAP_TRIM_THRESHOLD").unwrap_or(0), Relaxed);
+    THRESHOLD_BYTES.store(env_number(env::TRIM_THRESHOLD).unwrap_or(0), Relaxed);
     if spawn_quiet_thread() {
         // The thread does not survive a fork: the child starts its own.
         // SAFETY: registers a plain `extern "C"` handler; no precondition.
@@ -90,9 +92,9 @@ fn symbol(name: &CStr) -> Option<*mut c_void> {
     (!found.is_null()).then_some(found)
 }
 
-fn env_number(name: &CStr) -> Option<u64> {
+fn env_number(name: EnvVar) -> Option<u64> {
     // SAFETY: a NUL-terminated name.
-    let value: *const c_char = unsafe { libc::getenv(name.as_ptr()) };
+    let value: *const c_char = unsafe { libc::getenv(name.c_name().as_ptr()) };
     if value.is_null() {
         return None;
     }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::Context;
 use memgap_trace::records::{Exit, Record};
+use memgap_trace::vocabulary::env;
 use memgap_views::format::bytes;
 
 use crate::agent;
@@ -72,11 +73,11 @@ pub struct Args {
     stack_depth: u64,
     /// How stacks are unwound: dwarf (any code) or fp (frame pointers: about
     /// 4x cheaper, for programs built with -fno-omit-frame-pointer).
-    #[arg(long, default_value = "dwarf", value_parser = ["dwarf", "fp"])]
+    #[arg(long, default_value = env::STACKS_DWARF, value_parser = [env::STACKS_DWARF, env::STACKS_FRAME_POINTERS])]
     unwind: String,
     /// Python frames in call stacks (CPython 3.11): `file.py:LINE in function`
     /// where the interpreter ran Python code; off records native frames only.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", env::PYTHON_STACKS_OFF])]
     python_stacks: String,
     /// After the run, write the HTML report beside the trace (<trace stem>.html).
     #[arg(long)]
@@ -117,19 +118,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut command = std::process::Command::new(&args.command[0]);
     command.args(&args.command[1..]).env("LD_PRELOAD", preload);
     if args.trim_only {
-        command
-            .env("MEMGAP_TRIM_INTERVAL_MS", args.trim_interval_ms.to_string())
-            .env("MEMGAP_TRIM_THRESHOLD", args.trim_threshold.to_string());
+        command.env(env::TRIM_INTERVAL_MS, args.trim_interval_ms.to_string()).env(env::TRIM_THRESHOLD, args.trim_threshold.to_string());
     }
     let areas = if args.trim_only { None } else { Some(recorder::AreaDir::create(run_id)?) };
     if let Some(areas) = &areas {
-        command.env("MEMGAP_AREA_DIR", areas.path()).env("MEMGAP_RUN_ID", format!("{run_id:x}"));
+        command.env(env::AREA_DIR, areas.path()).env(env::RUN_ID, format!("{run_id:x}"));
         if args.no_follow {
-            command.env("MEMGAP_FOLLOW", "0");
+            command.env(env::FOLLOW, env::FOLLOW_OFF);
         }
-        let stacks = if args.no_stacks { "none" } else { args.unwind.as_str() };
-        command.env("MEMGAP_STACKS", stacks).env("MEMGAP_STACK_DEPTH", args.stack_depth.to_string());
-        command.env("MEMGAP_PYTHON_STACKS", &args.python_stacks);
+        let stacks = if args.no_stacks { env::STACKS_NONE } else { args.unwind.as_str() };
+        command.env(env::STACKS, stacks).env(env::STACK_DEPTH, args.stack_depth.to_string());
+        command.env(env::PYTHON_STACKS, &args.python_stacks);
     }
 
     let mut ghc = if args.trim_only { None } else { super::ghc::Recording::prepare(&mut command, &args.command, &pattern, args.quiet) };

@@ -23,8 +23,9 @@ use crate::human_bytes;
 use crate::ledger::owner::share;
 use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
 
-pub const NAME: &str = "node";
-pub const SOURCE: &str = "node";
+/// The owner is named as its source.
+pub const NAME: &str = SOURCE;
+pub const SOURCE: &str = memgap_trace::vocabulary::source::NODE;
 /// V8's MemoryChunk alignment (kPageSize on 64-bit builds).
 pub const V8_CHUNK_ALIGN: u64 = 256 << 10;
 /// The owners that serve malloc, where Buffers and external memory live.

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::malloc::{finding_bytes, row_findings};
 use crate::ledger::{Finding, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
 
-pub const NAME: &str = "python";
+/// The owner is named as its source.
+pub const NAME: &str = memgap_trace::vocabulary::source::PYTHON;
 /// Below this a remedy is not worth a run.
 const WORTH_TRYING: u64 = 1 << 20;
 

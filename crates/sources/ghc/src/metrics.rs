@@ -21,7 +21,7 @@ use memgap_trace::records::Metrics;
 
 use crate::eventlog::{Breakdown, Event, EventKind, Eventlog, NO_CAPABILITY};
 
-pub const SOURCE: &str = "ghc";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::GHC;
 
 /// One garbage collection, gathered from GC_START to the next GC_START.
 #[derive(Debug, Clone, Default, PartialEq)]

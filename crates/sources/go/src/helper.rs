@@ -1,5 +1,6 @@
 //! The lines the helper package (`go/memgap`, imported by a Go program)
-//! writes to `memgap run` through the pipe named in `MEMGAP_GO_METRICS`:
+//! writes to `memgap run` through the pipe named in `MEMGAP_GO_METRICS`
+//! ([`memgap_trace::vocabulary::env::GO_METRICS`]):
 //!
 //! ```text
 //! hello go1.26.8                          once: runtime.Version()
@@ -10,12 +11,6 @@
 //! Names are runtime/metrics names (they hold no space or `=`); histogram
 //! buckets are `NAME[UPPER]` with UPPER the bucket's exclusive upper bound
 //! (`inf` for the last), each value the bucket's count.
-
-/// The environment variable `memgap run` sets for the helper: `WFD,RFD`, the
-/// pipe the helper writes lines to and the one it reads answers from.
-pub const ENV: &str = "MEMGAP_GO_METRICS";
-/// Milliseconds between samples.
-pub const ENV_INTERVAL: &str = "MEMGAP_GO_INTERVAL_MS";
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Line {
@@ -60,6 +55,14 @@ pub fn parse(line: &str) -> Result<Line, BadLine> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_helper_package_reads_the_variables_memgap_sets() {
+        let helper = include_str!("../../../../go/memgap/memgap.go");
+        for variable in [memgap_trace::vocabulary::env::GO_METRICS, memgap_trace::vocabulary::env::GO_INTERVAL_MS] {
+            assert!(helper.contains(&format!("\"{variable}\"")), "{variable}");
+        }
+    }
 
     #[test]
     fn parses_lines() {

@@ -26,11 +26,12 @@ pub mod buildinfo;
 pub mod gctrace;
 pub mod helper;
 pub mod memstats;
-pub mod names;
+/// The runtime's metric names, as the trace spells them.
+pub use memgap_trace::vocabulary::go as names;
 pub mod size_classes;
 
 /// The `source` of every METRICS record this crate makes.
-pub const SOURCE: &str = "go";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::GO;
 
 use memgap_trace::records::Metrics;
 
@@ -43,8 +44,8 @@ pub fn version_metrics(version: &str, monotonic_ns: u64) -> Vec<Metrics> {
     if let Some(runtime) = size_classes::Runtime::from_version(version) {
         let mut values = Vec::new();
         for class in runtime.classes() {
-            values.push((names::bucket("span_bytes", f64::from(class.size)), f64::from(class.span_bytes)));
-            values.push((names::bucket("objects_per_span", f64::from(class.size)), f64::from(class.objects_per_span)));
+            values.push((names::bucket(names::SPAN_BYTES, f64::from(class.size)), f64::from(class.span_bytes)));
+            values.push((names::bucket(names::OBJECTS_PER_SPAN, f64::from(class.size)), f64::from(class.objects_per_span)));
         }
         out.push(metrics("size_classes", values));
     }

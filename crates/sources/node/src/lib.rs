@@ -15,17 +15,18 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use memgap_source_sampler::Runtime;
+use memgap_trace::vocabulary::env;
 
-pub const SOURCE: &str = "node";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::NODE;
 
 /// Node's sampler. Its samples end with the last heap space's physical size.
 pub const RUNTIME: Runtime = Runtime {
     source: SOURCE,
     script: include_str!("sampler.js"),
     script_name: "sampler.js",
-    out_env: "MEMGAP_NODE_OUT",
+    out_env: env::NODE_OUT.name(),
     out_pattern: "node.%p.%t",
-    interval_env: "MEMGAP_NODE_INTERVAL_MS",
+    interval_env: env::NODE_INTERVAL_MS.name(),
     load_env: "NODE_OPTIONS",
     load_value: node_options,
     text_keys: &["version", "v8"],
@@ -59,6 +60,13 @@ fn node_options(existing: Option<&OsStr>, sampler: &Path) -> OsString {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_script_reads_the_variables_memgap_sets() {
+        for variable in [env::NODE_OUT, env::NODE_INTERVAL_MS] {
+            assert!(RUNTIME.script.contains(variable.name()), "{variable}");
+        }
+    }
     use memgap_trace::records::Record;
 
     const SAMPLE: &str = "thread=0 rss=50000000 heap_total=8000000 heap_used=6000000 external=1000 array_buffers=500 \

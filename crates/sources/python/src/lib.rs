@@ -16,7 +16,7 @@
 
 use memgap_trace::records::Metrics;
 
-pub const SOURCE: &str = "python";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::PYTHON;
 pub const KIND: &str = "pymalloc";
 /// `sizeof(struct pool_header)` rounded up to the 16-byte alignment (64-bit).
 pub const POOL_OVERHEAD: u64 = 48;

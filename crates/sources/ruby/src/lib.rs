@@ -12,17 +12,18 @@ use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 use memgap_source_sampler::Runtime;
+use memgap_trace::vocabulary::env;
 
-pub const SOURCE: &str = "ruby";
+pub const SOURCE: &str = memgap_trace::vocabulary::source::RUBY;
 
 /// Ruby's sampler.
 pub const RUNTIME: Runtime = Runtime {
     source: SOURCE,
     script: include_str!("sampler.rb"),
     script_name: "sampler.rb",
-    out_env: "MEMGAP_RUBY_OUT",
+    out_env: env::RUBY_OUT.name(),
     out_pattern: "ruby.%p",
-    interval_env: "MEMGAP_RUBY_INTERVAL_MS",
+    interval_env: env::RUBY_INTERVAL_MS.name(),
     load_env: "RUBYOPT",
     load_value: rubyopt,
     text_keys: &["version"],
@@ -44,6 +45,13 @@ fn rubyopt(existing: Option<&OsStr>, sampler: &Path) -> OsString {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_script_reads_the_variables_memgap_sets() {
+        for variable in [env::RUBY_OUT, env::RUBY_INTERVAL_MS] {
+            assert!(RUNTIME.script.contains(variable.name()), "{variable}");
+        }
+    }
     use memgap_trace::records::Record;
 
     #[test]

@@ -34,6 +34,7 @@ use memgap_source_go::buildinfo::GoBinary;
 use memgap_source_go::{gctrace, helper};
 use memgap_trace::TraceWriter;
 use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, End, EndReason, Exit, Metrics, Process, Record, SnapshotReason};
+use memgap_trace::vocabulary::env;
 
 use super::Args;
 
@@ -84,8 +85,8 @@ pub(super) fn run(args: &Args, go: GoBinary, pattern: &Path, run_id: u64) -> any
     command
         .args(&args.command[1..])
         .env("GODEBUG", &godebug)
-        .env(helper::ENV, format!("{},{}", child_ends[0], child_ends[1]))
-        .env(helper::ENV_INTERVAL, interval_ms.to_string());
+        .env(env::GO_METRICS, format!("{},{}", child_ends[0], child_ends[1]))
+        .env(env::GO_INTERVAL_MS, interval_ms.to_string());
     let (stderr_read, stderr_write, packets) = stderr_pipe()?;
     command.stderr(Stdio::from(stderr_write));
     // The child keeps its ends of the two pipes across exec.

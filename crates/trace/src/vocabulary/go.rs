@@ -1,5 +1,7 @@
-//! The runtime/metrics names memgap reads (Go 1.16+; all present in 1.19).
-//! MemStats read over HTTP are restated in these names.
+//! The Go runtime's metric names as METRICS records of source `go` carry
+//! them: runtime/metrics names (Go 1.16+; all present in 1.19), MemStats read
+//! over HTTP restated in these names, gctrace figures, and the size classes
+//! memgap derives from the runtime's version.
 
 pub const HEAP_OBJECTS: &str = "/memory/classes/heap/objects:bytes";
 pub const HEAP_UNUSED: &str = "/memory/classes/heap/unused:bytes";
@@ -39,6 +41,11 @@ pub const GCTRACE_SECONDS: &str = "gctrace/seconds";
 pub const GCTRACE_CPU_PERCENT: &str = "gctrace/cpu:percent";
 pub const GCTRACE_PROCS: &str = "gctrace/procs";
 pub const GCTRACE_FORCED: &str = "gctrace/forced";
+
+/// Per size class (kind `size_classes`, one bucket per object size): the
+/// bytes of one span, and the objects it holds.
+pub const SPAN_BYTES: &str = "span_bytes";
+pub const OBJECTS_PER_SPAN: &str = "objects_per_span";
 
 /// A histogram bucket's name: `name[upper bound]` (docs/trace-format.md).
 pub fn bucket(name: &str, upper: f64) -> String {
