@@ -30,6 +30,8 @@ use memgap_trace::records::{Metrics, Record, Records};
 use memgap_trace::{TraceError, TraceFile};
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::MappingClass;
+
 /// Usable blocks per 1 MiB megablock (the first 16 KiB hold descriptors).
 const BLOCKS_PER_MBLOCK: u64 = 252;
 const BLOCK_BYTES: u64 = 4096;
@@ -528,7 +530,7 @@ impl crate::ledger::HeapOwner for GhcOwner {
         let point = report.timeline.iter().rev().find(|p| p.seconds <= seconds).or(report.timeline.first());
         let (mut counted, mut lazy) = (0, 0);
         for index in heap_mappings(&ledger.mappings) {
-            if let Some((c, l)) = ledger.reclaim(index, "ghc heap") {
+            if let Some((c, l)) = ledger.reclaim(index, MappingClass::GhcHeap) {
                 counted += c;
                 lazy += l;
             }
@@ -615,7 +617,9 @@ impl crate::ledger::HeapOwner for GhcOwner {
 /// run of adjacent anonymous mappings spanning at least [`RESERVATION_MIN`].
 fn heap_mappings(mappings: &[crate::ledger::MappingLedger]) -> Vec<usize> {
     let anonymous = |m: &crate::ledger::MappingLedger| {
-        m.name.is_empty() && m.perms.ends_with('p') && matches!(m.class, "program mmap" | "unclassified" | "other")
+        m.name.is_empty()
+            && m.perms.ends_with('p')
+            && matches!(m.class, MappingClass::ProgramMmap | MappingClass::Unclassified | MappingClass::Other)
     };
     let mut out = Vec::new();
     let mut i = 0;

@@ -30,7 +30,7 @@ use memgap_trace::vocabulary::go as names;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::owner::share;
-use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, MappingLedger, OwnerShare, Remedy, Rows};
+use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, MappingClass, MappingLedger, OwnerShare, Remedy, Rows};
 
 /// The owner is named as its source.
 pub const NAME: &str = memgap_trace::vocabulary::source::GO;
@@ -435,12 +435,12 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
             heap_resident += entry.resident_bytes;
             heap_lazy += mapping.lazy_free;
             heap_mappings += 1;
-            "heap"
+            MappingClass::Heap
         } else if mapping.is_private_writable_anonymous() && mapping.name != "[heap]" && mapping.name != "[stack]" {
             // The runtime's own structures (spans, GC bits, page allocator…).
             entry.resident_bytes = resident_bytes(mapping, page);
             runtime_mapped += entry.resident_bytes;
-            "runtime"
+            MappingClass::Runtime
         } else {
             continue;
         };

@@ -66,12 +66,113 @@ pub struct OtherBreakdown {
     pub unclassified: u64,
 }
 
+/// What kind of allocator mapping a heap is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum HeapKind {
+    /// glibc's main arena, grown with brk.
+    #[serde(rename = "brk heap")]
+    BrkHeap,
+    /// A glibc thread arena's heap (aligned to its maximum size).
+    #[serde(rename = "arena")]
+    Arena,
+    /// Any other mapping holding blocks.
+    #[default]
+    #[serde(rename = "mapping")]
+    Mapping,
+    /// The other mappings, merged into one row.
+    #[serde(rename = "mappings")]
+    Mappings,
+}
+
+impl HeapKind {
+    /// As the JSON and the tables spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeapKind::BrkHeap => "brk heap",
+            HeapKind::Arena => "arena",
+            HeapKind::Mapping => "mapping",
+            HeapKind::Mappings => "mappings",
+        }
+    }
+}
+
+impl std::fmt::Display for HeapKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// Where a mapping's resident bytes went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum MappingClass {
+    /// An allocator's mapping, split page by page into the heap rows.
+    #[serde(rename = "heap")]
+    Heap,
+    #[serde(rename = "stack")]
+    Stack,
+    #[serde(rename = "file")]
+    File,
+    #[serde(rename = "shmem")]
+    Shmem,
+    /// memgap's own: the agent's buffers, static data and shared area.
+    #[serde(rename = "memgap")]
+    Memgap,
+    /// The .bss of a program or library.
+    #[serde(rename = "static data")]
+    StaticData,
+    /// Anonymous memory the program mapped itself.
+    #[serde(rename = "program mmap")]
+    ProgramMmap,
+    /// Anonymous memory no layer accounts for.
+    #[serde(rename = "unclassified")]
+    Unclassified,
+    /// A mapping no finer class fits (non-anonymous, not file-backed).
+    #[default]
+    #[serde(rename = "other")]
+    Other,
+    /// A runtime's own structures (Go's spans, GC bits…).
+    #[serde(rename = "runtime")]
+    Runtime,
+    #[serde(rename = "ghc heap")]
+    GhcHeap,
+    #[serde(rename = "v8 heap")]
+    V8Heap,
+    #[serde(rename = "python arenas")]
+    PythonArenas,
+}
+
+impl MappingClass {
+    /// As the JSON and the tables spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MappingClass::Heap => "heap",
+            MappingClass::Stack => "stack",
+            MappingClass::File => "file",
+            MappingClass::Shmem => "shmem",
+            MappingClass::Memgap => "memgap",
+            MappingClass::StaticData => "static data",
+            MappingClass::ProgramMmap => "program mmap",
+            MappingClass::Unclassified => "unclassified",
+            MappingClass::Other => "other",
+            MappingClass::Runtime => "runtime",
+            MappingClass::GhcHeap => "ghc heap",
+            MappingClass::V8Heap => "v8 heap",
+            MappingClass::PythonArenas => "python arenas",
+        }
+    }
+}
+
+impl std::fmt::Display for MappingClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// One allocator mapping's share of the heap rows.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct HeapLedger {
     pub name: String,
-    /// "brk heap", "arena", "mapping", or "mappings" (the rest, merged).
-    pub kind: &'static str,
+    pub kind: HeapKind,
     pub start: u64,
     pub end: u64,
     pub mappings: u32,
@@ -92,9 +193,7 @@ pub struct MappingLedger {
     pub end: u64,
     pub perms: String,
     pub name: String,
-    /// "heap", "stack", "file", "shmem", "anonymous" (page by page: memgap,
-    /// program mmap or unclassified) or "other".
-    pub class: &'static str,
+    pub class: MappingClass,
     pub resident_bytes: u64,
     pub lazy_free_bytes: u64,
 }
@@ -364,10 +463,78 @@ fn compute_walking(
     walks: PageWalks,
 ) -> Ledger {
     let page = plausible_page_size(snapshot.page_size);
+    let mut ledger = empty_ledger(state, snapshot);
+    let claimed = claim_owned_mappings(owners, snapshot, &mut ledger);
+    let owners = &*owners;
+    let malloc = MallocInUse::of(owners, state);
+    let extents = live_block_extents(state, malloc.layout.block_header());
+    // Which free pages the allocator's trim would release.
+    let trim = {
+        let live: Vec<(u64, u64)> = extents.iter().map(|b| (b.start, b.end)).collect();
+        malloc.layout.trim_forecast(state, snapshot, &live, page)
+    };
+    let state = &*state;
+    let blocks = walked_once(extents);
+    let mut agent_ranges = snapshot.agent_ranges.clone();
+    agent_ranges.sort_unstable();
+    ledger.live_blocks = state.live.len() as u64;
+    let listed_per_page = if detail.pages && detail.objects {
+        let heap_pages: u64 = walks.pages.iter().flatten().sum();
+        (LISTED_BLOCKS / heap_pages.max(1)).min(LISTED_PER_PAGE)
+    } else {
+        0
+    };
+    let mut accounting = SnapshotAccounting {
+        state,
+        snapshot,
+        detail,
+        page,
+        walks: &walks,
+        malloc: &malloc,
+        blocks: &blocks,
+        trim: &trim,
+        agent_ranges: &agent_ranges,
+        listed_per_page,
+        buckets: Vec::new(),
+        stacks: rustc_hash::FxHashMap::default(),
+        lazy_outside_heap: 0,
+        merged: HeapLedger { name: "other allocator mappings".into(), kind: HeapKind::Mappings, ..HeapLedger::default() },
+    };
+    let mut previous: Option<&Mapping> = None;
+    for (index, mapping) in snapshot.mappings.iter().enumerate() {
+        if claimed[index] {
+            continue;
+        }
+        // The .bss of an ELF object: anonymous, right after its data segment.
+        let bss_of = previous.filter(|p| p.inode != 0 && p.end == mapping.start && p.perms.starts_with("rw")).map(|p| p.name.as_str());
+        previous = Some(mapping);
+        accounting.account(&mut ledger, index, mapping, bss_of);
+    }
+    let SnapshotAccounting { mut buckets, mut stacks, lazy_outside_heap, merged, .. } = accounting;
+    if merged.mappings > 0 {
+        ledger.heaps.push(merged);
+    }
+    add_malloc_share(&mut ledger, &malloc);
+    // MADV_FREE'd pages of mappings nobody owns: counted, but in no owner's share.
+    ledger.unowned_lazy_free_bytes = lazy_outside_heap;
+    ledger.arenas = malloc.layout.arenas(&ledger.heaps);
+    buckets.retain(|b| b.blocks > 0);
+    ledger.fragmentation_by_size = buckets;
+    if detail.stacks {
+        python_arenas_to_stacks(state, snapshot.time, page, &mut stacks);
+    }
+    ledger.by_stack = stacks.into_values().map(|(share, _)| share).collect();
+    ledger.mappings.sort_by_key(|m| m.start);
+    finish(&mut ledger, owners);
+    ledger
+}
+
+/// A ledger of `snapshot` with its header filled in and no rows yet.
+fn empty_ledger(state: &HeapState, snapshot: &Snapshot) -> Ledger {
     // A program allocating fast moves RSS while the snapshot is taken. The
     // anonymous mappings, most of the sum, are read last (mincore), right
     // before VmRSS is read again: compare the rows with that reading.
-    let mut ledger = Ledger {
+    Ledger {
         rss_bytes: if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss },
         snapshot_reason: reason_name(snapshot.reason),
         allocator: state.allocator.clone(),
@@ -378,110 +545,118 @@ fn compute_walking(
             0
         },
         ..Ledger::default()
-    };
-    // Owners that know their mappings take them first.
+    }
+}
+
+/// Lets the owners that know their mappings take them first; which of the
+/// snapshot's mappings they took.
+fn claim_owned_mappings(owners: &mut [Box<dyn HeapOwner>], snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<bool> {
     let mut claimed = vec![false; snapshot.mappings.len()];
     for owner in owners.iter_mut().filter(|o| o.present()) {
-        for index in owner.claim(snapshot, &mut ledger) {
+        for index in owner.claim(snapshot, ledger) {
             if let Some(taken) = claimed.get_mut(index) {
                 *taken = true;
             }
         }
     }
-    let owners = &*owners;
-    let malloc_owner = owners.iter().filter(|o| o.present()).find_map(|o| o.malloc_layout().map(|layout| (o.name(), layout)));
-    // A trace with blocks or an allocator no owner recognised is still a malloc's.
-    let has_malloc = malloc_owner.is_some() || !state.allocator.is_empty() || !state.live.is_empty();
-    let (malloc_name, layout): (&'static str, &dyn MallocLayout) = malloc_owner.unwrap_or((UNKNOWN_MALLOC, &UnknownMalloc));
-    let want_pages = detail.pages;
-    let header = layout.block_header();
-    let blocks: Vec<BlockExtent> = state
+    claimed
+}
+
+/// The malloc whose blocks the live set holds.
+struct MallocInUse<'a> {
+    name: &'static str,
+    layout: &'a dyn MallocLayout,
+    /// A trace with blocks or an allocator no owner recognised is still a malloc's.
+    present: bool,
+}
+
+impl<'a> MallocInUse<'a> {
+    fn of(owners: &'a [Box<dyn HeapOwner>], state: &HeapState) -> MallocInUse<'a> {
+        let recognised = owners.iter().filter(|o| o.present()).find_map(|o| o.malloc_layout().map(|layout| (o.name(), layout)));
+        let present = recognised.is_some() || !state.allocator.is_empty() || !state.live.is_empty();
+        let (name, layout) = recognised.unwrap_or((UNKNOWN_MALLOC, &UnknownMalloc));
+        MallocInUse { name, layout, present }
+    }
+}
+
+/// The live blocks in address order, each from its header to its usable end.
+fn live_block_extents(state: &HeapState, header: u64) -> Vec<BlockExtent> {
+    state
         .live
         .in_address_order()
         .iter()
         .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable(), addr, size: b.size, stack: b.stack })
-        .collect();
-    // Which free pages the allocator's trim would release.
-    let trim = {
-        let live: Vec<(u64, u64)> = blocks.iter().map(|b| (b.start, b.end)).collect();
-        layout.trim_forecast(state, snapshot, &live, page)
-    };
-    let state = &*state;
-    // The page walks below go over each block's pages: blocks of a corrupt
-    // trace that overlap are walked from where the previous one ended, so
-    // that pages are walked once however many blocks claim them.
-    let blocks = {
-        let mut covered = 0;
-        let mut walked = Vec::with_capacity(blocks.len());
-        for mut b in blocks {
-            b.start = b.start.max(covered);
-            if b.start < b.end {
-                covered = b.end;
-                walked.push(b);
-            }
-        }
-        walked
-    };
-    let mut agent_ranges = snapshot.agent_ranges.clone();
-    agent_ranges.sort_unstable();
-    ledger.live_blocks = state.live.len() as u64;
-    let mut buckets: Vec<SizeBucket> = Vec::new();
-    let mut stacks: StackShares = rustc_hash::FxHashMap::default();
-    let mut previous: Option<&Mapping> = None;
-    let mut lazy_outside_heap = 0;
-    let mut merged = HeapLedger { name: "other allocator mappings".into(), kind: "mappings", ..HeapLedger::default() };
-    let listed_per_page = if want_pages && detail.objects {
-        let heap_pages: u64 = walks.pages.iter().flatten().sum();
-        (LISTED_BLOCKS / heap_pages.max(1)).min(LISTED_PER_PAGE)
-    } else {
-        0
-    };
+        .collect()
+}
 
-    for (index, mapping) in snapshot.mappings.iter().enumerate() {
-        if claimed[index] {
-            continue;
+/// The page walks go over each block's pages: blocks of a corrupt trace
+/// that overlap are walked from where the previous one ended, so that pages
+/// are walked once however many blocks claim them.
+fn walked_once(extents: Vec<BlockExtent>) -> Vec<BlockExtent> {
+    let mut covered = 0;
+    let mut walked = Vec::with_capacity(extents.len());
+    for mut b in extents {
+        b.start = b.start.max(covered);
+        if b.start < b.end {
+            covered = b.end;
+            walked.push(b);
         }
-        // The .bss of an ELF object: anonymous, right after its data segment.
-        let bss_of = previous.filter(|p| p.inode != 0 && p.end == mapping.start && p.perms.starts_with("rw")).map(|p| p.name.clone());
-        previous = Some(mapping);
+    }
+    walked
+}
+
+/// What every mapping of one snapshot is accounted against, and the sums
+/// that run over all of them.
+struct SnapshotAccounting<'a> {
+    state: &'a HeapState,
+    snapshot: &'a Snapshot,
+    detail: Detail,
+    page: u64,
+    walks: &'a PageWalks,
+    malloc: &'a MallocInUse<'a>,
+    /// Live block extents in address order, not overlapping.
+    blocks: &'a [BlockExtent],
+    trim: &'a crate::glibc_trim::TrimForecast,
+    /// memgap's own ranges, sorted.
+    agent_ranges: &'a [(u64, u64)],
+    listed_per_page: u64,
+    buckets: Vec<SizeBucket>,
+    stacks: StackShares,
+    /// MADV_FREE'd bytes counted outside the allocator's mappings.
+    lazy_outside_heap: u64,
+    /// The allocator mappings that are neither a brk heap nor an arena, as one.
+    merged: HeapLedger,
+}
+
+impl SnapshotAccounting<'_> {
+    /// Puts one mapping (not claimed by an owner) into the ledger.
+    fn account(&mut self, ledger: &mut Ledger, index: usize, mapping: &Mapping, bss_of: Option<&str>) {
         let mut entry = MappingLedger::of(mapping);
-        let is_stack = mapping.name == "[stack]" || state.stack_hints.iter().any(|&hint| hint >= mapping.start && hint < mapping.end);
+        let is_stack = mapping.name == "[stack]" || self.state.stack_hints.iter().any(|&hint| hint >= mapping.start && hint < mapping.end);
         if is_stack && mapping.perms.starts_with("rw") {
             ledger.stacks_bytes += mapping.rss;
-            entry.class = "stack";
-            ledger.mappings.push(entry);
-            continue;
+            entry.class = MappingClass::Stack;
+        } else if let Some(walked_pages) = self.walks.pages[index] {
+            entry.class = self.account_anonymous(ledger, mapping, walked_pages, bss_of);
+            entry.resident_bytes = mapping.residency.resident_in(0..(mapping.end - mapping.start) / self.page) * self.page;
+        } else {
+            entry.class = whole_mapping_class(mapping, &mut ledger.other_breakdown);
         }
-        let Some(walked_pages) = walks.pages[index] else {
-            let other = &mut ledger.other_breakdown;
-            entry.class = match () {
-                _ if is_memgap_file(&mapping.name) => {
-                    other.agent += mapping.rss;
-                    "memgap"
-                }
-                _ if mapping.perms.ends_with('s') => {
-                    other.shmem += mapping.rss;
-                    "shmem"
-                }
-                _ if mapping.inode != 0 => {
-                    other.file += mapping.rss;
-                    "file"
-                }
-                _ => {
-                    other.unclassified += mapping.rss;
-                    "other"
-                }
-            };
-            ledger.mappings.push(entry);
-            continue;
-        };
+        ledger.mappings.push(entry);
+    }
+
+    /// A private anonymous mapping, page by page: an allocator's (its heap
+    /// rows, its page map) or another's (memgap's, the program's own mmap,
+    /// static data, unclassified). Returns its class.
+    fn account_anonymous(&mut self, ledger: &mut Ledger, mapping: &Mapping, walked_pages: u64, bss_of: Option<&str>) -> MappingClass {
+        let (page, layout, blocks) = (self.page, self.malloc.layout, self.blocks);
         let first = blocks.partition_point(|b| b.end <= mapping.start);
         let last = blocks.partition_point(|b| b.start < mapping.end);
         let mapping_blocks = &blocks[first..last.max(first)];
-        let allocator_owned = has_malloc
+        let allocator_owned = self.malloc.present
             && (mapping.name == "[heap]"
                 || !mapping_blocks.is_empty()
-                || (bss_of.is_none() && state.ever_held_blocks(mapping.start, mapping.end)));
+                || (bss_of.is_none() && self.state.ever_held_blocks(mapping.start, mapping.end)));
         let mut heap = HeapLedger {
             name: heap_name(mapping, layout),
             kind: layout.heap_kind(mapping),
@@ -491,53 +666,26 @@ fn compute_walking(
             ..HeapLedger::default()
         };
         let before = ledger.other_breakdown;
-        let (pages, taken) = account_pages(
+        let mut classifier = PageClassifier {
             mapping,
-            mapping_blocks,
             page,
-            walked_pages,
-            &trim,
+            trim: self.trim,
             allocator_owned,
-            &agent_ranges,
-            state,
-            snapshot.time,
-            &mut heap,
-            &mut ledger.other_breakdown,
-        );
+            agent_ranges: self.agent_ranges,
+            state: self.state,
+            heap: &mut heap,
+            other: &mut ledger.other_breakdown,
+            python_arenas: self.state.python_census.as_ref().filter(|c| c.snapshot_time == self.snapshot.time),
+        };
+        let (pages, taken) = account_pages(&mut classifier, mapping_blocks, walked_pages);
         if allocator_owned {
-            share_fragmentation(
-                mapping,
-                mapping_blocks,
-                page,
-                &taken,
-                |block, BlockShare { fragmentation, resident_live, first_page, last_page }| {
-                    let bucket = 64 - block.size.max(1).leading_zeros() as usize;
-                    if buckets.len() <= bucket {
-                        buckets.resize_with(bucket + 1, SizeBucket::default);
-                    }
-                    let entry = &mut buckets[bucket];
-                    entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
-                    entry.max_size = (1u64 << bucket) - 1;
-                    entry.blocks += 1;
-                    entry.live_bytes += resident_live;
-                    entry.fragmented_bytes += fragmentation.round() as u64;
-                    if detail.stacks {
-                        let (s, counted_up_to) =
-                            stacks.entry(block.stack).or_insert((StackShare { stack: block.stack, ..StackShare::default() }, None));
-                        s.objects += 1;
-                        s.live_bytes += resident_live;
-                        s.taken_bytes += block.end - block.start;
-                        s.fragmentation_bytes += fragmentation;
-                        // Blocks come in address order: count each page once per stack.
-                        let from = match *counted_up_to {
-                            Some((start, last)) if start == mapping.start => first_page.max(last + 1),
-                            _ => first_page,
-                        };
-                        s.pages += mapping.residency.resident_in(from..last_page + 1);
-                        *counted_up_to = Some((mapping.start, last_page.max(from.saturating_sub(1))));
-                    }
-                },
-            );
+            let (buckets, stacks, by_stack) = (&mut self.buckets, &mut self.stacks, self.detail.stacks);
+            share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share| {
+                add_to_size_bucket(buckets, block, &share);
+                if by_stack {
+                    add_to_stack(stacks, mapping, block, &share);
+                }
+            });
         }
         // MADV_FREE'd pages are still resident and counted: they hold no
         // blocks, so they sit among the retained pages.
@@ -546,64 +694,124 @@ fn compute_walking(
         heap.lazy_free += lazy;
         heap.trimmable = heap.trimmable.min(heap.retained);
         let other = &mut ledger.other_breakdown;
-        let unaccounted = other.unclassified - before.unclassified;
-        let anonymous_class = match bss_of.as_deref() {
-            Some(name) if name.ends_with("/libmemgap_agent.so") => {
-                other.unclassified -= unaccounted;
-                other.agent += unaccounted;
-                "memgap"
-            }
-            Some(_) => {
-                other.unclassified -= unaccounted;
-                other.static_data += unaccounted;
-                "static data"
-            }
-            None if other.agent > before.agent => "memgap",
-            None if other.program_mmap > before.program_mmap => "program mmap",
-            None => "unclassified",
-        };
-        // MADV_FREE'd pages outside the allocator's mappings (a runtime's own
-        // mmaps): out of whichever "other" part they were counted in.
-        let mut lazy_left = mapping.lazy_free - lazy;
-        for (part, was) in [(&mut other.program_mmap, before.program_mmap), (&mut other.unclassified, before.unclassified)] {
-            let moved = lazy_left.min(*part - was);
-            *part -= moved;
-            lazy_left -= moved;
-            lazy_outside_heap += moved;
+        let class = anonymous_class(other, &before, bss_of);
+        self.lazy_outside_heap += move_lazy_free_out_of_other(other, &before, mapping.lazy_free - lazy);
+        if !allocator_owned {
+            return class;
         }
-        entry.class = if allocator_owned { "heap" } else { anonymous_class };
-        entry.resident_bytes = mapping.residency.resident_in(0..(mapping.end - mapping.start) / page) * page;
-        ledger.mappings.push(entry);
-        if allocator_owned {
-            if want_pages {
-                let objects = detail.objects.then(|| page_objects(mapping, mapping_blocks, page, pages.len(), listed_per_page));
-                ledger.page_maps.push(PageMap {
-                    name: heap.name.clone(),
-                    start: mapping.start,
-                    page_size: page,
-                    pages,
-                    nodes: Vec::new(),
-                    objects,
-                });
-            }
-            if heap.kind == "mapping" {
-                merged.mappings += 1;
-                add_heap(&mut merged, &heap);
-            } else {
-                ledger.heaps.push(heap);
-            }
+        if self.detail.pages {
+            let objects = self.detail.objects.then(|| page_objects(mapping, mapping_blocks, page, pages.len(), self.listed_per_page));
+            ledger.page_maps.push(PageMap {
+                name: heap.name.clone(),
+                start: mapping.start,
+                page_size: page,
+                pages,
+                nodes: Vec::new(),
+                objects,
+            });
         }
+        if heap.kind == HeapKind::Mapping {
+            self.merged.mappings += 1;
+            add_heap(&mut self.merged, &heap);
+        } else {
+            ledger.heaps.push(heap);
+        }
+        MappingClass::Heap
     }
-    if merged.mappings > 0 {
-        ledger.heaps.push(merged);
+}
+
+/// The class of a mapping counted whole, by its smaps figures, into the
+/// part of `other` it belongs to.
+fn whole_mapping_class(mapping: &Mapping, other: &mut OtherBreakdown) -> MappingClass {
+    let (part, class) = if is_memgap_file(&mapping.name) {
+        (&mut other.agent, MappingClass::Memgap)
+    } else if mapping.perms.ends_with('s') {
+        (&mut other.shmem, MappingClass::Shmem)
+    } else if mapping.inode != 0 {
+        (&mut other.file, MappingClass::File)
+    } else {
+        (&mut other.unclassified, MappingClass::Other)
+    };
+    *part += mapping.rss;
+    class
+}
+
+/// The class of an anonymous mapping's pages no allocator holds, from what
+/// its page walk added to `other` since `before`: the .bss of memgap's agent
+/// or of another object (moved from unclassified), memgap's buffers, the
+/// program's own mmaps, or unclassified.
+fn anonymous_class(other: &mut OtherBreakdown, before: &OtherBreakdown, bss_of: Option<&str>) -> MappingClass {
+    let unaccounted = other.unclassified - before.unclassified;
+    match bss_of {
+        Some(name) if name.ends_with("/libmemgap_agent.so") => {
+            other.unclassified -= unaccounted;
+            other.agent += unaccounted;
+            MappingClass::Memgap
+        }
+        Some(_) => {
+            other.unclassified -= unaccounted;
+            other.static_data += unaccounted;
+            MappingClass::StaticData
+        }
+        None if other.agent > before.agent => MappingClass::Memgap,
+        None if other.program_mmap > before.program_mmap => MappingClass::ProgramMmap,
+        None => MappingClass::Unclassified,
     }
+}
+
+/// MADV_FREE'd pages outside the allocator's mappings (a runtime's own
+/// mmaps): out of whichever part of `other` they were counted in since
+/// `before`. Returns the bytes moved (up to `lazy`).
+fn move_lazy_free_out_of_other(other: &mut OtherBreakdown, before: &OtherBreakdown, mut lazy: u64) -> u64 {
+    let mut moved_total = 0;
+    for (part, was) in [(&mut other.program_mmap, before.program_mmap), (&mut other.unclassified, before.unclassified)] {
+        let moved = lazy.min(*part - was);
+        *part -= moved;
+        lazy -= moved;
+        moved_total += moved;
+    }
+    moved_total
+}
+
+/// One live block into the histogram of fragmentation by block size (powers of two).
+fn add_to_size_bucket(buckets: &mut Vec<SizeBucket>, block: &BlockExtent, share: &BlockShare) {
+    let bucket = 64 - block.size.max(1).leading_zeros() as usize;
+    if buckets.len() <= bucket {
+        buckets.resize_with(bucket + 1, SizeBucket::default);
+    }
+    let entry = &mut buckets[bucket];
+    entry.min_size = if bucket == 0 { 0 } else { 1 << (bucket - 1) };
+    entry.max_size = (1u64 << bucket) - 1;
+    entry.blocks += 1;
+    entry.live_bytes += share.resident_live;
+    entry.fragmented_bytes += share.fragmentation.round() as u64;
+}
+
+/// One live block of `mapping` into its call stack's share.
+fn add_to_stack(stacks: &mut StackShares, mapping: &Mapping, block: &BlockExtent, share: &BlockShare) {
+    let (s, counted_up_to) = stacks.entry(block.stack).or_insert((StackShare { stack: block.stack, ..StackShare::default() }, None));
+    s.objects += 1;
+    s.live_bytes += share.resident_live;
+    s.taken_bytes += block.end - block.start;
+    s.fragmentation_bytes += share.fragmentation;
+    // Blocks come in address order: count each page once per stack.
+    let from = match *counted_up_to {
+        Some((start, last)) if start == mapping.start => share.first_page.max(last + 1),
+        _ => share.first_page,
+    };
+    s.pages += mapping.residency.resident_in(from..share.last_page + 1);
+    *counted_up_to = Some((mapping.start, share.last_page.max(from.saturating_sub(1))));
+}
+
+/// The heaps' totals: the trim figures, and the malloc's share of the rows.
+fn add_malloc_share(ledger: &mut Ledger, malloc: &MallocInUse) {
     let mut heap_total = HeapLedger::default();
     for heap in &ledger.heaps {
         add_heap(&mut heap_total, heap);
     }
     ledger.trim_would_return_bytes = heap_total.trimmable;
     ledger.retained_not_trimmable_bytes = heap_total.retained - heap_total.trimmable;
-    if has_malloc {
+    if malloc.present {
         let rows = Rows {
             live: heap_total.live,
             slack: heap_total.slack,
@@ -612,20 +820,8 @@ fn compute_walking(
             lazy_free: heap_total.lazy_free,
             ..Rows::default()
         };
-        ledger.owners.insert(0, OwnerShare { owner: malloc_name, rows, released_bytes: heap_total.released, estimated: None });
+        ledger.owners.insert(0, OwnerShare { owner: malloc.name, rows, released_bytes: heap_total.released, estimated: None });
     }
-    // MADV_FREE'd pages of mappings nobody owns: counted, but in no owner's share.
-    ledger.unowned_lazy_free_bytes = lazy_outside_heap;
-    ledger.arenas = layout.arenas(&ledger.heaps);
-    buckets.retain(|b| b.blocks > 0);
-    ledger.fragmentation_by_size = buckets;
-    if detail.stacks {
-        python_arena_stacks(state, snapshot.time, page, &mut stacks);
-    }
-    ledger.by_stack = stacks.into_values().map(|(share, _)| share).collect();
-    ledger.mappings.sort_by_key(|m| m.start);
-    finish(&mut ledger, owners);
-    ledger
 }
 
 /// Per stack: its share, and the last page counted (mapping start, page index).
@@ -637,7 +833,7 @@ type StackShares = rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)>;
 /// recorded one by one, so the arena is the finest grain; a program that
 /// grows a structure fills the arenas it makes, and the survivors that keep
 /// them resident are mostly its own.
-fn python_arena_stacks(state: &HeapState, snapshot_time: u64, page: u64, stacks: &mut StackShares) {
+fn python_arenas_to_stacks(state: &HeapState, snapshot_time: u64, page: u64, stacks: &mut StackShares) {
     let Some(census) = state.python_census.as_ref().filter(|c| c.snapshot_time == snapshot_time) else { return };
     for arena in &census.arena_rows {
         // Arenas without one (recorded with --no-stacks): with the blocks that have none.
@@ -716,12 +912,12 @@ impl Ledger {
     /// owner whose figures came after the snapshot. Returns its resident
     /// bytes not lazily freed, and its lazily freed ones; the owner must put
     /// both into its share, then call [`finish`].
-    pub fn reclaim(&mut self, index: usize, class: &'static str) -> Option<(u64, u64)> {
+    pub fn reclaim(&mut self, index: usize, class: MappingClass) -> Option<(u64, u64)> {
         let entry = self.mappings.get_mut(index)?;
         let other = &mut self.other_breakdown;
         let part = match entry.class {
-            "program mmap" => &mut other.program_mmap,
-            "unclassified" | "other" => &mut other.unclassified,
+            MappingClass::ProgramMmap => &mut other.program_mmap,
+            MappingClass::Unclassified | MappingClass::Other => &mut other.unclassified,
             _ => return None,
         };
         let lazy = entry.lazy_free_bytes.min(entry.resident_bytes).min(self.unowned_lazy_free_bytes);
@@ -757,8 +953,8 @@ fn add_heap(total: &mut HeapLedger, heap: &HeapLedger) {
 
 fn heap_name(mapping: &Mapping, layout: &dyn MallocLayout) -> String {
     match layout.heap_kind(mapping) {
-        "brk heap" => "main arena ([heap])".to_string(),
-        "arena" => format!("arena heap @{:#x}", mapping.start),
+        HeapKind::BrkHeap => "main arena ([heap])".to_string(),
+        HeapKind::Arena => format!("arena heap @{:#x}", mapping.start),
         _ => format!("mapping @{:#x}", mapping.start),
     }
 }
@@ -856,94 +1052,91 @@ impl PageWalks {
 /// places where anything changes (a block's edge, memgap's or the
 /// program's own range, a trim range) are alike, so the work is bounded by
 /// what the snapshot and the live set hold, not by the pages a mapping claims.
-#[allow(clippy::too_many_arguments)]
-fn account_pages(
-    mapping: &Mapping,
-    blocks: &[BlockExtent],
-    page: u64,
-    walked: u64,
-    trim: &crate::glibc_trim::TrimForecast,
-    allocator_owned: bool,
-    agent_ranges: &[(u64, u64)],
-    state: &HeapState,
-    snapshot_time: u64,
-    heap: &mut HeapLedger,
-    other: &mut crate::ledger::OtherBreakdown,
-) -> (Vec<PageClass>, Vec<u32>) {
+fn account_pages(classify: &mut PageClassifier, blocks: &[BlockExtent], walked: u64) -> (Vec<PageClass>, Vec<u32>) {
+    let (mapping, page) = (classify.mapping, classify.page);
     let all_pages = (mapping.end - mapping.start) / page;
     let count = walked.min(all_pages) as usize;
-    let page_start = |i: u64| mapping.start + i * page;
-    let python_arenas = state.python_census.as_ref().filter(|c| c.snapshot_time == snapshot_time);
-    let mut classify = PageClassifier { mapping, page, trim, allocator_owned, agent_ranges, state, heap, other, python_arenas };
-    // Bytes of each page taken by block extents and by requested bytes.
-    let mut taken = vec![0u32; if allocator_owned { count } else { 0 }];
-    let mut requested = vec![0u32; taken.len()];
-    if allocator_owned {
-        for b in blocks {
-            // Blocks of a corrupt trace may lie outside the mapping.
-            if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
-                continue;
-            }
-            let first = (b.start.max(mapping.start) - mapping.start) / page;
-            let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
-            for i in first..(last + 1).min(count as u64) {
-                let (ps, pe) = (page_start(i), page_start(i) + page);
-                taken[i as usize] += overlap(b.start, b.end, ps, pe) as u32;
-                requested[i as usize] += overlap(b.addr, b.addr + b.size, ps, pe) as u32;
-            }
-        }
-    }
-    let mut classes = Vec::with_capacity(if allocator_owned { count } else { 0 });
+    let (taken, requested) =
+        if classify.allocator_owned { bytes_taken_per_page(mapping, blocks, page, count) } else { (Vec::new(), Vec::new()) };
+    let mut classes = Vec::with_capacity(taken.len());
     for i in 0..count {
-        let (taken, requested) = if allocator_owned { (taken[i], requested[i]) } else { (0, 0) };
-        if let Some(class) =
-            classify.pages(page_start(i as u64), 1, mapping.residency.is_resident(i), u64::from(taken), u64::from(requested))
-        {
+        let (taken, requested) = (taken.get(i).copied().unwrap_or(0), requested.get(i).copied().unwrap_or(0));
+        let resident = mapping.residency.is_resident(i);
+        if let Some(class) = classify.pages(mapping.start + i as u64 * page, 1, resident, u64::from(taken), u64::from(requested)) {
             classes.push(class);
         }
     }
     if (count as u64) < all_pages {
-        // Past the walked pages: resident as a whole (claimed) or not at all.
-        let resident = matches!(mapping.residency, Residency::All);
-        let tail = page_start(count as u64);
-        let mut edges: Vec<u64> = Vec::new();
-        let blocks_from = blocks.partition_point(|b| b.end <= tail);
-        for b in &blocks[blocks_from..] {
-            edges.extend([b.start, b.addr, b.addr.saturating_add(b.size), b.end]);
-        }
-        let agents_from = agent_ranges
-            .partition_point(|&(start, len)| start.saturating_add(len) <= tail)
-            .min(agent_ranges.partition_point(|&(start, _)| start < mapping.end));
-        for &(start, len) in &agent_ranges[agents_from..] {
-            edges.extend([start, start.saturating_add(len)]);
-        }
-        for (start, end) in state.program_mappings_in(tail, mapping.end) {
-            edges.extend([start, end]);
-        }
-        for &(start, end) in trim.ranges_of(mapping.start) {
-            edges.extend([start, end]);
-        }
-        edges.extend(state.glibc_trim.left_by_last_trim_edges(tail, mapping.end));
-        // The pages holding an edge are classified alone; the pages
-        // between two of them are alike.
-        let mut special: Vec<u64> =
-            edges.into_iter().filter(|&at| at >= tail && at < mapping.end).map(|at| (at - mapping.start) / page).collect();
-        special.sort_unstable();
-        special.dedup();
-        let mut at = count as u64;
-        for next in special.into_iter().chain([all_pages]) {
-            if next > at {
-                let (taken, requested) = page_taken(blocks, page_start(at), page);
-                classify.pages(page_start(at), next - at, resident, taken, requested);
-            }
-            if next < all_pages {
-                let (taken, requested) = page_taken(blocks, page_start(next), page);
-                classify.pages(page_start(next), 1, resident, taken, requested);
-            }
-            at = next + 1;
-        }
+        account_pages_run_by_run(classify, blocks, count as u64);
     }
     (classes, taken)
+}
+
+/// Bytes of each of the first `count` pages of `mapping` taken by block
+/// extents, and by requested bytes.
+fn bytes_taken_per_page(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut taken = vec![0u32; count];
+    let mut requested = vec![0u32; count];
+    for b in blocks {
+        // Blocks of a corrupt trace may lie outside the mapping.
+        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
+            continue;
+        }
+        let first = (b.start.max(mapping.start) - mapping.start) / page;
+        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
+        for i in first..(last + 1).min(count as u64) {
+            let ps = mapping.start + i * page;
+            taken[i as usize] += overlap(b.start, b.end, ps, ps + page) as u32;
+            requested[i as usize] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
+        }
+    }
+    (taken, requested)
+}
+
+/// The pages of the mapping from page `from` on, past the walked ones:
+/// resident as a whole (claimed) or not at all. The pages holding an edge
+/// (of a block, of memgap's or the program's own ranges, of a trim range)
+/// are classified alone; the pages between two of them are alike.
+fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: &[BlockExtent], from: u64) {
+    let (mapping, page, agent_ranges, state) = (classify.mapping, classify.page, classify.agent_ranges, classify.state);
+    let all_pages = (mapping.end - mapping.start) / page;
+    let page_start = |i: u64| mapping.start + i * page;
+    let resident = matches!(mapping.residency, Residency::All);
+    let tail = page_start(from);
+    let mut edges: Vec<u64> = Vec::new();
+    let blocks_from = blocks.partition_point(|b| b.end <= tail);
+    for b in &blocks[blocks_from..] {
+        edges.extend([b.start, b.addr, b.addr.saturating_add(b.size), b.end]);
+    }
+    let agents_from = agent_ranges
+        .partition_point(|&(start, len)| start.saturating_add(len) <= tail)
+        .min(agent_ranges.partition_point(|&(start, _)| start < mapping.end));
+    for &(start, len) in &agent_ranges[agents_from..] {
+        edges.extend([start, start.saturating_add(len)]);
+    }
+    for (start, end) in state.program_mappings_in(tail, mapping.end) {
+        edges.extend([start, end]);
+    }
+    for &(start, end) in classify.trim.ranges_of(mapping.start) {
+        edges.extend([start, end]);
+    }
+    edges.extend(state.glibc_trim.left_by_last_trim_edges(tail, mapping.end));
+    let mut special: Vec<u64> =
+        edges.into_iter().filter(|&at| at >= tail && at < mapping.end).map(|at| (at - mapping.start) / page).collect();
+    special.sort_unstable();
+    special.dedup();
+    let mut at = from;
+    for next in special.into_iter().chain([all_pages]) {
+        if next > at {
+            let (taken, requested) = page_taken(blocks, page_start(at), page);
+            classify.pages(page_start(at), next - at, resident, taken, requested);
+        }
+        if next < all_pages {
+            let (taken, requested) = page_taken(blocks, page_start(next), page);
+            classify.pages(page_start(next), 1, resident, taken, requested);
+        }
+        at = next + 1;
+    }
 }
 
 /// Bytes of the page at `start` taken by block extents and by requested

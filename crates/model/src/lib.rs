@@ -42,7 +42,8 @@ pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use go::{GoLedger, GoSizeClass};
 pub use heap_state::HeapState;
 pub use ledger::{
-    Finding, GcMark, HeapLedger, HeapOwner, Ledger, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap, Remedy, Rows, SizeBucket,
+    Finding, GcMark, HeapKind, HeapLedger, HeapOwner, Ledger, MappingClass, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap,
+    Remedy, Rows, SizeBucket,
 };
 pub use outside::assess as assess_cgroup;
 pub use outside::{

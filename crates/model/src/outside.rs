@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use memgap_trace::records::{Mapping, Metrics, Rss, Snapshot};
 use serde::Serialize;
 
-use crate::ledger::MappingLedger;
+use crate::ledger::{HeapKind, MappingClass, MappingLedger};
 use crate::owners::allocator_stats::AllocatorStats;
 use crate::owners::glibc::GLIBC_HEAP_ALIGN;
 
@@ -147,8 +147,8 @@ pub struct StatusRss {
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct HeapMapping {
     pub name: String,
-    /// "brk heap", "arena" or "mappings".
-    pub kind: &'static str,
+    /// A brk heap, an arena, or the other mappings merged.
+    pub kind: HeapKind,
     pub start: u64,
     pub end: u64,
     pub mappings: u32,
@@ -353,7 +353,7 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
         ..ProcessLedger::default()
     };
     let mut rows = KnownRows::default();
-    let mut merged = HeapMapping { name: "other anonymous mappings".into(), kind: "mappings", ..HeapMapping::default() };
+    let mut merged = HeapMapping { name: "other anonymous mappings".into(), kind: HeapKind::Mappings, ..HeapMapping::default() };
     let maps = &reading.mappings;
     for (i, mapping) in maps.iter().enumerate() {
         let (previous, next) = (i.checked_sub(1).map(|p| &maps[p]), maps.get(i + 1));
@@ -367,11 +367,11 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
         rows.lazy_free += mapping.lazy_free.min(mapping.rss);
         let groups = &mut ledger.groups;
         match class {
-            "heap" => {
+            MappingClass::Heap => {
                 groups.heap += mapping.rss;
                 rows.heap += resident;
                 let heap = heap_mapping(mapping, next, glibc);
-                if heap.kind == "mappings" {
+                if heap.kind == HeapKind::Mappings {
                     merged.mappings += 1;
                     merged.resident_bytes += heap.resident_bytes;
                     merged.lazy_free_bytes += heap.lazy_free_bytes;
@@ -380,15 +380,15 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
                     ledger.heaps.push(heap);
                 }
             }
-            "stack" => {
+            MappingClass::Stack => {
                 groups.stacks += mapping.rss;
                 rows.runtime += resident;
             }
-            "file" => groups.file += mapping.rss,
-            "shmem" => groups.shared += mapping.rss,
+            MappingClass::File => groups.file += mapping.rss,
+            MappingClass::Shmem => groups.shared += mapping.rss,
             _ => groups.anonymous_other += mapping.rss,
         }
-        if !matches!(class, "heap" | "stack") {
+        if !matches!(class, MappingClass::Heap | MappingClass::Stack) {
             rows.other += resident;
         }
         ledger.mappings.push(MappingLedger { class, ..MappingLedger::of(mapping) });
@@ -399,7 +399,7 @@ pub fn outside_ledger(reading: &ProcfsReading) -> ProcessLedger {
     ledger.rows = rows;
     ledger.heap_bytes = rows.heap;
     ledger.residual_bytes = ledger.rss_bytes as i64 - rows.total() as i64;
-    ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == "arena").count() as u32 } else { 0 };
+    ledger.arenas = if glibc { 1 + ledger.heaps.iter().filter(|h| h.kind == HeapKind::Arena).count() as u32 } else { 0 };
     split_by_allocator_stats(&mut ledger, reading);
     ledger
 }
@@ -424,7 +424,7 @@ fn split_by_allocator_stats(ledger: &mut ProcessLedger, reading: &ProcfsReading)
 
 /// The group of one mapping: "heap", "stack", "file", "shmem", "static
 /// data" (a `.bss`), or "other" (`[vdso]`, inaccessible reservations…).
-fn classify(mapping: &Mapping, previous: Option<&Mapping>, stack_pointers: &[u64]) -> &'static str {
+fn classify(mapping: &Mapping, previous: Option<&Mapping>, stack_pointers: &[u64]) -> MappingClass {
     let adjacent_previous = previous.filter(|p| p.end == mapping.start);
     let holds_stack_pointer = stack_pointers.iter().any(|&sp| mapping.start <= sp && sp < mapping.end);
     // glibc puts a thread's guard pages (PROT_NONE) right below its stack.
@@ -435,25 +435,25 @@ fn classify(mapping: &Mapping, previous: Option<&Mapping>, stack_pointers: &[u64
         && !mapping.start.is_multiple_of(GLIBC_HEAP_ALIGN);
     let writable = mapping.perms.starts_with("rw");
     if writable && (mapping.name == "[stack]" || mapping.name.starts_with("[stack:") || holds_stack_pointer) {
-        return "stack";
+        return MappingClass::Stack;
     }
     if mapping.perms.ends_with('s') {
-        return "shmem";
+        return MappingClass::Shmem;
     }
     if mapping.inode != 0 {
-        return "file";
+        return MappingClass::File;
     }
     if !mapping.is_private_writable_anonymous() {
-        return "other";
+        return MappingClass::Other;
     }
     // The .bss of an ELF object: anonymous, right after its data segment.
     if mapping.name.is_empty() && adjacent_previous.is_some_and(|p| p.inode != 0 && p.perms.starts_with("rw")) {
-        return "static data";
+        return MappingClass::StaticData;
     }
     if mapping.name.is_empty() && after_guard {
-        return "stack";
+        return MappingClass::Stack;
     }
-    "heap"
+    MappingClass::Heap
 }
 
 fn heap_mapping(mapping: &Mapping, next: Option<&Mapping>, glibc: bool) -> HeapMapping {
@@ -461,12 +461,12 @@ fn heap_mapping(mapping: &Mapping, next: Option<&Mapping>, glibc: bool) -> HeapM
     let aligned = mapping.start.is_multiple_of(GLIBC_HEAP_ALIGN);
     let size = mapping.end - mapping.start;
     let (kind, name, reserved) = if mapping.name == "[heap]" {
-        ("brk heap", "main arena ([heap])".to_string(), 0)
+        (HeapKind::BrkHeap, "main arena ([heap])".to_string(), 0)
     } else if glibc && aligned && (reservation.is_some() || size == GLIBC_HEAP_ALIGN) {
         let reserved = reservation.map_or(0, |r| r.end.min(mapping.start + GLIBC_HEAP_ALIGN) - r.start);
-        ("arena", format!("arena heap @{:#x}", mapping.start), reserved)
+        (HeapKind::Arena, format!("arena heap @{:#x}", mapping.start), reserved)
     } else {
-        ("mappings", String::new(), 0)
+        (HeapKind::Mappings, String::new(), 0)
     };
     HeapMapping {
         name,
@@ -537,7 +537,7 @@ mod tests {
         let total: u64 = maps.iter().map(|m| m.rss).sum();
         let l = outside_ledger(&reading(maps, total));
         assert_eq!(
-            l.mappings.iter().map(|m| m.class).collect::<Vec<_>>(),
+            l.mappings.iter().map(|m| m.class.as_str()).collect::<Vec<_>>(),
             ["file", "file", "static data", "heap", "heap", "other", "heap", "other", "stack", "shmem", "heap", "stack", "other"]
         );
         assert_eq!(l.groups.heap, (20 + 30 + 64 + 3) * MIB);
@@ -547,7 +547,7 @@ mod tests {
         assert_eq!(l.rows.other, MIB + 4096 + 8192 + 2 * MIB + 8192);
         assert_eq!((l.rows.total(), l.residual_bytes), (total, 0));
         assert_eq!(l.arenas, 3, "main + the 33 MiB heap with its reservation + the full 64 MiB one");
-        let kinds: Vec<_> = l.heaps.iter().map(|h| (h.kind, h.reserved_bytes)).collect();
+        let kinds: Vec<_> = l.heaps.iter().map(|h| (h.kind.as_str(), h.reserved_bytes)).collect();
         assert_eq!(kinds, [("brk heap", 0), ("arena", 31 * MIB), ("arena", 0), ("mappings", 0)]);
         assert_eq!(l.unknown_rows, UNKNOWN_ROWS);
     }
@@ -556,10 +556,10 @@ mod tests {
     fn a_blocked_threads_stack_pointer_marks_its_stack() {
         let maps = vec![map(0x7f30_0000_0000, 0x7f30_0080_0000, "rw-p", "", 0, MIB)];
         let mut r = reading(maps, MIB);
-        assert_eq!(outside_ledger(&r).mappings[0].class, "heap");
+        assert_eq!(outside_ledger(&r).mappings[0].class, MappingClass::Heap);
         r.stack_pointers = vec![0x7f30_007f_ff00];
         let l = outside_ledger(&r);
-        assert_eq!((l.mappings[0].class, l.rows.runtime, l.heap_bytes), ("stack", MIB, 0));
+        assert_eq!((l.mappings[0].class, l.rows.runtime, l.heap_bytes), (MappingClass::Stack, MIB, 0));
     }
 
     #[test]
@@ -569,7 +569,7 @@ mod tests {
         let mut r = reading(maps, MIB);
         r.allocator = "jemalloc".into();
         let l = outside_ledger(&r);
-        assert_eq!((l.arenas, l.heaps[0].kind), (0, "mappings"));
+        assert_eq!((l.arenas, l.heaps[0].kind), (0, HeapKind::Mappings));
     }
 
     #[test]

@@ -308,7 +308,7 @@ fn a_mapping_of_128_tib_is_counted_whole() {
     let ledger = ledger_at(&path, At::End, true).unwrap().expect("a ledger");
     assert_eq!(ledger.rss_bytes, 8192);
     assert_eq!(ledger.mappings.len(), 1);
-    assert_eq!(ledger.mappings[0].class, "other");
+    assert_eq!(ledger.mappings[0].class.as_str(), "other");
 }
 
 /// Compared as JSON: the types hold floats, and a NaN from hostile values

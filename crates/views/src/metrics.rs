@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use memgap_model::{CgroupMemory, ProcessLedger};
+use memgap_model::{CgroupMemory, HeapKind, ProcessLedger};
 
 /// The content type of [`prometheus_text`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -115,10 +115,10 @@ pub fn known_rows(ledger: &ProcessLedger) -> Vec<(String, u64)> {
 
 /// The label naming one heap mapping: `main` (the brk heap), the start
 /// address of a glibc arena's heap, or `other` (the other anonymous mappings).
-fn heap_label(kind: &str, start: u64) -> String {
+fn heap_label(kind: HeapKind, start: u64) -> String {
     match kind {
-        "brk heap" => "main".to_string(),
-        "arena" => format!("{start:#x}"),
+        HeapKind::BrkHeap => "main".to_string(),
+        HeapKind::Arena => format!("{start:#x}"),
         _ => "other".to_string(),
     }
 }
@@ -164,7 +164,7 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
             arenas.add(process(), Value::Integer(u64::from(l.arenas)));
         }
         for heap in &l.heaps {
-            let labels = vec![("heap", heap_label(heap.kind, heap.start)), ("kind", heap.kind.to_string())];
+            let labels = vec![("heap", heap_label(heap.kind, heap.start)), ("kind", heap.kind.as_str().to_string())];
             heaps.add([process(), labels].concat(), Value::Integer(heap.resident_bytes));
         }
         for (node, bytes) in &l.numa {
@@ -366,8 +366,8 @@ mod tests {
             unknown_rows: memgap_model::UNKNOWN_ROWS.to_vec(),
             arenas: 2,
             heaps: vec![
-                HeapMapping { kind: "brk heap", start: 0x5555_0000_0000, resident_bytes: 30 << 20, ..HeapMapping::default() },
-                HeapMapping { kind: "arena", start: 0x7f00_0000_0000, resident_bytes: 50 << 20, ..HeapMapping::default() },
+                HeapMapping { kind: HeapKind::BrkHeap, start: 0x5555_0000_0000, resident_bytes: 30 << 20, ..HeapMapping::default() },
+                HeapMapping { kind: HeapKind::Arena, start: 0x7f00_0000_0000, resident_bytes: 50 << 20, ..HeapMapping::default() },
             ],
             groups: Groups { heap: 80 << 20, stacks: 1 << 20, file: 19 << 20, shared: 0, anonymous_other: 0 },
             numa: BTreeMap::from([(0, 60 << 20), (1, 40 << 20)]),

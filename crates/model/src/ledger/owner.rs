@@ -102,9 +102,9 @@ pub trait MallocLayout {
     fn block_header(&self) -> u64 {
         0
     }
-    /// "brk heap", "arena" or "mapping", and its name in the per-heap table.
-    fn heap_kind(&self, mapping: &Mapping) -> &'static str {
-        if mapping.name == "[heap]" { "brk heap" } else { "mapping" }
+    /// The kind of heap `mapping` is, which names it in the per-heap table.
+    fn heap_kind(&self, mapping: &Mapping) -> super::HeapKind {
+        if mapping.name == "[heap]" { super::HeapKind::BrkHeap } else { super::HeapKind::Mapping }
     }
     /// Which resident pages holding no block the allocator's trim would
     /// release now, given the live block extents (`live`) in address

@@ -16,7 +16,7 @@
 use memgap_trace::records::Metrics;
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::{Ledger, OwnerShare, Rows};
+use crate::ledger::{Ledger, MappingClass, OwnerShare, Rows};
 
 pub const KIND: &str = "stats";
 
@@ -194,10 +194,10 @@ impl AllocatorStats {
 pub fn attach(ledger: &mut Ledger, stats: &AllocatorStats, owner: &'static str) {
     let (mut resident, mut lazy) = (0, 0);
     for index in 0..ledger.mappings.len() {
-        if ledger.mappings[index].class != "program mmap" {
+        if ledger.mappings[index].class != MappingClass::ProgramMmap {
             continue;
         }
-        if let Some((counted, lazily_freed)) = ledger.reclaim(index, "heap") {
+        if let Some((counted, lazily_freed)) = ledger.reclaim(index, MappingClass::Heap) {
             resident += counted;
             lazy += lazily_freed;
         }

@@ -6,7 +6,7 @@
 use memgap_trace::records::Mapping;
 
 use super::malloc::{Allocator, MallocOwner, finding_bytes};
-use crate::ledger::{Finding, HeapLedger, Ledger, MallocLayout, Remedy};
+use crate::ledger::{Finding, HeapKind, HeapLedger, Ledger, MallocLayout, Remedy};
 
 pub const NAME: &str = "glibc";
 
@@ -27,13 +27,13 @@ impl MallocLayout for GlibcMalloc {
         GLIBC_HEADER
     }
 
-    fn heap_kind(&self, mapping: &Mapping) -> &'static str {
+    fn heap_kind(&self, mapping: &Mapping) -> HeapKind {
         if mapping.name == "[heap]" {
-            "brk heap"
+            HeapKind::BrkHeap
         } else if mapping.start.is_multiple_of(GLIBC_HEAP_ALIGN) {
-            "arena"
+            HeapKind::Arena
         } else {
-            "mapping"
+            HeapKind::Mapping
         }
     }
 
@@ -49,7 +49,7 @@ impl MallocLayout for GlibcMalloc {
     }
 
     fn arenas(&self, heaps: &[HeapLedger]) -> u32 {
-        1 + heaps.iter().filter(|h| h.kind == "arena").count() as u32
+        1 + heaps.iter().filter(|h| h.kind == HeapKind::Arena).count() as u32
     }
 }
 
@@ -80,8 +80,12 @@ impl Allocator for GlibcMalloc {
         // thread arenas' tops and free space scattered over them. After a
         // burst, fewer arenas keep the same free pages, so the pages a trim
         // returns are not counted for it as well.
-        let in_arenas: u64 =
-            ledger.heaps.iter().filter(|h| h.kind == "arena").map(|h| h.retained - h.trimmable.min(h.retained) + h.fragmented).sum();
+        let in_arenas: u64 = ledger
+            .heaps
+            .iter()
+            .filter(|h| h.kind == HeapKind::Arena)
+            .map(|h| h.retained - h.trimmable.min(h.retained) + h.fragmented)
+            .sum();
         if ledger.arenas > 2 && in_arenas >= WORTH_TRYING {
             // Two arenas instead of n: the thread arenas' free space shrinks
             // about in proportion.

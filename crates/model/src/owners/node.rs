@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::human_bytes;
 use crate::ledger::owner::share;
-use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
+use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, MappingClass, OwnerShare, Remedy, Rows};
 
 /// The owner is named as its source.
 pub const NAME: &str = SOURCE;
@@ -373,10 +373,10 @@ pub fn attach(ledger: &mut Ledger, mut layer: NodeLayer) {
     let (mut resident, mut lazy, mut mappings) = (0, 0, 0);
     for index in 0..ledger.mappings.len() {
         let m = &ledger.mappings[index];
-        if m.class != "program mmap" || !m.start.is_multiple_of(V8_CHUNK_ALIGN) {
+        if m.class != MappingClass::ProgramMmap || !m.start.is_multiple_of(V8_CHUNK_ALIGN) {
             continue;
         }
-        if let Some((counted, lazily_freed)) = ledger.reclaim(index, "v8 heap") {
+        if let Some((counted, lazily_freed)) = ledger.reclaim(index, MappingClass::V8Heap) {
             resident += counted;
             lazy += lazily_freed;
             mappings += 1;

@@ -13,7 +13,7 @@ use memgap_source_python::Census;
 use serde::{Deserialize, Serialize};
 
 use super::malloc::{finding_bytes, row_findings};
-use crate::ledger::{Finding, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
+use crate::ledger::{Finding, HeapOwner, Ledger, MappingClass, OwnerShare, Remedy, Rows};
 
 /// The owner is named as its source.
 pub const NAME: &str = memgap_trace::vocabulary::source::PYTHON;
@@ -209,9 +209,9 @@ pub fn attach(ledger: &mut Ledger, census: &Census) {
         released_bytes: census.arena_bytes.saturating_sub(census.resident_bytes),
         estimated: None,
     });
-    for entry in ledger.mappings.iter_mut().filter(|m| m.class == "program mmap") {
+    for entry in ledger.mappings.iter_mut().filter(|m| m.class == MappingClass::ProgramMmap) {
         if entry.end - entry.start <= census.arena_bytes && entry.resident_bytes <= census.resident_bytes {
-            entry.class = "python arenas";
+            entry.class = MappingClass::PythonArenas;
         }
     }
 }
