@@ -89,9 +89,9 @@ fn main() -> ExitCode {
 
 /// The analysis builds and drops buffers the size of the traced heap at
 /// every snapshot. glibc would hand each back to the kernel (a fresh mmap
-/// above 32 MiB, a trim below) and fault the next one in again: a report
-/// on a 1 GiB heap spent 40 % of its time in page faults. Keeping freed
-/// memory for reuse costs no more than the largest buffer.
+/// above 32 MiB, a trim below) and fault the next one in again, so that a
+/// report on a large heap spends much of its time in page faults. Keeping
+/// freed memory for reuse costs no more than the largest buffer.
 fn keep_freed_memory() {
     // SAFETY: tunes glibc malloc before memgap allocates much; no precondition.
     unsafe {

@@ -121,7 +121,7 @@ pub struct GlibcTrimModel {
     /// tcache chunks by block address: (thread, chunk size).
     tcache_chunks: FxHashMap<u64, (u32, u64)>,
     /// Chunks per tcache bin, by thread slot: an array lookup per free,
-    /// where a hash map of (thread, bin) cost a third of a replay's time.
+    /// where a hash map of (thread, bin) was a large share of a replay's time.
     tcache_counts: Vec<[u8; TCACHE_BINS as usize]>,
     /// Each thread's slot in `tcache_counts`, and the last thread looked up.
     thread_slots: FxHashMap<u32, u32>,

@@ -2,7 +2,7 @@
 //! (METRICS records of source `go`) laid over the page residency of a
 //! snapshot.
 //!
-//! The runtime's classes map onto the rows (issue #7): heap/objects → live
+//! The runtime's classes map onto the rows: heap/objects → live
 //! (size-class rounding is not known apart, so slack stays 0), heap/unused
 //! → fragmented, heap/free → retained, heap/released → released (not
 //! resident), heap/stacks and the runtime's own mappings → runtime. The

@@ -580,7 +580,7 @@ impl<'a> MallocInUse<'a> {
 }
 
 /// The live blocks in address order, each from its header to its usable end.
-fn live_block_extents(state: &HeapState, header: u64) -> Vec<BlockExtent> {
+fn live_block_extents(state: &mut HeapState, header: u64) -> Vec<BlockExtent> {
     state
         .live
         .in_address_order()
@@ -1438,9 +1438,9 @@ mod tests {
     #[test]
     fn lazy_free_comes_out_of_retained() {
         let blocks = [(HEAP + 16, 64)];
-        let mut snap = snapshot(4, Residency::All, 4 * PAGE);
-        snap.mappings[0].lazy_free = 2 * PAGE;
-        let ledger = compute(&mut state_with(&blocks), &snap, Detail::default(), &mut glibc());
+        let mut snapshot = snapshot(4, Residency::All, 4 * PAGE);
+        snapshot.mappings[0].lazy_free = 2 * PAGE;
+        let ledger = compute(&mut state_with(&blocks), &snapshot, Detail::default(), &mut glibc());
         assert_eq!((ledger.rows.retained, ledger.rows.lazy_free), (PAGE, 2 * PAGE));
         assert_eq!(ledger.residual_bytes, 0);
     }
@@ -1453,8 +1453,8 @@ mod tests {
     fn pages_past_a_short_bitmap_are_released_in_one_count() {
         let pages = MAX_PAGES_PER_MAPPING;
         let blocks = [(HEAP + 16, 64)];
-        let snap = snapshot(pages, Residency::Bitmap(vec![0b0000_0011]), 2 * PAGE);
-        let ledger = compute(&mut state_with(&blocks), &snap, Detail { pages: true, stacks: true, objects: true }, &mut glibc());
+        let snapshot = snapshot(pages, Residency::Bitmap(vec![0b0000_0011]), 2 * PAGE);
+        let ledger = compute(&mut state_with(&blocks), &snapshot, Detail { pages: true, stacks: true, objects: true }, &mut glibc());
         let walked = ledger.page_maps[0].pages.len() as u64;
         assert_eq!(walked, 8 + UNLISTED_PAGES_PER_SNAPSHOT);
         assert_eq!(ledger.page_maps[0].objects.as_ref().unwrap().blocks.len() as u64, walked);
@@ -1462,9 +1462,9 @@ mod tests {
         assert_eq!(ledger.released_bytes, (pages - 2) * PAGE);
         assert_eq!(ledger.residual_bytes, 0);
         // memgap's own buffers in the unlisted part are not the heap's.
-        let mut snap = snap;
-        snap.agent_ranges = vec![(HEAP + (pages - 10) * PAGE, 4 * PAGE), (HEAP + (pages - 8) * PAGE + 1, 3 * PAGE)];
-        let ledger = compute(&mut state_with(&blocks), &snap, Detail::default(), &mut glibc());
+        let mut snapshot = snapshot;
+        snapshot.agent_ranges = vec![(HEAP + (pages - 10) * PAGE, 4 * PAGE), (HEAP + (pages - 8) * PAGE + 1, 3 * PAGE)];
+        let ledger = compute(&mut state_with(&blocks), &snapshot, Detail::default(), &mut glibc());
         assert_eq!(ledger.released_bytes, (pages - 2 - 6) * PAGE, "pages starting in the agent's ranges: 10 down to 5 from the end");
     }
 
@@ -1479,7 +1479,7 @@ mod tests {
         };
         let half = CLAIMED_PAGES_PER_SNAPSHOT / 2;
         let at = |i: u64| HEAP + i * (1 << 40);
-        let snap = Snapshot {
+        let snapshot = Snapshot {
             page_size: PAGE,
             mappings: vec![
                 mapping(at(0), half, Residency::All),
@@ -1494,14 +1494,14 @@ mod tests {
             ],
             ..Snapshot::default()
         };
-        let walks = PageWalks::of(&snap, PAGE, true);
+        let walks = PageWalks::of(&snapshot, PAGE, true);
         let unlisted_left = UNLISTED_PAGES_PER_SNAPSHOT - 56;
         assert_eq!(walks.pages, vec![Some(half), Some(half), Some(0), Some(64), Some(64), Some(unlisted_left), Some(0), None]);
         assert!(walks.by_page(at(0)) && walks.by_page(at(2)) && !walks.by_page(at(7)));
         // A real snapshot's bitmaps and claims are walked in full.
         let real = Snapshot {
             mappings: vec![mapping(at(0), 1 << 20, Residency::All), mapping(at(1), 1 << 26, Residency::Bitmap(vec![1; 1 << 23]))],
-            ..snap
+            ..snapshot
         };
         assert_eq!(PageWalks::of(&real, PAGE, true).pages, vec![Some(1 << 20), Some(1 << 26)]);
         // Without page maps, only what bitmaps list.
@@ -1557,11 +1557,11 @@ mod tests {
                 }
                 state
             };
-            let mut snap = snapshot(pages, residency.clone(), pages * PAGE);
+            let mut snapshot = snapshot(pages, residency.clone(), pages * PAGE);
             if !brk_heap {
-                snap.mappings[0].name = String::new();
+                snapshot.mappings[0].name = String::new();
             }
-            snap.agent_ranges = agent.iter().map(|&(page, len)| (HEAP + page * PAGE, len * PAGE)).collect();
+            snapshot.agent_ranges = agent.iter().map(|&(page, len)| (HEAP + page * PAGE, len * PAGE)).collect();
             let listed = match &residency {
                 Residency::Bitmap(bits) => pages.min(bits.len() as u64 * 8),
                 _ => 0,
@@ -1569,8 +1569,8 @@ mod tests {
             let walked = listed + ((pages - listed) as f64 * walked_share) as u64;
             let walks = |n: u64| PageWalks { pages: vec![Some(n)], by_page: [HEAP].into_iter().collect() };
             let detail = Detail { stacks: true, ..Detail::default() };
-            let one_by_one = compute_walking(&mut state(), &snap, detail, &mut glibc(), walks(pages));
-            let by_runs = compute_walking(&mut state(), &snap, detail, &mut glibc(), walks(walked));
+            let one_by_one = compute_walking(&mut state(), &snapshot, detail, &mut glibc(), walks(pages));
+            let by_runs = compute_walking(&mut state(), &snapshot, detail, &mut glibc(), walks(walked));
             proptest::prop_assert_eq!(&one_by_one.heaps, &by_runs.heaps);
             proptest::prop_assert_eq!(one_by_one.other_breakdown, by_runs.other_breakdown);
             proptest::prop_assert_eq!(one_by_one.rows, by_runs.rows);

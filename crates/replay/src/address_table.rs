@@ -291,7 +291,7 @@ fn advise_huge_pages<T>(slots: &Vec<T>) {
 /// Gives the pages of an array about to be dropped back to the kernel.
 /// `memgap` keeps freed memory for reuse (see its `keep_freed_memory`), but
 /// a grown table's old arrays are smaller than anything the table asks for
-/// again: kept, they were a third of the RSS of a report on a 1 GiB heap.
+/// again: kept, they are a large share of the RSS of a report on a big heap.
 fn release_pages<T>(array: &Vec<T>) {
     advise(array, libc::MADV_DONTNEED);
 }

@@ -254,8 +254,8 @@ impl RawEncoder {
 
     /// A free, as [`encode`](Self::encode) writes it, from its fields: the
     /// agent's hooks build no [`Event`] for the two calls nearly every
-    /// event is (building one on the stack and reading it back cost a
-    /// sixth of the hook).
+    /// event is (building one on the stack and reading it back is a
+    /// measurable share of the hook's time).
     ///
     /// # Safety
     /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.

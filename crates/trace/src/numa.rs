@@ -63,8 +63,8 @@ pub struct Placement {
 
 impl Placement {
     /// An index of the runs for looking up pages: a mapping's runs can number
-    /// as many as its pages, and walking them for each page of a big heap
-    /// took minutes.
+    /// as many as its pages, and walking them for each page is quadratic in
+    /// a big heap's pages.
     pub fn index(&self) -> PlacementIndex<'_> {
         let run_starts = self
             .mappings

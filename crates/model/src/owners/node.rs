@@ -470,16 +470,16 @@ mod tests {
 
     fn ledger_with_mappings() -> Ledger {
         let mut ledger = Ledger { rss_bytes: 100 << 20, ..Ledger::default() };
-        let mut add = |start: u64, len: u64, class: &'static str| {
+        let mut add = |start: u64, len: u64, class: MappingClass| {
             ledger.mappings.push(MappingLedger { start, end: start + len, class, resident_bytes: len, ..MappingLedger::default() });
-            if class == "program mmap" {
+            if class == MappingClass::ProgramMmap {
                 ledger.other_breakdown.program_mmap += len;
             }
         };
-        add(0x1000_0000, 40 << 20, "program mmap");
+        add(0x1000_0000, 40 << 20, MappingClass::ProgramMmap);
         // Not on a V8 chunk boundary: an addon's mapping stays in other.
-        add(0x2000_1000, 1 << 20, "program mmap");
-        add(0x3000_0000, 8 << 20, "heap");
+        add(0x2000_1000, 1 << 20, MappingClass::ProgramMmap);
+        add(0x3000_0000, 8 << 20, MappingClass::Heap);
         ledger
     }
 

@@ -89,7 +89,7 @@ mod tests {
 
     #[test]
     fn objects_per_span_follow_the_version() {
-        // Measured (issue #7): Go 1.19–1.21 fit 512 16-byte objects in a span;
+        // Measured: Go 1.19–1.21 fit 512 16-byte objects in a span;
         // Go 1.26's Green Tea GC 504, and 512 again with nogreenteagc.
         let per_span = |v: &str| Runtime::from_version(v).unwrap().classes()[1].objects_per_span;
         assert_eq!(per_span("go1.19.13"), 512);
