@@ -533,14 +533,16 @@ impl GctracePieces {
     fn feed(&mut self, packet: &[u8], now: Instant, out: &mut Vec<u8>, mut gc: impl FnMut(gctrace::GcLine)) {
         if self.held.is_empty() {
             // A runtime that writes the whole line at once.
-            if packet.starts_with(b"gc ") && packet.ends_with(b"\n") && !packet[..packet.len() - 1].contains(&b'\n') {
-                if let Some(line) = gctrace::parse(&String::from_utf8_lossy(&packet[..packet.len() - 1])) {
-                    gc(line);
-                    if !self.strip {
-                        out.extend_from_slice(packet);
-                    }
-                    return;
+            if packet.starts_with(b"gc ")
+                && packet.ends_with(b"\n")
+                && !packet[..packet.len() - 1].contains(&b'\n')
+                && let Some(line) = gctrace::parse(&String::from_utf8_lossy(&packet[..packet.len() - 1]))
+            {
+                gc(line);
+                if !self.strip {
+                    out.extend_from_slice(packet);
                 }
+                return;
             }
             if packet != b"gc " {
                 out.extend_from_slice(packet);

@@ -64,10 +64,10 @@ pub fn leave_out(outcomes: &[Outcome], traces: &RunTraces, top_gap: impl FnOnce(
     helpers.retain(|pid, _| !needed.contains(pid));
     let mut removed: Vec<u32> = Vec::new();
     for &pid in helpers.keys() {
-        if let Some((path, _)) = traces.open(pid) {
-            if std::fs::remove_file(&path).is_ok() {
-                removed.push(pid);
-            }
+        if let Some((path, _)) = traces.open(pid)
+            && std::fs::remove_file(&path).is_ok()
+        {
+            removed.push(pid);
         }
     }
     removed.sort();

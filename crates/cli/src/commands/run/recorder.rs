@@ -417,10 +417,10 @@ fn record_process(
         }
     }
     outcome.ended_ns = process.exit_requested_ns.unwrap_or_else(monotonic_ns);
-    if let Some(reason) = process.stopped_reason() {
-        if !settings.quiet {
-            eprintln!("memgap: {reason}");
-        }
+    if let Some(reason) = process.stopped_reason()
+        && !settings.quiet
+    {
+        eprintln!("memgap: {reason}");
     }
     outcome
 }
@@ -627,9 +627,8 @@ impl ProcessRecorder {
         let mut caught_up = true;
         let used = (header.threads_used.load(Acquire) as usize).min(shared::THREAD_SLOTS);
         for index in 0..used {
-            match self.drain_slot(index, taken_before) {
-                Some(Drained::Behind) => caught_up = false,
-                _ => {}
+            if let Some(Drained::Behind) = self.drain_slot(index, taken_before) {
+                caught_up = false;
             }
         }
         let oldest_in_hook = self.look_at_threads();
@@ -637,10 +636,8 @@ impl ProcessRecorder {
         self.write_clocks(last);
         self.committed_below = oldest_in_hook.map_or(watermark, |oldest| oldest.min(watermark));
         let rss = self.sample_rss();
-        if !last {
-            if let Some(reason) = self.snapshot_due(&rss) {
-                self.snapshot(reason, rss);
-            }
+        if !last && let Some(reason) = self.snapshot_due(&rss) {
+            self.snapshot(reason, rss);
         }
         if last || self.raw.len() >= FLUSH_BYTES || monotonic_ns() - self.last_flush_ns >= FLUSH_INTERVAL_NS {
             self.flush();
@@ -683,7 +680,7 @@ impl ProcessRecorder {
                 Some(head) => head,
                 None => {
                     let first = slot.first_chunk.load(Relaxed);
-                    if slot.state.load(Acquire) != SLOT_LIVE || first == 0 || first - 1 >= capacity {
+                    if slot.state.load(Acquire) != SLOT_LIVE || first == 0 || first > capacity {
                         continue;
                     }
                     first - 1
@@ -701,7 +698,7 @@ impl ProcessRecorder {
                 }
                 live = chunk.live_bytes.load(Relaxed);
                 let next = chunk.next.load(Acquire);
-                if next == 0 || next - 1 >= capacity {
+                if next == 0 || next > capacity {
                     break;
                 }
                 chunk_index = next - 1;
@@ -752,7 +749,7 @@ impl ProcessRecorder {
             let data = unsafe { std::slice::from_raw_parts(self.area.area.chunk_data(head).add(emitted), len - emitted) };
             self.records_pending.extend_from_slice(data);
             chunk.emitted.store(len as u32, Relaxed);
-            if next == 0 || next - 1 >= capacity {
+            if next == 0 || next > capacity {
                 break;
             }
             chunk.state.store(CHUNK_FREE, Release);
@@ -794,7 +791,7 @@ impl ProcessRecorder {
                     return None;
                 }
                 let first = slot.first_chunk.load(Relaxed);
-                if first == 0 || first - 1 >= capacity {
+                if first == 0 || first > capacity {
                     return None;
                 }
                 let (thread, tid, stack_hint) = (slot.thread.load(Relaxed), slot.tid.load(Relaxed), slot.stack_hint.load(Relaxed));

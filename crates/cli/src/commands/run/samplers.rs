@@ -60,10 +60,10 @@ impl Sampler {
             }
         }
         for (pid, files) in by_pid {
-            if let Some((path, mut file)) = traces.open(pid) {
-                if let Err(error) = memgap_trace::records::append_records_to(&mut file, &path, self.runtime.records(&files)) {
-                    eprintln!("memgap: cannot add {}'s samples to {}: {error}", self.runtime.source, path.display());
-                }
+            if let Some((path, mut file)) = traces.open(pid)
+                && let Err(error) = memgap_trace::records::append_records_to(&mut file, &path, self.runtime.records(&files))
+            {
+                eprintln!("memgap: cannot add {}'s samples to {}: {error}", self.runtime.source, path.display());
             }
         }
     }
