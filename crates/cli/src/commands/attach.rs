@@ -9,7 +9,6 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -42,8 +41,6 @@ pub struct Args {
     quiet: bool,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let url = Url::parse(&args.go)?;
     let pid = match args.pid {
@@ -59,7 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let output = args.output.clone().unwrap_or_else(|| {
         PathBuf::from(format!("memgap-attach.{}.mgt", pid.map(|p| p.to_string()).unwrap_or_else(|| url.port.to_string())))
     });
-    let mut writer = TraceWriter::create(&output, random_id()).with_context(|| format!("cannot write {}", output.display()))?;
+    let mut writer =
+        TraceWriter::create(&output, super::run::random_run_id()).with_context(|| format!("cannot write {}", output.display()))?;
     let start = monotonic_ns();
     let (exe, argv) = pid.map(describe).unwrap_or_else(|| (args.go.clone(), vec![args.go.clone()]));
     let mut first: Vec<Record> = vec![Record::Process(Process {
@@ -87,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => first.push(note("the service's pid is not known (not local, or not ours to read): no RSS or page residency".into())),
     }
     writer.write(&first)?;
-    install_stop_handler();
+    super::stop::install_handler();
 
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let mut polls = 0u64;
@@ -130,12 +128,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let now = monotonic_ns();
         records.push(Record::Clock(Clock { time: now, monotonic_ns: now }));
         writer.write(&records)?;
-        if STOP.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+        if super::stop::requested() || deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
         let next = round + Duration::from_millis(args.interval);
         let next = deadline.map_or(next, |d| next.min(d));
-        while Instant::now() < next && !STOP.load(Ordering::Relaxed) {
+        while Instant::now() < next && !super::stop::requested() {
             std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)));
         }
     }
@@ -150,28 +148,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("memgap: details: memgap ledger|timeline|report {}", output.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn install_stop_handler() {
-    extern "C" fn stop(_: libc::c_int) {
-        STOP.store(true, Ordering::Relaxed);
-    }
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is valid; the handler only stores an atomic,
-        // which is async-signal-safe.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = stop as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
-    }
-}
-
-fn random_id() -> u64 {
-    let mut bytes = [0u8; 8];
-    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    u64::from_le_bytes(bytes) ^ monotonic_ns()
 }
 
 /// The executable and command line of `pid`.

@@ -12,6 +12,7 @@ pub mod report;
 pub mod run;
 pub mod snap;
 pub mod snapshot;
+pub mod stop;
 pub mod summary;
 pub mod timeline;
 pub mod trim;

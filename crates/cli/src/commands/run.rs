@@ -317,7 +317,8 @@ fn trace_path(pattern: &Path, pid: u32, top: bool) -> PathBuf {
     pattern.with_file_name(name)
 }
 
-fn random_run_id() -> u64 {
+/// A trace's run id: random, so traces of different runs never pair up.
+pub fn random_run_id() -> u64 {
     let mut bytes = [0u8; 8];
     let from_kernel = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
     if from_kernel {

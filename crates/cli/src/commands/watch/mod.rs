@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
@@ -73,8 +72,6 @@ pub struct Args {
     trim_when_retained: Option<u64>,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
 /// How often RSS and the cgroup are looked at for the triggers between readings.
 const TRIGGER_POLL: Duration = Duration::from_millis(100);
 /// A walk may stop a process this share of the time at most.
@@ -136,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Selection::Pids
     };
     let several = !matches!(selection, Selection::Pids) || args.pids.len() > 1;
-    let run_id = random_id();
+    let run_id = crate::commands::run::random_run_id();
     let mut watched: BTreeMap<u32, Watched> = BTreeMap::new();
     // Processes looked at once and left (exited, not readable, kernel threads): never again.
     let mut left: BTreeSet<u32> = BTreeSet::new();
@@ -162,7 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             watched.insert(pid, start_watching(pid, &status.name, path, run_id)?);
         }
     }
-    install_stop_handler();
+    crate::commands::stop::install_handler();
     let terminal = std::io::stdout().is_terminal();
     let mut screen = Screen::default();
     let started = Instant::now();
@@ -174,7 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let triggers = args.at_rss.is_some() || args.at_cgroup_percent.is_some();
     loop {
         let now = Instant::now();
-        if STOP.load(Ordering::Relaxed) || deadline.is_some_and(|d| now >= d) {
+        if crate::commands::stop::requested() || deadline.is_some_and(|d| now >= d) {
             break;
         }
         if now >= next_discovery && !matches!(selection, Selection::Pids) {
@@ -247,7 +244,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let next = if triggers { next.min(next_poll) } else { next };
         let next = if matches!(selection, Selection::Pids) { next } else { next.min(next_discovery) };
         let next = deadline.map_or(next, |d| next.min(d));
-        while Instant::now() < next && !STOP.load(Ordering::Relaxed) {
+        while Instant::now() < next && !crate::commands::stop::requested() {
             std::thread::sleep(next.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)));
         }
     }
@@ -656,28 +653,6 @@ fn terminal_size() -> (usize, usize) {
     // SAFETY: TIOCGWINSZ fills a winsize.
     let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
     if ok && size.ws_col >= 20 && size.ws_row >= 5 { (size.ws_col as usize, size.ws_row as usize) } else { (80, 24) }
-}
-
-fn install_stop_handler() {
-    extern "C" fn stop(_: libc::c_int) {
-        STOP.store(true, Ordering::Relaxed);
-    }
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is valid; the handler only stores an atomic,
-        // which is async-signal-safe.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = stop as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
-    }
-}
-
-fn random_id() -> u64 {
-    let mut bytes = [0u8; 8];
-    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
-    u64::from_le_bytes(bytes) ^ monotonic_ns()
 }
 
 /// The executable and command line of `pid`.
