@@ -376,7 +376,7 @@ fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
         out.push(Remedy::new(
             "go-memlimit",
             NAME,
-            format!("a soft memory limit, so the scavenger returns free spans: GOMEMLIMIT={limit_text}"),
+            format!("a soft memory limit, so the runtime returns free spans at its next collections: GOMEMLIMIT={limit_text}"),
             &[("GOMEMLIMIT", &limit_text)],
             retained,
         ));

@@ -1,8 +1,11 @@
 // A burst that leaves free spans in the Go heap: 160 MiB of 64 KiB
-// buffers, one in ten kept, a GC, then it holds still for -hold seconds
-// (RSS is measured from outside meanwhile). Built with -tags helper, the
-// memgap helper package reports runtime/metrics (helper.go); without it,
-// memgap has only gctrace.
+// buffers, one in ten kept, a GC, then -hold seconds of light steady work
+// (as a service between bursts: a short-lived 32 KiB buffer every 10 ms),
+// while RSS is measured from outside. The runtime returns free spans under
+// a memory limit at its next collections, which that work brings; a program
+// that allocates nothing after a burst may keep them until the forced one.
+// Built with -tags helper, the memgap helper package reports runtime/metrics
+// (helper.go); without it, memgap has only gctrace.
 package main
 
 import (
@@ -12,7 +15,10 @@ import (
 	"time"
 )
 
-var kept [][]byte
+var (
+	kept [][]byte
+	sink []byte
+)
 
 func main() {
 	hold := flag.Float64("hold", 2, "seconds to hold still after the burst")
@@ -31,6 +37,10 @@ func main() {
 	buffers = nil
 	runtime.GC()
 	snapshot()
-	time.Sleep(time.Duration(*hold * float64(time.Second)))
-	fmt.Println(len(kept))
+	for end := time.Now().Add(time.Duration(*hold * float64(time.Second))); time.Now().Before(end); {
+		sink = make([]byte, 32<<10)
+		sink[len(sink)-1] = 1
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println(len(kept), len(sink))
 }
