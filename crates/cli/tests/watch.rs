@@ -490,3 +490,63 @@ fn on_a_terminal_the_view_is_redrawn_in_place() {
     assert!(!screen.contains("seconds="), "plain lines on a terminal: {screen}");
     program.exit();
 }
+
+/// Builds tests/programs/go/idle_holder (no dependency, no helper package).
+fn build_go_idle_holder(dir: &Path) -> PathBuf {
+    let go = ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
+        .into_iter()
+        .find(|go| Command::new(go).arg("version").output().is_ok_and(|o| o.status.success()))
+        .expect("the go command is needed for this test (Go is preinstalled on CI)");
+    let source = dir.join("idle_holder-src");
+    std::fs::create_dir_all(&source).unwrap();
+    std::fs::copy(programs_dir().join("go/idle_holder/main.go"), source.join("main.go")).unwrap();
+    std::fs::write(source.join("go.mod"), "module idle_holder\n\ngo 1.19\n").unwrap();
+    let exe = dir.join("idle_holder");
+    let out = output_of(Command::new(go).args(["build", "-o"]).arg(&exe).arg(".").current_dir(&source).env("CGO_ENABLED", "0"));
+    assert!(out.status.success(), "go build failed:\n{}", text(&out.stderr));
+    exe
+}
+
+#[test]
+fn the_trace_of_a_watched_go_program_holds_its_runtimes_accounting() {
+    let (_tmp, dir) = tempdir();
+    let exe = build_go_idle_holder(&dir);
+    // Shaped unlike the snapshot tests' programs: one survivor in 16 of 100,000 per size.
+    let mut program =
+        Command::new(&exe).args(["-keep", "16", "-count", "100000"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(program.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let memstats: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    let pid = program.id();
+    let trace = dir.join("go.mgt");
+    let mut watch = Watch::start(&dir, &[&pid.to_string(), "--interval", "200ms", "-o", arg(&trace)]);
+    watch.lines_about(pid, 2);
+    let snapshot = snapshot_json(&dir, pid);
+    watch.lines_about(pid, 1);
+    let (status, lines, stderr) = watch.stop();
+    drop(program.stdin.take());
+    assert!(wait_or_kill(&mut program, "the Go program").success(), "the watch changed the program");
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(lines.iter().all(|l| l.contains(" fragmented=")), "{lines:?}");
+
+    // The watch's trace, read as a recording: the Go owner's rows, as `memgap snapshot PID` computed them.
+    let ledger = json_of(&dir, &["ledger", "--json", arg(&trace)]);
+    assert_eq!(snapshot["unknown_rows"], serde_json::json!([]), "{snapshot}");
+    assert_eq!((ledger["allocator"].as_str(), ledger["go"]["source"].as_str()), (Some("go"), Some("process memory")), "{ledger}");
+    for row in ["live", "slack", "fragmented", "retained", "lazy_free", "runtime", "other"] {
+        let (watched, snapped) = (u(&ledger["rows"], row), u(&snapshot["rows"], row));
+        assert!(close(watched, snapped), "{row}: watch trace {watched}, snapshot {snapped}");
+    }
+    // And the runtime's own MemStats: the truth both are measured against.
+    let (heap_alloc, heap_inuse) = (u(&memstats, "HeapAlloc"), u(&memstats, "HeapInuse"));
+    let fragmented = u(&ledger["rows"], "fragmented");
+    assert!(fragmented.abs_diff(heap_inuse - heap_alloc) * 20 <= heap_inuse - heap_alloc, "{fragmented} vs {}", heap_inuse - heap_alloc);
+    assert!(u(&ledger["rows"], "live").abs_diff(heap_alloc) * 20 <= heap_alloc, "{} vs {heap_alloc}", ledger["rows"]);
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    let snapshots = timeline["snapshots"].as_array().unwrap();
+    assert!(snapshots.len() >= 3, "{timeline}");
+    assert!(snapshots.iter().all(|s| close(u(&s["rows"], "fragmented"), fragmented)), "{timeline}");
+    let report = dir.join("go.html");
+    let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&report)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

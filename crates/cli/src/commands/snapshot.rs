@@ -59,20 +59,49 @@ fn go_ledger_of(
     reading: &memgap_model::ProcfsReading,
     pages: bool,
 ) -> Result<Option<memgap_model::ProcessLedger>, memgap_attach::AttachError> {
+    Ok(match read_go(reading, memgap_trace::records::SnapshotReason::Requested)? {
+        GoOutside::NotGo => None,
+        GoOutside::Read { metrics, snapshot } => Some(memgap_model::runtime_process_ledger(reading, &snapshot, &metrics, pages)),
+        GoOutside::Unreadable(why) => Some(go_unreadable_ledger(reading, &why)),
+    })
+}
+
+/// What reading a process as a Go program found.
+pub enum GoOutside {
+    NotGo,
+    /// The runtime's accounting as the METRICS records a recording holds,
+    /// and the page residency read just after it.
+    Read {
+        metrics: Vec<memgap_trace::records::Metrics>,
+        snapshot: Box<memgap_trace::records::Snapshot>,
+    },
+    /// A Go program whose accounting memgap cannot read, and why.
+    Unreadable(String),
+}
+
+/// The Go runtime's accounting of the process of `reading`, then its page
+/// residency (a snapshot taken for `reason`).
+pub fn read_go(
+    reading: &memgap_model::ProcfsReading,
+    reason: memgap_trace::records::SnapshotReason,
+) -> Result<GoOutside, memgap_attach::AttachError> {
     let read_at = memgap_attach::residency::monotonic_ns();
-    match memgap_attach::go_runtime::read_go_runtime(reading.pid, &reading.mappings) {
-        Ok(None) => Ok(None),
+    Ok(match memgap_attach::go_runtime::read_go_runtime(reading.pid, &reading.mappings) {
+        Ok(None) => GoOutside::NotGo,
         Ok(Some(go)) => {
-            let snapshot = memgap_attach::residency::snapshot(reading.pid, memgap_trace::records::SnapshotReason::Requested)?;
-            Ok(Some(memgap_model::runtime_process_ledger(reading, &snapshot, &go.metrics(read_at), pages)))
+            let snapshot = memgap_attach::residency::snapshot(reading.pid, reason)?;
+            GoOutside::Read { metrics: go.metrics(read_at), snapshot: Box::new(snapshot) }
         }
-        Err(why) => {
-            let mut ledger = memgap_model::outside_ledger(reading);
-            ledger.allocator = memgap_model::go::NAME.into();
-            ledger.walk_failure = Some(format!("the Go runtime's accounting is not known: {why}"));
-            Ok(Some(ledger))
-        }
-    }
+        Err(why) => GoOutside::Unreadable(why),
+    })
+}
+
+/// The rows /proc gives of a Go program whose accounting cannot be read, and why.
+pub fn go_unreadable_ledger(reading: &memgap_model::ProcfsReading, why: &str) -> memgap_model::ProcessLedger {
+    let mut ledger = memgap_model::outside_ledger(reading);
+    ledger.allocator = memgap_model::go::NAME.into();
+    ledger.walk_failure = Some(format!("the Go runtime's accounting is not known: {why}"));
+    ledger
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -35,19 +35,23 @@ pub const SOURCE: &str = memgap_trace::vocabulary::source::GO;
 
 use memgap_trace::records::Metrics;
 
+/// The METRICS kinds [`version_metrics`] writes: they describe the build,
+/// so a trace needs them once, not at every sample.
+pub const VERSION_KINDS: [&str; 2] = ["build", "size_classes"];
+
 /// What a Go version implies, as METRICS records: kind `build` (the version
 /// as `go_info{version="…"}`) and, when it names a Go 1.x release, kind
 /// `size_classes` (`span_bytes[SIZE]` and `objects_per_span[SIZE]` per class).
 pub fn version_metrics(version: &str, monotonic_ns: u64) -> Vec<Metrics> {
     let metrics = |kind: &str, values| Metrics { monotonic_ns, source: SOURCE.into(), kind: kind.into(), values };
-    let mut out = vec![metrics("build", vec![(names::version_metric(version), 1.0)])];
+    let mut out = vec![metrics(VERSION_KINDS[0], vec![(names::version_metric(version), 1.0)])];
     if let Some(runtime) = size_classes::Runtime::from_version(version) {
         let mut values = Vec::new();
         for class in runtime.classes() {
             values.push((names::bucket(names::SPAN_BYTES, f64::from(class.size)), f64::from(class.span_bytes)));
             values.push((names::bucket(names::OBJECTS_PER_SPAN, f64::from(class.size)), f64::from(class.objects_per_span)));
         }
-        out.push(metrics("size_classes", values));
+        out.push(metrics(VERSION_KINDS[1], values));
     }
     out
 }

@@ -20,12 +20,14 @@ use memgap_model::ProcessLedger;
 use memgap_model::outside_walk::WalkedHeap;
 use memgap_trace::records::{Metrics, Rss, SnapshotReason};
 
+use crate::commands::snapshot::GoOutside;
 use trace::{Content, ProcessTrace};
 
 /// Watch running processes from outside: their ledger at an interval, into traces.
 ///
 /// Each reading is what `memgap snapshot PID` computes (glibc's heap walked,
-/// every thread stopped a moment; jemalloc's and tcmalloc's own figures),
+/// every thread stopped a moment; jemalloc's and tcmalloc's own figures;
+/// a Go runtime's own accounting, read from its memory),
 /// written into one trace per process that `memgap timeline`, `ledger --at`
 /// and `report` read. On a terminal the rows are drawn as bars with an RSS
 /// sparkline, redrawn in place; otherwise one line per process per reading.
@@ -329,6 +331,7 @@ fn take_reading(
     match &reading {
         Reading::Walked(walk, _) => w.trace.reading(Content::Walked(walk), &occasion.notes, occasion.extra)?,
         Reading::Stats(stats, snapshot, _) => w.trace.reading(Content::Stats(stats, snapshot), &occasion.notes, occasion.extra)?,
+        Reading::Runtime(metrics, snapshot, _) => w.trace.reading(Content::Runtime(metrics, snapshot), &occasion.notes, occasion.extra)?,
         Reading::Unsplit(l) => {
             let why = l.walk_failure.clone().unwrap_or_else(|| format!("{} gives no figures of its own from outside", l.allocator));
             let rss = Rss {
@@ -484,6 +487,9 @@ enum Reading {
     Walked(Box<WalkedHeap>, Box<ProcessLedger>),
     /// An allocator's own figures, and the residency read after them.
     Stats(memgap_model::owners::allocator_stats::AllocatorStats, Box<memgap_trace::records::Snapshot>, Box<ProcessLedger>),
+    /// A runtime's own accounting (Go's, read from its memory) as METRICS
+    /// records, and the residency read after it.
+    Runtime(Vec<Metrics>, Box<memgap_trace::records::Snapshot>, Box<ProcessLedger>),
     /// The heap as one row.
     Unsplit(Box<ProcessLedger>),
 }
@@ -491,13 +497,23 @@ enum Reading {
 impl Reading {
     fn ledger(&self) -> &ProcessLedger {
         match self {
-            Reading::Walked(_, l) | Reading::Stats(_, _, l) | Reading::Unsplit(l) => l,
+            Reading::Walked(_, l) | Reading::Stats(_, _, l) | Reading::Runtime(_, _, l) | Reading::Unsplit(l) => l,
         }
     }
 }
 
 fn read(pid: u32, reason: SnapshotReason) -> Result<Reading, AttachError> {
     let reading = memgap_attach::read_process(pid)?;
+    match crate::commands::snapshot::read_go(&reading, reason)? {
+        GoOutside::NotGo => {}
+        GoOutside::Read { metrics, snapshot } => {
+            let ledger = memgap_model::runtime_process_ledger(&reading, &snapshot, &metrics, false);
+            return Ok(Reading::Runtime(metrics, snapshot, Box::new(ledger)));
+        }
+        GoOutside::Unreadable(why) => {
+            return Ok(Reading::Unsplit(Box::new(crate::commands::snapshot::go_unreadable_ledger(&reading, &why))));
+        }
+    }
     if reading.allocator == "glibc" {
         return Ok(match memgap_attach::walk_glibc_heap(pid) {
             Ok(mut walk) => {

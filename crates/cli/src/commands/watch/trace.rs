@@ -6,9 +6,13 @@
 //! (the differences since the previous walk, so a steady heap costs
 //! nothing), and the SNAPSHOT with its page residency. An allocator that
 //! reports itself (jemalloc, tcmalloc) gets its figures as `memgap run`'s
-//! recorder writes them; a heap nothing can split gets RSS samples only,
-//! and a note saying why: no row is invented.
+//! recorder writes them; a Go program gets the runtime's accounting read
+//! from its memory as the METRICS records `memgap run` writes of it (the
+//! build's version and size classes once), then the SNAPSHOT; a heap
+//! nothing can split gets RSS samples only, and a note saying why: no row
+//! is invented.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use memgap_attach::residency::monotonic_ns;
@@ -38,6 +42,8 @@ pub struct ProcessTrace {
     /// RSS samples taken between readings, written with the next one.
     samples: Vec<Rss>,
     pub snapshots: u64,
+    /// The build-describing METRICS written so far, by source and kind.
+    described: HashMap<(String, String), Vec<(String, f64)>>,
     /// When the watch began (CLOCK_MONOTONIC ns): the trace's time zero.
     start: u64,
 }
@@ -47,6 +53,9 @@ pub enum Content<'a> {
     Walked(&'a WalkedHeap),
     /// An allocator's own figures, with the residency read just after them.
     Stats(&'a AllocatorStats, &'a Snapshot),
+    /// A runtime's own accounting (Go's), as a recording of it holds it,
+    /// with the residency read just after it.
+    Runtime(&'a [Metrics], &'a Snapshot),
     /// The heap could not be split: RSS only, and why.
     Unsplit(Rss, String),
 }
@@ -84,6 +93,7 @@ impl ProcessTrace {
             unsplit_because: None,
             samples: Vec::new(),
             snapshots: 0,
+            described: HashMap::new(),
             start,
         })
     }
@@ -127,6 +137,24 @@ impl ProcessTrace {
                 stats.snapshot_time = snapshot.time;
                 self.writer.write(&head)?;
                 tail.push(Record::Metrics(stats.to_metrics(now)));
+                tail.push(Record::Snapshot(snapshot.clone()));
+                tail.push(Record::Rss(snapshot.rss));
+                self.snapshots += 1;
+                self.unsplit_because = None;
+            }
+            Content::Runtime(metrics, snapshot) => {
+                self.writer.write(&head)?;
+                for m in metrics {
+                    // What describes the build (version, size classes) is written once, as the recorder does.
+                    let key = (m.source.clone(), m.kind.clone());
+                    if m.source == memgap_source_go::SOURCE && memgap_source_go::VERSION_KINDS.contains(&m.kind.as_str()) {
+                        if self.described.get(&key) == Some(&m.values) {
+                            continue;
+                        }
+                        self.described.insert(key, m.values.clone());
+                    }
+                    tail.push(Record::Metrics(m.clone()));
+                }
                 tail.push(Record::Snapshot(snapshot.clone()));
                 tail.push(Record::Rss(snapshot.rss));
                 self.snapshots += 1;
