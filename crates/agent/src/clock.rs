@@ -48,17 +48,5 @@ pub fn advance() -> u64 {
     unsafe { (*ROUND.load(Relaxed)).fetch_add(1, Relaxed) + 1 }
 }
 
-pub fn monotonic_ns() -> u64 {
-    read(libc::CLOCK_MONOTONIC)
-}
-
-pub fn realtime_ns() -> u64 {
-    read(libc::CLOCK_REALTIME)
-}
-
-fn read(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is ours to write.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// The trace's clocks, read as memgap's recorders outside the program read them.
+pub use memgap_trace::clock::{monotonic_ns, realtime_ns};

@@ -20,13 +20,8 @@ const PRESENT: u64 = 1 << 63;
 /// forked child, which is rare for the programs this reads.
 const EXCLUSIVE: u64 = 1 << 56;
 
-/// Nanoseconds on CLOCK_MONOTONIC, the clock of traces written outside the agent.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is ours to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// The clock of traces written outside the agent, as inside it.
+pub use memgap_trace::clock::monotonic_ns;
 
 /// VmRSS and its parts, timed now.
 pub fn rss(pid: u32) -> Result<Rss, AttachError> {

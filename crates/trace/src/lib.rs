@@ -19,6 +19,7 @@
 //! # Ok::<(), memgap_trace::TraceError>(())
 //! ```
 
+pub mod clock;
 pub mod event;
 pub mod files;
 pub mod framing;

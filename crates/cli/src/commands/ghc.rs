@@ -276,10 +276,10 @@ fn process_start(trace: &Path) -> Option<(u64, u64)> {
 
 /// Appends records to the top trace.
 fn append(traces: &RunTraces, records: &[Metrics]) -> Result<(), String> {
-    let Some((path, mut file)) = traces.open(traces.top_pid) else {
-        return Err("not a trace this run wrote".into());
-    };
-    memgap_trace::records::append_records_to(&mut file, &path, records.iter().cloned().map(Record::Metrics)).map_err(|e| e.to_string())
+    match traces.append(traces.top_pid, records.iter().cloned().map(Record::Metrics))? {
+        true => Ok(()),
+        false => Err("not a trace this run wrote".into()),
+    }
 }
 
 /// An eventlog's bytes: a regular file only (a FIFO or a device would

@@ -6,7 +6,6 @@ use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::Context;
 use memgap_trace::records::{Exit, Record};
@@ -23,10 +22,11 @@ mod placement;
 mod python;
 mod recorder;
 mod samplers;
-mod traces;
 mod untraced;
 
-pub(crate) use traces::{RunTraces, of_run, run_id_of};
+use memgap_record::signals::{child_started, forward_signals};
+use memgap_record::traces::trace_path;
+pub(crate) use memgap_record::traces::{self, RunTraces, of_run, run_id_of};
 
 /// Record every heap event of CMD (and of the programs it starts) into a trace.
 #[derive(clap::Args)]
@@ -91,10 +91,6 @@ pub struct Args {
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     command: Vec<OsString>,
 }
-
-static CHILD_PID: AtomicI32 = AtomicI32::new(0);
-/// A signal to pass on that came before the program's pid was known.
-static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let program_name =
@@ -224,8 +220,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if recorded {
         numa::write(samples, &traces, args.quiet);
         // A full disk must not change the exit status memgap passes on.
-        if let Err(error) = traces.append(top_pid, &encode(&Record::Exit(Exit { exit_code, signal }))) {
-            eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display());
+        match traces.append(top_pid, [Record::Exit(Exit { exit_code, signal })]) {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("memgap: cannot add the exit status to {}: {} is not a trace this run wrote", trace.display(), trace.display())
+            }
+            Err(error) => eprintln!("memgap: cannot add the exit status to {}: {error}", trace.display()),
         }
     } else {
         traces.remove_empty_top();
@@ -270,12 +270,6 @@ fn refuse(line: &str) -> ExitCode {
     ExitCode::from(1)
 }
 
-fn encode(record: &Record) -> Vec<u8> {
-    let mut raw = Vec::new();
-    record.encode(&mut raw);
-    raw
-}
-
 fn output_pattern(output: Option<&Path>, program_name: &str) -> anyhow::Result<PathBuf> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let path = match output {
@@ -301,22 +295,6 @@ fn spawn_failed(program: &std::ffi::OsStr, error: &std::io::Error) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The trace of process `pid`, named as the agent names it: `%p` becomes the
-/// pid; without `%p` the pattern names the top process and others insert
-/// their pid before the extension (`t.mgt` → `t.4242.mgt`).
-fn trace_path(pattern: &Path, pid: u32, top: bool) -> PathBuf {
-    let text = pattern.to_string_lossy();
-    if text.contains("%p") || top {
-        return PathBuf::from(text.replace("%p", &pid.to_string()));
-    }
-    let stem = pattern.file_stem().unwrap_or_default().to_string_lossy();
-    let name = match pattern.extension() {
-        Some(ext) if !stem.is_empty() => format!("{stem}.{pid}.{}", ext.to_string_lossy()),
-        _ => format!("{}.{pid}", pattern.file_name().unwrap_or_default().to_string_lossy()),
-    };
-    pattern.with_file_name(name)
-}
-
 /// A trace's run id: random, so traces of different runs never pair up.
 pub fn random_run_id() -> u64 {
     let mut bytes = [0u8; 8];
@@ -326,55 +304,6 @@ pub fn random_run_id() -> u64 {
     }
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     now ^ (u64::from(std::process::id()) << 32)
-}
-
-/// SIGTERM, SIGHUP and SIGUSR1/2 sent to memgap go to the program. SIGINT and
-/// SIGQUIT come from the terminal, which already sends them to the program:
-/// memgap outlives them to finish the trace. Installed before the program
-/// starts, so that a signal in between does not kill memgap and leave the
-/// program running: one that comes before the program's pid is known waits
-/// for [`child_started`].
-fn forward_signals() {
-    extern "C" fn forward(signal: libc::c_int) {
-        let pid = CHILD_PID.load(Ordering::SeqCst);
-        if pid > 0 {
-            // SAFETY: kill is async-signal-safe and has no memory precondition.
-            unsafe { libc::kill(pid, signal) };
-        } else {
-            PENDING_SIGNAL.store(signal, Ordering::SeqCst);
-        }
-    }
-    extern "C" fn ignore(_: libc::c_int) {}
-    // SAFETY: a zeroed sigaction is valid; both handlers only call
-    // async-signal-safe functions and atomics.
-    let install = |signal: libc::c_int, handler: extern "C" fn(libc::c_int)| unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = handler as usize;
-        action.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut action.sa_mask);
-        libc::sigaction(signal, &action, std::ptr::null_mut());
-    };
-    for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
-        install(signal, forward);
-    }
-    for signal in [libc::SIGINT, libc::SIGQUIT] {
-        install(signal, ignore);
-    }
-}
-
-/// The program runs as `pid`: signals go to it from now on, and one that
-/// came while it was starting is sent now.
-fn child_started(pid: u32) {
-    CHILD_PID.store(pid as i32, Ordering::SeqCst);
-    let pending = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
-    if pending != 0 {
-        // SAFETY: no memory precondition; `pid` is our child.
-        unsafe { libc::kill(pid as i32, pending) };
-    }
-    // Past RLIMIT_FSIZE (`ulimit -f`) adding the exit status fails instead
-    // of killing memgap. Set after the program started: it inherits no change.
-    // SAFETY: no precondition.
-    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
 fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString, top_closing: Option<memgap_model::Closing>) {

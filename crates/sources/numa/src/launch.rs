@@ -44,13 +44,8 @@ fn pipe() -> std::io::Result<(i32, i32)> {
     Ok((fds[0], fds[1]))
 }
 
-/// CLOCK_MONOTONIC in nanoseconds, the clock of the samples' times.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is ours to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// The clock of the samples' times: the trace's.
+use memgap_trace::clock::monotonic_ns;
 
 /// Arranges for `command`'s child to wait, before exec, until its events
 /// are open: precise memory-access events where the CPU offers them, page

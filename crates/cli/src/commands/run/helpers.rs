@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::recorder::Outcome;
-use super::traces::RunTraces;
+use memgap_record::traces::RunTraces;
 
 const HELPER_MAX_SECONDS: f64 = 1.0;
 const HELPER_MAX_ALLOCATED_BYTES: u64 = 1 << 20;

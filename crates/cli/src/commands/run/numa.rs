@@ -14,13 +14,13 @@ const SAMPLES_PER_RECORD: usize = 100_000;
 
 /// Appends this machine's topology and (with `--numa`) the samples to the
 /// traces of the run: each process's samples to its own trace.
-pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::traces::RunTraces, quiet: bool) {
+pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &memgap_record::traces::RunTraces, quiet: bool) {
     let top_pid = traces.top_pid;
     let topology = memgap_source_numa::topology::this_machine();
-    let mut raw = Vec::new();
-    Record::Topology(topology.to_record()).encode(&mut raw);
-    if let Err(error) = traces.append(top_pid, &raw) {
-        eprintln!("memgap: cannot add the NUMA topology: {error}");
+    match traces.append(top_pid, [Record::Topology(topology.to_record())]) {
+        Ok(true) => {}
+        Ok(false) => eprintln!("memgap: cannot add the NUMA topology: {} is not a trace this run wrote", traces.path(top_pid).display()),
+        Err(error) => eprintln!("memgap: cannot add the NUMA topology: {error}"),
     }
     let batch = match samples {
         None => return,
@@ -47,7 +47,6 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::tra
     }
     by_pid.entry(top_pid).or_default();
     for (pid, samples) in by_pid {
-        let Some((path, mut file)) = traces.open(pid) else { continue };
         let mut pieces: Vec<&[memgap_trace::numa::MemorySample]> = samples.chunks(SAMPLES_PER_RECORD).collect();
         if pieces.is_empty() {
             pieces.push(&[]);
@@ -64,8 +63,8 @@ pub fn write(samples: Option<Result<MemorySamples, String>>, traces: &super::tra
                 samples: piece.to_vec(),
             })
         });
-        if let Err(error) = memgap_trace::records::append_records_to(&mut file, &path, records) {
-            eprintln!("memgap: cannot add NUMA samples to {}: {error}", path.display());
+        if let Err(error) = traces.append(pid, records) {
+            eprintln!("memgap: cannot add NUMA samples to {}: {error}", traces.path(pid).display());
         }
     }
 }

@@ -27,7 +27,7 @@ pub fn prepare(command: &mut Command, interval_ms: u64) -> Vec<Sampler> {
 }
 
 /// Appends what each sampled process recorded to its trace (see [`Sampler::finish`]).
-pub fn finish(samplers: Vec<Sampler>, traces: &super::traces::RunTraces) {
+pub fn finish(samplers: Vec<Sampler>, traces: &memgap_record::traces::RunTraces) {
     for sampler in samplers {
         sampler.finish(traces);
     }
@@ -49,7 +49,7 @@ impl Sampler {
     /// Appends what each process recorded (all its files: one per isolate
     /// or thread) to its trace, when that is a trace of this run (a process
     /// not followed has none); the temp directory goes with `self`.
-    fn finish(self, traces: &super::traces::RunTraces) {
+    fn finish(self, traces: &memgap_record::traces::RunTraces) {
         let mut by_pid: std::collections::BTreeMap<u32, Vec<memgap_source_sampler::Samples>> = Default::default();
         for entry in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|name| self.runtime.pid_of_file(name)) else { continue };
@@ -60,10 +60,8 @@ impl Sampler {
             }
         }
         for (pid, files) in by_pid {
-            if let Some((path, mut file)) = traces.open(pid)
-                && let Err(error) = memgap_trace::records::append_records_to(&mut file, &path, self.runtime.records(&files))
-            {
-                eprintln!("memgap: cannot add {}'s samples to {}: {error}", self.runtime.source, path.display());
+            if let Err(error) = traces.append(pid, self.runtime.records(&files)) {
+                eprintln!("memgap: cannot add {}'s samples to {}: {error}", self.runtime.source, traces.path(pid).display());
             }
         }
     }

@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
@@ -15,6 +15,9 @@ use std::process::Command;
 
 use memgap_trace::files::{self, FileIdentity};
 use memgap_trace::framing::{self, FileHeader};
+use memgap_trace::records::Record;
+
+use crate::sys::pipe;
 
 /// The top trace's name, made before the program runs.
 pub enum Reservation {
@@ -145,16 +148,6 @@ fn split_at_pid(pattern: &[u8]) -> Vec<Vec<u8>> {
     pieces
 }
 
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded, so both descriptors are new and owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 /// What the child reported: its pid (when it got that far) and the
 /// identity of the file it made (when it made it). Call after spawn
 /// returned: the child has written all it will (or exec'd, closing its end).
@@ -237,7 +230,7 @@ pub struct RunTraces<'a> {
 
 impl RunTraces<'_> {
     pub fn path(&self, pid: u32) -> PathBuf {
-        super::trace_path(self.pattern, pid, pid == self.top_pid)
+        trace_path(self.pattern, pid, pid == self.top_pid)
     }
 
     /// The trace of `pid` opened to add to it, when it is a trace this run
@@ -272,13 +265,29 @@ impl RunTraces<'_> {
         }
     }
 
-    /// Appends one chunk to the trace of `pid` if it is this run's.
-    pub fn append(&self, pid: u32, raw: &[u8]) -> Result<(), String> {
-        let Some((path, mut file)) = self.open(pid) else {
-            return Err(format!("{} is not a trace this run wrote", self.path(pid).display()));
-        };
-        framing::append_chunk_to(&mut file, &path, raw).map(|_| ()).map_err(|e| e.to_string())
+    /// Appends records to the trace of `pid`, in chunks of about 1 MiB, when
+    /// that trace is this run's: `Ok(false)` when it is not (a process that
+    /// was not followed has none); `Err` says why the file could not take them.
+    pub fn append<'a>(&self, pid: u32, records: impl IntoIterator<Item = Record<'a>>) -> Result<bool, String> {
+        let Some((path, mut file)) = self.open(pid) else { return Ok(false) };
+        memgap_trace::records::append_records_to(&mut file, &path, records).map(|()| true).map_err(|e| e.to_string())
     }
+}
+
+/// The trace of process `pid`, named as the agent names it: `%p` becomes the
+/// pid; without `%p` the pattern names the top process and others insert
+/// their pid before the extension (`t.mgt` → `t.4242.mgt`).
+pub fn trace_path(pattern: &Path, pid: u32, top: bool) -> PathBuf {
+    let text = pattern.to_string_lossy();
+    if text.contains("%p") || top {
+        return PathBuf::from(text.replace("%p", &pid.to_string()));
+    }
+    let stem = pattern.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match pattern.extension() {
+        Some(ext) if !stem.is_empty() => format!("{stem}.{pid}.{}", ext.to_string_lossy()),
+        _ => format!("{}.{pid}", pattern.file_name().unwrap_or_default().to_string_lossy()),
+    };
+    pattern.with_file_name(name)
 }
 
 #[cfg(test)]
