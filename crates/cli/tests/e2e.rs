@@ -59,6 +59,48 @@ fn exact_counts_are_exact() {
     assert!(command.contains("exact_counts"), "command {command:?}");
 }
 
+/// `memgap run` writes trace format 3: every event in COMPACT_EVENTS
+/// records, which decode to the summary's count, in fewer bytes than the
+/// agent's records they were made from.
+#[test]
+fn the_recorder_writes_events_in_the_compact_encoding() {
+    use memgap_trace::compact::{self, CompactState};
+    use memgap_trace::records::{Record, Records};
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "churn_sites.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    let file = memgap_trace::TraceFile::open(&trace).expect("the trace opens");
+    assert_eq!(file.header().major, 3);
+    let (mut agent_pieces, mut decoded, mut source_bytes, mut compact_bytes) = (0, 0u64, 0u64, 0u64);
+    let mut frames = Vec::new();
+    file.for_each_chunk(|_, chunk| {
+        for record in Records::new(chunk) {
+            match record {
+                Ok(Record::Events(_)) => agent_pieces += 1,
+                Ok(Record::CompactEvents(piece)) => {
+                    source_bytes += u64::from(piece.source_len);
+                    compact_bytes += piece.records.len() as u64;
+                    let (mut state, mut cursor) = (CompactState::default(), memgap_trace::varint::Cursor::new(piece.records));
+                    while !cursor.is_empty() {
+                        compact::decode_into(&mut state, &mut cursor, &mut frames, &mut memgap_trace::Event::default())
+                            .expect("a compact record decodes");
+                        decoded += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    })
+    .expect("the trace reads");
+    let s = summary_json(&trace);
+    let total: u64 = s["events"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!((agent_pieces, decoded), (0, total), "{s:#}");
+    assert!(compact_bytes < source_bytes, "{compact_bytes} compact bytes from {source_bytes} of the agent's");
+}
+
 #[test]
 fn eight_threads_counts_are_exact() {
     let (_tmp, dir) = tempdir();

@@ -10,10 +10,13 @@
 use std::collections::VecDeque;
 use std::path::Path;
 
+use memgap_trace::compact::{self, CompactState};
 use memgap_trace::event::{self, DeltaState, Event};
 use memgap_trace::numa::{MemorySamples, Placement, Topology};
 use memgap_trace::python::PythonCode;
-use memgap_trace::records::{Clock, End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread};
+use memgap_trace::records::{
+    Clock, CompactEventsPiece, End, EventsPiece, Exit, Fork, Metrics, Module, Process, Record, Records, Rss, Snapshot, Thread,
+};
 use memgap_trace::varint::Cursor;
 use memgap_trace::{Tail, TraceError, TraceFile};
 use rustc_hash::FxHashMap;
@@ -110,6 +113,10 @@ struct ThreadQueue {
     encoded: VecDeque<EncodedPiece>,
     /// Decoding state at the end of `pending`.
     delta: DeltaState,
+    /// The same for a piece in the recorder's encoding.
+    compact: CompactState,
+    /// The last piece queued was in the recorder's encoding.
+    last_compact: bool,
     /// Decoded, in the thread's order, from `pending[head]` on (the ones
     /// before were handed on). A Vec rather than a VecDeque: events are
     /// decoded in place and handed on by reference, never copied.
@@ -157,6 +164,8 @@ struct EncodedPiece {
     at: usize,
     /// The piece starts a buffer: the delta state restarts.
     starts_buffer: bool,
+    /// In the recorder's encoding, which decodes each piece on its own.
+    compact: bool,
 }
 
 /// What decoding shares across threads.
@@ -183,6 +192,8 @@ impl ThreadQueue {
             next_offset: 0,
             encoded: VecDeque::new(),
             delta: DeltaState::default(),
+            compact: CompactState::default(),
+            last_compact: false,
             pending: Vec::new(),
             head: 0,
             stacks: StackIds::default(),
@@ -220,6 +231,9 @@ impl ThreadQueue {
                 self.delta = DeltaState::default();
                 piece.starts_buffer = false;
             }
+            if piece.compact && piece.at == 0 {
+                self.compact = CompactState::default();
+            }
             // One piece's records in one loop: the piece, its cursor and the
             // queue's room are looked up once, not per record.
             let mut cursor = Cursor::at(&piece.bytes, piece.at);
@@ -228,7 +242,12 @@ impl ThreadQueue {
                 prefetch_ahead(&piece.bytes, cursor.position());
                 self.pending.push(ThreadEvent { thread: self.thread, tid: self.tid, event: Event::default() });
                 let event = &mut self.pending.last_mut().expect("just pushed").event;
-                match event::decode_into(&mut self.delta, &mut cursor, &mut decoding.frames, event) {
+                let decoded = if piece.compact {
+                    compact::decode_into(&mut self.compact, &mut cursor, &mut decoding.frames, event)
+                } else {
+                    event::decode_into(&mut self.delta, &mut cursor, &mut decoding.frames, event)
+                };
+                match decoded {
                     Ok(defines_stack) => {
                         if !event_is_plausible(event) {
                             // Beyond the address space: a corrupt trace (or a
@@ -251,7 +270,11 @@ impl ThreadQueue {
                 }
             }
             piece.at = cursor.position();
-            if failed {
+            if failed && piece.compact {
+                // Pieces in the recorder's encoding decode on their own: only this one's rest is lost.
+                outcome.lost_bytes += (piece.bytes.len() - piece.at) as u64;
+                piece.at = piece.bytes.len();
+            } else if failed {
                 // The rest of this buffer cannot be decoded without the
                 // record that failed: drop it, and what came after it.
                 piece.at = piece.bytes.len();
@@ -392,6 +415,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
     fn record(&mut self, record: Record<'_>) {
         match record {
             Record::Events(piece) => self.decode(piece),
+            Record::CompactEvents(piece) => self.decode_compact(piece),
             Record::Clock(clock) => {
                 self.outcome.timeline.add(&clock);
                 self.visitor.clock(&clock);
@@ -447,14 +471,32 @@ impl<'v, V: Visitor> Merger<'v, V> {
 
     fn decode(&mut self, piece: EventsPiece<'_>) {
         let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue::new(piece.thread, piece.tid));
-        let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
+        // The agent's delta state does not go on from a piece in the recorder's encoding.
+        let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset && !queue.last_compact;
         if !continues && piece.offset != 0 {
             self.outcome.lost_bytes += piece.records.len() as u64;
             return;
         }
         queue.buffer = piece.buffer;
         queue.next_offset = piece.offset.wrapping_add(piece.records.len() as u32);
-        queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: !continues });
+        queue.last_compact = false;
+        queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: !continues, compact: false });
+    }
+
+    /// A piece in the recorder's encoding: it decodes on its own, and its
+    /// place in the agent's buffer tells whether one was lost before it.
+    fn decode_compact(&mut self, piece: CompactEventsPiece<'_>) {
+        let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue::new(piece.thread, piece.tid));
+        let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
+        if !continues && piece.offset != 0 {
+            // What came before it in its buffer was not seen.
+            let seen = if piece.buffer == queue.buffer && piece.offset > queue.next_offset { queue.next_offset } else { 0 };
+            self.outcome.lost_bytes += u64::from(piece.offset - seen);
+        }
+        queue.buffer = piece.buffer;
+        queue.next_offset = piece.offset.wrapping_add(piece.source_len);
+        queue.last_compact = true;
+        queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: false, compact: true });
     }
 
     /// A forked child's FORK record: its visitor gets the parent's heap at
@@ -767,6 +809,44 @@ mod tests {
         assert_eq!(seen.iter().position(|e| e.0 == 0), Some(3), "{seen:?}");
         assert_eq!(seen.iter().filter(|e| e.0 == 1).map(|e| e.2).collect::<Vec<_>>(), [0x1000, 0x1000, 0x2000], "each thread's order");
         assert_eq!((outcome.events, outcome.lost_bytes, outcome.malformed_records), (5, 0, 0));
+    }
+
+    /// The recorder's pieces: each decodes on its own, so the one after a
+    /// lost piece still replays, and the gap is counted; an agent's piece
+    /// that claims to go on from a compact one cannot be decoded and is lost.
+    #[test]
+    fn compact_pieces_replay_as_the_agents_and_a_gap_loses_only_what_is_missing() {
+        use EventKind::{Free, Malloc};
+        let agent = encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2), (Malloc, 0x1000, 3), (Malloc, 0x2000, 4), (Free, 0x2000, 5)]);
+        let cut = encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2)]).len();
+        let (mut delta, mut frames) = (DeltaState::default(), Vec::new());
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        assert_eq!(compact::transcode(&mut delta, &agent[..cut], &mut first, &mut frames), cut);
+        assert_eq!(compact::transcode(&mut delta, &agent[cut..], &mut second, &mut frames), agent.len() - cut);
+        let piece = |offset: usize, source: usize, records| {
+            Record::CompactEvents(CompactEventsPiece {
+                thread: 1,
+                tid: 1,
+                buffer: 0,
+                offset: offset as u32,
+                source_len: source as u32,
+                records,
+            })
+        };
+        let whole = [vec![clock(1), piece(0, cut, &first), piece(cut, agent.len() - cut, &second), clock(9)]];
+        let (seen, outcome) = replay_chunks(&whole);
+        assert_eq!(seen, replay_chunks(&[vec![clock(1), events(1, 0, 0, &agent), clock(9)]]).0);
+        assert_eq!(seen.iter().map(|e| e.2).collect::<Vec<_>>(), [0x1000, 0x1000, 0x1000, 0x2000, 0x2000]);
+        assert_eq!((outcome.events, outcome.lost_bytes, outcome.malformed_records), (5, 0, 0));
+
+        let without_first = [vec![clock(1), piece(cut, agent.len() - cut, &second), clock(9)]];
+        let (seen, outcome) = replay_chunks(&without_first);
+        assert_eq!(seen.iter().map(|e| e.1).collect::<Vec<_>>(), [3, 4, 5]);
+        assert_eq!((outcome.events, outcome.lost_bytes), (3, cut as u64));
+
+        let agent_after_compact = [vec![clock(1), piece(0, cut, &first), events(1, 0, cut as u32, &agent[cut..]), clock(9)]];
+        let (seen, outcome) = replay_chunks(&agent_after_compact);
+        assert_eq!((seen.len(), outcome.lost_bytes), (2, (agent.len() - cut) as u64));
     }
 
     /// Applies events to a live set, which the replay asks to order rounds.

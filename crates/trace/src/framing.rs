@@ -18,8 +18,8 @@ use std::path::Path;
 use crate::TraceError;
 
 pub const FILE_MAGIC: [u8; 8] = *b"MEMGAPT\0";
-pub const VERSION_MAJOR: u16 = 2;
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MAJOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 0;
 pub const FILE_HEADER_LEN: usize = 32;
 
 pub const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"MGCK");
@@ -551,6 +551,9 @@ mod tests {
         let mut newer = FileHeader::new(1);
         newer.major = VERSION_MAJOR + 1;
         assert!(matches!(FileHeader::decode(&newer.encode()), Err(TraceError::NewerVersion { .. })));
+        // The previous major version (agent-encoded events only) still reads.
+        let previous = FileHeader { major: 2, minor: 2, run_id: 1, flags: 0 };
+        assert_eq!(FileHeader::decode(&previous.encode()).unwrap(), previous);
     }
 
     #[test]

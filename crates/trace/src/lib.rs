@@ -20,6 +20,7 @@
 //! ```
 
 pub mod clock;
+pub mod compact;
 pub mod event;
 pub mod files;
 pub mod framing;

@@ -5,9 +5,10 @@
 //! replay and the model instead of failing a checksum. The choices come from
 //! a byte string (a fuzzer's input, or random bytes in a property test).
 
+use crate::compact::{self, CompactState};
 use crate::event::{self, DeltaState, Event, EventKind};
 use crate::framing::{ChunkAt, FILE_HEADER_LEN, encode_chunk, read_chunk};
-use crate::records::{EventsPiece, Record, Records, Residency};
+use crate::records::{CompactEventsPiece, EventsPiece, Record, Records, Residency};
 use crate::varint::Cursor;
 
 /// The fuzzer's choices, read one byte at a time (zeros once used up).
@@ -78,14 +79,15 @@ fn mutate_record(mut record: Record<'_>, choices: &mut Choices, out: &mut Vec<u8
         1 => record.encode(out),
         _ => {}
     }
-    let mut events = Vec::new();
+    let mut events = match &record {
+        Record::Events(piece) => decode_events(piece.records),
+        Record::CompactEvents(piece) => decode_compact_events(piece.records),
+        _ => Vec::new(),
+    };
     match &mut record {
-        Record::Events(piece) => {
-            events = decode_events(piece.records);
-            if !events.is_empty() {
-                let at = choices.below(events.len());
-                mutate_event(&mut events[at], choices);
-            }
+        Record::Events(_) | Record::CompactEvents(_) if !events.is_empty() => {
+            let at = choices.below(events.len());
+            mutate_event(&mut events[at], choices);
         }
         Record::Snapshot(snapshot) => {
             if choices.byte().is_multiple_of(4) {
@@ -134,6 +136,12 @@ fn mutate_record(mut record: Record<'_>, choices: &mut Choices, out: &mut Vec<u8
     if let Record::Events(piece) = &record {
         let bytes = event::encode_all(&events);
         Record::Events(EventsPiece { records: &bytes, ..*piece }).encode(out);
+    } else if let Record::CompactEvents(piece) = &record {
+        let (mut state, mut bytes) = (CompactState::default(), Vec::new());
+        for event in &events {
+            compact::encode(&mut state, &mut bytes, event, None);
+        }
+        Record::CompactEvents(CompactEventsPiece { records: &bytes, ..*piece }).encode(out);
     } else {
         record.encode(out);
     }
@@ -148,6 +156,20 @@ fn decode_events(bytes: &[u8]) -> Vec<Event> {
     while !cursor.is_empty() {
         match event::decode(&mut state, &mut cursor) {
             Ok(event) => events.push(event),
+            Err(_) => break,
+        }
+    }
+    events
+}
+
+/// [`decode_events`] for a piece in the recorder's encoding.
+fn decode_compact_events(bytes: &[u8]) -> Vec<Event> {
+    let (mut state, mut cursor, mut frames) = (CompactState::default(), Cursor::new(bytes), Vec::new());
+    let mut events = Vec::new();
+    while !cursor.is_empty() {
+        let mut event = Event::default();
+        match compact::decode_into(&mut state, &mut cursor, &mut frames, &mut event) {
+            Ok(_) => events.push(event),
             Err(_) => break,
         }
     }

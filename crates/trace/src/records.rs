@@ -17,6 +17,8 @@ pub const TAG_ALLOCATOR: u8 = 11;
 pub const TAG_METRICS: u8 = 12;
 pub const TAG_FORK: u8 = 13;
 pub const TAG_PYTHON_CODE: u8 = 14;
+/// Heap events as the recorder re-encodes them (trace format 3, see [`crate::compact`]).
+pub const TAG_COMPACT_EVENTS: u8 = 15;
 /// NUMA records (see [`crate::numa`]).
 pub const TAG_TOPOLOGY: u8 = 20;
 pub const TAG_PLACEMENT: u8 = 21;
@@ -69,6 +71,21 @@ pub struct Module {
     pub base: u64,
     pub size: u64,
     pub build_id: Vec<u8>,
+}
+
+/// A piece of one thread's events in the recorder's encoding
+/// ([`crate::compact`]): the agent's records of `source_len` bytes at
+/// `offset` of its buffer, decoded on their own.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CompactEventsPiece<'a> {
+    pub thread: u32,
+    pub tid: u32,
+    pub buffer: u32,
+    /// Where the agent's records start in its buffer, and how many bytes
+    /// they took there: a reader finds a lost piece by the gap.
+    pub offset: u32,
+    pub source_len: u32,
+    pub records: &'a [u8],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -295,6 +312,7 @@ pub enum Record<'a> {
     Process(Process),
     Modules(Vec<Module>),
     Events(EventsPiece<'a>),
+    CompactEvents(CompactEventsPiece<'a>),
     Clock(Clock),
     Rss(Rss),
     End(End),
@@ -393,6 +411,13 @@ impl Record<'_> {
                 Self::encode_events_header(b, piece.thread, piece.tid, piece.buffer, piece.offset);
                 b.extend_from_slice(piece.records);
                 TAG_EVENTS
+            }
+            Record::CompactEvents(piece) => {
+                for v in [piece.thread, piece.tid, piece.buffer, piece.offset, piece.source_len] {
+                    varint::push(b, v.into());
+                }
+                b.extend_from_slice(piece.records);
+                TAG_COMPACT_EVENTS
             }
             Record::Clock(c) => {
                 varint::push(b, c.time);
@@ -678,6 +703,14 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             offset: u32_of(c.varint()?)?,
             records: c.rest(),
         }),
+        TAG_COMPACT_EVENTS => Record::CompactEvents(CompactEventsPiece {
+            thread: u32_of(c.varint()?)?,
+            tid: u32_of(c.varint()?)?,
+            buffer: u32_of(c.varint()?)?,
+            offset: u32_of(c.varint()?)?,
+            source_len: u32_of(c.varint()?)?,
+            records: c.rest(),
+        }),
         TAG_CLOCK => Record::Clock(Clock { time: c.varint()?, monotonic_ns: c.varint()? }),
         TAG_RSS => Record::Rss(plausible_rss(Rss {
             time: c.varint()?,
@@ -807,6 +840,7 @@ mod tests {
             }),
             Record::Modules(vec![Module { path: "/lib/libc.so.6".into(), base: 0x7f00_0000_0000, size: 4096, build_id: vec![1, 2, 3] }]),
             Record::Events(EventsPiece { thread: 3, tid: 1234, buffer: 9, offset: 100, records: &[1, 2, 3] }),
+            Record::CompactEvents(CompactEventsPiece { thread: 3, tid: 1234, buffer: 9, offset: 103, source_len: 7, records: &[4, 5] }),
             Record::Clock(Clock { time: 10, monotonic_ns: 20 }),
             Record::Rss(Rss { time: 1, vm_rss: 2, rss_anon: 3, rss_file: 4, rss_shmem: 5 }),
             Record::End(End { time: 9, reason: EndReason::Exec, dropped_events: 3, vm_hwm: 1 << 30, exit_code: Some(-1) }),

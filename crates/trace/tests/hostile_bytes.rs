@@ -25,8 +25,10 @@ fn read_file(file: &[u8]) {
 
 fn read_records(raw: &[u8]) {
     for record in Records::new(raw) {
-        if let Ok(memgap_trace::records::Record::Events(piece)) = record {
-            read_events(piece.records);
+        match record {
+            Ok(memgap_trace::records::Record::Events(piece)) => read_events(piece.records),
+            Ok(memgap_trace::records::Record::CompactEvents(piece)) => read_compact_events(piece.records),
+            _ => {}
         }
     }
 }
@@ -36,6 +38,14 @@ fn read_events(bytes: &[u8]) {
     let mut state = DeltaState::default();
     let mut frames = Vec::new();
     while !cursor.is_empty() && decode_with_stack(&mut state, &mut cursor, &mut frames).is_ok() {
+        assert!(frames.len() as u64 <= memgap_trace::event::MAX_FRAMES);
+    }
+}
+
+fn read_compact_events(bytes: &[u8]) {
+    use memgap_trace::compact::{CompactState, decode_into};
+    let (mut state, mut cursor, mut frames) = (CompactState::default(), Cursor::new(bytes), Vec::new());
+    while !cursor.is_empty() && decode_into(&mut state, &mut cursor, &mut frames, &mut memgap_trace::Event::default()).is_ok() {
         assert!(frames.len() as u64 <= memgap_trace::event::MAX_FRAMES);
     }
 }
@@ -114,5 +124,6 @@ proptest! {
     #[test]
     fn events_of_arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
         read_events(&bytes);
+        read_compact_events(&bytes);
     }
 }

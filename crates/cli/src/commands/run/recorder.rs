@@ -22,8 +22,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use memgap_attach::residency::monotonic_ns;
+use memgap_trace::compact;
+use memgap_trace::event::DeltaState;
 use memgap_trace::framing::{self, FileHeader};
-use memgap_trace::records::{Clock, End, EndReason, Record, Records, Residency, Rss, Snapshot, SnapshotReason, Thread};
+use memgap_trace::records::{Clock, CompactEventsPiece, End, EndReason, Record, Records, Residency, Rss, Snapshot, SnapshotReason, Thread};
 use memgap_trace::shared::{self, Area, CHUNK_DATA, CHUNK_FREE, Header, SLOT_FREE, SLOT_LIVE};
 
 use super::placement::Placer;
@@ -498,6 +500,12 @@ struct ProcessRecorder {
     raw: Vec<u8>,
     framed: Vec<u8>,
     encoder: framing::ChunkEncoder,
+    /// The agent's delta state in each chunk of the area, by chunk index
+    /// (None: the chunk's records stopped decoding).
+    agent_deltas: Vec<Option<DeltaState>>,
+    /// One piece re-encoded, and the frames of a stack it defines.
+    compact: Vec<u8>,
+    frames: Vec<u64>,
     last_flush_ns: u64,
     slots: Vec<SlotState>,
     records_head: Option<u32>,
@@ -554,6 +562,9 @@ impl ProcessRecorder {
             raw: Vec::with_capacity(FLUSH_BYTES + 128 * 1024),
             framed: Vec::new(),
             encoder: framing::ChunkEncoder::default(),
+            agent_deltas: Vec::new(),
+            compact: Vec::new(),
+            frames: Vec::new(),
             last_flush_ns: now,
             slots: vec![SlotState::default(); shared::THREAD_SLOTS],
             records_head: None,
@@ -843,12 +854,38 @@ impl ProcessRecorder {
         // SAFETY: as in `drain_records`: committed bytes of a chunk below the capacity.
         let bytes = unsafe { std::slice::from_raw_parts(area.chunk_data(index).add(emitted as usize), (len - emitted) as usize) };
         let (thread, tid, seq) = (chunk.thread.load(Relaxed), chunk.tid.load(Relaxed), chunk.seq.load(Relaxed));
-        Record::encode_events(&mut self.raw, thread, tid, seq, emitted, bytes);
+        self.transcode(index, thread, tid, seq, emitted, bytes);
         chunk.emitted.store(len, Relaxed);
         // A thread may have filled many buffers since the last round; a
         // chunk must stay under the readers' limit (16 MiB).
         if self.raw.len() >= FLUSH_BYTES {
             self.flush();
+        }
+    }
+
+    /// Re-encodes the agent's records `bytes`, at `emitted` in the
+    /// buffer `seq` that chunk `index` holds, in the trace's compact
+    /// encoding. The agent's delta state goes on from the chunk's last
+    /// piece; after a record that does not decode (a program that wrote
+    /// over its area), nothing more of the chunk is written: a reader finds
+    /// the gap.
+    fn transcode(&mut self, index: u32, thread: u32, tid: u32, seq: u32, emitted: u32, bytes: &[u8]) {
+        let index = index as usize;
+        if self.agent_deltas.len() <= index {
+            self.agent_deltas.resize(index + 1, None);
+        }
+        if emitted == 0 {
+            self.agent_deltas[index] = Some(DeltaState::default());
+        }
+        let Some(agent) = self.agent_deltas[index].as_mut() else { return };
+        self.compact.clear();
+        let taken = compact::transcode(agent, bytes, &mut self.compact, &mut self.frames);
+        if taken < bytes.len() {
+            self.agent_deltas[index] = None;
+        }
+        if taken > 0 {
+            let piece = CompactEventsPiece { thread, tid, buffer: seq, offset: emitted, source_len: taken as u32, records: &self.compact };
+            Record::CompactEvents(piece).encode(&mut self.raw);
         }
     }
 
