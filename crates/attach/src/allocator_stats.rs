@@ -2,7 +2,9 @@
 //! tcmalloc, mimalloc, statically or as a library), read by making the
 //! process call the allocator's own introspection, as `memgap trim` calls
 //! malloc_trim: jemalloc's `mallctl` (an `epoch` refresh, then `stats.*`),
-//! tcmalloc's `MallocExtension_GetNumericProperty`. The strings and result
+//! tcmalloc's `MallocExtension_GetNumericProperty`, mimalloc's
+//! `mi_process_info` (the one figure a release build of mimalloc keeps
+//! without MI_STAT: the bytes it has committed). The strings and result
 //! words of each call sit in a scratch area below the stopped thread's red
 //! zone; one thread is held for all the calls, then let go.
 //!
@@ -50,6 +52,8 @@ pub struct LinkedAllocator {
     mallctl: Option<u64>,
     /// tcmalloc's `MallocExtension_GetNumericProperty`.
     numeric_property: Option<u64>,
+    /// mimalloc's `mi_process_info`.
+    process_info: Option<u64>,
     /// The allocator's code, from its lowest function to the end of its highest.
     code: (u64, u64),
 }
@@ -65,6 +69,7 @@ pub struct AllocatorSymbols {
     pub name: &'static str,
     pub mallctl: Option<u64>,
     pub numeric_property: Option<u64>,
+    pub process_info: Option<u64>,
     /// From its lowest function to the end of its highest.
     pub code: (u64, u64),
 }
@@ -95,19 +100,25 @@ pub fn allocator_in(data: &[u8], base: u64) -> Option<AllocatorSymbols> {
         let (Some(mallctl), Some(_)) = (find(&format!("{prefix}mallctl")), find(&format!("{prefix}mallctlnametomib"))) else { continue };
         let private = format!("{prefix}je_");
         let code = range(&|n: &str| n.starts_with(&private) || (!prefix.is_empty() && n.starts_with(prefix)) || n.starts_with("je_"));
-        return Some(AllocatorSymbols { name: "jemalloc", mallctl: Some(mallctl), numeric_property: None, code });
+        return Some(AllocatorSymbols { name: "jemalloc", mallctl: Some(mallctl), numeric_property: None, process_info: None, code });
     }
     if let Some(numeric) = find("MallocExtension_GetNumericProperty") {
         let code = range(&|n: &str| n.contains("tcmalloc") || n.starts_with("tc_") || n.contains("MallocExtension"));
-        return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: Some(numeric), code });
+        return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: Some(numeric), process_info: None, code });
     }
     if find("tc_malloc").is_some() {
         let code = range(&|n: &str| n.contains("tcmalloc") || n.starts_with("tc_"));
-        return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: None, code });
+        return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: None, process_info: None, code });
     }
     if find("mi_malloc").is_some() && (find("mi_stats_merge").is_some() || find("mi_process_info").is_some()) {
         let code = range(&|n: &str| n.starts_with("mi_") || n.starts_with("_mi_"));
-        return Some(AllocatorSymbols { name: "mimalloc", mallctl: None, numeric_property: None, code });
+        return Some(AllocatorSymbols {
+            name: "mimalloc",
+            mallctl: None,
+            numeric_property: None,
+            process_info: find("mi_process_info"),
+            code,
+        });
     }
     None
 }
@@ -137,18 +148,27 @@ pub fn linked_allocator(pid: u32, mappings: &[Mapping]) -> Option<LinkedAllocato
     for mapping in objects {
         let Ok(data) = open_mapped(pid, mapping) else { continue };
         let Some(base) = load_base(&data, mapping) else { continue };
-        if let Some(AllocatorSymbols { name, mallctl, numeric_property, code }) = allocator_in(&data, base) {
+        if let Some(AllocatorSymbols { name, mallctl, numeric_property, process_info, code }) = allocator_in(&data, base) {
             let statically_linked = exe.as_deref() == Some(mapping.name.trim_end_matches(" (deleted)"));
-            return Some(LinkedAllocator { name, file: mapping.name.clone(), statically_linked, mallctl, numeric_property, code });
+            return Some(LinkedAllocator {
+                name,
+                file: mapping.name.clone(),
+                statically_linked,
+                mallctl,
+                numeric_property,
+                process_info,
+                code,
+            });
         }
     }
     None
 }
 
 /// Makes process `pid` report `allocator`'s statistics. `Ok(None)`: this
-/// allocator has no introspection call memgap knows (mimalloc).
+/// allocator has no introspection call memgap knows (a mimalloc whose
+/// `mi_process_info` the linker left out).
 pub fn read_stats(pid: u32, allocator: &LinkedAllocator, mappings: &[Mapping]) -> Result<Option<AllocatorStats>, AttachError> {
-    if allocator.mallctl.is_none() && allocator.numeric_property.is_none() {
+    if allocator.mallctl.is_none() && allocator.numeric_property.is_none() && allocator.process_info.is_none() {
         return Ok(None);
     }
     if mappings.iter().any(|m| m.start == 0) {
@@ -195,10 +215,11 @@ fn try_thread(
         stopped.detach()?;
         return Ok(None);
     }
-    let stats = match (allocator.mallctl, allocator.numeric_property) {
-        (Some(mallctl), _) => jemalloc_stats(&mut stopped, mallctl),
-        (None, Some(property)) => tcmalloc_stats(&mut stopped, property),
-        (None, None) => Ok(AllocatorStats::default()),
+    let stats = match (allocator.mallctl, allocator.numeric_property, allocator.process_info) {
+        (Some(mallctl), ..) => jemalloc_stats(&mut stopped, mallctl),
+        (None, Some(property), _) => tcmalloc_stats(&mut stopped, property),
+        (None, None, Some(process_info)) => mimalloc_stats(&mut stopped, process_info),
+        (None, None, None) => Ok(AllocatorStats::default()),
     };
     let detached = stopped.detach();
     let mut stats = stats?;
@@ -320,6 +341,22 @@ fn tcmalloc_stats(thread: &mut StoppedThread, function: u64) -> Result<Allocator
         mapped_bytes: heap_size,
         ..AllocatorStats::default()
     })
+}
+
+/// mimalloc's `mi_process_info(elapsed, user, system, current_rss, peak_rss,
+/// current_commit, peak_commit, page_faults)`, every pointer but
+/// `current_commit` NULL (it skips those; the last two go on the stack).
+/// That figure is its `_mi_stats_main.committed`, which mimalloc keeps in
+/// every build: its OS layer counts each commit and decommit there, not in
+/// a thread's own statistics. Its RSS figures are the kernel's (or, on
+/// Linux, the commit again), so they are not asked for.
+fn mimalloc_stats(thread: &mut StoppedThread, function: u64) -> Result<AllocatorStats, AttachError> {
+    // A sentinel: a mimalloc that did not write it left the figure out.
+    let mut scratch = [0xffu8; 8];
+    let arguments = |base: u64| vec![0, 0, 0, 0, 0, base, 0, 0];
+    remote_call::call_with_scratch(thread, function, &mut scratch, &arguments, PATIENCE, &never_abandon)?;
+    let committed = Some(word_at(&scratch, 0)).filter(|&w| w != u64::MAX);
+    Ok(AllocatorStats { mapped_bytes: committed, ..AllocatorStats::default() })
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@ use crate::tracee::{Stop, StoppedThread};
 const RED_ZONE: u64 = 128;
 /// The direction flag, which the ABI wants clear at a call.
 const DIRECTION_FLAG: u64 = 1 << 10;
+/// Arguments past the sixth go on the stack; the call's frame leaves room
+/// for this many between the return address and what the thread uses.
+pub const STACK_ARGUMENTS: usize = 8;
 
 /// What a call gave back.
 #[derive(Debug, Clone, Copy)]
@@ -27,7 +30,8 @@ pub struct Returned {
     pub duration: Duration,
 }
 
-/// Calls `function(arguments…)` (at most six, in registers) on `thread`.
+/// Calls `function(arguments…)` on `thread`: the first six in registers,
+/// up to [`STACK_ARGUMENTS`] more on the stack above the return address.
 /// If it has not returned after `patience`, asks `can_abandon` (with the
 /// thread stopped) whether leaving it there is harmless; if so, gives up,
 /// otherwise waits again. The thread's state is restored on every path
@@ -101,20 +105,38 @@ fn call_below(
     patience: Duration,
     can_abandon: &dyn Fn(&StoppedThread, &user_regs_struct) -> bool,
 ) -> Result<Returned, AttachError> {
-    if arguments.len() > 6 {
-        return Err(AttachError::Failed(format!("a call with {} arguments: at most six are passed in registers", arguments.len())));
+    let (in_registers, on_stack) = arguments.split_at(arguments.len().min(6));
+    if on_stack.len() > STACK_ARGUMENTS {
+        return Err(AttachError::Failed(format!("a call with {} arguments: at most {} are passed", arguments.len(), 6 + STACK_ARGUMENTS)));
     }
     let saved_vector = thread.extended_state()?;
     // At a function's first instruction rsp + 8 is 16-aligned: the slot at
-    // rsp holds the return address.
+    // rsp holds the return address, the seventh argument is at rsp + 8.
     let return_slot = ((lowest_in_use - 256) & !15) - 8;
-    let saved_word =
-        thread.read_word(return_slot).ok_or_else(|| AttachError::Failed(format!("cannot read the stack of thread {}", thread.tid)))?;
-    thread.write_word(return_slot, 0)?;
+    let frame: Vec<u64> = std::iter::once(0).chain(on_stack.iter().copied()).collect();
+    let mut saved_words = Vec::with_capacity(frame.len());
+    for i in 0..frame.len() as u64 {
+        let word = thread
+            .read_word(return_slot + i * 8)
+            .ok_or_else(|| AttachError::Failed(format!("cannot read the stack of thread {}", thread.tid)))?;
+        saved_words.push(word);
+    }
+    let put_back = |thread: &StoppedThread| -> Result<(), AttachError> {
+        for (i, &word) in saved_words.iter().enumerate() {
+            thread.write_word(return_slot + i as u64 * 8, word)?;
+        }
+        Ok(())
+    };
+    for (i, &word) in frame.iter().enumerate() {
+        if let Err(e) = thread.write_word(return_slot + i as u64 * 8, word) {
+            put_back(thread)?;
+            return Err(e);
+        }
+    }
     let mut regs = saved;
     regs.rip = function;
     let registers = [&mut regs.rdi, &mut regs.rsi, &mut regs.rdx, &mut regs.rcx, &mut regs.r8, &mut regs.r9];
-    for (register, &value) in registers.into_iter().zip(arguments) {
+    for (register, &value) in registers.into_iter().zip(in_registers) {
         *register = value;
     }
     regs.rsp = return_slot;
@@ -129,10 +151,7 @@ fn call_below(
         return Err(ended());
     }
     // Put everything back, whatever happened.
-    let restored = thread
-        .set_registers(saved)
-        .and_then(|()| thread.set_extended_state(&saved_vector))
-        .and_then(|()| thread.write_word(return_slot, saved_word));
+    let restored = thread.set_registers(saved).and_then(|()| thread.set_extended_state(&saved_vector)).and_then(|()| put_back(thread));
     let value = outcome.map_err(|e| match e {
         CallError::Failed(e) => e,
         CallError::Abandoned => AttachError::Failed(format!(

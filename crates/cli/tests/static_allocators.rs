@@ -147,3 +147,45 @@ fn snapshot_asks_preloaded_jemalloc_and_tcmalloc_for_their_figures() {
         assert_ne!(std::fs::read_to_string(&counter).unwrap_or_default(), before, "{name}: the program stopped");
     }
 }
+
+/// mimalloc preloaded (Debian's libmimalloc.so.2): a release build counts
+/// only what it commits, which `memgap snapshot PID` reads through its
+/// `mi_process_info` (eight arguments: two of them on the stack). The truth
+/// is the program's own call of it (the figure mi_stats_print shows as
+/// `committed`), made just before it idles; the rows that figure cannot
+/// split stay unknown, and the process runs on.
+#[test]
+fn snapshot_reads_preloaded_mimallocs_committed_bytes_and_names_the_rows_it_cannot_split() {
+    let library = Path::new(ALLOCATOR_DIR).join("libmimalloc.so.2");
+    if !library.exists() {
+        eprintln!("{} is not installed (.ci/run installs it); skipped", library.display());
+        return;
+    }
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "mimalloc_commit.c");
+    let counter = dir.join("counter");
+    let target = Background::start(command(arg(&exe), ["24", arg(&counter)]).env("LD_PRELOAD", &library), 2);
+    let committed = target.printed("committed");
+    assert!(committed >= 40 << 20, "mimalloc says it committed only {committed} bytes");
+    let out = memgap(&dir, &["snapshot", &target.pid.to_string(), "--json"]);
+    assert!(out.status.success(), "memgap snapshot failed: {}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("snapshot JSON");
+    assert_eq!((json["allocator"].as_str(), json["allocator_statically_linked"].as_bool()), (Some("mimalloc"), Some(false)), "{json:#}");
+    assert!(json["allocator_stats_error"].is_null(), "{json:#}");
+    let stats = &json["allocator_stats"];
+    let read = stats["mapped_bytes"].as_u64().unwrap_or_else(|| panic!("no mapped_bytes (mimalloc's committed): {json:#}"));
+    // The program idles (its counter's FILE may take a page of mimalloc's).
+    assert!(read.abs_diff(committed) <= committed / 100, "committed {read} read from outside, {committed} by the program");
+    // Committed pages need not be resident (half of the 40 MiB block was
+    // never touched): the heap the kernel charges stays below the figure.
+    let heap = json["rows"]["heap"].as_u64().unwrap();
+    assert!(heap > 24 << 20 && heap <= read + (2 << 20), "heap row {heap}, mimalloc committed {read}");
+    // No row comes from a commit count: all four stay unknown, unsplit.
+    assert!(stats["allocated_bytes"].is_null() && json.get("allocator_rows").is_none(), "{json:#}");
+    assert_eq!(json["unknown_rows"], serde_json::json!(["live", "slack", "fragmented", "retained"]));
+    let before = std::fs::read_to_string(&counter).unwrap_or_default();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_ne!(std::fs::read_to_string(&counter).unwrap_or_default(), before, "the program stopped");
+    let human = text(&memgap(&dir, &["snapshot", &target.pid.to_string()]).stdout);
+    assert!(human.contains("mimalloc's own statistics") && human.contains("committed") && human.contains("not known"), "{human}");
+}

@@ -186,7 +186,7 @@ pub struct ProcessLedger {
     /// The allocator is linked into the executable (no libc malloc serves the program).
     pub allocator_statically_linked: bool,
     /// The allocator's own figures (jemalloc's mallctl, tcmalloc's
-    /// MallocExtension), when it gives them.
+    /// MallocExtension, mimalloc's mi_process_info), when it gives them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_stats: Option<AllocatorStats>,
     /// The heap row split by those figures: `unknown_rows` then lists only
@@ -409,6 +409,12 @@ fn split_by_allocator_stats(ledger: &mut ProcessLedger, reading: &ProcfsReading)
     ledger.allocator_statically_linked = reading.allocator_statically_linked;
     ledger.allocator_stats_error = reading.allocator_stats_error.clone();
     let Some(stats) = &reading.allocator_stats else { return };
+    ledger.allocator_stats = Some(stats.clone());
+    // Figures that give no live bytes (mimalloc's committed) split nothing:
+    // shown beside the rows, which stay unknown.
+    if !stats.knows_live() {
+        return;
+    }
     let split = stats.rows(ledger.rows.heap, 0);
     let r = split.rows;
     ledger.allocator_rows = Some(AllocatorRows {
@@ -419,7 +425,6 @@ fn split_by_allocator_stats(ledger: &mut ProcessLedger, reading: &ProcfsReading)
         unaccounted: split.unaccounted,
     });
     ledger.unknown_rows = stats.unknown_rows();
-    ledger.allocator_stats = Some(stats.clone());
 }
 
 /// The group of one mapping: "heap", "stack", "file", "shmem", "static
@@ -570,6 +575,22 @@ mod tests {
         r.allocator = "jemalloc".into();
         let l = outside_ledger(&r);
         assert_eq!((l.arenas, l.heaps[0].kind), (0, HeapKind::Mappings));
+    }
+
+    #[test]
+    fn committed_bytes_alone_split_no_row() {
+        let maps = vec![map(0x7f00_0000_0000, 0x7f00_0200_0000, "rw-p", "", 0, 20 * MIB)];
+        let mut r = reading(maps, 20 * MIB);
+        r.allocator = "mimalloc".into();
+        r.allocator_stats =
+            Some(AllocatorStats { allocator: "mimalloc".into(), mapped_bytes: Some(32 * MIB), ..AllocatorStats::default() });
+        let l = outside_ledger(&r);
+        assert_eq!(l.allocator_stats.as_ref().and_then(|s| s.committed_only()), Some(32 * MIB));
+        assert_eq!((l.allocator_rows, l.rows.heap), (None, 20 * MIB));
+        assert_eq!(l.unknown_rows, UNKNOWN_ROWS);
+        let json = serde_json::to_value(&l).unwrap();
+        assert_eq!(json["allocator_stats"]["mapped_bytes"], 32 * MIB);
+        assert!(json.get("allocator_rows").is_none(), "{json:#}");
     }
 
     #[test]

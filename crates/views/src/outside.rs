@@ -69,6 +69,10 @@ pub fn snapshot(l: &ProcessLedger) -> String {
         out.push_str(&crate::ledger::rows_table(&rows, l.rss_bytes, 0));
         let _ = writeln!(out, "  {}: not known from its statistics (no per-block view without hooked calls).", l.unknown_rows.join(", "));
     } else {
+        if let Some(line) = committed_line(l) {
+            let _ = writeln!(out);
+            let _ = writeln!(out, "  {line}");
+        }
         let _ = writeln!(out, "  {}: not known without a recording (they make up the heap row).", l.unknown_rows.join(", "));
     }
     if let Some(why) = &l.walk_failure {
@@ -141,6 +145,20 @@ pub fn verdict(l: &ProcessLedger) -> String {
         Some(ledger) => crate::verdict::of(ledger),
         None => heap_verdict(l),
     }
+}
+
+/// What an allocator that counts only its committed bytes (mimalloc's
+/// release builds) says, beside the heap row it cannot split.
+fn committed_line(l: &ProcessLedger) -> Option<String> {
+    let committed = l.allocator_stats.as_ref()?.committed_only()?;
+    let b = memgap_model::human_bytes;
+    Some(format!(
+        "{}'s own statistics: {} committed (mapped_bytes), against a heap row of {} resident. It counts no live or free \
+         bytes (a release build keeps only its commit count): committed pages need not be resident, and no row comes from it.",
+        l.allocator,
+        b(committed),
+        b(l.heap_bytes)
+    ))
 }
 
 fn heap_verdict(l: &ProcessLedger) -> String {

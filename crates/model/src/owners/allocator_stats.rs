@@ -2,7 +2,8 @@
 //! statically into the program (Rust's `tikv-jemallocator` and `mimalloc`
 //! crates, C++ services with tcmalloc), whose calls never reach the agent.
 //! Its figures are read inside the process (jemalloc's `mallctl`,
-//! tcmalloc's `MallocExtension_GetNumericProperty`), by `memgap run` at each
+//! tcmalloc's `MallocExtension_GetNumericProperty`, mimalloc's
+//! `mi_process_info`), by `memgap run` at each
 //! snapshot (a METRICS record) and by `memgap snapshot PID`; each fills the
 //! rows it can, and a figure the allocator does not give stays unknown.
 //!
@@ -11,7 +12,8 @@
 //! regions on pages holding live ones), runtime = the allocator's metadata,
 //! retained = dirty pages (freed, still resident), lazy_free = smaps
 //! LazyFree (jemalloc's muzzy pages). No per-block view (slack, blame):
-//! there are no calls to hook.
+//! there are no calls to hook. A release build of mimalloc counts only the
+//! bytes it has committed: a figure shown beside the rows, which it cannot split.
 
 use memgap_trace::records::Metrics;
 use serde::{Deserialize, Serialize};
@@ -44,7 +46,8 @@ pub struct AllocatorStats {
     /// tcmalloc `tcmalloc.pageheap_unmapped_bytes`).
     pub retained_bytes: Option<u64>,
     /// Bytes in extents mapped for the heap (jemalloc `stats.mapped`,
-    /// tcmalloc `generic.heap_size`).
+    /// tcmalloc `generic.heap_size`, mimalloc's committed bytes, resident
+    /// or not: the one figure a release build of mimalloc keeps).
     pub mapped_bytes: Option<u64>,
     pub arenas: Option<u64>,
     /// Per arena (jemalloc): index, dirty and muzzy bytes.
@@ -145,6 +148,16 @@ impl AllocatorStats {
         self.allocated_bytes.is_some()
     }
 
+    /// The bytes the allocator has committed, when that is all its figures
+    /// say (mimalloc): pages committed need not be resident, so they split
+    /// no row.
+    pub fn committed_only(&self) -> Option<u64> {
+        if self.knows_live() || self.active_bytes.is_some() || self.dirty_bytes.is_some() {
+            return None;
+        }
+        self.mapped_bytes
+    }
+
     /// The ledger rows these figures fill and those they leave unknown.
     pub fn unknown_rows(&self) -> Vec<&'static str> {
         let mut unknown = vec!["slack"];
@@ -210,7 +223,10 @@ pub fn attach(ledger: &mut Ledger, stats: &AllocatorStats, owner: &'static str) 
         rows: split.rows,
         released_bytes: stats.retained_bytes.unwrap_or(0),
         estimated: Some(format!(
-            "from {owner}'s own statistics (linked into the program, no hooked calls): {} not known",
+            "from {owner}'s own statistics (linked into the program, no hooked calls){}: {} not known",
+            stats
+                .committed_only()
+                .map_or(String::new(), |c| format!(", which count only the bytes it committed ({})", crate::human_bytes(c))),
             stats.unknown_rows().join(", ")
         )),
     });
@@ -256,6 +272,8 @@ mod tests {
         assert_eq!(AllocatorStats::from_metrics(&m, "tcmalloc"), None);
         let partial = AllocatorStats { allocator: "mimalloc".into(), ..AllocatorStats::default() };
         assert_eq!(AllocatorStats::from_metrics(&partial.to_metrics(1), "mimalloc"), Some(partial));
+        let committed = AllocatorStats { allocator: "mimalloc".into(), mapped_bytes: Some(32 * MIB), ..AllocatorStats::default() };
+        assert_eq!(AllocatorStats::from_metrics(&committed.to_metrics(1), "mimalloc"), Some(committed));
     }
 
     #[test]
@@ -281,5 +299,11 @@ mod tests {
         let commit_only = AllocatorStats { allocator: "mimalloc".into(), resident_bytes: Some(MIB), ..AllocatorStats::default() };
         assert_eq!(commit_only.unknown_rows(), ["slack", "live", "fragmented", "retained"]);
         assert_eq!(commit_only.rows(MIB, 0).unaccounted, MIB);
+        // mimalloc's committed bytes fill no row: committed pages need not be resident.
+        let mimalloc = AllocatorStats { allocator: "mimalloc".into(), mapped_bytes: Some(32 * MIB), ..AllocatorStats::default() };
+        assert_eq!((mimalloc.knows_live(), mimalloc.committed_only()), (false, Some(32 * MIB)));
+        assert_eq!(mimalloc.unknown_rows(), ["slack", "live", "fragmented", "retained"]);
+        assert_eq!(mimalloc.rows(20 * MIB, 0), StatsRows { rows: Rows::default(), unaccounted: 20 * MIB });
+        assert_eq!(jemalloc().committed_only(), None);
     }
 }
