@@ -13,7 +13,7 @@ use memgap_trace::records::{Mapping, SnapshotReason};
 
 use crate::error::AttachError;
 use crate::glibc_state::{self, GlibcState};
-use crate::glibc_walk::{self, MP_SBRK_BASE, WalkInput};
+use crate::glibc_walk::{self, MP_SBRK_BASE, STATE_SIZE, WalkInput};
 use crate::libc_image::{LibcImage, Whereabouts};
 use crate::remote_memory::{Memory, ProcessMemory};
 use crate::tracee::StoppedThread;
@@ -36,6 +36,11 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
         return Err(AttachError::Failed(why.clone()));
     }
     let libc = LibcImage::load(pid, &mappings)?;
+    if let Ok(state) = &located
+        && let Some(heap) = read_optimistically(pid, &memory, state, &libc)?
+    {
+        return Ok(heap);
+    }
     let mut last_failure = String::new();
     for attempt in 1..=ATTEMPTS {
         if attempt > 1 {
@@ -85,6 +90,86 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
         }
     }
     Err(AttachError::Failed(format!("the heap kept changing under the walk, {ATTEMPTS} tries ({last_failure})")))
+}
+
+/// Reads the heap while the process runs, then stops it only to check that
+/// nothing the walk read was written meanwhile: the kernel's soft-dirty bit
+/// of every page of the walked heaps and of the pages holding main_arena and
+/// mp_ (cleared before the walk), the list of mappings (an mmapped chunk
+/// freed or made), and no thread inside malloc. The stop then lasts as long
+/// as reading 8 bytes of /proc/PID/pagemap per heap page. `None`: the state
+/// changed [`OPTIMISTIC_TRIES`] times, or the kernel keeps no soft-dirty
+/// bits; the caller reads it stopped.
+fn read_optimistically(pid: u32, memory: &ProcessMemory, state: &GlibcState, libc: &LibcImage) -> Result<Option<WalkedHeap>, AttachError> {
+    let located = Ok(state.clone());
+    for attempt in 1..=OPTIMISTIC_TRIES {
+        if !clear_soft_dirty(pid) {
+            return Ok(None);
+        }
+        let maps_before = std::fs::read(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let Ok(mut heap) = read_stopped(pid, memory, &located, &[]) else { continue };
+        let started = Instant::now();
+        let threads = StoppedThread::stop_all(pid)?;
+        if threads.is_empty() {
+            return Err(gone(pid));
+        }
+        let mut stack_pointers = Vec::new();
+        let mut inside = false;
+        for thread in &threads {
+            let Ok(regs) = thread.registers() else { continue };
+            stack_pointers.push(regs.rsp);
+            inside |= libc.whereabouts(regs.rip, regs.rsp, regs.rbp, |at| thread.read_word(at)) == Whereabouts::InAllocator;
+        }
+        let mut pages: Vec<(u64, u64)> = heap.arenas.iter().flat_map(|a| a.heaps.iter().copied()).collect();
+        pages.push((state.main_arena, state.main_arena + STATE_SIZE));
+        if let Some(mp) = state.mp {
+            pages.push((mp, mp + 8 * 16));
+        }
+        let unchanged = !inside
+            && std::fs::read(format!("/proc/{pid}/maps")).is_ok_and(|maps| maps == maps_before)
+            && soft_dirty_pages(pid, &pages, heap.snapshot.page_size.max(4096)) == Some(0);
+        drop(threads);
+        let stopped_ns = started.elapsed().as_nanos() as u64;
+        if unchanged {
+            heap.stack_pointers = stack_pointers;
+            heap.stopped_ns = stopped_ns;
+            heap.attempts = attempt;
+            heap.read_bytes = memory.read_bytes.get();
+            heap.optimistic = true;
+            return Ok(Some(heap));
+        }
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(gone(pid));
+        }
+    }
+    Ok(None)
+}
+
+/// Tries of [`read_optimistically`] before the heap is read stopped.
+const OPTIMISTIC_TRIES: u32 = 3;
+
+/// Clears the soft-dirty bits of every page of `pid` (the kernel then sets
+/// a page's bit at its next write). Only bookkeeping: the program sees no
+/// change, but a first write to each page takes a minor fault.
+fn clear_soft_dirty(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "4").is_ok()
+}
+
+/// How many pages of `ranges` were written since the soft-dirty bits were
+/// cleared (pagemap bit 55); `None` if pagemap cannot be read.
+fn soft_dirty_pages(pid: u32, ranges: &[(u64, u64)], page_size: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    const SOFT_DIRTY: u64 = 1 << 55;
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).ok()?;
+    let mut dirty = 0;
+    let mut buffer = Vec::new();
+    for &(start, end) in ranges {
+        let (first, last) = (start / page_size, end.div_ceil(page_size));
+        buffer.resize(((last - first) * 8) as usize, 0);
+        pagemap.read_exact_at(&mut buffer, first * 8).ok()?;
+        dirty += buffer.chunks_exact(8).filter(|e| u64::from_le_bytes((*e).try_into().unwrap_or([0; 8])) & SOFT_DIRTY != 0).count() as u64;
+    }
+    Some(dirty)
 }
 
 fn gone(pid: u32) -> AttachError {

@@ -91,6 +91,8 @@ fn agrees_with_recording_and_trim(mode: &[&str]) {
     let recorded = recorded(&dir, &exe, mode);
     let idle = Idle::start(&exe, mode, &[]);
     let json = snapshot(&dir, idle.pid, &[]);
+    // An idle heap is read while the program runs; the stop only checks it.
+    assert_eq!(json["walk"]["read_while"], "running, checked stopped", "{:#}", json["walk"]);
     assert_eq!(json["unknown_rows"], serde_json::json!([]), "walk failed: {}", json["walk_failure"]);
     let rows = &json["rows"];
     let rss = u(&json, "rss_bytes");
@@ -163,6 +165,10 @@ fn snapshots_of_threads_in_heavy_malloc() {
     let (mut walked, mut failures) = (0, Vec::new());
     for _ in 0..50 {
         let json = snapshot(&dir, busy.pid, &[]);
+        // Never left stopped or traced, whichever way the heap was read.
+        let state = proc_status(busy.pid, "State").unwrap_or_default();
+        assert!(!state.starts_with('t') && !state.starts_with('T'), "left {state}");
+        assert_eq!(proc_status(busy.pid, "TracerPid").as_deref(), Some("0"));
         let rss = u(&json, "rss_bytes");
         let rows = &json["rows"];
         let sum: u64 = ["heap", "lazy_free", "runtime", "other"].iter().map(|r| u(rows, r)).sum();

@@ -63,6 +63,9 @@ pub struct WalkedHeap {
     pub attempts: u32,
     /// Bytes of the process's memory read.
     pub read_bytes: u64,
+    /// Read while the process ran, the stop only checking that nothing
+    /// the walk read was written meanwhile.
+    pub optimistic: bool,
 }
 
 /// How the walk went, beside the ledger in `memgap snapshot --json`.
@@ -83,6 +86,8 @@ pub struct WalkSummary {
     /// Stop time per GiB of heap walked.
     pub stopped_ms_per_gib: f64,
     pub attempts: u32,
+    /// "while running, checked stopped" or "stopped".
+    pub read_while: &'static str,
 }
 
 impl WalkedHeap {
@@ -103,6 +108,7 @@ impl WalkedHeap {
             stopped_ms,
             stopped_ms_per_gib: stopped_ms / (heap_bytes.max(1) as f64 / (1u64 << 30) as f64),
             attempts: self.attempts,
+            read_while: if self.optimistic { "running, checked stopped" } else { "stopped" },
         }
     }
 }
