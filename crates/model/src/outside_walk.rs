@@ -201,6 +201,7 @@ impl WalkedHeap {
             ("stopped_ns", self.stopped_ns),
             ("attempts", u64::from(self.attempts)),
             ("read_bytes", self.read_bytes),
+            ("read_running", u64::from(self.optimistic)),
         ] {
             put(name.into(), value);
         }
@@ -284,6 +285,7 @@ impl WalkedHeap {
                     "stopped_ns" => walk.stopped_ns = value,
                     "attempts" => walk.attempts = value.min(u64::from(u32::MAX)) as u32,
                     "read_bytes" => walk.read_bytes = value,
+                    "read_running" => walk.optimistic = value != 0,
                     _ => {}
                 }
             }
@@ -335,6 +337,7 @@ mod tests {
             stopped_ns: 9_000_000,
             attempts: 2,
             read_bytes: 65536,
+            optimistic: true,
             libc_path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
         };
         let (time, back) = WalkedHeap::from_metrics(&walk.to_metrics(5)).expect("a walk record");
