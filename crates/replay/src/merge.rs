@@ -232,7 +232,7 @@ impl ThreadQueue {
                 piece.starts_buffer = false;
             }
             if piece.compact && piece.at == 0 {
-                self.compact = CompactState::default();
+                self.compact.reset();
             }
             // One piece's records in one loop: the piece, its cursor and the
             // queue's room are looked up once, not per record.
@@ -821,8 +821,11 @@ mod tests {
         let cut = encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2)]).len();
         let (mut delta, mut frames) = (DeltaState::default(), Vec::new());
         let (mut first, mut second) = (Vec::new(), Vec::new());
-        assert_eq!(compact::transcode(&mut delta, &agent[..cut], &mut first, &mut frames), cut);
-        assert_eq!(compact::transcode(&mut delta, &agent[cut..], &mut second, &mut frames), agent.len() - cut);
+        assert_eq!(compact::transcode(&mut delta, &mut CompactState::default(), &agent[..cut], &mut first, &mut frames), cut);
+        assert_eq!(
+            compact::transcode(&mut delta, &mut CompactState::default(), &agent[cut..], &mut second, &mut frames),
+            agent.len() - cut
+        );
         let piece = |offset: usize, source: usize, records| {
             Record::CompactEvents(CompactEventsPiece {
                 thread: 1,

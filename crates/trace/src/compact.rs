@@ -5,9 +5,9 @@
 //!
 //! A block freed soon after it was allocated, and a block handed out again
 //! soon after it was freed (an allocator's per-thread caches are last in,
-//! first out), are named by a one-byte reference instead of a two- to
-//! five-byte address delta. Every address stays recoverable: a reference
-//! names an earlier event of the same piece.
+//! first out), are named by a one- or two-byte reference instead of an
+//! address delta, when that is no longer. Every address stays recoverable: a
+//! reference names an earlier event of the same piece.
 //!
 //! Each piece decodes on its own (all state starts afresh with it). One record:
 //!
@@ -25,7 +25,7 @@
 //! ```
 
 use crate::event::{self, DeltaState, Event, EventKind, MAX_FRAMES, NO_STACK};
-use crate::varint::{self, Cursor, Malformed, zigzag};
+use crate::varint::{Cursor, Malformed, zigzag};
 
 const KIND_MASK: u8 = 0x0f;
 const SAME_TIME: u8 = 0x10;
@@ -33,49 +33,57 @@ const CPU_CHANGED: u8 = 0x20;
 const HAS_STACK: u8 = 0x40;
 const REFERENCE: u8 = 0x80;
 
-/// How many recent allocations and frees a reference may name: an index
-/// below this takes one varint byte.
-const RECENT: usize = 64;
+/// How many recent allocations and frees a reference may name (part of
+/// the format: readers keep as many). A reference takes at most two varint
+/// bytes.
+const RECENT: usize = 1024;
 
 /// The last [`RECENT`] addresses of one kind of call, newest last.
 #[derive(Clone)]
 struct Recent {
-    addresses: [u64; RECENT],
+    addresses: Box<[u64; RECENT]>,
     /// How many were pushed (the newest is at `(pushed - 1) % RECENT`).
     pushed: usize,
+    /// The encoder's index: by a hash of the address, the push that last
+    /// put an address with that hash (+1; 0: none). A slot two addresses
+    /// share names the later; a lookup is checked against the ring.
+    pushes_by_hash: Box<[u32; INDEX_SLOTS]>,
 }
+
+const INDEX_SLOTS: usize = 4 * RECENT;
 
 impl Default for Recent {
     fn default() -> Self {
-        Recent { addresses: [0; RECENT], pushed: 0 }
+        Recent { addresses: Box::new([0; RECENT]), pushed: 0, pushes_by_hash: Box::new([0; INDEX_SLOTS]) }
     }
 }
 
+/// Blocks are 16-byte aligned: the bits above those, mixed (Fibonacci hashing).
+fn index_slot(address: u64) -> usize {
+    ((address >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - INDEX_SLOTS.trailing_zeros())) as usize
+}
+
 impl Recent {
+    /// Starts afresh, as [`Default`] without giving up the buffers: what
+    /// the index still holds names pushes of the new run only when the ring
+    /// agrees (see `find`).
+    fn clear(&mut self) {
+        self.pushed = 0;
+    }
+
     fn push(&mut self, address: u64) {
         self.addresses[self.pushed % RECENT] = address;
         self.pushed += 1;
+        self.pushes_by_hash[index_slot(address)] = self.pushed as u32;
     }
 
-    /// How many pushes back `address` was pushed last (0: the newest).
+    /// How many pushes back `address` was pushed last (0: the newest),
+    /// when it is among the last [`RECENT`] and the index still names it.
     #[inline]
     fn find(&self, address: u64) -> Option<usize> {
-        // Every slot compared without a branch (the compiler vectorizes
-        // it), then the newest match picked from the mask.
-        let mut matches = 0u64;
-        for (slot, &held) in self.addresses.iter().enumerate() {
-            matches |= u64::from(held == address) << slot;
-        }
-        if self.pushed < RECENT {
-            matches &= (1u64 << self.pushed) - 1;
-        }
-        if matches == 0 {
-            return None;
-        }
-        // Rotated so that the newest slot is the top bit: a match's
-        // back-count is its distance from the top.
-        let newest = (self.pushed - 1) % RECENT;
-        Some(matches.rotate_left((RECENT - 1 - newest) as u32).leading_zeros() as usize)
+        let pushed_as = self.pushes_by_hash[index_slot(address)] as usize;
+        let back = self.pushed.wrapping_sub(pushed_as);
+        (pushed_as != 0 && back < RECENT && self.addresses[(pushed_as - 1) % RECENT] == address).then_some(back)
     }
 
     fn get(&self, back: u64) -> Result<u64, Malformed> {
@@ -87,12 +95,22 @@ impl Recent {
     }
 }
 
-/// The state one piece's encoder and decoder share; a fresh one per piece.
+/// The state one piece's encoder and decoder share; a fresh one (or one
+/// [`reset`](Self::reset)) per piece.
 #[derive(Clone, Default)]
 pub struct CompactState {
     delta: DeltaState,
     allocations: Recent,
     frees: Recent,
+}
+
+impl CompactState {
+    /// As a fresh state, keeping its buffers.
+    pub fn reset(&mut self) {
+        self.delta = DeltaState::default();
+        self.allocations.clear();
+        self.frees.clear();
+    }
 }
 
 /// A block handed out by an allocation whose address may be a reference.
@@ -113,14 +131,36 @@ fn has_alignment(kind: EventKind) -> bool {
     matches!(kind, EventKind::PosixMemalign | EventKind::AlignedAlloc | EventKind::Memalign)
 }
 
+/// A reference `back` takes no more bytes than the address's delta would.
+fn shorter_than_delta(state: &CompactState, back: usize, address: u64) -> bool {
+    varint_len(back as u64) <= varint_len(zigzag(address.wrapping_sub(state.delta.addr) as i64))
+}
+
+fn varint_len(value: u64) -> u32 {
+    (64 - (value | 1).leading_zeros()).div_ceil(7)
+}
+
+/// Appends `value` as a varint; byte by byte, inlined: a call and a copy
+/// per field were most of the recorder's cost per event.
+#[inline(always)]
+fn put(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+#[inline(always)]
 fn push_address(state: &mut CompactState, out: &mut Vec<u8>, value: u64) {
-    varint::push(out, zigzag(value.wrapping_sub(state.delta.addr) as i64));
+    put(out, zigzag(value.wrapping_sub(state.delta.addr) as i64));
     state.delta.addr = value;
 }
 
+#[inline(always)]
 fn push_sizes(out: &mut Vec<u8>, size: u64, usable: u64) {
-    varint::push(out, size);
-    varint::push(out, zigzag(usable.wrapping_sub(usable_guess(size)) as i64));
+    put(out, size);
+    put(out, zigzag(usable.wrapping_sub(usable_guess(size)) as i64));
 }
 
 /// The usable size glibc gives a request of `size` bytes from its heap:
@@ -136,18 +176,20 @@ fn usable_guess(size: u64) -> u64 {
 /// Appends `event` to `out`; `frames` when the event defines its stack id.
 pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames: Option<&[u64]>) {
     let kind = event.kind();
+    // Room for the longest such record: the pushes below then never grow `out`.
+    out.reserve(event::max_record_len(frames.map_or(0, <[u64]>::len)));
     let header_at = out.len();
     out.push(kind as u8);
     let mut header = kind as u8;
     if event.time == state.delta.time {
         header |= SAME_TIME;
     } else {
-        varint::push(out, zigzag(event.time.wrapping_sub(state.delta.time) as i64));
+        put(out, zigzag(event.time.wrapping_sub(state.delta.time) as i64));
         state.delta.time = event.time;
     }
     if event.cpu != state.delta.cpu {
         header |= CPU_CHANGED;
-        varint::push(out, u64::from(event.cpu));
+        put(out, u64::from(event.cpu));
         state.delta.cpu = event.cpu;
     }
     if event.stack != NO_STACK {
@@ -155,10 +197,10 @@ pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames
     }
     match kind {
         EventKind::Free => {
-            match state.allocations.find(event.addr) {
+            match state.allocations.find(event.addr).filter(|&back| shorter_than_delta(state, back, event.addr)) {
                 Some(back) => {
                     header |= REFERENCE;
-                    varint::push(out, back as u64);
+                    put(out, back as u64);
                 }
                 None => push_address(state, out, event.addr),
             }
@@ -166,16 +208,16 @@ pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames
         }
         kind if is_plain_allocation(kind) => {
             // A failed call (address 0) is not a block to refer to later.
-            match state.frees.find(event.addr).filter(|_| event.addr != 0) {
+            match state.frees.find(event.addr).filter(|&back| event.addr != 0 && shorter_than_delta(state, back, event.addr)) {
                 Some(back) => {
                     header |= REFERENCE;
-                    varint::push(out, back as u64);
+                    put(out, back as u64);
                 }
                 None => push_address(state, out, event.addr),
             }
             push_sizes(out, event.size, event.usable);
             if has_alignment(kind) {
-                varint::push(out, event.extra);
+                put(out, event.extra);
             }
             if event.addr != 0 {
                 state.allocations.push(event.addr);
@@ -188,37 +230,37 @@ pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames
         }
         EventKind::Mmap => {
             push_address(state, out, event.addr);
-            varint::push(out, event.size);
-            varint::push(out, event.extra);
+            put(out, event.size);
+            put(out, event.extra);
         }
         EventKind::Munmap => {
             push_address(state, out, event.addr);
-            varint::push(out, event.size);
+            put(out, event.size);
         }
         EventKind::Mremap => {
             push_address(state, out, event.old_addr);
-            varint::push(out, event.extra);
+            put(out, event.extra);
             push_address(state, out, event.addr);
-            varint::push(out, event.size);
+            put(out, event.size);
         }
         EventKind::Brk => {
             push_address(state, out, event.old_addr);
             push_address(state, out, event.addr);
         }
         EventKind::Sbrk => {
-            varint::push(out, zigzag(event.extra as i64));
+            put(out, zigzag(event.extra as i64));
             push_address(state, out, event.addr);
         }
         _ => unreachable!("every other kind is a plain allocation"),
     }
     if event.stack != NO_STACK {
         let defines = frames.is_some();
-        varint::push(out, u64::from(event.stack) << 1 | u64::from(defines));
+        put(out, u64::from(event.stack) << 1 | u64::from(defines));
         if let Some(frames) = frames {
-            varint::push(out, frames.len() as u64);
+            put(out, frames.len() as u64);
             let mut previous = 0u64;
             for &frame in frames {
-                varint::push(out, zigzag(frame.wrapping_sub(previous) as i64));
+                put(out, zigzag(frame.wrapping_sub(previous) as i64));
                 previous = frame;
             }
         }
@@ -228,17 +270,23 @@ pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames
 
 /// Re-encodes the agent's records `agent_records` (decoded with the
 /// agent's delta state `agent`, carried from the piece before in the same
-/// buffer) into `out` with a fresh [`CompactState`]. Returns how many
+/// buffer) into `out`, starting `state` afresh. Returns how many
 /// bytes of `agent_records` it took: all of them, or those before the
 /// first record that does not decode (the caller drops the rest).
-pub fn transcode(agent: &mut DeltaState, agent_records: &[u8], out: &mut Vec<u8>, frames: &mut Vec<u64>) -> usize {
-    let mut state = CompactState::default();
+pub fn transcode(
+    agent: &mut DeltaState,
+    state: &mut CompactState,
+    agent_records: &[u8],
+    out: &mut Vec<u8>,
+    frames: &mut Vec<u64>,
+) -> usize {
+    state.reset();
     let mut cursor = Cursor::new(agent_records);
     let mut taken = 0;
     while !cursor.is_empty() {
         let mut event = Event::default();
         match event::decode_into(agent, &mut cursor, frames, &mut event) {
-            Ok(defines) => encode(&mut state, out, &event, defines.then_some(&frames[..])),
+            Ok(defines) => encode(state, out, &event, defines.then_some(&frames[..])),
             Err(Malformed) => break,
         }
         taken = cursor.position();
@@ -425,7 +473,7 @@ mod tests {
                 // Where event `cut` starts in the agent's buffer.
                 let end = agent_records(&events[..cut]).len();
                 let mut piece = Vec::new();
-                prop_assert_eq!(transcode(&mut agent, &whole[at..end], &mut piece, &mut frames), end - at);
+                prop_assert_eq!(transcode(&mut agent, &mut CompactState::default(), &whole[at..end], &mut piece, &mut frames), end - at);
                 decoded.extend(decode_all(&piece).unwrap());
                 prop_assert_eq!(&decoded[..], &events[..cut], "from {}", from);
                 (at, from) = (end, cut);
@@ -474,6 +522,35 @@ mod tests {
         assert_eq!(decoded, events);
     }
 
+    /// A piece longer than the rings: references near and far, found
+    /// through the encoder's index or not, after the rings wrapped.
+    #[test]
+    fn long_pieces_round_trip_across_the_rings_wrapping() {
+        let mut rng = 3u64;
+        let mut live: Vec<u64> = Vec::new();
+        let mut events = Vec::new();
+        for i in 0..20_000u64 {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            if live.len() > 2_000 || (!live.is_empty() && rng >> 63 == 1) {
+                let at = (rng >> 20) as usize % live.len();
+                let addr = live.swap_remove(at);
+                events.push((Event { time: i / 7, kind: Some(EventKind::Free), addr, ..Event::default() }, None));
+            } else {
+                let addr = 0x5555_0000_0000 + (rng >> 40) % 4096 * 16;
+                if live.contains(&addr) {
+                    continue;
+                }
+                live.push(addr);
+                let size = (rng >> 8) % 600;
+                events.push((Event { time: i / 7, kind: Some(EventKind::Malloc), addr, size, usable: size + 8, ..Event::default() }, None));
+            }
+        }
+        let mut out = Vec::new();
+        let taken = transcode(&mut DeltaState::default(), &mut CompactState::default(), &agent_records(&events), &mut out, &mut Vec::new());
+        assert_eq!(taken, agent_records(&events).len());
+        assert_eq!(decode_all(&out).unwrap(), events);
+    }
+
     /// A reference beyond what the piece holds, or on a kind that takes
     /// none, is corrupt.
     #[test]
@@ -495,7 +572,7 @@ mod tests {
         records.push(0); // kind 0 is no kind
         records.extend_from_slice(&agent_records(&events));
         let mut out = Vec::new();
-        assert_eq!(transcode(&mut DeltaState::default(), &records, &mut out, &mut Vec::new()), good);
+        assert_eq!(transcode(&mut DeltaState::default(), &mut CompactState::default(), &records, &mut out, &mut Vec::new()), good);
         assert_eq!(decode_all(&out).unwrap(), events);
     }
 }

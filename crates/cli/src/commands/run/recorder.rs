@@ -505,6 +505,7 @@ struct ProcessRecorder {
     agent_deltas: Vec<Option<DeltaState>>,
     /// One piece re-encoded, and the frames of a stack it defines.
     compact: Vec<u8>,
+    compact_state: compact::CompactState,
     frames: Vec<u64>,
     last_flush_ns: u64,
     slots: Vec<SlotState>,
@@ -564,6 +565,7 @@ impl ProcessRecorder {
             encoder: framing::ChunkEncoder::default(),
             agent_deltas: Vec::new(),
             compact: Vec::new(),
+            compact_state: compact::CompactState::default(),
             frames: Vec::new(),
             last_flush_ns: now,
             slots: vec![SlotState::default(); shared::THREAD_SLOTS],
@@ -879,7 +881,7 @@ impl ProcessRecorder {
         }
         let Some(agent) = self.agent_deltas[index].as_mut() else { return };
         self.compact.clear();
-        let taken = compact::transcode(agent, bytes, &mut self.compact, &mut self.frames);
+        let taken = compact::transcode(agent, &mut self.compact_state, bytes, &mut self.compact, &mut self.frames);
         if taken < bytes.len() {
             self.agent_deltas[index] = None;
         }
