@@ -27,8 +27,22 @@ struct Stages {
 
 impl Stages {
     fn start(exe: &Path) -> Stages {
-        let mut child =
-            Command::new(exe).env_remove("LD_PRELOAD").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start watch_stages");
+        Stages::start_preloading(exe, None)
+    }
+
+    /// Started with `library` as its LD_PRELOAD (its malloc), or none.
+    fn start_preloading(exe: &Path, library: Option<&Path>) -> Stages {
+        let mut command = Command::new(exe);
+        match library {
+            Some(library) => command.env("LD_PRELOAD", library),
+            None => command.env_remove("LD_PRELOAD"),
+        };
+        Stages::start_by(command)
+    }
+
+    /// Started by `command` (which runs watch_stages).
+    fn start_by(mut command: Command) -> Stages {
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start watch_stages");
         let stdin = child.stdin.take();
         let lines = lines_of(child.stdout.take().unwrap());
         let first = lines.recv_timeout(TIMEOUT).expect("watch_stages says its pid");
@@ -549,4 +563,133 @@ fn the_trace_of_a_watched_go_program_holds_its_runtimes_accounting() {
     let report = dir.join("go.html");
     let out = memgap(&dir, &["report", arg(&trace), "-o", arg(&report)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// The bytes watch_stages asks malloc for in its first stage, and those it
+/// still holds after its second (one block in four).
+fn watch_stages_requested() -> (u64, u64) {
+    let size = |i: u64| 1024 + i * 37 % 3072;
+    let all: u64 = (0..12000).map(size).sum::<u64>() + 64;
+    let kept: u64 = (0..12000).filter(|i| i % 4 == 0).map(size).sum::<u64>() + 64;
+    (all, kept)
+}
+
+#[test]
+fn a_jemalloc_process_is_watched_by_jemallocs_own_figures() {
+    let library = Path::new(ALLOCATOR_DIR).join("libjemalloc.so.2");
+    assert!(library.is_file(), "{} is missing (apt install libjemalloc2)", library.display());
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start_preloading(&exe, Some(&library));
+    program.next();
+    let trace = dir.join("je.mgt");
+    let mut watch = Watch::start(&dir, &[&program.pid.to_string(), "--interval", "200ms", "-o", arg(&trace)]);
+    watch.lines_about(program.pid, 2);
+    let first = snapshot_json(&dir, program.pid);
+    watch.lines_about(program.pid, 1);
+    program.next();
+    watch.lines_about(program.pid, 2);
+    let second = snapshot_json(&dir, program.pid);
+    watch.lines_about(program.pid, 1);
+    let (status, _, stderr) = watch.stop();
+    assert!(status.success(), "{status}: {stderr}");
+    program.exit();
+
+    // Each stage is in the trace with the rows jemalloc's figures gave `memgap snapshot PID`.
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    let snapshots = timeline["snapshots"].as_array().expect("snapshots");
+    let mut at = 0;
+    let mut matched = Vec::new();
+    for (stage, snapshot) in [&first, &second].into_iter().enumerate() {
+        assert_eq!((snapshot["allocator"].as_str(), &snapshot["allocator_statically_linked"]), (Some("jemalloc"), &Value::Bool(false)));
+        let by_jemalloc = &snapshot["allocator_rows"];
+        let found = snapshots[at..]
+            .iter()
+            .position(|s| ["live", "fragmented", "retained"].iter().all(|row| close(u(&s["rows"], row), u(by_jemalloc, row))))
+            .unwrap_or_else(|| panic!("stage {}: no snapshot after #{at} with rows like {by_jemalloc}: {timeline}", stage + 1));
+        at += found;
+        matched.push(at);
+        at += 1;
+    }
+    // Against what the program asked for: jemalloc rounds each request up
+    // to its size class (at most a quarter more between 1 and 4 KiB).
+    let (all, kept) = watch_stages_requested();
+    for (i, requested) in [all, kept].into_iter().enumerate() {
+        let live = u(&snapshots[matched[i]]["rows"], "live");
+        assert!(live >= requested && live <= requested + requested / 4, "stage {}: live {live}, requested {requested}", i + 1);
+    }
+    let seconds = snapshots[matched[0]]["at_seconds"].as_f64().unwrap();
+    let ledger = json_of(&dir, &["ledger", "--json", "--at", &format!("{seconds:.3}"), arg(&trace)]);
+    assert_eq!(ledger["rows"], snapshots[matched[0]]["rows"]);
+    assert_eq!(ledger["allocator"], "jemalloc", "a preloaded jemalloc is not linked into the program");
+    assert!(ledger["other_breakdown"]["unclassified"].as_u64().unwrap() < MIB, "{}", ledger["other_breakdown"]);
+}
+
+/// `setpriv` arguments that run a command as user nobody.
+const AS_NOBODY: [&str; 4] = ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"];
+
+#[test]
+fn all_watches_the_processes_memgap_may_read_and_skips_the_others() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_tmp, dir) = tempdir();
+    // As root, memgap may read every process: the watch and its target run
+    // as user nobody, to whom this test's processes are not readable (and
+    // so that the watch stops no other process of the machine).
+    let root = proc_status(std::process::id(), "Uid").is_some_and(|uid| uid.split_whitespace().next() == Some("0"));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = compile(&dir, "watch_stages.c");
+    let out_dir = dir.join("traces");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (mut target, mut watch) = if root {
+        let memgap = dir.join("memgap");
+        std::fs::copy(memgap_bin(), &memgap).unwrap();
+        let mut target = Command::new("setpriv");
+        target.args(AS_NOBODY).arg(&exe).env_remove("LD_PRELOAD");
+        let mut watch = Command::new("setpriv");
+        watch.args(AS_NOBODY).arg(&memgap);
+        (target, watch)
+    } else {
+        eprintln!("not root: --all is tested with the processes of other users as those it may not read");
+        let mut target = Command::new(&exe);
+        target.env_remove("LD_PRELOAD");
+        (target, memgap_cmd(&dir, &[]))
+    };
+    target.current_dir(&dir);
+    let mut program = Stages::start_by(target);
+    program.next();
+    let pattern = out_dir.join("all.mgt");
+    let out = output_of(watch.args(["watch", "--all", "--interval", "300ms", "--duration", "1.5s", "-o", arg(&pattern)]).current_dir(&dir));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}: {}", out.status, text(&out.stderr));
+    // The process started here is watched, and its trace has its stage's heap.
+    assert!(stdout.lines().any(|l| l.contains(&format!(" pid={} comm=watch_stages ", program.pid))), "{stdout}");
+    let trace = out_dir.join(format!("all.{}.mgt", program.pid));
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    let snapshots = timeline["snapshots"].as_array().unwrap();
+    assert!(!snapshots.is_empty() && u(&snapshots[0]["rows"], "live") > 25 * MIB, "{timeline}");
+    program.exit();
+    // Those it may not read got no trace and no error: this test's own
+    // process when it is root's, pid 1 when another user's.
+    let unreadable: Vec<u32> = [std::process::id(), 1]
+        .into_iter()
+        .filter(|&pid| {
+            let owner = proc_status(pid, "Uid").and_then(|uid| uid.split_whitespace().next().map(str::to_string));
+            let watcher = if root {
+                "65534".to_string()
+            } else {
+                proc_status(std::process::id(), "Uid").unwrap().split_whitespace().next().unwrap().to_string()
+            };
+            owner.is_some_and(|owner| owner != watcher)
+        })
+        .collect();
+    for pid in &unreadable {
+        assert!(!out_dir.join(format!("all.{pid}.mgt")).exists(), "a trace of process {pid}, not the watch's to read");
+        assert!(!stdout.contains(&format!(" pid={pid} ")), "{stdout}");
+    }
+    if unreadable.is_empty() {
+        eprintln!("every process here is this user's: skipping unreadable processes is not tested");
+    }
+    let traces: Vec<_> = std::fs::read_dir(&out_dir).unwrap().flatten().collect();
+    assert!(traces.iter().all(|t| t.file_name().to_string_lossy().starts_with("all.")), "{traces:?}");
 }

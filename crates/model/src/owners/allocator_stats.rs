@@ -56,6 +56,11 @@ pub struct AllocatorStats {
     /// The snapshot these figures go with (trace time; 0 outside a trace).
     #[serde(skip)]
     pub snapshot_time: u64,
+    /// The allocator is a library the process loaded (LD_PRELOAD, linked
+    /// against it), not code linked into the executable: `memgap watch`
+    /// reads such a one's figures too, where a recording hooks its calls.
+    #[serde(skip)]
+    pub loaded_as_library: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +69,9 @@ pub struct ArenaPages {
     pub dirty_bytes: u64,
     pub muzzy_bytes: u64,
 }
+
+/// The value saying the allocator is a loaded library (absent: linked into the executable).
+const LOADED_AS_LIBRARY: &str = "loaded_as_library";
 
 const FIELDS: [&str; 9] = ["allocated", "active", "resident", "metadata", "dirty", "muzzy", "retained", "mapped", "arenas"];
 
@@ -95,6 +103,9 @@ impl AllocatorStats {
     /// As a METRICS record: source is the allocator, kind `stats`.
     pub fn to_metrics(&self, monotonic_ns: u64) -> Metrics {
         let mut values = vec![("snapshot_time".to_string(), self.snapshot_time as f64)];
+        if self.loaded_as_library {
+            values.push((LOADED_AS_LIBRARY.to_string(), 1.0));
+        }
         values.extend(FIELDS.iter().zip(self.fields()).filter_map(|(name, v)| Some((name.to_string(), v? as f64))));
         for a in &self.arena_pages {
             values.push((format!("arena[{}]:dirty", a.arena), a.dirty_bytes as f64));
@@ -140,6 +151,7 @@ impl AllocatorStats {
             arenas,
             arena_pages,
             snapshot_time: get("snapshot_time").unwrap_or(0),
+            loaded_as_library: get(LOADED_AS_LIBRARY).is_some_and(|v| v > 0),
         })
     }
 
@@ -203,34 +215,51 @@ impl AllocatorStats {
 /// Lays `stats` over a recorded ledger: the anonymous mappings the core
 /// counted as the program's own mmaps (no hooked block in them) become the
 /// allocator's share, split by its figures; what they do not account for
-/// stays the program's.
+/// stays the program's. A trace without the program's mmaps (`memgap
+/// watch` records none) leaves them unclassified: those are taken too
+/// when the program's mmaps fall short of what the allocator holds.
 pub fn attach(ledger: &mut Ledger, stats: &AllocatorStats, owner: &'static str) {
-    let (mut resident, mut lazy) = (0, 0);
-    for index in 0..ledger.mappings.len() {
-        if ledger.mappings[index].class != MappingClass::ProgramMmap {
-            continue;
+    let (mut resident, mut lazy, mut unclassified) = (0, 0, 0);
+    let held = stats
+        .resident_bytes
+        .unwrap_or_else(|| stats.allocated_bytes.unwrap_or(0) + stats.metadata_bytes.unwrap_or(0) + stats.dirty_bytes.unwrap_or(0));
+    for class in [MappingClass::ProgramMmap, MappingClass::Unclassified] {
+        if class == MappingClass::Unclassified && resident >= held {
+            break;
         }
-        if let Some((counted, lazily_freed)) = ledger.reclaim(index, MappingClass::Heap) {
-            resident += counted;
-            lazy += lazily_freed;
+        for index in 0..ledger.mappings.len() {
+            if ledger.mappings[index].class != class {
+                continue;
+            }
+            if let Some((counted, lazily_freed)) = ledger.reclaim(index, MappingClass::Heap) {
+                resident += counted;
+                lazy += lazily_freed;
+                if class == MappingClass::Unclassified {
+                    unclassified += counted;
+                }
+            }
         }
     }
     let split = stats.rows(resident, lazy);
-    ledger.other_breakdown.program_mmap += split.unaccounted;
+    // What the figures do not account for goes back where it was counted.
+    let back = split.unaccounted.min(unclassified);
+    ledger.other_breakdown.unclassified += back;
+    ledger.other_breakdown.program_mmap += split.unaccounted - back;
     ledger.owners.retain(|s| s.owner != owner);
     ledger.owners.push(OwnerShare {
         owner,
         rows: split.rows,
         released_bytes: stats.retained_bytes.unwrap_or(0),
         estimated: Some(format!(
-            "from {owner}'s own statistics (linked into the program, no hooked calls){}: {} not known",
+            "from {owner}'s own statistics ({}, no hooked calls){}: {} not known",
+            if stats.loaded_as_library { "read from outside" } else { "linked into the program" },
             stats
                 .committed_only()
                 .map_or(String::new(), |c| format!(", which count only the bytes it committed ({})", crate::human_bytes(c))),
             stats.unknown_rows().join(", ")
         )),
     });
-    ledger.allocator = format!("{owner} (linked statically into the program)");
+    ledger.allocator = if stats.loaded_as_library { owner.to_string() } else { format!("{owner} (linked statically into the program)") };
     if let Some(arenas) = stats.arenas {
         ledger.arenas = arenas as u32;
     }
@@ -240,6 +269,7 @@ pub fn attach(ledger: &mut Ledger, stats: &AllocatorStats, owner: &'static str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::OtherBreakdown;
 
     const MIB: u64 = 1 << 20;
 
@@ -260,7 +290,57 @@ mod tests {
                 ArenaPages { arena: 3, dirty_bytes: 4 * MIB, muzzy_bytes: 0 },
             ],
             snapshot_time: 77,
+            loaded_as_library: false,
         }
+    }
+
+    fn anonymous(start: u64, class: MappingClass, resident_bytes: u64) -> crate::ledger::MappingLedger {
+        crate::ledger::MappingLedger {
+            start,
+            end: start + resident_bytes,
+            perms: "rw-p".into(),
+            name: String::new(),
+            class,
+            resident_bytes,
+            lazy_free_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn without_the_programs_mmaps_the_unclassified_mappings_are_the_allocators() {
+        // A watch trace: no mmap of the program seen, the allocator's
+        // extents unclassified, next to one mapping of the program's own.
+        let mut ledger = Ledger {
+            mappings: vec![
+                anonymous(0x1000_0000, MappingClass::Unclassified, 40 * MIB),
+                anonymous(0x2000_0000, MappingClass::Unclassified, 15 * MIB),
+            ],
+            other_breakdown: OtherBreakdown { unclassified: 55 * MIB, ..OtherBreakdown::default() },
+            ..Ledger::default()
+        };
+        let stats = AllocatorStats { loaded_as_library: true, ..jemalloc() };
+        attach(&mut ledger, &stats, "jemalloc");
+        let share = ledger.share("jemalloc").expect("a jemalloc share");
+        assert_eq!((share.rows.live, share.rows.fragmented, share.rows.retained), (30 * MIB, 10 * MIB, 10 * MIB));
+        // The 3 MiB its figures do not account for stay unclassified.
+        assert_eq!((ledger.other_breakdown.unclassified, ledger.other_breakdown.program_mmap), (3 * MIB, 0));
+        assert_eq!(ledger.allocator, "jemalloc");
+
+        // A recording of a statically linked one: its mmaps were seen, and
+        // enough; the unclassified mapping is left alone.
+        let mut ledger = Ledger {
+            mappings: vec![
+                anonymous(0x1000_0000, MappingClass::ProgramMmap, 55 * MIB),
+                anonymous(0x2000_0000, MappingClass::Unclassified, MIB),
+            ],
+            other_breakdown: OtherBreakdown { program_mmap: 55 * MIB, unclassified: MIB, ..OtherBreakdown::default() },
+            ..Ledger::default()
+        };
+        attach(&mut ledger, &jemalloc(), "jemalloc");
+        assert_eq!(ledger.share("jemalloc").unwrap().rows.live, 30 * MIB);
+        assert_eq!((ledger.other_breakdown.unclassified, ledger.other_breakdown.program_mmap), (MIB, 3 * MIB));
+        assert_eq!(ledger.mappings[1].class, MappingClass::Unclassified);
+        assert_eq!(ledger.allocator, "jemalloc (linked statically into the program)");
     }
 
     #[test]
@@ -269,6 +349,8 @@ mod tests {
         let m = stats.to_metrics(5);
         assert_eq!((m.source.as_str(), m.kind.as_str()), ("jemalloc", KIND));
         assert_eq!(AllocatorStats::from_metrics(&m, "jemalloc"), Some(stats));
+        let library = AllocatorStats { loaded_as_library: true, ..jemalloc() };
+        assert_eq!(AllocatorStats::from_metrics(&library.to_metrics(5), "jemalloc"), Some(library));
         assert_eq!(AllocatorStats::from_metrics(&m, "tcmalloc"), None);
         let partial = AllocatorStats { allocator: "mimalloc".into(), ..AllocatorStats::default() };
         assert_eq!(AllocatorStats::from_metrics(&partial.to_metrics(1), "mimalloc"), Some(partial));

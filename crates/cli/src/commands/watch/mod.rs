@@ -530,7 +530,8 @@ fn read(pid: u32, reason: SnapshotReason) -> Result<Reading, AttachError> {
     }
     let ledger = memgap_model::outside_ledger(&reading);
     match reading.allocator_stats {
-        Some(stats) => {
+        Some(mut stats) => {
+            stats.loaded_as_library = !reading.allocator_statically_linked;
             let snapshot = memgap_attach::residency::snapshot(pid, reason)?;
             Ok(Reading::Stats(stats, Box::new(snapshot), Box::new(ledger)))
         }
