@@ -693,3 +693,38 @@ fn all_watches_the_processes_memgap_may_read_and_skips_the_others() {
     let traces: Vec<_> = std::fs::read_dir(&out_dir).unwrap().flatten().collect();
     assert!(traces.iter().all(|t| t.file_name().to_string_lossy().starts_with("all.")), "{traces:?}");
 }
+
+#[test]
+fn summary_says_the_events_of_a_watch_are_differences_between_walks() {
+    let (_tmp, dir) = tempdir();
+    let exe = compile(&dir, "watch_stages.c");
+    let mut program = Stages::start(&exe);
+    let trace = dir.join("w.mgt");
+    let mut watch = Watch::start(&dir, &[&program.pid.to_string(), "--interval", "150ms", "-o", arg(&trace)]);
+    watch.lines_about(program.pid, 1);
+    program.next();
+    watch.lines_about(program.pid, 2);
+    program.next();
+    watch.lines_about(program.pid, 2);
+    let (status, _, stderr) = watch.stop();
+    assert!(status.success(), "{stderr}");
+    program.exit();
+
+    let summary = summary_json(&trace);
+    let walks = summary["synthesized_from_walks"].as_u64().unwrap_or_else(|| panic!("no synthesized_from_walks: {summary}"));
+    let timeline = json_of(&dir, &["timeline", "--json", arg(&trace)]);
+    assert_eq!(walks, timeline["snapshots"].as_array().unwrap().len() as u64, "one walk per snapshot");
+    // The 12,000 blocks of stage 1 appeared between two walks; no thread of the program was seen calling.
+    assert!(u(&summary, "allocations") >= 12_000 && u(&summary, "threads") == 0, "{summary}");
+    let shown = text(&memgap(&dir, &["summary", arg(&trace)]).stdout);
+    assert!(shown.contains("not the program's calls") && shown.contains(&format!("differences between {walks} walks")), "{shown}");
+    assert!(shown.contains("allocated       not known") && !shown.contains("  calls "), "{shown}");
+
+    // A recording of the same program: its calls, said as calls.
+    let recorded = dir.join("r.mgt");
+    let out = output_of(memgap_cmd(&dir, &["run", "-q", "-o", arg(&recorded), "--", arg(&exe)]).stdin(Stdio::null()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let summary = summary_json(&recorded);
+    assert!(summary.get("synthesized_from_walks").is_none() && u(&summary, "threads") == 1, "{summary}");
+    assert!(text(&memgap(&dir, &["summary", arg(&recorded)]).stdout).contains("  calls "));
+}

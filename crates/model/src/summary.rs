@@ -58,6 +58,13 @@ pub struct Summary {
     pub trace_bytes: u64,
     /// The runtime's own live heap and threads (Go, GHC), when it reported them.
     pub runtime: Option<RuntimeSummary>,
+    /// A trace of `memgap watch`: its heap events are not the program's
+    /// calls but the differences between this many walks of glibc's malloc
+    /// state (blocks that appeared or went between two walks), so
+    /// `allocations`, `allocated_bytes`, `events` and `top_sizes` count
+    /// those. Absent in a recording.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub synthesized_from_walks: Option<u64>,
 }
 
 impl Summary {
@@ -131,7 +138,8 @@ impl Builder {
             live_blocks_at_end: b.live.len() as u64,
             peak_rss_bytes: peak_rss,
             rss_at_end_bytes: b.last_rss,
-            threads: b.threads.len() as u32,
+            // The walks' differences are written as one pseudo-thread's: no thread of the program made them.
+            threads: if b.walks > 0 { 0 } else { b.threads.len() as u32 },
             top_sizes,
             truncated: truncated_reason.is_some(),
             truncated_reason,
@@ -141,6 +149,7 @@ impl Builder {
             notes: b.notes,
             trace_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
             runtime: None,
+            synthesized_from_walks: (b.walks > 0).then_some(b.walks),
         }
         .with_runtime(runtime)
     }
@@ -167,6 +176,8 @@ pub(crate) struct Builder {
     notes: Vec<String>,
     /// Runtimes keep their own live heap (Go, GHC).
     owners: crate::owners::Owners,
+    /// Walks of glibc's malloc state the trace holds (`memgap watch`).
+    walks: u64,
 }
 
 impl Builder {
@@ -243,6 +254,9 @@ impl Visitor for Builder {
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
+        if metrics.source == crate::outside_walk::WALK_SOURCE && metrics.kind == crate::outside_walk::WALK_KIND {
+            self.walks += 1;
+        }
         self.owners.metrics(metrics);
     }
 

@@ -43,7 +43,18 @@ pub fn summary(s: &Summary) -> String {
             ),
         ),
         ("live at end", live_at_end),
-        ("allocated", format!("{} in {} allocations", bytes(s.allocated_bytes), count(s.allocations))),
+        match s.synthesized_from_walks {
+            // Watched from outside: no call was seen, only blocks that appeared between two walks.
+            Some(_) => (
+                "allocated",
+                format!(
+                    "not known (no calls seen); {} in {} blocks appeared between walks",
+                    bytes(s.allocated_bytes),
+                    count(s.allocations)
+                ),
+            ),
+            None => ("allocated", format!("{} in {} allocations", bytes(s.allocated_bytes), count(s.allocations))),
+        },
     ];
     for (name, value) in rows {
         facts.add_row(vec![format!("  {name}"), value]);
@@ -53,7 +64,14 @@ pub fn summary(s: &Summary) -> String {
 
     let mut events = Table::new();
     events.load_style(NOTHING);
-    events.set_header(vec!["  calls", "count"]);
+    if let Some(walks) = s.synthesized_from_walks {
+        out.push_str(&format!(
+            "  watched from outside (memgap watch): the heap events below are not the program's calls but the\n  differences between {} walks of glibc's malloc state (blocks that appeared or went between two)\n",
+            count(walks)
+        ));
+    }
+    let what = if s.synthesized_from_walks.is_some() { "  differences" } else { "  calls" };
+    events.set_header(vec![what, "count"]);
     for (kind, n) in s.events.iter().filter(|(_, n)| **n > 0) {
         events.add_row(vec![format!("  {kind}"), count(*n)]);
     }
@@ -65,7 +83,8 @@ pub fn summary(s: &Summary) -> String {
     if !s.top_sizes.is_empty() {
         let mut sizes = Table::new();
         sizes.load_style(NOTHING);
-        sizes.set_header(vec!["  top sizes", "allocations", "bytes"]);
+        let what = if s.synthesized_from_walks.is_some() { "blocks" } else { "allocations" };
+        sizes.set_header(vec!["  top sizes", what, "bytes"]);
         for size in &s.top_sizes {
             sizes.add_row(vec![format!("  {}", bytes(size.size)), count(size.count), bytes(size.bytes)]);
         }
