@@ -14,7 +14,8 @@ use crate::output;
 /// from outside (as `memgap snapshot PID`).
 #[derive(clap::Args)]
 pub struct Args {
-    /// The trace file (.mgt) written by `memgap run`, or the PID of a running process.
+    /// The trace file (.mgt) written by `memgap run` or `memgap watch`, or the PID of a running process.
+    #[arg(value_name = "TRACE|PID")]
     trace: PathBuf,
     #[command(flatten)]
     at: super::AtArg,

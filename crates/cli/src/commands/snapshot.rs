@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use crate::output;
 
 /// The memory of a running process from outside, with no agent: heap,
-/// stacks, files, shared memory, NUMA nodes and its cgroup's limit. Which
-/// part of the heap is live, fragmented or retained needs `memgap run`.
+/// stacks, files, shared memory, NUMA nodes and its cgroup's limit. A glibc
+/// heap is walked (the process stopped a moment) and a Go runtime's
+/// accounting read from its memory, to fill every row; `--no-walk` gives
+/// only what /proc says.
 #[derive(clap::Args)]
 pub struct Args {
     /// The process (as root, any process, also one in a container, by its host pid).
