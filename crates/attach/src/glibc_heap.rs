@@ -47,19 +47,7 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
             std::thread::sleep(Duration::from_millis(u64::from(attempt.min(5))));
         }
         let started = Instant::now();
-        let threads = StoppedThread::stop_all(pid)?;
-        if threads.is_empty() {
-            return Err(gone(pid));
-        }
-        let mut stack_pointers = Vec::new();
-        let mut inside = false;
-        for thread in &threads {
-            let Ok(regs) = thread.registers() else { continue };
-            stack_pointers.push(regs.rsp);
-            if libc.whereabouts(regs.rip, regs.rsp, regs.rbp, |at| thread.read_word(at)) == Whereabouts::InAllocator {
-                inside = true;
-            }
-        }
+        let Stopped { threads, stack_pointers, inside } = stop(pid, &libc)?;
         if inside && attempt <= OUTSIDE_MALLOC_TRIES {
             drop(threads);
             last_failure = "a thread was inside malloc each time".into();
@@ -109,17 +97,7 @@ fn read_optimistically(pid: u32, memory: &ProcessMemory, state: &GlibcState, lib
         let maps_before = std::fs::read(format!("/proc/{pid}/maps")).unwrap_or_default();
         let Ok(mut heap) = read_stopped(pid, memory, &located, &[]) else { continue };
         let started = Instant::now();
-        let threads = StoppedThread::stop_all(pid)?;
-        if threads.is_empty() {
-            return Err(gone(pid));
-        }
-        let mut stack_pointers = Vec::new();
-        let mut inside = false;
-        for thread in &threads {
-            let Ok(regs) = thread.registers() else { continue };
-            stack_pointers.push(regs.rsp);
-            inside |= libc.whereabouts(regs.rip, regs.rsp, regs.rbp, |at| thread.read_word(at)) == Whereabouts::InAllocator;
-        }
+        let Stopped { threads, stack_pointers, inside } = stop(pid, libc)?;
         let mut pages: Vec<(u64, u64)> = heap.arenas.iter().flat_map(|a| a.heaps.iter().copied()).collect();
         pages.push((state.main_arena, state.main_arena + STATE_SIZE));
         if let Some(mp) = state.mp {
@@ -170,6 +148,30 @@ fn soft_dirty_pages(pid: u32, ranges: &[(u64, u64)], page_size: u64) -> Option<u
         dirty += buffer.chunks_exact(8).filter(|e| u64::from_le_bytes((*e).try_into().unwrap_or([0; 8])) & SOFT_DIRTY != 0).count() as u64;
     }
     Some(dirty)
+}
+
+/// Every thread of a process, stopped until this is dropped.
+struct Stopped {
+    threads: Vec<StoppedThread>,
+    /// Each thread's stack pointer, read while it was stopped.
+    stack_pointers: Vec<u64>,
+    /// A thread is inside malloc: its state may be half-updated.
+    inside: bool,
+}
+
+fn stop(pid: u32, libc: &LibcImage) -> Result<Stopped, AttachError> {
+    let threads = StoppedThread::stop_all(pid)?;
+    if threads.is_empty() {
+        return Err(gone(pid));
+    }
+    let mut stack_pointers = Vec::new();
+    let mut inside = false;
+    for thread in &threads {
+        let Ok(regs) = thread.registers() else { continue };
+        stack_pointers.push(regs.rsp);
+        inside |= libc.whereabouts(regs.rip, regs.rsp, regs.rbp, |at| thread.read_word(at)) == Whereabouts::InAllocator;
+    }
+    Ok(Stopped { threads, stack_pointers, inside })
 }
 
 fn gone(pid: u32) -> AttachError {
