@@ -81,7 +81,7 @@ impl ProcessTrace {
         });
         let note = Record::Note {
             time: start,
-            text: "watched from outside by memgap watch: no agent, no call stacks; the heap events are the differences between walks of glibc's malloc state, not the program's calls".into(),
+            text: "watched from outside by memgap watch: no agent, no call stacks; heap events, where glibc's heap is walked, are the differences between walks of its malloc state, not the program's calls; other allocators and runtimes give their own figures at each walk".into(),
         };
         writer.write(&[process, note])?;
         Ok(ProcessTrace {
