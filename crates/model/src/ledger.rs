@@ -67,20 +67,16 @@ pub struct OtherBreakdown {
 }
 
 /// What kind of allocator mapping a heap is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum HeapKind {
     /// glibc's main arena, grown with brk.
-    #[serde(rename = "brk heap")]
     BrkHeap,
     /// A glibc thread arena's heap (aligned to its maximum size).
-    #[serde(rename = "arena")]
     Arena,
     /// Any other mapping holding blocks.
     #[default]
-    #[serde(rename = "mapping")]
     Mapping,
     /// The other mappings, merged into one row.
-    #[serde(rename = "mappings")]
     Mappings,
 }
 
@@ -102,42 +98,35 @@ impl std::fmt::Display for HeapKind {
     }
 }
 
+impl Serialize for HeapKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// Where a mapping's resident bytes went.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MappingClass {
     /// An allocator's mapping, split page by page into the heap rows.
-    #[serde(rename = "heap")]
     Heap,
-    #[serde(rename = "stack")]
     Stack,
-    #[serde(rename = "file")]
     File,
-    #[serde(rename = "shmem")]
     Shmem,
     /// memgap's own: the agent's buffers, static data and shared area.
-    #[serde(rename = "memgap")]
     Memgap,
     /// The .bss of a program or library.
-    #[serde(rename = "static data")]
     StaticData,
     /// Anonymous memory the program mapped itself.
-    #[serde(rename = "program mmap")]
     ProgramMmap,
     /// Anonymous memory no layer accounts for.
-    #[serde(rename = "unclassified")]
     Unclassified,
     /// A mapping no finer class fits (non-anonymous, not file-backed).
     #[default]
-    #[serde(rename = "other")]
     Other,
     /// A runtime's own structures (Go's spans, GC bits…).
-    #[serde(rename = "runtime")]
     Runtime,
-    #[serde(rename = "ghc heap")]
     GhcHeap,
-    #[serde(rename = "v8 heap")]
     V8Heap,
-    #[serde(rename = "python arenas")]
     PythonArenas,
 }
 
@@ -165,6 +154,12 @@ impl MappingClass {
 impl std::fmt::Display for MappingClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.as_str())
+    }
+}
+
+impl Serialize for MappingClass {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
