@@ -12,7 +12,7 @@
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-use memgap_trace::event::{DeltaState, Event, MAX_RECORD_LEN, RawEncoder, max_record_len};
+use memgap_trace::event::{DeltaState, Event, EventKind, MAX_RECORD_LEN, RawEncoder, max_record_len};
 use memgap_trace::records::Record;
 use memgap_trace::shared::{self, Area, CHUNK_DATA, CHUNK_FREE, CHUNK_OWNED, ChunkHeader, SLOT_FILLING, SLOT_FREE, SLOT_LIVE};
 
@@ -465,8 +465,16 @@ pub fn append_allocation(hook: Hook, event: &mut Event) {
         *st.errno = errno;
         event.stack = id;
         if st.room(max_record_len(new_depth)) {
-            let definition = (new_depth > 0).then(|| st.stacks.as_deref().expect("made above").captured(new_depth));
-            st.cursor = RawEncoder::encode_with_stack(&mut st.delta, st.cursor, event, definition);
+            st.cursor = match event.kind() {
+                kind @ (EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) if new_depth == 0 => {
+                    let Event { time, cpu, addr, size, usable, stack, .. } = *event;
+                    crate::encode::allocation(&mut st.delta, st.cursor, kind, time, cpu, addr, size, usable, stack)
+                }
+                _ => {
+                    let definition = (new_depth > 0).then(|| st.stacks.as_deref().expect("made above").captured(new_depth));
+                    RawEncoder::encode_with_stack(&mut st.delta, st.cursor, event, definition)
+                }
+            };
             st.publish();
         }
     }

@@ -20,6 +20,7 @@ extern crate alloc;
 mod area;
 mod buffers;
 mod clock;
+mod encode;
 pub mod hooks;
 mod own_memory;
 mod process;

@@ -6,7 +6,7 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 
-use memgap_trace::event::{Event, EventKind, RawEncoder};
+use memgap_trace::event::{Event, EventKind};
 use memgap_trace::records::{EndReason, Fork, Record};
 use memgap_trace::shared::{self, AGENT_FINISHED, AGENT_STOPPED, REQUEST_EXIT_SNAPSHOT, REQUEST_SNAPSHOT};
 
@@ -455,9 +455,12 @@ pub fn record_alloc(hook: Hook, kind: EventKind, addr: *mut c_void, size: usize,
         buffers::append_allocation(hook, &mut event());
     } else if matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) {
         // SAFETY: `append_encoded` calls this with MAX_RECORD_LEN bytes of room.
-        buffers::append_encoded(hook, event, |delta, out| unsafe {
-            RawEncoder::encode_allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64)
-        });
+        buffers::append_encoded(
+            hook,
+            event,
+            #[inline(always)]
+            |delta, out| unsafe { crate::encode::allocation(delta, out, kind, time, cpu, addr as u64, size as u64, usable as u64, 0) },
+        );
     } else {
         buffers::append(hook, &event());
     }
@@ -470,7 +473,12 @@ pub fn record_free(hook: Hook, time: u64, addr: *mut c_void, usable: usize) {
     let cpu = cpu();
     let event = || Event { time, kind: Some(EventKind::Free), cpu, addr: addr as u64, ..Event::default() };
     // SAFETY: as above.
-    buffers::append_encoded(hook, event, |delta, out| unsafe { RawEncoder::encode_free(delta, out, time, cpu, addr as u64) });
+    buffers::append_encoded(
+        hook,
+        event,
+        #[inline(always)]
+        |delta, out| unsafe { crate::encode::free(delta, out, time, cpu, addr as u64) },
+    );
 }
 
 #[inline]
