@@ -86,7 +86,9 @@ impl ThreadStacks {
             _ => return (0, 0),
         };
         let frames = &mut self.frames[..depth];
-        let (native, walked) = match self.unwinder.capture_remembered(frames, skip, frame_pointers) {
+        // Inlined here, and so into append_allocation: its walk starts
+        // there, a frame above capture's.
+        let (native, walked) = match self.unwinder.capture_remembered(frames, skip - 1, frame_pointers) {
             Capture::Remembered(id) => (id, None),
             Capture::Walked(0) => (0, Some(0)),
             Capture::Walked(depth) => {
@@ -97,7 +99,7 @@ impl ThreadStacks {
                 (id, Some(depth))
             }
         };
-        let python = crate::python_frames::capture(&mut self.python);
+        let python = if crate::python_frames::enabled() { crate::python_frames::capture(&mut self.python) } else { 0 };
         if python == 0 {
             if native == 0 || self.is_defined(native) {
                 return (native, 0);

@@ -204,12 +204,16 @@ impl ThreadUnwinder {
     /// `capture` (or, with `frame_pointers`, `capture_frame_pointers`)
     /// that recalls a walk remembered from the same place whose stack words
     /// still hold (see [`crate::walk_memo`]) instead of unwinding again.
-    #[inline(never)]
+    ///
+    /// Inlined, so a recall costs no call and no frame of its own: the walk
+    /// starts in the function this is inlined into (which must not itself
+    /// be inlined), and with `skip` 0, `out[0]` is in that function's caller.
+    #[inline(always)]
     pub fn capture_remembered(&mut self, out: &mut [u64], skip: usize, frame_pointers: bool) -> Capture {
         let registers = current_registers!();
         let dwarf_frames = if frame_pointers { skip.saturating_add(1) } else { usize::MAX };
         if !self.memo.begin() {
-            return Capture::Walked(self.walk(registers, out, skip, dwarf_frames, Reading::Plain));
+            return self.walk_unremembered(registers, out, skip, dwarf_frames);
         }
         self.refresh_modules_if_changed();
         let modules = self.modules_built;
@@ -224,6 +228,13 @@ impl ThreadUnwinder {
             }
         }
         self.walk_to_remember(registers, out, skip, dwarf_frames, modules)
+    }
+
+    /// A walk while remembering is paused. Out of line, as the next.
+    #[cold]
+    #[inline(never)]
+    fn walk_unremembered(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize) -> Capture {
+        Capture::Walked(self.walk(registers, out, skip, dwarf_frames, Reading::Plain))
     }
 
     /// A walk [`Self::capture_remembered`] could not recall, made so that
@@ -345,6 +356,7 @@ impl ThreadUnwinder {
 
     /// Rebuilds the module list when a dlopen/dlclose hook or the loader
     /// says it changed.
+    #[inline(always)]
     fn refresh_modules_if_changed(&mut self) {
         if self.generation != Some(MODULES_GENERATION.load(Acquire)) || self.code.stale {
             self.refresh_modules();

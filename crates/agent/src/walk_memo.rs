@@ -104,6 +104,7 @@ impl WalkMemo {
     /// The token of a remembered walk from these registers whose kept
     /// words all still hold; `read` reads a word the walk read (within
     /// its bounds, see the module's notes).
+    #[inline(always)]
     pub fn recall(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: impl Fn(u64) -> u64) -> Option<u32> {
         let ways = self.slots.get_mut(Self::set(sp))?;
         let holds = |entry: &Remembered| {
@@ -111,11 +112,12 @@ impl WalkMemo {
                 && entry.ip == ip
                 && entry.modules == modules
                 && entry.bp.is_none_or(|b| b == bp)
-                && !entry.reads.is_empty()
-                && entry.reads.iter().all(|&(at, value)| read(at) == value)
+                && reads_hold(&entry.reads, &read)
         };
         let way = ways.iter().position(holds)?;
-        ways[..=way].rotate_right(1);
+        if way > 0 {
+            ways[..=way].rotate_right(1);
+        }
         self.recalls += 1;
         Some(ways[0].token)
     }
@@ -151,6 +153,19 @@ impl WalkMemo {
         // The evicted walk's buffer serves the next walk.
         self.spare = core::mem::replace(&mut ways[0], walk).reads;
     }
+}
+
+/// Whether every word in `reads` still holds its value (and there is
+/// one). Two words a step, their differences or-ed: one branch per pair.
+#[inline(always)]
+fn reads_hold(reads: &[Read], read: &impl Fn(u64) -> u64) -> bool {
+    let mut pairs = reads.chunks_exact(2);
+    for pair in &mut pairs {
+        if (read(pair[0].0) ^ pair[0].1) | (read(pair[1].0) ^ pair[1].1) != 0 {
+            return false;
+        }
+    }
+    !reads.is_empty() && pairs.remainder().iter().all(|&(at, value)| read(at) == value)
 }
 
 #[cfg(test)]
