@@ -16,8 +16,8 @@
 
 use std::time::Duration;
 
-use memgap_model::owners::allocator_stats::{AllocatorStats, ArenaPages};
 use memgap_trace::records::Mapping;
+use memgap_types::allocator_stats::{AllocatorStats, ArenaPages};
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::error::{AttachError, field};

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use memgap_model::CgroupMemory;
+use memgap_types::outside::CgroupMemory;
 
 /// v1 reports "no limit" as the largest page-aligned i64.
 const V1_UNLIMITED: u64 = 1 << 62;

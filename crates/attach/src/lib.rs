@@ -53,7 +53,7 @@ pub fn walk_glibc_heap(pid: u32) -> Result<memgap_model::outside_walk::WalkedHea
 
 /// `memgap trim` injects its call with the x86-64 calling convention.
 #[cfg(not(target_arch = "x86_64"))]
-pub fn malloc_trim(pid: u32, _options: &TrimOptions) -> Result<memgap_model::TrimCall, AttachError> {
+pub fn malloc_trim(pid: u32, _options: &TrimOptions) -> Result<memgap_types::outside::TrimCall, AttachError> {
     Err(AttachError::Unsuitable { pid, state: "cannot be trimmed: memgap trim supports x86-64 only".into() })
 }
 

@@ -3,9 +3,9 @@
 //! each thread's stack pointer, and its memory cgroup. Works on a process in
 //! another PID namespace (a container) by its host pid.
 
-use memgap_model::ProcfsReading;
 use memgap_trace::records::{Mapping, Rss};
 use memgap_trace::smaps::parse_smaps;
+use memgap_types::outside::ProcfsReading;
 use std::collections::BTreeMap;
 
 use crate::cgroup;
@@ -88,7 +88,7 @@ pub fn read_process(pid: u32) -> Result<ProcfsReading, AttachError> {
 fn linked_allocator_stats(
     pid: u32,
     status: &Status,
-) -> (Option<crate::allocator_stats::LinkedAllocator>, Option<memgap_model::owners::allocator_stats::AllocatorStats>, Option<String>) {
+) -> (Option<crate::allocator_stats::LinkedAllocator>, Option<memgap_types::allocator_stats::AllocatorStats>, Option<String>) {
     let Ok(mappings) = mappings(pid) else { return (None, None, None) };
     let Some(linked) = crate::allocator_stats::linked_allocator(pid, &mappings) else { return (None, None, None) };
     if status.tracer_pid != 0 {
@@ -108,7 +108,7 @@ fn linked_allocator_stats(
 fn linked_allocator_stats(
     _pid: u32,
     _status: &Status,
-) -> (Option<NoLinkedAllocator>, Option<memgap_model::owners::allocator_stats::AllocatorStats>, Option<String>) {
+) -> (Option<NoLinkedAllocator>, Option<memgap_types::allocator_stats::AllocatorStats>, Option<String>) {
     (None, None, None)
 }
 

@@ -10,8 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-use memgap_model::TrimCall;
 use memgap_trace::records::Mapping;
+use memgap_types::outside::TrimCall;
 
 use crate::error::{AttachError, field};
 use crate::libc_image::{LibcImage, Whereabouts};

@@ -7,7 +7,7 @@
 //!
 //! Not for: recording heap events (the agent, `crates/agent`) or comparing
 //! runs (`memgap_model::compare`): this crate only produces a
-//! [`memgap_model::compare::Run`] per run.
+//! [`memgap_types::compare::Run`] per run.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -7,8 +7,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use memgap_model::compare::{RssSample, Run, RunLocality, Stdout};
-use memgap_model::numa::{SampleBatch, Topology, access_locality};
+use memgap_types::compare::{RssSample, Run, RunLocality, Stdout};
+use memgap_types::numa::{SampleBatch, Topology, access_locality};
 
 use crate::MeasureError;
 use crate::capture::Capture;

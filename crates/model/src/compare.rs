@@ -12,8 +12,9 @@ pub mod output;
 
 use serde::Serialize;
 
-pub use numa::{ComparisonNuma, ConfigNuma, RunLocality, RunNuma};
-pub use output::{OutputDiff, OutputModel, Stdout};
+pub use memgap_types::compare::{RssSample, Run, RunLocality, Stdout};
+pub use numa::{ComparisonNuma, ConfigNuma, RunNuma};
+pub use output::{OutputDiff, OutputModel};
 
 /// Samples kept per configuration for an RSS-over-time chart.
 pub const MAX_CHART_SAMPLES: usize = 200;
@@ -39,53 +40,6 @@ const SETTLE_BAND: f64 = 0.10;
 const SETTLE_BAND_MIN_BYTES: f64 = 1048576.0;
 /// Runs per configuration for a recommendation of high confidence.
 const CONFIDENT_RUNS: usize = 3;
-
-/// The process tree's RSS at one instant of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct RssSample {
-    pub seconds: f64,
-    pub rss_bytes: u64,
-}
-
-/// What was measured of one run of the command.
-#[derive(Debug, Clone)]
-pub struct Run {
-    pub samples: Vec<RssSample>,
-    pub wall_seconds: f64,
-    /// User + system time of the command and the children it reaped.
-    pub cpu_seconds: f64,
-    /// The kernel's high-water mark (ru_maxrss) of the largest process of the
-    /// tree: exact where sampling could miss a short peak.
-    pub max_rss_bytes: u64,
-    /// The exit status, 128+N when signal N killed the command.
-    pub exit_code: i32,
-    pub stdout_hash: u64,
-    pub stdout_bytes: u64,
-    /// Its lines, when small enough to keep.
-    pub stdout: Stdout,
-    /// The end of what the command wrote to stderr, to explain a failure.
-    pub stderr_tail: String,
-    /// Its memory samples' locality when NUMA sampling was asked for, or
-    /// why there are none.
-    pub numa: Option<Result<RunLocality, String>>,
-}
-
-impl Default for Run {
-    fn default() -> Run {
-        Run {
-            samples: Vec::new(),
-            wall_seconds: 0.0,
-            cpu_seconds: 0.0,
-            max_rss_bytes: 0,
-            exit_code: 0,
-            stdout_hash: 0,
-            stdout_bytes: 0,
-            stdout: Stdout::Lines(Vec::new()),
-            stderr_tail: String::new(),
-            numa: None,
-        }
-    }
-}
 
 /// One configuration: the environment it adds to the command's, and the
 /// command it runs the command under (`numactl --interleave=all`).

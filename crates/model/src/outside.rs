@@ -11,8 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use memgap_trace::records::{Mapping, Metrics, Rss, Snapshot};
+use memgap_trace::records::{Mapping, Metrics, Snapshot};
 use serde::Serialize;
+
+pub use memgap_types::outside::{CgroupMemory, ProcfsReading, TrimCall};
 
 use crate::ledger::{HeapKind, MappingClass, MappingLedger};
 use crate::owners::allocator_stats::AllocatorStats;
@@ -20,55 +22,6 @@ use crate::owners::glibc::GLIBC_HEAP_ALIGN;
 
 /// The rows of the recorded ledger a snapshot from outside cannot fill.
 pub const UNKNOWN_ROWS: [&str; 4] = ["live", "slack", "fragmented", "retained"];
-
-/// What procfs says about one process, as an adapter (memgap-attach) read it.
-#[derive(Debug, Clone, Default)]
-pub struct ProcfsReading {
-    pub pid: u32,
-    pub command: String,
-    pub threads: u32,
-    /// VmRSS, RssAnon, RssFile and RssShmem from /proc/PID/status.
-    pub status: Rss,
-    /// Every mapping with its smaps figures (no residency bitmaps).
-    pub mappings: Vec<Mapping>,
-    /// Stack pointers of the threads, where the kernel shows them.
-    pub stack_pointers: Vec<u64>,
-    /// Resident bytes per NUMA node, from numa_maps.
-    pub numa: BTreeMap<u32, u64>,
-    pub cgroup: Option<CgroupMemory>,
-    /// Whose malloc the process calls: "glibc", "jemalloc", "tcmalloc",
-    /// "mimalloc", or "unknown" (no libc.so.6: statically linked).
-    pub allocator: String,
-    /// The allocator's own statistics, read in the process (jemalloc,
-    /// tcmalloc), and whether it is linked into the executable.
-    pub allocator_stats: Option<AllocatorStats>,
-    pub allocator_statically_linked: bool,
-    /// Why the statistics of an allocator that has them could not be read.
-    pub allocator_stats_error: Option<String>,
-}
-
-/// The memory cgroup a process runs in.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct CgroupMemory {
-    /// 2 (unified hierarchy) or 1 (the v1 memory controller).
-    pub version: u8,
-    pub path: String,
-    /// memory.current (v1: memory.usage_in_bytes).
-    pub current_bytes: u64,
-    /// The lowest memory.max on the way up to the root; None when unlimited.
-    pub max_bytes: Option<u64>,
-    /// The cgroup whose limit that is.
-    pub limit_path: Option<String>,
-    /// From memory.stat, in bytes: anon, file, shmem, kernel, sock… (v1
-    /// names are translated: total_rss → anon, total_cache → file).
-    pub stat: BTreeMap<String, u64>,
-    /// memory.events oom_kill (v2 only).
-    pub oom_kills: Option<u64>,
-    /// current ÷ max, in percent.
-    pub used_percent: Option<f64>,
-    /// max − current: how far the OOM killer is, before file pages are reclaimed.
-    pub headroom_bytes: Option<u64>,
-}
 
 /// The rows known from outside. `heap` is live + slack + fragmented +
 /// retained; those four are known when the allocator's state was walked.
@@ -274,21 +227,6 @@ pub struct AllocatorRows {
     pub unaccounted: u64,
 }
 
-/// A malloc_trim(0) call made inside a running process (by memgap-attach).
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct TrimCall {
-    /// How the call was made: "ptrace".
-    pub method: String,
-    /// The thread that made it.
-    pub thread: u32,
-    /// Rounds over the threads until one was outside the allocator.
-    pub attempts: u32,
-    /// malloc_trim's result: 1 if it released memory, 0 if not.
-    #[serde(rename = "malloc_trim_returned")]
-    pub returned: i32,
-    pub call_seconds: f64,
-}
-
 /// RSS and heap before and after a malloc_trim(0), and what came back.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct TrimReport {
@@ -415,7 +353,7 @@ fn split_by_allocator_stats(ledger: &mut ProcessLedger, reading: &ProcfsReading)
     if !stats.knows_live() {
         return;
     }
-    let split = stats.rows(ledger.rows.heap, 0);
+    let split = crate::owners::allocator_stats::rows(stats, ledger.rows.heap, 0);
     let r = split.rows;
     ledger.allocator_rows = Some(AllocatorRows {
         live: r.live,
@@ -497,6 +435,8 @@ pub fn assess(mut cgroup: CgroupMemory) -> CgroupMemory {
 
 #[cfg(test)]
 mod tests {
+    use memgap_trace::records::Rss;
+
     use super::*;
 
     const MIB: u64 = 1 << 20;

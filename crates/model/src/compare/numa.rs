@@ -8,15 +8,9 @@
 use serde::Serialize;
 
 use super::Range;
-use crate::numa::{AccessLocality, DistanceCount};
+pub use memgap_types::compare::RunLocality;
 
-/// What the sampling of one run gave: the locality, or why there is none.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunLocality {
-    pub locality: AccessLocality,
-    /// Why precise access sampling was not used (empty when it was).
-    pub access_unavailable_reason: String,
-}
+use crate::numa::{AccessLocality, DistanceCount};
 
 /// One run's figures, beside its RSS figures.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+pub use memgap_types::compare::Stdout;
 use serde::Serialize;
 
 /// Differing lines kept per configuration, for `--show-diff` and the JSON.
@@ -22,14 +23,6 @@ pub struct OutputDiff {
     pub expected: Option<String>,
     /// What the configuration printed there, if anything.
     pub got: Option<String>,
-}
-
-/// What a run printed on stdout, as far as it is kept.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Stdout {
-    Lines(Vec<String>),
-    /// Too large to keep: only its hash.
-    Hashed,
 }
 
 /// How one line of a configuration's output must match the default's.

@@ -1,3 +1,5 @@
+use memgap_trace::numa::MemorySample;
+
 use super::*;
 
 /// The paper's machine (Figure 2): 8 nodes of 8 CPUs, distances 10/16/22.

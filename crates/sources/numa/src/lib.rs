@@ -1,4 +1,4 @@
-//! NUMA facts read from the kernel, for the model's [`memgap_model::numa`]:
+//! NUMA facts read from the kernel, for the model (`memgap_model::numa`):
 //!
 //! - [`topology`]: nodes, CPUs, memory and distances from sysfs (the root
 //!   is a parameter, so tests read fixture trees);

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use memgap_model::numa::{Node, Topology};
+use memgap_types::numa::{Node, Topology};
 
 use crate::NumaError;
 
