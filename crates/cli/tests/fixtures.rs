@@ -1,10 +1,13 @@
 //! Recorded traces with the answers memgap gave for them: one trace per
-//! heap owner (glibc's main and thread arenas, jemalloc, mimalloc, pymalloc,
-//! Ruby, Node) and one of trace format 1.0, in tests/fixtures/traces. Each
-//! is read with `summary`, `ledger` and `blame` (`--json`, default moment) and
+//! heap owner (glibc's main and thread arenas, jemalloc, tcmalloc, mimalloc,
+//! Go, GHC, pymalloc, Ruby, Node) and one of trace format 1.0, in
+//! tests/fixtures/traces. Each is read with `summary`, `ledger` (default
+//! moment and `--at peak`: a runtime's heap may be gone by the moment
+//! chosen by default, as V8's is by Node's exit) and `blame`, as JSON, and
 //! compared with `<name>.expected.json` beside it, so a change in what any
-//! command answers for a trace shows up as a diff to review. After a change
-//! meant to alter the answers:
+//! command answers for a trace shows up as a diff to review. How each trace
+//! was recorded: tests/fixtures/record-traces.sh. After a change meant to alter the
+//! answers:
 //!
 //!     MEMGAP_UPDATE_FIXTURES=1 cargo test --release --test fixtures
 //!
@@ -37,6 +40,7 @@ fn answers(dir: &Path, trace: &str) -> Value {
     json!({
         "summary": answer(dir, &["summary", trace, "--json"]),
         "ledger": answer(dir, &["ledger", trace, "--json"]),
+        "ledger_at_peak": answer(dir, &["ledger", trace, "--json", "--at", "peak"]),
         "blame": answer(dir, &["blame", trace, "--json"]),
     })
 }
@@ -89,7 +93,7 @@ fn every_fixture_gets_its_expected_answers() {
         .filter(|name| name.ends_with(".mgt"))
         .collect();
     traces.sort();
-    assert!(traces.len() >= 8, "{traces:?}");
+    assert!(traces.len() >= 11, "{traces:?}");
     let mut failures = Vec::new();
     for trace in &traces {
         let got = answers(&dir, trace);
@@ -133,4 +137,30 @@ fn a_format_one_trace_reads_whole() {
     assert!(events(&summary, "free") >= blocks - blocks / 512, "{summary:#}");
     let ledger = answer(&dir, &["ledger", trace, "--json", "--at", "end"]);
     assert!(ledger["rows"]["retained"].as_u64().unwrap() > 4 << 20, "{ledger:#}");
+}
+
+/// Every heap owner the model knows has a fixture in which it holds memory:
+/// a share with bytes in some expected ledger (default moment or peak).
+#[test]
+fn every_owner_holds_memory_in_some_fixture() {
+    let dir = fixtures_dir();
+    let mut holding: Vec<String> = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("tests/fixtures/traces").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".expected.json") {
+            continue;
+        }
+        let expected: Value = serde_json::from_slice(&std::fs::read(entry.path()).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for ledger in [&expected["ledger"], &expected["ledger_at_peak"]] {
+            for share in ledger["owners"].as_array().into_iter().flatten() {
+                let bytes: u64 = share["rows"].as_object().into_iter().flatten().filter_map(|(_, v)| v.as_u64()).sum();
+                if bytes > 0 {
+                    holding.push(share["owner"].as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
+    }
+    let missing: Vec<&str> =
+        memgap_model::owners::registered().iter().map(|owner| owner.name()).filter(|name| !holding.iter().any(|h| h == name)).collect();
+    assert!(missing.is_empty(), "no fixture in which these owners hold memory: {missing:?}");
 }
