@@ -5,8 +5,7 @@
 //! service runs on this machine, its VmRSS and page residency; every view
 //! (ledger, timeline, report) then works on the trace.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -51,8 +50,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(duration) = args.duration.filter(|d| !(d.is_finite() && *d > 0.0)) {
         bail!("--duration {duration}: give a positive number of seconds");
     }
+    let http = Http::new(&url);
     // The first read says which endpoint the service has.
-    let endpoint = Endpoint::find(&url)?;
+    let endpoint = Endpoint::find(&http)?;
     let output = args.output.clone().unwrap_or_else(|| {
         PathBuf::from(format!("memgap-attach.{}.mgt", pid.map(|p| p.to_string()).unwrap_or_else(|| url.port.to_string())))
     });
@@ -93,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     loop {
         let round = Instant::now();
         let mut records = Vec::new();
-        match endpoint.read(&url) {
+        match endpoint.read(&http) {
             Ok(stats) => {
                 failures = 0;
                 records.push(Record::Metrics(Metrics {
@@ -159,6 +159,7 @@ fn describe(pid: u32) -> (String, Vec<String>) {
     (exe, argv)
 }
 
+/// The service's address: http://HOST:PORT (a path after it is ignored).
 #[derive(Debug, Clone, PartialEq)]
 struct Url {
     host: String,
@@ -167,14 +168,14 @@ struct Url {
 
 impl Url {
     fn parse(text: &str) -> anyhow::Result<Url> {
-        let rest = text.strip_prefix("http://").with_context(|| format!("{text}: give the service's address as http://HOST:PORT"))?;
-        let authority = rest.split('/').next().unwrap_or("");
-        let (host, port) = authority.rsplit_once(':').with_context(|| format!("{text}: the address needs a port (http://HOST:PORT)"))?;
-        let port = port.parse().with_context(|| format!("{text}: '{port}' is not a port number"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-        if host.is_empty() {
-            bail!("{text}: the address needs a host");
+        let usage = || format!("{text}: give the service's address as http://HOST:PORT");
+        let uri: ureq::http::Uri = text.parse().with_context(usage)?;
+        if uri.scheme_str() != Some("http") {
+            bail!("{}", usage());
         }
+        let host = uri.host().map(|h| h.trim_start_matches('[').trim_end_matches(']')).filter(|h| !h.is_empty());
+        let host = host.with_context(|| format!("{text}: the address needs a host"))?.to_string();
+        let port = uri.port_u16().with_context(|| format!("{text}: the address needs a port (http://HOST:PORT)"))?;
         Ok(Url { host, port })
     }
 
@@ -184,21 +185,41 @@ impl Url {
             .map(|mut addrs| addrs.any(|a| a.ip().is_loopback() || a.ip().is_unspecified()))
             .unwrap_or(false)
     }
+}
+
+/// A response larger than this is refused: memgap's memory stays bounded
+/// whatever the service sends (a busy service's heap profile is a few MiB).
+const MAX_RESPONSE_BYTES: u64 = 64 << 20;
+
+/// GET requests to the service.
+struct Http {
+    agent: ureq::Agent,
+    /// http://HOST:PORT, the host in brackets when it is an IPv6 address.
+    base: String,
+}
+
+impl Http {
+    fn new(url: &Url) -> Http {
+        let config = ureq::Agent::config_builder()
+            .timeout_connect(Some(Duration::from_secs(5)))
+            .timeout_global(Some(Duration::from_secs(10)))
+            // The status is ours to judge (a service without pprof answers 404).
+            .http_status_as_error(false)
+            // Straight to the service, as given, whatever HTTP_PROXY says:
+            // its debug endpoints are on the machine or its network.
+            .proxy(None)
+            .user_agent("memgap")
+            .build();
+        let host = if url.host.contains(':') { format!("[{}]", url.host) } else { url.host.clone() };
+        Http { agent: config.into(), base: format!("http://{host}:{}", url.port) }
+    }
 
     /// GET `path`: the status code and the body.
     fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        let address = (self.host.as_str(), self.port).to_socket_addrs()?.next().with_context(|| format!("{}: no address", self.host))?;
-        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))
-            .with_context(|| format!("cannot connect to {}:{}", self.host, self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        // HTTP/1.0: the server closes the connection after the body, never chunks it.
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: {}:{}\r\nUser-Agent: memgap\r\n\r\n", self.host, self.port)?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).context("reading the response")?;
-        let text = String::from_utf8_lossy(&response);
-        let (head, body) = text.split_once("\r\n\r\n").context("not an HTTP response")?;
-        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("not an HTTP response")?;
-        Ok((status, body.to_string()))
+        let mut response = self.agent.get(format!("{}{path}", self.base)).call().with_context(|| format!("cannot reach {}", self.base))?;
+        let status = response.status().as_u16();
+        let body = response.body_mut().with_config().limit(MAX_RESPONSE_BYTES).read_to_string().context("reading the response")?;
+        Ok((status, body))
     }
 }
 
@@ -216,19 +237,19 @@ impl Endpoint {
         }
     }
 
-    fn find(url: &Url) -> anyhow::Result<Endpoint> {
+    fn find(http: &Http) -> anyhow::Result<Endpoint> {
         let mut why = Vec::new();
         for endpoint in [Endpoint::Pprof, Endpoint::Expvar] {
-            match endpoint.read(url) {
+            match endpoint.read(http) {
                 Ok(_) => return Ok(endpoint),
                 Err(error) => why.push(format!("{}: {error:#}", endpoint.path())),
             }
         }
-        bail!("http://{}:{} serves neither net/http/pprof nor expvar ({})", url.host, url.port, why.join("; "))
+        bail!("{} serves neither net/http/pprof nor expvar ({})", http.base, why.join("; "))
     }
 
-    fn read(self, url: &Url) -> anyhow::Result<MemStats> {
-        let (status, body) = url.get(self.path())?;
+    fn read(self, http: &Http) -> anyhow::Result<MemStats> {
+        let (status, body) = http.get(self.path())?;
         if status != 200 {
             bail!("HTTP status {status}");
         }
@@ -280,6 +301,54 @@ mod tests {
         assert!(Url::parse("http://localhost").is_err());
         assert!(Url::parse("http://:80").is_err());
         assert!(Url::parse("http://127.0.0.1:6060").unwrap().is_local());
+    }
+
+    /// A service on an ephemeral local port answering each request with
+    /// `respond(path)`: status and body. Serves `requests` requests.
+    fn serve(requests: usize, respond: fn(&str) -> (u16, String)) -> Url {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let port = server.server_addr().to_ip().unwrap().port();
+        std::thread::spawn(move || {
+            for request in server.incoming_requests().take(requests) {
+                let (status, body) = respond(request.url());
+                let _ = request.respond(tiny_http::Response::from_string(body).with_status_code(status));
+            }
+        });
+        Url { host: "127.0.0.1".into(), port }
+    }
+
+    #[test]
+    fn finds_the_endpoint_the_service_has_and_reads_it() {
+        let url = serve(3, |path| match path {
+            "/debug/vars" => {
+                (200, r#"{"memstats":{"HeapAlloc":1,"HeapInuse":2,"HeapIdle":3,"HeapReleased":4,"HeapSys":5,"Sys":6}}"#.into())
+            }
+            _ => (404, "404 page not found".into()),
+        });
+        let http = Http::new(&url);
+        let endpoint = Endpoint::find(&http).unwrap();
+        assert_eq!(endpoint.path(), "/debug/vars");
+        let stats = endpoint.read(&http).unwrap();
+        let values = stats.to_metric_values();
+        assert!(values.iter().any(|(name, value)| name == memgap_source_go::names::TOTAL && *value == 6.0), "{values:?}");
+    }
+
+    #[test]
+    fn a_service_with_neither_endpoint_says_why() {
+        let url = serve(2, |_| (404, "404 page not found".into()));
+        let error = format!("{:#}", Endpoint::find(&Http::new(&url)).unwrap_err());
+        assert!(error.contains("serves neither") && error.contains("HTTP status 404"), "{error}");
+    }
+
+    #[test]
+    fn a_response_beyond_the_limit_is_refused() {
+        let url = serve(1, |_| (200, "x".repeat(MAX_RESPONSE_BYTES as usize + 1)));
+        assert!(Http::new(&url).get("/debug/vars").is_err());
+    }
+
+    #[test]
+    fn an_ipv6_host_is_bracketed_again() {
+        assert_eq!(Http::new(&Url::parse("http://[::1]:6060").unwrap()).base, "http://[::1]:6060");
     }
 
     #[test]
