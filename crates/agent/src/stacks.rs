@@ -77,9 +77,6 @@ impl ThreadStacks {
     #[inline(always)]
     pub fn capture(&mut self) -> (u32, usize) {
         let depth = DEPTH.load(Relaxed);
-        // With skip 0 the first address is the return into
-        // append_allocation; the hook's comes next, then the program's.
-        let skip = AGENT_FRAMES;
         let frame_pointers = match MODE.load(Relaxed) {
             DWARF => false,
             FRAME_POINTERS => true,
@@ -87,8 +84,28 @@ impl ThreadStacks {
         };
         let frames = &mut self.frames[..depth];
         // Inlined here, and so into append_allocation: its walk starts
-        // there, a frame above capture's.
-        let (native, walked) = match self.unwinder.capture_remembered(frames, skip - 1, frame_pointers) {
+        // there, so the agent's frames above the program's are the hook's alone.
+        let captured = self.unwinder.capture_remembered(frames, AGENT_FRAMES - 1, frame_pointers);
+        // Nearly every capture: a recalled walk whose stack the trace has,
+        // in a thread that runs no Python code.
+        if let Capture::Remembered(native) = captured
+            && !crate::python_frames::enabled()
+            && self.is_defined(native)
+        {
+            return (native, 0);
+        }
+        self.intern_capture(captured, depth, frame_pointers)
+    }
+
+    /// The rest of [`Self::capture`]: a new walk to intern and remember,
+    /// a stack to define, Python frames. Out of line, so that the recall's
+    /// path stays short in append_allocation.
+    #[inline(never)]
+    fn intern_capture(&mut self, captured: Capture, depth: usize, frame_pointers: bool) -> (u32, usize) {
+        // A walk made again starts in its own function, called from here,
+        // called from append_allocation: one frame more than the agent's two.
+        let skip = AGENT_FRAMES + 1;
+        let (native, walked) = match captured {
             Capture::Remembered(id) => (id, None),
             Capture::Walked(0) => (0, Some(0)),
             Capture::Walked(depth) => {
@@ -131,11 +148,10 @@ impl ThreadStacks {
     #[inline(always)]
     fn walk_again(&mut self, depth: usize, skip: usize, frame_pointers: bool) -> usize {
         let frames = &mut self.frames[..depth];
-        // Inlined into append_allocation, as the memo's walk is: the same
-        // frames above it.
         if frame_pointers { self.unwinder.capture_frame_pointers(frames, skip) } else { self.unwinder.capture(frames, skip) }
     }
 
+    #[inline(always)]
     fn is_defined(&self, id: u32) -> bool {
         self.defined.get(id as usize / 64).is_some_and(|word| word & (1 << (id % 64)) != 0)
     }

@@ -50,8 +50,10 @@ const PAUSE_WINDOWS: u32 = 16;
 struct Remembered {
     ip: u64,
     sp: u64,
-    /// The frame pointer the walk depended on, if it did.
-    bp: Option<u64>,
+    /// The frame pointer the walk depended on, if it did: `bp_mask` is
+    /// then all ones, else 0 (a mask rather than an Option: one test).
+    bp: u64,
+    bp_mask: u64,
     /// The unwinder's module generation when walked.
     modules: u64,
     reads: Vec<Read>,
@@ -107,17 +109,21 @@ impl WalkMemo {
     #[inline(always)]
     pub fn recall(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: impl Fn(u64) -> u64) -> Option<u32> {
         let ways = self.slots.get_mut(Self::set(sp))?;
-        let holds = |entry: &Remembered| {
-            entry.sp == sp
-                && entry.ip == ip
-                && entry.modules == modules
-                && entry.bp.is_none_or(|b| b == bp)
-                && reads_hold(&entry.reads, &read)
-        };
-        let way = ways.iter().position(holds)?;
-        if way > 0 {
-            ways[..=way].rotate_right(1);
+        // The most recently used walk of the set, nearly always the one.
+        let first = ways.first()?;
+        if first.holds(ip, sp, bp, modules, &read) {
+            self.recalls += 1;
+            return Some(first.token);
         }
+        self.recall_other_way(ip, sp, bp, modules, &read)
+    }
+
+    /// [`Self::recall`] past the most recently used walk of the set.
+    #[inline(never)]
+    fn recall_other_way(&mut self, ip: u64, sp: u64, bp: u64, modules: u64, read: &impl Fn(u64) -> u64) -> Option<u32> {
+        let ways = self.slots.get_mut(Self::set(sp))?;
+        let way = ways.iter().position(|entry| entry.holds(ip, sp, bp, modules, read))?;
+        ways[..=way].rotate_right(1);
         self.recalls += 1;
         Some(ways[0].token)
     }
@@ -132,7 +138,14 @@ impl WalkMemo {
             Some(exact) => reads.extend(log.iter().zip(exact).filter(|(_, exact)| **exact).map(|(read, _)| read).filter(allowed)),
             None => reads.extend(log.iter().filter(allowed)),
         }
-        self.pending = Some(Remembered { ip, sp, bp: exact.is_none().then_some(bp), modules, reads, token: 0 });
+        // An even count, for `reads_hold`: the last word twice.
+        if let Some(&last) = reads.last()
+            && reads.len() % 2 == 1
+        {
+            reads.push(last);
+        }
+        let bp_mask = if exact.is_none() { u64::MAX } else { 0 };
+        self.pending = Some(Remembered { ip, sp, bp: bp & bp_mask, bp_mask, modules, reads, token: 0 });
     }
 
     /// Remembers the pending walk under `token` (the caller's stack id).
@@ -155,17 +168,26 @@ impl WalkMemo {
     }
 }
 
-/// Whether every word in `reads` still holds its value (and there is
-/// one). Two words a step, their differences or-ed: one branch per pair.
+impl Remembered {
+    /// Whether this is a walk from these registers whose kept words all
+    /// still hold.
+    #[inline(always)]
+    fn holds(&self, ip: u64, sp: u64, bp: u64, modules: u64, read: &impl Fn(u64) -> u64) -> bool {
+        self.sp == sp && self.ip == ip && self.modules == modules && (self.bp ^ bp) & self.bp_mask == 0 && reads_hold(&self.reads, read)
+    }
+}
+
+/// Whether every word in `reads` (an even count, see
+/// [`WalkMemo::walked`]) still holds its value, and there is one. Two
+/// words a step, their differences or-ed: one branch per pair.
 #[inline(always)]
 fn reads_hold(reads: &[Read], read: &impl Fn(u64) -> u64) -> bool {
-    let mut pairs = reads.chunks_exact(2);
-    for pair in &mut pairs {
+    for pair in reads.chunks_exact(2) {
         if (read(pair[0].0) ^ pair[0].1) | (read(pair[1].0) ^ pair[1].1) != 0 {
             return false;
         }
     }
-    !reads.is_empty() && pairs.remainder().iter().all(|&(at, value)| read(at) == value)
+    !reads.is_empty()
 }
 
 #[cfg(test)]
