@@ -446,7 +446,30 @@ pub fn compute(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owner
         return crate::outside_walk::walked_ledger_with(&walk, detail);
     }
     let walks = PageWalks::of(snapshot, plausible_page_size(snapshot.page_size), detail.pages);
-    compute_walking(state, snapshot, detail, owners, walks)
+    compute_walking(state, snapshot, detail, owners, walks, LiveBlocks::Replayed)
+}
+
+/// Where a ledger's live blocks come from.
+#[derive(Clone, Copy)]
+pub(crate) enum LiveBlocks<'a> {
+    /// The live set replay built from the trace's events.
+    Replayed,
+    /// The in-use blocks a walk of the allocator's state found, by address:
+    /// (block address, usable bytes). Millions of them go straight into the
+    /// page walk, without the live set's table.
+    Walked(&'a [(u64, u64)]),
+}
+
+/// [`compute`] of a heap whose live blocks a walk found rather than replay.
+pub(crate) fn compute_walked(
+    state: &mut HeapState,
+    snapshot: &Snapshot,
+    detail: Detail,
+    owners: &mut [Box<dyn HeapOwner>],
+    blocks: &[(u64, u64)],
+) -> Ledger {
+    let walks = PageWalks::of(snapshot, plausible_page_size(snapshot.page_size), detail.pages);
+    compute_walking(state, snapshot, detail, owners, walks, LiveBlocks::Walked(blocks))
 }
 
 /// [`compute`], classifying one by one the pages `walks` says.
@@ -456,13 +479,15 @@ fn compute_walking(
     detail: Detail,
     owners: &mut [Box<dyn HeapOwner>],
     walks: PageWalks,
+    live: LiveBlocks,
 ) -> Ledger {
     let page = plausible_page_size(snapshot.page_size);
     let mut ledger = empty_ledger(state, snapshot);
     let claimed = claim_owned_mappings(owners, snapshot, &mut ledger);
     let owners = &*owners;
-    let malloc = MallocInUse::of(owners, state);
-    let extents = live_block_extents(state, malloc.layout.block_header());
+    let malloc = MallocInUse::of(owners, state, live);
+    let extents = live_block_extents(state, malloc.layout.block_header(), live);
+    ledger.live_blocks = extents.len() as u64;
     // Which free pages the allocator's trim would release.
     let trim = {
         let live: Vec<(u64, u64)> = extents.iter().map(|b| (b.start, b.end)).collect();
@@ -472,7 +497,6 @@ fn compute_walking(
     let blocks = walked_once(extents);
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
-    ledger.live_blocks = state.live.len() as u64;
     let listed_per_page = if detail.pages && detail.objects {
         let heap_pages: u64 = walks.pages.iter().flatten().sum();
         (LISTED_BLOCKS / heap_pages.max(1)).min(LISTED_PER_PAGE)
@@ -566,38 +590,62 @@ struct MallocInUse<'a> {
 }
 
 impl<'a> MallocInUse<'a> {
-    fn of(owners: &'a [Box<dyn HeapOwner>], state: &HeapState) -> MallocInUse<'a> {
+    fn of(owners: &'a [Box<dyn HeapOwner>], state: &HeapState, live: LiveBlocks) -> MallocInUse<'a> {
         let recognised = owners.iter().filter(|o| o.present()).find_map(|o| o.malloc_layout().map(|layout| (o.name(), layout)));
-        let present = recognised.is_some() || !state.allocator.is_empty() || !state.live.is_empty();
+        let any_live = match live {
+            LiveBlocks::Replayed => !state.live.is_empty(),
+            LiveBlocks::Walked(blocks) => !blocks.is_empty(),
+        };
+        let present = recognised.is_some() || !state.allocator.is_empty() || any_live;
         let (name, layout) = recognised.unwrap_or((UNKNOWN_MALLOC, &UnknownMalloc));
         MallocInUse { name, layout, present }
     }
 }
 
 /// The live blocks in address order, each from its header to its usable end.
-fn live_block_extents(state: &mut HeapState, header: u64) -> Vec<BlockExtent> {
-    state
-        .live
-        .in_address_order()
-        .iter()
-        .map(|&(addr, b)| BlockExtent { start: addr.saturating_sub(header), end: addr + b.usable(), addr, size: b.size, stack: b.stack })
-        .collect()
+fn live_block_extents(state: &mut HeapState, header: u64, live: LiveBlocks) -> Vec<BlockExtent> {
+    match live {
+        LiveBlocks::Replayed => state
+            .live
+            .in_address_order()
+            .iter()
+            .map(|&(addr, b)| BlockExtent {
+                start: addr.saturating_sub(header),
+                end: addr + b.usable(),
+                addr,
+                size: b.size,
+                stack: b.stack,
+            })
+            .collect(),
+        // A walk knows no requested size: the usable bytes stand for it.
+        LiveBlocks::Walked(blocks) => blocks
+            .iter()
+            .map(|&(addr, usable)| BlockExtent {
+                start: addr.saturating_sub(header),
+                end: addr + usable,
+                addr,
+                size: usable,
+                stack: memgap_trace::event::NO_STACK,
+            })
+            .collect(),
+    }
 }
 
 /// The page walks go over each block's pages: blocks of a corrupt trace
 /// that overlap are walked from where the previous one ended, so that pages
 /// are walked once however many blocks claim them.
-fn walked_once(extents: Vec<BlockExtent>) -> Vec<BlockExtent> {
+fn walked_once(mut extents: Vec<BlockExtent>) -> Vec<BlockExtent> {
+    // In place: a heap of millions of blocks is not held twice.
     let mut covered = 0;
-    let mut walked = Vec::with_capacity(extents.len());
-    for mut b in extents {
+    extents.retain_mut(|b| {
         b.start = b.start.max(covered);
-        if b.start < b.end {
+        let walked = b.start < b.end;
+        if walked {
             covered = b.end;
-            walked.push(b);
         }
-    }
-    walked
+        walked
+    });
+    extents
 }
 
 /// What every mapping of one snapshot is accounted against, and the sums
@@ -1564,8 +1612,8 @@ mod tests {
             let walked = listed + ((pages - listed) as f64 * walked_share) as u64;
             let walks = |n: u64| PageWalks { pages: vec![Some(n)], by_page: [HEAP].into_iter().collect() };
             let detail = Detail { stacks: true, ..Detail::default() };
-            let one_by_one = compute_walking(&mut state(), &snapshot, detail, &mut glibc(), walks(pages));
-            let by_runs = compute_walking(&mut state(), &snapshot, detail, &mut glibc(), walks(walked));
+            let one_by_one = compute_walking(&mut state(), &snapshot, detail, &mut glibc(), walks(pages), LiveBlocks::Replayed);
+            let by_runs = compute_walking(&mut state(), &snapshot, detail, &mut glibc(), walks(walked), LiveBlocks::Replayed);
             proptest::prop_assert_eq!(&one_by_one.heaps, &by_runs.heaps);
             proptest::prop_assert_eq!(one_by_one.other_breakdown, by_runs.other_breakdown);
             proptest::prop_assert_eq!(one_by_one.rows, by_runs.rows);

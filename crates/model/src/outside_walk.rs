@@ -9,9 +9,7 @@
 //! only its usable bytes, so `live` counts usable bytes and `slack` only the
 //! chunks' size words.
 
-use memgap_replay::ThreadEvent;
 use memgap_trace::records::{Metrics, Snapshot};
-use memgap_trace::{Event, EventKind};
 use serde::Serialize;
 
 use crate::HeapState;
@@ -113,29 +111,35 @@ impl WalkedHeap {
     }
 }
 
-/// The heap as a replay would hold it at the walk's instant: the in-use
-/// chunks as live blocks (one pseudo-thread per arena, oldest heap first),
-/// the tcache chunks and the arenas' heaps in the trim model, the threads'
-/// stacks as stack hints.
+/// What a replay would know besides the live set at the walk's instant:
+/// the arenas' heaps (as regions that held blocks, and in the trim model,
+/// one pseudo-thread per arena, oldest heap first), the tcache chunks, the
+/// threads' stacks as stack hints. The in-use chunks stay the walk's
+/// sorted list: [`walked_ledger_with`] hands them to the ledger as they are.
 pub fn heap_state(walk: &WalkedHeap) -> HeapState {
     let mut state = HeapState::default();
     state.allocator = walk.libc_path.clone();
     state.stack_hints = walk.stack_pointers.clone();
-    let arena_of =
-        |addr: u64| walk.arenas.iter().position(|a| a.heaps.iter().any(|&(s, e)| s <= addr && addr < e)).map_or(0, |i| i as u32 + 1);
+    let mut heaps: Vec<(u64, u64)> = Vec::new();
     for (index, arena) in walk.arenas.iter().enumerate() {
-        let heaps: Vec<u64> = arena.heaps.iter().map(|&(start, _)| start).collect();
+        let starts: Vec<u64> = arena.heaps.iter().map(|&(start, _)| start).collect();
         if !arena.main {
-            state.glibc_trim.walked_arena(&heaps, index as u32 + 1);
+            state.glibc_trim.walked_arena(&starts, index as u32 + 1);
         }
         for &(start, end) in &arena.heaps {
             state.held_blocks(start, end);
+            heaps.push((start, end));
         }
     }
-    for &(addr, usable) in &walk.blocks {
-        let event = Event { kind: Some(EventKind::Malloc), addr, size: usable, usable, ..Event::default() };
-        let thread = arena_of(addr);
-        state.apply(&ThreadEvent { thread, tid: thread, event });
+    heaps.sort_unstable();
+    // Blocks outside every heap are chunks glibc mmapped for one block each:
+    // their mappings held blocks too.
+    let in_a_heap = |addr: u64| {
+        let i = heaps.partition_point(|&(start, _)| start <= addr);
+        i > 0 && addr < heaps[i - 1].1
+    };
+    for &(addr, usable) in walk.blocks.iter().filter(|&&(addr, _)| !in_a_heap(addr)) {
+        state.held_blocks(addr, addr + usable.max(1));
     }
     for &(addr, size) in &walk.tcache {
         state.glibc_trim.walked_tcache_chunk(addr, size);
@@ -154,7 +158,13 @@ pub fn walked_ledger_with(walk: &WalkedHeap, detail: Detail) -> Ledger {
     let mut state = heap_state(walk);
     let mut owners = crate::owners::registered();
     owners.iter_mut().for_each(|o| o.allocator(&walk.libc_path));
-    ledger::compute(&mut state, &walk.snapshot, detail, &mut owners)
+    if walk.blocks.is_sorted_by_key(|&(addr, _)| addr) {
+        ledger::compute_walked(&mut state, &walk.snapshot, detail, &mut owners, &walk.blocks)
+    } else {
+        let mut blocks = walk.blocks.clone();
+        blocks.sort_unstable();
+        ledger::compute_walked(&mut state, &walk.snapshot, detail, &mut owners, &blocks)
+    }
 }
 
 /// A walk kept in a trace (`memgap watch`): a METRICS record of this
@@ -301,6 +311,124 @@ impl WalkedHeap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memgap_replay::ThreadEvent;
+    use memgap_trace::records::{Mapping, Residency};
+    use memgap_trace::{Event, EventKind};
+
+    const PAGE: u64 = 4096;
+    const BRK: u64 = 0x5555_0000_0000;
+    const ARENA_HEAP: u64 = 0x7f00_0000_0000;
+    const MMAPPED: u64 = 0x7f10_0000_0000;
+    const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+
+    fn anonymous(start: u64, pages: u64, name: &str, residency: Residency) -> Mapping {
+        Mapping {
+            start,
+            end: start + pages * PAGE,
+            perms: "rw-p".into(),
+            name: name.into(),
+            rss: pages * PAGE,
+            residency,
+            ..Mapping::default()
+        }
+    }
+
+    /// A main arena, a thread arena and one mmapped chunk, with strided
+    /// survivors, free pages and tcache chunks.
+    fn walk() -> WalkedHeap {
+        let mut blocks = Vec::new();
+        for i in 0..600u64 {
+            if i % 7 == 0 || (200..260).contains(&i) {
+                blocks.push((BRK + 0x290 + 16 + i * 1024, 1016));
+            }
+        }
+        for i in 0..300u64 {
+            if i % 3 != 0 {
+                blocks.push((ARENA_HEAP + 0x8d0 + 16 + i * 48, 40));
+            }
+        }
+        blocks.push((MMAPPED + 16, 64 * PAGE - 16));
+        blocks.sort_unstable();
+        // Pages 100..110 of the brk heap were given back.
+        let mut bits = vec![0xffu8; 20];
+        bits[12] = 0;
+        bits[13] = 0b1100_0000;
+        let snapshot = Snapshot {
+            page_size: PAGE,
+            mappings: vec![
+                anonymous(BRK, 160, "[heap]", Residency::Bitmap(bits)),
+                anonymous(ARENA_HEAP, 8, "", Residency::All),
+                anonymous(ARENA_HEAP + 8 * PAGE, 16376, "", Residency::None),
+                anonymous(MMAPPED, 64, "", Residency::All),
+            ],
+            ..Snapshot::default()
+        };
+        WalkedHeap {
+            libc_path: LIBC.into(),
+            found_by: "debug info",
+            arenas: vec![
+                WalkedArena { state: 0x7f20_0000_0000, main: true, heaps: vec![(BRK, BRK + 160 * PAGE)], ..WalkedArena::default() },
+                WalkedArena {
+                    state: ARENA_HEAP + 48,
+                    main: false,
+                    heaps: vec![(ARENA_HEAP, ARENA_HEAP + 8 * PAGE)],
+                    ..WalkedArena::default()
+                },
+            ],
+            blocks,
+            tcache: vec![(BRK + 0x290 + 16 + 1024, 1040), (ARENA_HEAP + 0x8d0 + 16, 48)],
+            stack_pointers: vec![0x7ffc_0000_0000],
+            snapshot,
+            ..WalkedHeap::default()
+        }
+    }
+
+    /// The walk's blocks replayed as malloc events, one pseudo-thread per
+    /// arena: the ledger a trace of the same heap would give.
+    fn replayed_ledger(walk: &WalkedHeap) -> Ledger {
+        let mut state = HeapState::default();
+        state.allocator = walk.libc_path.clone();
+        state.stack_hints = walk.stack_pointers.clone();
+        let arena_of =
+            |addr: u64| walk.arenas.iter().position(|a| a.heaps.iter().any(|&(s, e)| s <= addr && addr < e)).map_or(0, |i| i as u32 + 1);
+        for (index, arena) in walk.arenas.iter().enumerate() {
+            let heaps: Vec<u64> = arena.heaps.iter().map(|&(start, _)| start).collect();
+            if !arena.main {
+                state.glibc_trim.walked_arena(&heaps, index as u32 + 1);
+            }
+            for &(start, end) in &arena.heaps {
+                state.held_blocks(start, end);
+            }
+        }
+        for &(addr, usable) in &walk.blocks {
+            let event = Event { kind: Some(EventKind::Malloc), addr, size: usable, usable, ..Event::default() };
+            let thread = arena_of(addr);
+            state.apply(&ThreadEvent { thread, tid: thread, event });
+        }
+        for &(addr, size) in &walk.tcache {
+            state.glibc_trim.walked_tcache_chunk(addr, size);
+        }
+        let mut owners = crate::owners::registered();
+        owners.iter_mut().for_each(|o| o.allocator(LIBC));
+        ledger::compute(&mut state, &walk.snapshot, Detail { pages: true, ..Detail::default() }, &mut owners)
+    }
+
+    #[test]
+    fn a_walked_ledger_is_the_ledger_of_its_blocks_replayed() {
+        let walk = walk();
+        let walked = walked_ledger(&walk, true);
+        let replayed = replayed_ledger(&walk);
+        assert!(walked.rows.live > 0 && walked.rows.fragmented > 0 && walked.trim_would_return_bytes > 0, "{:?}", walked.rows);
+        assert_eq!(walked.rows, replayed.rows);
+        assert_eq!(walked.heaps, replayed.heaps);
+        assert_eq!(walked.live_blocks, walk.blocks.len() as u64);
+        assert_eq!(walked.trim_would_return_bytes, replayed.trim_would_return_bytes);
+        assert_eq!(serde_json::to_string(&walked).unwrap(), serde_json::to_string(&replayed).unwrap());
+        // Blocks out of order (a corrupt record) give the same ledger.
+        let mut shuffled = walk.clone();
+        shuffled.blocks.reverse();
+        assert_eq!(walked_ledger(&shuffled, true).rows, walked.rows);
+    }
 
     #[test]
     fn a_walk_reads_back_from_its_metrics_record() {
