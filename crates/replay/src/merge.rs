@@ -111,6 +111,8 @@ struct ThreadQueue {
     buffer: u32,
     next_offset: u32,
     encoded: VecDeque<EncodedPiece>,
+    /// Bytes of `encoded` held in memory ([`PieceBytes::Held`]).
+    held: usize,
     /// Decoding state at the end of `pending`.
     delta: DeltaState,
     /// The same for a piece in the recorder's encoding.
@@ -159,13 +161,104 @@ impl StackIds {
 }
 
 struct EncodedPiece {
-    bytes: Vec<u8>,
+    bytes: PieceBytes,
     /// Decoded up to here.
     at: usize,
     /// The piece starts a buffer: the delta state restarts.
     starts_buffer: bool,
     /// In the recorder's encoding, which decodes each piece on its own.
     compact: bool,
+}
+
+/// A queued piece's bytes. Threads' pieces wait for the CLOCK record
+/// that lets them through, and with many threads and a recorder that holds
+/// CLOCK records back, what waits can be a good part of the trace: past
+/// [`HELD_BYTES`] in all, pieces stay in the file and are read back when
+/// their turn comes, so memory follows the threads, not the trace.
+enum PieceBytes {
+    /// Copied out of its chunk; counts towards [`HELD_BYTES`].
+    Held(Vec<u8>),
+    /// `len` bytes at `start` in the chunk at file offset `chunk`.
+    InFile { chunk: u64, start: u32, len: u32 },
+    /// Read back from the file, about to be decoded.
+    Loaded(Vec<u8>),
+}
+
+impl PieceBytes {
+    fn len(&self) -> usize {
+        match self {
+            PieceBytes::Held(bytes) | PieceBytes::Loaded(bytes) => bytes.len(),
+            PieceBytes::InFile { len, .. } => *len as usize,
+        }
+    }
+
+    /// Bytes counted towards [`HELD_BYTES`].
+    fn held(&self) -> usize {
+        if let PieceBytes::Held(bytes) = self { bytes.len() } else { 0 }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            PieceBytes::Held(bytes) | PieceBytes::Loaded(bytes) => bytes,
+            PieceBytes::InFile { .. } => &[],
+        }
+    }
+}
+
+/// Encoded bytes the queues keep in memory before pieces are left in the file.
+const HELD_BYTES: usize = 24 << 20;
+/// Chunks read back kept at hand: the pieces of one round, from every
+/// thread, lie in a few neighbouring chunks.
+const CACHED_CHUNKS: usize = 8;
+
+/// Where the pieces left in the file are read back from.
+#[derive(Default)]
+struct ChunkSource<'t> {
+    trace: Option<&'t TraceFile>,
+    /// [`HELD_BYTES`], but for tests.
+    held_limit: usize,
+    /// The chunk being read: its file offset, and the address and length
+    /// of its bytes in memory.
+    current: Option<(u64, usize, usize)>,
+    /// Chunks read back, the most recent last.
+    cache: Vec<(u64, Vec<u8>)>,
+}
+
+impl<'t> ChunkSource<'t> {
+    fn new(trace: &'t TraceFile, held_limit: usize) -> ChunkSource<'t> {
+        ChunkSource { trace: Some(trace), held_limit, ..ChunkSource::default() }
+    }
+
+    /// What a queue keeps of `records`, a piece of the current chunk, with `held` bytes already held.
+    fn keep(&self, records: &[u8], held: usize) -> PieceBytes {
+        if held + records.len() > self.held_limit
+            && self.trace.is_some()
+            && let Some((chunk, address, len)) = self.current
+            && let Some(start) = (records.as_ptr() as usize).checked_sub(address)
+            && start + records.len() <= len
+            && let (Ok(start), Ok(len)) = (u32::try_from(start), u32::try_from(records.len()))
+        {
+            return PieceBytes::InFile { chunk, start, len };
+        }
+        PieceBytes::Held(records.to_vec())
+    }
+
+    /// The bytes of a piece left in the file; None if the file no longer has them.
+    fn read_back(&mut self, chunk: u64, start: u32, len: u32) -> Option<Vec<u8>> {
+        let at = match self.cache.iter().position(|(offset, _)| *offset == chunk) {
+            Some(at) => at,
+            None => {
+                let bytes = self.trace?.chunk_at(chunk).ok()?;
+                if self.cache.len() >= CACHED_CHUNKS {
+                    self.cache.remove(0);
+                }
+                self.cache.push((chunk, bytes));
+                self.cache.len() - 1
+            }
+        };
+        let (start, len) = (start as usize, len as usize);
+        self.cache[at].1.get(start..start + len).map(<[u8]>::to_vec)
+    }
 }
 
 /// What decoding shares across threads.
@@ -191,6 +284,7 @@ impl ThreadQueue {
             buffer: u32::MAX,
             next_offset: 0,
             encoded: VecDeque::new(),
+            held: 0,
             delta: DeltaState::default(),
             compact: CompactState::default(),
             last_compact: false,
@@ -217,7 +311,7 @@ impl ThreadQueue {
     }
 
     /// Decodes until `want` events are pending or nothing is left.
-    fn fill(&mut self, want: usize, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) {
+    fn fill(&mut self, want: usize, decoding: &mut Decoding, chunks: &mut ChunkSource, outcome: &mut Outcome, visitor: &mut impl Visitor) {
         if self.available() >= want {
             return;
         }
@@ -227,6 +321,21 @@ impl ThreadQueue {
         self.pending.reserve(want - self.pending.len());
         while self.pending.len() < want {
             let Some(piece) = self.encoded.front_mut() else { return };
+            if let PieceBytes::InFile { chunk, start, len } = piece.bytes {
+                // Read back as it comes up; a file that changed since
+                // loses the piece, as a corrupt one would.
+                piece.bytes = PieceBytes::Loaded(chunks.read_back(chunk, start, len).unwrap_or_default());
+                if piece.bytes.len() != len as usize {
+                    outcome.lost_bytes += u64::from(len);
+                    piece.bytes = PieceBytes::InFile { chunk, start, len };
+                    if piece.compact {
+                        self.pop_front();
+                    } else {
+                        self.lose_rest_of_buffer(outcome);
+                    }
+                    continue;
+                }
+            }
             if piece.starts_buffer {
                 self.delta = DeltaState::default();
                 piece.starts_buffer = false;
@@ -236,10 +345,10 @@ impl ThreadQueue {
             }
             // One piece's records in one loop: the piece, its cursor and the
             // queue's room are looked up once, not per record.
-            let mut cursor = Cursor::at(&piece.bytes, piece.at);
+            let mut cursor = Cursor::at(piece.bytes.bytes(), piece.at);
             let mut failed = false;
             while self.pending.len() < want && !cursor.is_empty() {
-                prefetch_ahead(&piece.bytes, cursor.position());
+                prefetch_ahead(piece.bytes.bytes(), cursor.position());
                 self.pending.push(ThreadEvent { thread: self.thread, tid: self.tid, event: Event::default() });
                 let event = &mut self.pending.last_mut().expect("just pushed").event;
                 let decoded = if piece.compact {
@@ -278,17 +387,32 @@ impl ThreadQueue {
                 // The rest of this buffer cannot be decoded without the
                 // record that failed: drop it, and what came after it.
                 piece.at = piece.bytes.len();
-                while let Some(next) = self.encoded.get(1).filter(|next| !next.starts_buffer) {
-                    outcome.lost_bytes += next.bytes.len() as u64;
-                    self.encoded.remove(1);
-                }
-                if self.encoded.len() == 1 {
-                    self.buffer = u32::MAX;
-                }
+                self.lose_rest_of_buffer(outcome);
+                continue;
             }
             if self.encoded.front().is_some_and(|piece| piece.at == piece.bytes.len()) {
-                self.encoded.pop_front();
+                self.pop_front();
             }
+        }
+    }
+
+    /// Drops the front piece and the pieces after it in the same buffer
+    /// (counted lost): they cannot be decoded without it.
+    fn lose_rest_of_buffer(&mut self, outcome: &mut Outcome) {
+        while let Some(next) = self.encoded.get(1).filter(|next| !next.starts_buffer) {
+            outcome.lost_bytes += next.bytes.len() as u64;
+            self.held -= next.bytes.held();
+            self.encoded.remove(1);
+        }
+        if self.encoded.len() == 1 {
+            self.buffer = u32::MAX;
+        }
+        self.pop_front();
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(piece) = self.encoded.pop_front() {
+            self.held -= piece.bytes.held();
         }
     }
 
@@ -299,7 +423,14 @@ impl ThreadQueue {
 
     /// Decodes until every event of time `time` or earlier is pending (a
     /// thread's events are in time order); returns how many lead the queue.
-    fn decode_through(&mut self, time: u64, decoding: &mut Decoding, outcome: &mut Outcome, visitor: &mut impl Visitor) -> usize {
+    fn decode_through(
+        &mut self,
+        time: u64,
+        decoding: &mut Decoding,
+        chunks: &mut ChunkSource,
+        outcome: &mut Outcome,
+        visitor: &mut impl Visitor,
+    ) -> usize {
         let mut length = 0;
         loop {
             let pending = &self.pending[self.head..];
@@ -308,7 +439,7 @@ impl ThreadQueue {
                 return length;
             }
             let available = pending.len();
-            self.fill(available + DECODE_AHEAD, decoding, outcome, visitor);
+            self.fill(available + DECODE_AHEAD, decoding, chunks, outcome, visitor);
             if self.available() == available {
                 return length;
             }
@@ -333,8 +464,9 @@ impl Sample {
     }
 }
 
-struct Merger<'v, V: Visitor> {
+struct Merger<'v, 't, V: Visitor> {
     visitor: &'v mut V,
+    chunks: ChunkSource<'t>,
     threads: FxHashMap<u32, ThreadQueue>,
     /// RSS samples and snapshots, in the writer's (time) order.
     samples: VecDeque<Sample>,
@@ -365,16 +497,22 @@ pub fn on_progress(progress: Box<Progress>) {
 
 /// Reads the trace at `path` and feeds `visitor` in time order.
 pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, TraceError> {
+    replay_holding(path, visitor, HELD_BYTES)
+}
+
+/// [`replay`], with at most `held_limit` bytes of queued pieces in memory.
+fn replay_holding<V: Visitor>(path: &Path, visitor: &mut V, held_limit: usize) -> Result<Outcome, TraceError> {
     let trace = TraceFile::open(path)?;
     let progress = PROGRESS.get();
     let total = trace.len();
     let lineage =
         Lineage { dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(), run_id: trace.header().run_id, ..Lineage::default() };
-    let mut merger = Merger::new(visitor, Decoding::default(), lineage);
+    let mut merger = Merger::new(visitor, Decoding::default(), lineage, ChunkSource::new(&trace, held_limit));
     let tail = trace.for_each_chunk(|offset, chunk| {
         if let Some(progress) = progress {
             progress(offset, total);
         }
+        merger.chunks.current = Some((offset, chunk.as_ptr() as usize, chunk.len()));
         for record in Records::new(chunk) {
             match record {
                 Ok(record) => merger.record(record),
@@ -394,10 +532,11 @@ pub fn replay<V: Visitor>(path: &Path, visitor: &mut V) -> Result<Outcome, Trace
     Ok(merger.outcome)
 }
 
-impl<'v, V: Visitor> Merger<'v, V> {
-    fn new(visitor: &'v mut V, decoding: Decoding, lineage: Lineage) -> Merger<'v, V> {
+impl<'v, 't, V: Visitor> Merger<'v, 't, V> {
+    fn new(visitor: &'v mut V, decoding: Decoding, lineage: Lineage, chunks: ChunkSource<'t>) -> Merger<'v, 't, V> {
         Merger {
             visitor,
+            chunks,
             threads: FxHashMap::default(),
             samples: VecDeque::new(),
             batch: Vec::new(),
@@ -469,7 +608,13 @@ impl<'v, V: Visitor> Merger<'v, V> {
         }
     }
 
+    /// Bytes the queues hold in memory.
+    fn held(&self) -> usize {
+        self.threads.values().map(|queue| queue.held).sum()
+    }
+
     fn decode(&mut self, piece: EventsPiece<'_>) {
+        let held = self.held();
         let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue::new(piece.thread, piece.tid));
         // The agent's delta state does not go on from a piece in the recorder's encoding.
         let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset && !queue.last_compact;
@@ -480,12 +625,15 @@ impl<'v, V: Visitor> Merger<'v, V> {
         queue.buffer = piece.buffer;
         queue.next_offset = piece.offset.wrapping_add(piece.records.len() as u32);
         queue.last_compact = false;
-        queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: !continues, compact: false });
+        let bytes = self.chunks.keep(piece.records, held);
+        queue.held += bytes.held();
+        queue.encoded.push_back(EncodedPiece { bytes, at: 0, starts_buffer: !continues, compact: false });
     }
 
     /// A piece in the recorder's encoding: it decodes on its own, and its
     /// place in the agent's buffer tells whether one was lost before it.
     fn decode_compact(&mut self, piece: CompactEventsPiece<'_>) {
+        let held = self.held();
         let queue = self.threads.entry(piece.thread).or_insert_with(|| ThreadQueue::new(piece.thread, piece.tid));
         let continues = piece.buffer == queue.buffer && piece.offset == queue.next_offset;
         if !continues && piece.offset != 0 {
@@ -496,7 +644,9 @@ impl<'v, V: Visitor> Merger<'v, V> {
         queue.buffer = piece.buffer;
         queue.next_offset = piece.offset.wrapping_add(piece.source_len);
         queue.last_compact = true;
-        queue.encoded.push_back(EncodedPiece { bytes: piece.records.to_vec(), at: 0, starts_buffer: false, compact: true });
+        let bytes = self.chunks.keep(piece.records, held);
+        queue.held += bytes.held();
+        queue.encoded.push_back(EncodedPiece { bytes, at: 0, starts_buffer: false, compact: true });
     }
 
     /// A forked child's FORK record: its visitor gets the parent's heap at
@@ -539,8 +689,10 @@ impl<'v, V: Visitor> Merger<'v, V> {
             ..Lineage::default()
         };
         let image = self.decoding.image;
-        let mut merger = Merger::new(&mut parent, std::mem::take(&mut self.decoding), lineage);
-        let read = trace.for_each_chunk_until(|_, chunk| {
+        let mut merger =
+            Merger::new(&mut parent, std::mem::take(&mut self.decoding), lineage, ChunkSource::new(&trace, self.chunks.held_limit));
+        let read = trace.for_each_chunk_until(|offset, chunk| {
+            merger.chunks.current = Some((offset, chunk.as_ptr() as usize, chunk.len()));
             for record in Records::new(chunk).flatten() {
                 merger.record(record);
                 if merger.lineage.cut.is_some_and(|cut| cut.reached) {
@@ -569,9 +721,9 @@ impl<'v, V: Visitor> Merger<'v, V> {
             _ => limit,
         };
         let mut due = std::mem::take(&mut self.due);
-        let Merger { threads, decoding, outcome, visitor, .. } = self;
+        let Merger { threads, decoding, chunks, outcome, visitor, .. } = self;
         due.extend(threads.iter_mut().filter_map(|(&thread, queue)| {
-            queue.fill(1, decoding, outcome, *visitor);
+            queue.fill(1, decoding, chunks, outcome, *visitor);
             queue.front().is_some_and(|e| e.event.time < limit).then_some(thread)
         }));
         if due.len() < 2 {
@@ -588,11 +740,11 @@ impl<'v, V: Visitor> Merger<'v, V> {
         // live, so the rounds before it must have reached the visitor. A
         // sample goes after the events of its own time.
         loop {
-            let Merger { threads, decoding, outcome, visitor, .. } = self;
+            let Merger { threads, decoding, chunks, outcome, visitor, .. } = self;
             let mut time = None::<u64>;
             due.retain(|thread| {
                 let queue = threads.get_mut(thread).expect("a due thread has a queue");
-                queue.fill(1, decoding, outcome, *visitor);
+                queue.fill(1, decoding, chunks, outcome, *visitor);
                 match queue.front() {
                     Some(e) if e.event.time < limit => {
                         let t = e.event.time;
@@ -607,7 +759,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
             let mut lengths = std::mem::take(&mut self.lengths);
             lengths.clear();
             lengths.extend(due.iter().map(|thread| {
-                threads.get_mut(thread).expect("a due thread has a queue").decode_through(time, decoding, outcome, *visitor)
+                threads.get_mut(thread).expect("a due thread has a queue").decode_through(time, decoding, chunks, outcome, *visitor)
             }));
             self.release_samples_before(time);
             let Merger { threads, outcome, visitor, round_order, .. } = self;
@@ -649,7 +801,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
     /// (after the events of the same time, as the sort would place them).
     fn release_one_thread(&mut self, thread: Option<u32>, limit: u64) {
         if let Some(thread) = thread {
-            let Merger { threads, decoding, outcome, visitor, samples, .. } = self;
+            let Merger { threads, decoding, chunks, outcome, visitor, samples, .. } = self;
             let queue = threads.get_mut(&thread).expect("a due thread has a queue");
             // The next sample's time, kept at hand: asking the queue of
             // samples at every event cost 16 instructions an event.
@@ -657,7 +809,7 @@ impl<'v, V: Visitor> Merger<'v, V> {
             let mut sample_time = next_sample(samples);
             loop {
                 if queue.available() <= PREFETCH_DISTANCE {
-                    queue.fill(DECODE_AHEAD, decoding, outcome, *visitor);
+                    queue.fill(DECODE_AHEAD, decoding, chunks, outcome, *visitor);
                 }
                 if let Some(ahead) = queue.pending.get(queue.head + PREFETCH_DISTANCE)
                     && let Some(live) = visitor.live_set()
@@ -775,6 +927,49 @@ mod tests {
         }
         drop(writer);
         replay(&path, visitor).unwrap()
+    }
+
+    /// Every piece left in the file and read back when its turn comes
+    /// replays as the pieces held in memory do.
+    #[test]
+    fn pieces_left_in_the_file_replay_as_held_ones() {
+        use EventKind::{Free, Malloc};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.mgt");
+        let mut writer = TraceWriter::create(&path, 1).unwrap();
+        // Two threads whose addresses interleave, in many pieces over many
+        // chunks, released by CLOCK records that come late.
+        let mut expected_events = 0;
+        for round in 0..40u64 {
+            let mut records = vec![clock(round * 10)];
+            let mut pieces = Vec::new();
+            for thread in 1..=2u32 {
+                let base = 0x10_0000 * u64::from(thread) + round * 0x100;
+                let time = round * 10 + 1;
+                pieces.push((thread, encoded(&[(Malloc, base, time), (Malloc, base + 0x40, time), (Free, base, time + 1)])));
+                expected_events += 3;
+            }
+            for (thread, bytes) in &pieces {
+                records.push(Record::Events(EventsPiece {
+                    thread: *thread,
+                    tid: *thread,
+                    buffer: round as u32,
+                    offset: 0,
+                    records: bytes,
+                }));
+            }
+            writer.write(&records).unwrap();
+        }
+        writer.write(&[clock(1000), clock(1001)]).unwrap();
+        drop(writer);
+        let (mut held, mut in_file) = (Live::default(), Live::default());
+        let held_outcome = replay(&path, &mut held).unwrap();
+        let in_file_outcome = replay_holding(&path, &mut in_file, 0).unwrap();
+        assert_eq!(held.1.len(), expected_events);
+        assert_eq!(held.1, in_file.1);
+        assert_eq!((held.0.len(), held.0.live_bytes()), (in_file.0.len(), in_file.0.live_bytes()));
+        assert_eq!((held_outcome.events, held_outcome.lost_bytes), (in_file_outcome.events, in_file_outcome.lost_bytes));
+        assert_eq!((in_file_outcome.lost_bytes, in_file_outcome.malformed_records), (0, 0));
     }
 
     fn replay_chunks(chunks: &[Vec<Record<'_>>]) -> (Vec<(u32, u64, u64)>, Outcome) {

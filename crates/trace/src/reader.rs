@@ -54,6 +54,24 @@ impl TraceFile {
         self.bytes.len() <= FILE_HEADER_LEN
     }
 
+    /// The decompressed bytes of the chunk at `offset` (as `for_each_chunk`
+    /// gave it), read again: a reader that let go of what it queued from a
+    /// chunk reads it back here. The file's pages it read are let go again,
+    /// so reading back does not bring the trace back into memory.
+    pub fn chunk_at(&self, offset: u64) -> Result<Vec<u8>, TraceError> {
+        let offset = usize::try_from(offset).unwrap_or(usize::MAX).max(FILE_HEADER_LEN);
+        let mut scratch = Vec::new();
+        let (raw, next) = match read_chunk_into(&self.bytes, offset, &mut scratch)? {
+            ChunkRef::Chunk { raw, next, decompressed } => (if decompressed { None } else { Some(raw.to_vec()) }, next),
+            ChunkRef::End(_) => return Err(TraceError::Corrupt { offset: offset as u64, what: "no chunk there" }),
+        };
+        let page = 4096;
+        let (start, end) = (offset & !(page - 1), next.div_ceil(page) * page);
+        // SAFETY: as in `drop_pages_before`: a read-only view of the file.
+        let _ = unsafe { self.bytes.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end.min(self.bytes.len()) - start) };
+        Ok(raw.unwrap_or(scratch))
+    }
+
     /// Lets the kernel take back the mapped pages of the file below
     /// `offset`, a few MiB at a time from `dropped` on: a reader's memory
     /// then follows what it keeps, not the length of the trace. Returns
