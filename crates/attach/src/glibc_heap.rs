@@ -80,14 +80,17 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
     Err(AttachError::Failed(format!("the heap kept changing under the walk, {ATTEMPTS} tries ({last_failure})")))
 }
 
-/// Reads the heap while the process runs, then stops it only to check that
-/// nothing the walk read was written meanwhile: the kernel's soft-dirty bit
-/// of every page of the walked heaps and of the pages holding main_arena and
-/// mp_ (cleared before the walk), the list of mappings (an mmapped chunk
-/// freed or made), and no thread inside malloc. The stop then lasts as long
-/// as reading 8 bytes of /proc/PID/pagemap per heap page. `None`: the state
-/// changed [`OPTIMISTIC_TRIES`] times, or the kernel keeps no soft-dirty
-/// bits; the caller reads it stopped.
+/// Reads the heap while the process runs, and stops it only to see that no
+/// thread is inside malloc. The kernel's soft-dirty bits (cleared before the
+/// walk, read after the stop) then tell whether any page the walk read was
+/// written meanwhile: every page of the walked heaps, of the chunks glibc
+/// mmapped and of main_arena and mp_. None was written from the clearing
+/// until after the stop, so at the stop's instant the memory held what the
+/// walk read, with no thread half-way through an update: a consistent state,
+/// while the stop lasts only as long as stopping the threads and reading
+/// their registers. The list of mappings is compared too (a chunk mmapped
+/// or unmapped). `None`: the state changed [`OPTIMISTIC_TRIES`] times, or
+/// the kernel keeps no soft-dirty bits; the caller reads it stopped.
 fn read_optimistically(pid: u32, memory: &ProcessMemory, state: &GlibcState, libc: &LibcImage) -> Result<Option<WalkedHeap>, AttachError> {
     let located = Ok(state.clone());
     for attempt in 1..=OPTIMISTIC_TRIES {
@@ -98,16 +101,12 @@ fn read_optimistically(pid: u32, memory: &ProcessMemory, state: &GlibcState, lib
         let Ok(mut heap) = read_stopped(pid, memory, &located, &[]) else { continue };
         let started = Instant::now();
         let Stopped { threads, stack_pointers, inside } = stop(pid, libc)?;
-        let mut pages: Vec<(u64, u64)> = heap.arenas.iter().flat_map(|a| a.heaps.iter().copied()).collect();
-        pages.push((state.main_arena, state.main_arena + STATE_SIZE));
-        if let Some(mp) = state.mp {
-            pages.push((mp, mp + 8 * 16));
-        }
-        let unchanged = !inside
-            && std::fs::read(format!("/proc/{pid}/maps")).is_ok_and(|maps| maps == maps_before)
-            && soft_dirty_pages(pid, &pages, heap.snapshot.page_size.max(4096)) == Some(0);
         drop(threads);
         let stopped_ns = started.elapsed().as_nanos() as u64;
+        let page_size = heap.snapshot.page_size.max(4096);
+        let unchanged = !inside
+            && soft_dirty_pages(pid, &read_ranges(&heap, state, page_size), page_size) == Some(0)
+            && std::fs::read(format!("/proc/{pid}/maps")).is_ok_and(|maps| maps == maps_before);
         if unchanged {
             heap.stack_pointers = stack_pointers;
             heap.stopped_ns = stopped_ns;
@@ -123,6 +122,25 @@ fn read_optimistically(pid: u32, memory: &ProcessMemory, state: &GlibcState, lib
     Ok(None)
 }
 
+/// The memory a walk read, by ranges: the arenas' heaps, main_arena, mp_,
+/// and the header page of each chunk glibc mmapped.
+fn read_ranges(heap: &WalkedHeap, state: &GlibcState, page_size: u64) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = heap.arenas.iter().flat_map(|a| a.heaps.iter().copied()).collect();
+    let in_a_heap = |addr: u64| ranges.iter().any(|&(start, end)| start <= addr && addr < end);
+    let mmapped: Vec<(u64, u64)> = heap
+        .blocks
+        .iter()
+        .filter(|&&(addr, _)| addr % page_size == 16 && !in_a_heap(addr))
+        .map(|&(addr, _)| (addr - 16, addr - 16 + page_size))
+        .collect();
+    ranges.extend(mmapped);
+    ranges.push((state.main_arena, state.main_arena + STATE_SIZE));
+    if let Some(mp) = state.mp {
+        ranges.push((mp, mp + 8 * 16));
+    }
+    ranges
+}
+
 /// Tries of [`read_optimistically`] before the heap is read stopped.
 const OPTIMISTIC_TRIES: u32 = 3;
 
@@ -130,7 +148,29 @@ const OPTIMISTIC_TRIES: u32 = 3;
 /// a page's bit at its next write). Only bookkeeping: the program sees no
 /// change, but a first write to each page takes a minor fault.
 fn clear_soft_dirty(pid: u32) -> bool {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "4").is_ok()
+    soft_dirty_kept() && std::fs::write(format!("/proc/{pid}/clear_refs"), "4").is_ok()
+}
+
+/// Whether the kernel keeps soft-dirty bits (CONFIG_MEM_SOFT_DIRTY): one
+/// without accepts the clearing but never sets a bit, so every page would
+/// look unwritten. Tried once on a page of memgap's own: cleared, written,
+/// its bit read back.
+fn soft_dirty_kept() -> bool {
+    static KEPT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KEPT.get_or_init(|| {
+        let mut page = vec![0u8; 2 * 4096];
+        let at = page.as_ptr() as u64;
+        let first = at.next_multiple_of(4096);
+        let index = (first - at) as usize;
+        page[index] = 1;
+        std::hint::black_box(&mut page);
+        if std::fs::write("/proc/self/clear_refs", "4").is_err() {
+            return false;
+        }
+        page[index] = 2;
+        std::hint::black_box(&mut page);
+        soft_dirty_pages(std::process::id(), &[(first, first + 1)], 4096) == Some(1)
+    })
 }
 
 /// How many pages of `ranges` were written since the soft-dirty bits were
