@@ -52,6 +52,20 @@ pub fn mappings(pid: u32) -> Result<Vec<Mapping>, AttachError> {
 
 /// Reads everything `memgap snapshot` shows about `pid`.
 pub fn read_process(pid: u32) -> Result<ProcfsReading, AttachError> {
+    read_process_reusing(pid, None)
+}
+
+/// An allocator's own statistics (or why they could not be read) as an
+/// earlier reading of the same process got them.
+#[derive(Debug, Clone, Default)]
+pub struct KnownAllocatorStats {
+    pub stats: Option<memgap_types::allocator_stats::AllocatorStats>,
+    pub error: Option<String>,
+}
+
+/// [`read_process`], taking the allocator's statistics from `reuse` when
+/// given instead of calling into the process for them (no ptrace stop).
+pub fn read_process_reusing(pid: u32, reuse: Option<&KnownAllocatorStats>) -> Result<ProcfsReading, AttachError> {
     let first = status(pid)?;
     let pid = if first.tgid != 0 { first.tgid } else { pid };
     if first.state == 'Z' {
@@ -59,7 +73,7 @@ pub fn read_process(pid: u32) -> Result<ProcfsReading, AttachError> {
     }
     // The allocator's own figures first: the call stops a thread briefly
     // and may touch pages, before smaps and VmRSS are read.
-    let (linked, allocator_stats, allocator_stats_error) = linked_allocator_stats(pid, &first);
+    let (linked, allocator_stats, allocator_stats_error) = linked_allocator_stats(pid, &first, reuse);
     let mappings = mappings(pid)?;
     // Read last, so that VmRSS and smaps are as close in time as they can be.
     let status = status(pid)?;
@@ -88,9 +102,13 @@ pub fn read_process(pid: u32) -> Result<ProcfsReading, AttachError> {
 fn linked_allocator_stats(
     pid: u32,
     status: &Status,
+    reuse: Option<&KnownAllocatorStats>,
 ) -> (Option<crate::allocator_stats::LinkedAllocator>, Option<memgap_types::allocator_stats::AllocatorStats>, Option<String>) {
     let Ok(mappings) = mappings(pid) else { return (None, None, None) };
     let Some(linked) = crate::allocator_stats::linked_allocator(pid, &mappings) else { return (None, None, None) };
+    if let Some(known) = reuse {
+        return (Some(linked), known.stats.clone(), known.error.clone());
+    }
     if status.tracer_pid != 0 {
         let why = format!("process {pid} is traced by process {} (a debugger?)", status.tracer_pid);
         return (Some(linked), None, Some(why));
@@ -108,6 +126,7 @@ fn linked_allocator_stats(
 fn linked_allocator_stats(
     _pid: u32,
     _status: &Status,
+    _reuse: Option<&KnownAllocatorStats>,
 ) -> (Option<NoLinkedAllocator>, Option<memgap_types::allocator_stats::AllocatorStats>, Option<String>) {
     (None, None, None)
 }

@@ -446,3 +446,47 @@ fn scrapes_while_processes_come_and_go_all_succeed() {
     assert!(read.iter().all(|&n| n >= 2.0), "processes read per scrape: {read:?}");
     assert!(vanished > 0.0, "in {} scrapes no process exited between listing and reading: the race was not exercised", read.len());
 }
+
+/// jemalloc's own statistics are called for in the process (a ptrace stop)
+/// at most once per --allocator-stats-every: the scrapes in between reuse
+/// them and say how old they are; with 0, every scrape calls again.
+#[test]
+fn jemallocs_statistics_are_read_at_most_once_per_period_and_their_age_exported() {
+    let (_tmp, dir) = tempdir();
+    let jemalloc = Path::new(ALLOCATOR_DIR).join("libjemalloc.so.2");
+    assert!(jemalloc.is_file(), "{} is missing (apt install libjemalloc2)", jemalloc.display());
+    let exe = compile(&dir, "retainer.c");
+    let counter = dir.join("counter");
+    let program = Background::start(command(arg(&exe), ["1", "8", arg(&counter)]).current_dir(&dir).env("LD_PRELOAD", &jemalloc), 2);
+    let pid = program.pid.to_string();
+    let age = |text: &str| {
+        let ages = samples(text, "memgap_allocator_stats_age_seconds");
+        assert_eq!(ages.len(), 1, "{text}");
+        assert!(ages[0].0.contains(&format!("pid=\"{pid}\"")), "{ages:?}");
+        ages[0].1
+    };
+    let live_row =
+        |text: &str| samples(text, "memgap_allocator_rows_bytes").into_iter().find(|(l, _)| l.contains("row=\"live\"")).map(|s| s.1);
+
+    let (_cached, cached) = start_exporter(&dir, &["--pid", &pid]);
+    let (_, first) = http_get(&cached, "/metrics");
+    assert!(first.contains("allocator=\"jemalloc\""), "{first}");
+    let first_age = age(&first);
+    assert!(first_age < 1.0, "{first}");
+    let first_live = live_row(&first).expect("jemalloc's live row");
+    thread::sleep(Duration::from_millis(1500));
+    let (_, second) = http_get(&cached, "/metrics");
+    // The figures of the first scrape, 1.5 s older.
+    assert!(age(&second) >= 1.4, "{second}");
+    assert_eq!(live_row(&second), Some(first_live), "{second}");
+    assert!(second.contains("# TYPE memgap_allocator_stats_age_seconds gauge"), "{second}");
+
+    let (_every, every) = start_exporter(&dir, &["--pid", &pid, "--allocator-stats-every", "0"]);
+    for _ in 0..2 {
+        let (_, text) = http_get(&every, "/metrics");
+        assert!(age(&text) < 1.0, "{text}");
+        assert!(live_row(&text).is_some(), "{text}");
+    }
+    // Never left stopped or traced.
+    assert_eq!(proc_status(program.pid, "TracerPid").as_deref(), Some("0"));
+}

@@ -1,20 +1,23 @@
 //! `memgap exporter --listen ADDR (--pid PID…|--cgroup PATH|--all)`: the
 //! outside ledger of running processes, served as Prometheus metrics on
-//! `/metrics`, read afresh at every scrape.
+//! `/metrics`, read afresh at every scrape; an allocator's own statistics
+//! (jemalloc's mallctl, called in the process) at most once per
+//! `--allocator-stats-every`, their age exported beside them.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use clap::ArgAction;
 use memgap_attach::AttachError;
 use memgap_attach::cgroup::NamedCgroup;
+use memgap_attach::procfs::KnownAllocatorStats;
 use memgap_model::ProcessLedger;
 use memgap_views::metrics::{self, Scrape};
-
-use super::snapshot;
 
 /// Serves the outside ledger of running processes as Prometheus metrics.
 ///
@@ -38,6 +41,61 @@ pub struct Args {
     /// Every process memgap may read.
     #[arg(long)]
     all: bool,
+    /// Call into a process for its allocator's own statistics (jemalloc's
+    /// mallctl, which stops one thread for the call) at most once per this
+    /// many seconds; scrapes in between reuse the figures and export their
+    /// age as memgap_allocator_stats_age_seconds. 0: at every scrape.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    allocator_stats_every: u64,
+}
+
+/// The allocator statistics last read of each process, by pid with the
+/// process's start time (a pid reused by another process is not reused).
+struct StatsCache {
+    every: Duration,
+    entries: Mutex<HashMap<u32, (u64, Instant, KnownAllocatorStats)>>,
+}
+
+impl StatsCache {
+    /// The ledger of `pid`, its allocator's statistics reused while younger
+    /// than `every`, and their age in seconds (when it has any).
+    fn ledger_of(&self, pid: u32) -> Reading {
+        let started = start_time(pid);
+        let known = self.entries.lock().ok().and_then(|entries| {
+            entries
+                .get(&pid)
+                .filter(|(start, at, _)| Some(*start) == started && at.elapsed() < self.every)
+                .map(|(_, at, k)| (*at, k.clone()))
+        });
+        let (reading, read_at) = match known {
+            Some((at, known)) => (memgap_attach::procfs::read_process_reusing(pid, Some(&known))?, at),
+            None => {
+                let reading = memgap_attach::read_process(pid)?;
+                let known = KnownAllocatorStats { stats: reading.allocator_stats.clone(), error: reading.allocator_stats_error.clone() };
+                let now = Instant::now();
+                if let (Some(start), Ok(mut entries)) = (started, self.entries.lock()) {
+                    entries.insert(pid, (start, now, known));
+                }
+                (reading, now)
+            }
+        };
+        let age = reading.allocator_stats.is_some().then(|| read_at.elapsed().as_secs_f64());
+        Ok((memgap_model::outside_ledger(&reading), age))
+    }
+
+    /// Forgets the processes not in `pids` (gone, or no longer selected).
+    fn keep_only(&self, pids: &[u32]) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.retain(|pid, _| pids.contains(pid));
+        }
+    }
+}
+
+/// The start time of `pid` in clock ticks since boot (/proc/PID/stat field 22).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command, in parentheses, may hold spaces and parentheses itself.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Which processes a scrape reads.
@@ -78,18 +136,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let server = tiny_http::Server::http(&args.listen).map_err(|e| anyhow!("cannot listen on {}: {e}", args.listen))?;
     let address = server.server_addr().to_ip().context("listening on a Unix socket, not an IP address")?;
     eprintln!("memgap: serving metrics on http://{address}/metrics");
+    let cache = StatsCache { every: Duration::from_secs(args.allocator_stats_every), entries: Mutex::new(HashMap::new()) };
     for request in server.incoming_requests() {
-        respond(request, &selection);
+        respond(request, &selection, &cache);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn respond(request: tiny_http::Request, selection: &Selection) {
+fn respond(request: tiny_http::Request, selection: &Selection, cache: &StatsCache) {
     use tiny_http::{Header, Method, Response};
     let path = request.url().split('?').next().unwrap_or("");
     let response = match (request.method(), path) {
         (Method::Get | Method::Head, "/metrics") => {
-            let text = metrics::prometheus_text(&scrape(selection));
+            let (scrape, ages) = scrape(selection, cache);
+            let mut text = metrics::prometheus_text(&scrape);
+            text.push_str(&allocator_text(&scrape, &ages));
             Response::from_string(text).with_header(Header::from_bytes("Content-Type", metrics::CONTENT_TYPE).expect("a valid header"))
         }
         (Method::Get | Method::Head, "/") => Response::from_string("memgap exporter: the metrics are at /metrics\n"),
@@ -100,17 +161,63 @@ fn respond(request: tiny_http::Request, selection: &Selection) {
     let _ = request.respond(response);
 }
 
-/// Reads every selected process once.
-fn scrape(selection: &Selection) -> Scrape {
+/// The rows an allocator's own statistics give (jemalloc's, tcmalloc's),
+/// and how old those statistics are, as gauges.
+fn allocator_text(scrape: &Scrape, ages: &HashMap<u32, f64>) -> String {
+    use std::fmt::Write;
+    let (mut rows, mut age_lines) = (String::new(), String::new());
+    for ledger in &scrape.processes {
+        let labels = format!("pid=\"{}\",comm=\"{}\"", ledger.pid, metrics::escape_label_value(&ledger.command));
+        if let Some(r) = &ledger.allocator_rows {
+            for (row, bytes) in [
+                ("live", r.live),
+                ("fragmented", r.fragmented),
+                ("retained", r.retained),
+                ("metadata", r.metadata),
+                ("unaccounted", r.unaccounted),
+            ] {
+                let _ = writeln!(rows, "memgap_allocator_rows_bytes{{{labels},row=\"{row}\"}} {bytes}");
+            }
+        }
+        if let Some(age) = ages.get(&ledger.pid) {
+            let _ = writeln!(age_lines, "memgap_allocator_stats_age_seconds{{{labels}}} {age:.3}");
+        }
+    }
+    let mut text = String::new();
+    if !rows.is_empty() {
+        text.push_str("# HELP memgap_allocator_rows_bytes The heap split by the allocator's own statistics (jemalloc's stats.*, tcmalloc's properties), as old as memgap_allocator_stats_age_seconds says\n");
+        text.push_str("# TYPE memgap_allocator_rows_bytes gauge\n");
+        text.push_str(&rows);
+    }
+    if !age_lines.is_empty() {
+        text.push_str("# HELP memgap_allocator_stats_age_seconds How old the allocator's own statistics in this scrape are: memgap calls into the process for them at most once per --allocator-stats-every\n");
+        text.push_str("# TYPE memgap_allocator_stats_age_seconds gauge\n");
+        text.push_str(&age_lines);
+    }
+    text
+}
+
+/// One process's ledger and the age of its allocator statistics, or why it could not be read.
+type Reading = Result<(ProcessLedger, Option<f64>), AttachError>;
+
+/// Reads every selected process once; the age of the allocator statistics of each that has them.
+fn scrape(selection: &Selection, cache: &StatsCache) -> (Scrape, HashMap<u32, f64>) {
     let started = Instant::now();
     let mut scrape = Scrape::default();
+    let mut ages = HashMap::new();
     let pids = selection.processes();
-    for (pid, reading) in pids.iter().zip(read_all(&pids)) {
+    cache.keep_only(&pids);
+    for (pid, reading) in pids.iter().zip(read_all(&pids, cache)) {
         match reading {
             // Kernel threads have no memory map of their own.
-            Ok(ledger) if ledger.mappings.is_empty() => {}
-            Ok(ledger) if scrape.processes.iter().any(|seen| seen.pid == ledger.pid) => {}
-            Ok(ledger) => scrape.processes.push(ledger),
+            Ok((ledger, _)) if ledger.mappings.is_empty() => {}
+            Ok((ledger, _)) if scrape.processes.iter().any(|seen| seen.pid == ledger.pid) => {}
+            Ok((ledger, age)) => {
+                if let Some(age) = age {
+                    ages.insert(ledger.pid, age);
+                }
+                scrape.processes.push(ledger)
+            }
             Err(error) => *scrape.skipped.entry(skip_reason(&error, *pid)).or_default() += 1,
         }
     }
@@ -118,16 +225,16 @@ fn scrape(selection: &Selection) -> Scrape {
         scrape.cgroup = cgroup.memory().map(memgap_model::assess_cgroup);
     }
     scrape.duration_seconds = started.elapsed().as_secs_f64();
-    scrape
+    (scrape, ages)
 }
 
 /// The ledgers of `pids`, in their order, read on every CPU: most of a
 /// scrape is the kernel walking page tables for smaps and numa_maps, which
 /// runs in parallel.
-fn read_all(pids: &[u32]) -> Vec<Result<ProcessLedger, AttachError>> {
+fn read_all(pids: &[u32], cache: &StatsCache) -> Vec<Reading> {
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4).min(pids.len().max(1));
     let next = AtomicUsize::new(0);
-    let mut readings: Vec<(usize, Result<ProcessLedger, AttachError>)> = std::thread::scope(|scope| {
+    let mut readings: Vec<(usize, Reading)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
@@ -135,7 +242,7 @@ fn read_all(pids: &[u32]) -> Vec<Result<ProcessLedger, AttachError>> {
                     loop {
                         let index = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&pid) = pids.get(index) else { break read };
-                        read.push((index, snapshot::ledger_of(pid)));
+                        read.push((index, cache.ledger_of(pid)));
                     }
                 })
             })
