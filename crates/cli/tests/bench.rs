@@ -69,4 +69,15 @@ fn the_benchmark_suite_runs_every_workload_under_every_tool() {
         targets.iter().any(|t| t["target"].as_str().is_some_and(|t| t.starts_with("memgap (stacks) overhead"))),
         "no overhead target checked"
     );
+    // The analysis of a 64-thread trace, and issue 31's rows, each with a figure.
+    let many = &report["many_threads"];
+    assert!(many.get("error").is_none(), "64-thread trace: {}", many["error"]);
+    assert!(many["events"].as_u64().is_some_and(|e| e > 1000), "64-thread trace: {many}");
+    assert!(many["report_peak_rss_mib"].as_f64().is_some_and(|m| m > 0.0), "64-thread trace: {many}");
+    for prefix in ["first pass (memgap report", "analysis memory with 64 threads", "`blame` on the indexed trace", "second memgap report"] {
+        assert!(
+            targets.iter().any(|t| t["target"].as_str().is_some_and(|t| t.starts_with(prefix)) && t["measured"].as_str().is_some()),
+            "no target row {prefix:?}"
+        );
+    }
 }
