@@ -321,19 +321,80 @@ fn load_base(elf: &object::File<'_>, mappings: &[memgap_trace::records::Mapping]
     first.start.wrapping_sub(lowest & !0xfff)
 }
 
+/// One executable as one process runs it: the pid, the file's identity
+/// (device, inode, size, modification time) and where it was loaded. A
+/// watch reads a process again and again; its executable's DWARF is read
+/// once for all these readings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ExecutableKey {
+    pid: u32,
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified: (i64, i64),
+    loaded_at: u64,
+}
+
+impl ExecutableKey {
+    fn of(pid: u32, metadata: &std::fs::Metadata, mappings: &[memgap_trace::records::Mapping]) -> ExecutableKey {
+        use std::os::unix::fs::MetadataExt;
+        let inode = metadata.ino();
+        let loaded_at = mappings.iter().filter(|m| m.inode == inode).map(|m| m.start).min().unwrap_or(0);
+        ExecutableKey {
+            pid,
+            device: metadata.dev(),
+            inode,
+            size: metadata.len(),
+            modified: (metadata.mtime(), metadata.mtime_nsec()),
+            loaded_at,
+        }
+    }
+}
+
+/// What an executable says of its Go runtime: its version and where the
+/// runtime's accounting lies (`None`: not a Go program), or why memgap
+/// cannot read it.
+type KnownLayout = Result<(String, Option<Layout>), String>;
+
+static LAYOUTS: std::sync::LazyLock<std::sync::Mutex<HashMap<ExecutableKey, KnownLayout>>> = std::sync::LazyLock::new(Default::default);
+const MAX_LAYOUTS: usize = 4096;
+
+/// Reads the executable `file` (its build info, symbols and DWARF).
+fn executable_layout(file: &std::fs::File, metadata: &std::fs::Metadata, mappings: &[memgap_trace::records::Mapping]) -> KnownLayout {
+    // SAFETY: the process's executable, mapped read-only.
+    let Ok(data) = (unsafe { memmap2::Mmap::map(file) }) else { return Ok((String::new(), None)) };
+    let Some(go) = memgap_source_go::buildinfo::detect_bytes(&data) else { return Ok((String::new(), None)) };
+    let elf = object::File::parse(&*data).map_err(|e| format!("the Go executable is not ELF as memgap reads it ({e})"))?;
+    let inode = std::os::unix::fs::MetadataExt::ino(metadata);
+    let base = if elf.kind() == object::ObjectKind::Dynamic { load_base(&elf, mappings, inode) } else { 0 };
+    let layout = Layout::of(&elf, base).map_err(|why| format!("{} runtime: {why}", go.version))?;
+    Ok((go.version, Some(layout)))
+}
+
 /// The Go runtime's accounting of process `pid`: `Ok(None)` when it is not
 /// a Go program, `Err(why)` when it is one whose accounting memgap cannot
 /// read (no symbols or DWARF, an unknown layout, unreadable memory).
 pub fn read_go_runtime(pid: u32, mappings: &[memgap_trace::records::Mapping]) -> Result<Option<GoRuntimeReading>, String> {
     let exe = format!("/proc/{pid}/exe");
     let Ok(file) = std::fs::File::open(&exe) else { return Ok(None) };
-    // SAFETY: the process's executable, mapped read-only.
-    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else { return Ok(None) };
-    let Some(go) = memgap_source_go::buildinfo::detect_bytes(&data) else { return Ok(None) };
-    let elf = object::File::parse(&*data).map_err(|e| format!("the Go executable is not ELF as memgap reads it ({e})"))?;
-    let inode = std::os::unix::fs::MetadataExt::ino(&file.metadata().map_err(|e| e.to_string())?);
-    let base = if elf.kind() == object::ObjectKind::Dynamic { load_base(&elf, mappings, inode) } else { 0 };
-    let layout = Layout::of(&elf, base).map_err(|why| format!("{} runtime: {why}", go.version))?;
+    let Ok(metadata) = file.metadata() else { return Ok(None) };
+    let key = ExecutableKey::of(pid, &metadata, mappings);
+    let known = LAYOUTS.lock().ok().and_then(|layouts| layouts.get(&key).cloned());
+    let (version, layout) = match known {
+        Some(known) => known?,
+        None => {
+            let found = executable_layout(&file, &metadata, mappings);
+            if let Ok(mut layouts) = LAYOUTS.lock() {
+                // Bounded: `memgap watch --all` meets every process there is.
+                if layouts.len() >= MAX_LAYOUTS {
+                    layouts.clear();
+                }
+                layouts.insert(key, found.clone());
+            }
+            found?
+        }
+    };
+    let Some(layout) = layout else { return Ok(None) };
     let memory = ProcessMemory::new(pid);
     let mut previous: Option<(MemStats, u64)> = None;
     let mut failure = String::new();
@@ -352,7 +413,7 @@ pub fn read_go_runtime(pid: u32, mappings: &[memgap_trace::records::Mapping]) ->
         let settled = previous.as_ref().is_some_and(|p| p.0 == current.0);
         if settled || read == READS {
             return Ok(Some(GoRuntimeReading {
-                version: go.version,
+                version,
                 reads: read,
                 unsettled: !settled,
                 cached_span_bytes: current.1,
@@ -361,5 +422,5 @@ pub fn read_go_runtime(pid: u32, mappings: &[memgap_trace::records::Mapping]) ->
         }
         previous = Some(current);
     }
-    Err(format!("{} runtime: {failure}", go.version))
+    Err(format!("{version} runtime: {failure}"))
 }
