@@ -388,7 +388,12 @@ fn remedies(ledger: &Ledger, findings: &[Finding]) -> Vec<Remedy> {
             retained,
         ));
     }
+    // GOGC sets the room the heap grows into past what the last collection
+    // marked: at the default, as much again. A gctrace goal is the one of the
+    // cycle that just ran, set from the heap before it, so after a burst is
+    // freed it lies far above anything GOGC still governs.
     let goal_room = g.heap_goal_bytes.map_or(0, |goal| goal.saturating_sub(live));
+    let goal_room = g.last_gc_live_bytes.map_or(goal_room, |marked| goal_room.min(marked));
     if retained + fragmented >= WORTH_TRYING && goal_room >= WORTH_TRYING {
         // GOGC=50 halves the room the heap grows into between collections.
         out.push(Remedy::new(
@@ -743,5 +748,23 @@ mod tests {
         assert_eq!((l.rows.live, l.rows.retained), (2 * MIB, 2 * MIB));
         let g = l.section::<GoLedger>(NAME).unwrap();
         assert_eq!((g.source.as_str(), g.exact, g.gc_cycles), ("gctrace", false, Some(3)));
+    }
+
+    #[test]
+    fn after_a_freed_burst_the_soft_limit_comes_before_a_lower_gogc() {
+        // The forced collection after a 148 MiB burst: 150->150->2 MB, 296 MB goal.
+        let mut go = GoState::default();
+        go.add(&metrics(
+            1,
+            "gc",
+            &[(names::GCTRACE_LIVE, 2.0 * MIB as f64), (names::GCTRACE_GOAL, 296.0 * MIB as f64), (names::GCTRACE_CYCLE, 9.0)],
+        ));
+        go.catch_up(5);
+        let l = ledger(&go, &snapshot(5, 40960, 38400, 152 * MIB));
+        assert!(l.rows.retained >= 140 * MIB, "{:?}", l.rows);
+        let first = &l.remedies[0];
+        assert_eq!(first.id, "go-memlimit", "{:?}", l.remedies);
+        let gogc = l.remedies.iter().find(|r| r.id == "go-gogc");
+        assert!(gogc.is_none_or(|r| r.expected_savings_bytes <= MIB), "{gogc:?}");
     }
 }
