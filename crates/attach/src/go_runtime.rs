@@ -57,7 +57,7 @@ impl GoRuntimeReading {
         out.push(memgap_trace::records::Metrics {
             monotonic_ns,
             source: memgap_source_go::SOURCE.into(),
-            kind: "process_memory".into(),
+            kind: memgap_trace::vocabulary::kind::PROCESS_MEMORY.into(),
             values: self.stats.to_metric_values(),
         });
         out

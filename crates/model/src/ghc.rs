@@ -27,6 +27,7 @@ use std::path::Path;
 
 use memgap_replay::Timeline;
 use memgap_trace::records::{Metrics, Record, Records};
+use memgap_trace::vocabulary::{ghc as names, kind};
 use memgap_trace::{TraceError, TraceFile};
 use serde::{Deserialize, Serialize};
 
@@ -240,24 +241,24 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
     let ghc: Vec<&Metrics> = input.metrics.iter().filter(|m| m.source == NAME).collect();
     let seconds = |ns: u64| ns.saturating_sub(input.origin_ns) as f64 / 1e9;
     let mut out = GhcReport::default();
-    if let Some(info) = ghc.iter().find(|m| m.kind == "info")
-        && let (Some(major), Some(minor)) = (info.get("version_major"), info.get("version_minor"))
+    if let Some(info) = ghc.iter().find(|m| m.kind == kind::INFO)
+        && let (Some(major), Some(minor)) = (info.get(names::VERSION_MAJOR), info.get(names::VERSION_MINOR))
     {
-        out.ghc_version = Some(format!("{major}.{minor}.{}", info.get("version_patch").unwrap_or(0.0)));
+        out.ghc_version = Some(format!("{major}.{minor}.{}", info.get(names::VERSION_PATCH).unwrap_or(0.0)));
     }
     let mut live = 0u64;
     let mut times = Vec::new();
     let mut by_cap: BTreeMap<Option<u32>, Vec<u64>> = BTreeMap::new();
     let max_generation = ghc
         .iter()
-        .filter(|m| m.kind == "gc")
-        .filter_map(|m| m.get("generation"))
+        .filter(|m| m.kind == kind::GC)
+        .filter_map(|m| m.get(names::GENERATION))
         .filter(|&g| g < f64::from(MAX_GENERATIONS))
         .fold(0.0, f64::max) as u32;
-    for gc in ghc.iter().filter(|m| m.kind == "gc") {
-        let Some(heap_size) = gc.get("heap_size_bytes").map(|v| v as u64) else { continue };
-        let generation = gc.get("generation").map(|g| g as u32).filter(|&g| g < MAX_GENERATIONS);
-        let capability = gc.get("capability").map(|c| c as u32);
+    for gc in ghc.iter().filter(|m| m.kind == kind::GC) {
+        let Some(heap_size) = gc.get(names::HEAP_SIZE_BYTES).map(|v| v as u64) else { continue };
+        let generation = gc.get(names::GENERATION).map(|g| g as u32).filter(|&g| g < MAX_GENERATIONS);
+        let capability = gc.get(names::CAPABILITY).map(|c| c as u32);
         out.collections += 1;
         let counts = by_cap.entry(capability).or_default();
         if let Some(generation) = generation {
@@ -266,7 +267,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             }
             counts[generation as usize] += 1;
         }
-        let measured_live = gc.get("live_bytes").map(|v| v as u64);
+        let measured_live = gc.get(names::LIVE_BYTES).map(|v| v as u64);
         let major = measured_live.is_some() || (generation == Some(max_generation) && max_generation > 0);
         if let Some(l) = measured_live {
             live = l;
@@ -276,10 +277,10 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             out.major_collections += 1;
         }
         out.max_heap_size_bytes = out.max_heap_size_bytes.max(heap_size);
-        let copied = gc.get("copied_bytes").unwrap_or(0.0) as u64;
+        let copied = gc.get(names::COPIED_BYTES).unwrap_or(0.0) as u64;
         let mblocks = heap_size / MBLOCK_BYTES;
         let descriptors = mblocks * (MBLOCK_BYTES - BLOCKS_PER_MBLOCK * BLOCK_BYTES);
-        let (blocks, reported) = match (gc.get("blocks_size_bytes"), gc.get("fragmentation_bytes")) {
+        let (blocks, reported) = match (gc.get(names::BLOCKS_SIZE_BYTES), gc.get(names::FRAGMENTATION_BYTES)) {
             (Some(blocks), _) => (blocks as u64, true),
             (None, Some(frag)) => ((mblocks * BLOCKS_PER_MBLOCK * BLOCK_BYTES).saturating_sub(frag as u64), false),
             (None, None) => (heap_size - descriptors, false),
@@ -298,7 +299,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             copied_bytes: copied,
             unmoved_bytes: measured_live.map(|l| l.saturating_sub(copied)),
             lazy_free_smaps_bytes: None,
-            returned_bytes: gc.get("mem_returned_mblocks").map(|m| m as u64 * MBLOCK_BYTES),
+            returned_bytes: gc.get(names::MEM_RETURNED_MBLOCKS).map(|m| m as u64 * MBLOCK_BYTES),
             rows: GhcRows {
                 live,
                 heap_blocks_not_live: blocks as i64 - live as i64,
@@ -309,7 +310,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             },
         };
         out.timeline.push(point);
-        times.push((gc.monotonic_ns.saturating_sub(gc.get("duration_ns").unwrap_or(0.0) as u64), gc.monotonic_ns, heap_size));
+        times.push((gc.monotonic_ns.saturating_sub(gc.get(names::DURATION_NS).unwrap_or(0.0) as u64), gc.monotonic_ns, heap_size));
     }
     for (point, lazy_free) in out.timeline.iter_mut().zip(lazy_free_per_point(&times, &input.lazy_free)) {
         point.lazy_free_smaps_bytes = lazy_free;
@@ -324,8 +325,8 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
         1 => Some(majors[0].clone()),
         n => Some(majors[n - 2].clone()),
     };
-    for census in ghc.iter().filter(|m| m.kind == "heap_profile" && m.get("breakdown") == Some(7.0)) {
-        let labels = census.values.iter().filter(|(n, _)| n != "breakdown" && n != "era");
+    for census in ghc.iter().filter(|m| m.kind == kind::HEAP_PROFILE && m.get(names::BREAKDOWN) == Some(7.0)) {
+        let labels = census.values.iter().filter(|(n, _)| n != names::BREAKDOWN && n != names::ERA);
         let total: f64 = labels.clone().map(|&(_, v)| v).sum();
         let arr_words = census.get("ARR_WORDS").unwrap_or(0.0);
         out.pinned_share.push(PinnedShare {
@@ -513,11 +514,11 @@ impl crate::ledger::HeapOwner for GhcOwner {
     fn gc_marks(&self, start_ns: u64) -> Vec<crate::ledger::GcMark> {
         self.metrics
             .iter()
-            .filter(|m| m.kind == "gc")
+            .filter(|m| m.kind == kind::GC)
             .map(|m| crate::ledger::GcMark {
                 seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns),
                 source: NAME.into(),
-                major: m.get("generation").is_some_and(|g| g >= 1.0),
+                major: m.get(names::GENERATION).is_some_and(|g| g >= 1.0),
             })
             .collect()
     }
@@ -648,16 +649,16 @@ mod tests {
 
     fn gc(ns: u64, generation: u32, heap: u64, live: Option<u64>, copied: u64, frag: u64) -> Metrics {
         let mut values = vec![
-            ("capability".to_string(), 0.0),
-            ("generation".into(), generation as f64),
-            ("copied_bytes".into(), copied as f64),
-            ("fragmentation_bytes".into(), frag as f64),
-            ("heap_size_bytes".into(), heap as f64),
+            (names::CAPABILITY.to_string(), 0.0),
+            (names::GENERATION.into(), generation as f64),
+            (names::COPIED_BYTES.into(), copied as f64),
+            (names::FRAGMENTATION_BYTES.into(), frag as f64),
+            (names::HEAP_SIZE_BYTES.into(), heap as f64),
         ];
         if let Some(live) = live {
-            values.push(("live_bytes".into(), live as f64));
+            values.push((names::LIVE_BYTES.into(), live as f64));
         }
-        Metrics { monotonic_ns: ns, source: "ghc".into(), kind: "gc".into(), values }
+        Metrics { monotonic_ns: ns, source: "ghc".into(), kind: kind::GC.into(), values }
     }
 
     /// Figures from a real 9.0.2 run of tests/programs/ghc/pinned.hs (n = 1 M).
@@ -706,8 +707,8 @@ mod tests {
         let census = |ns: u64, arr: f64, other: f64| Metrics {
             monotonic_ns: ns,
             source: "ghc".into(),
-            kind: "heap_profile".into(),
-            values: vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), arr), (":".into(), other)],
+            kind: kind::HEAP_PROFILE.into(),
+            values: vec![(names::BREAKDOWN.into(), 7.0), (names::ERA.into(), 1.0), ("ARR_WORDS".into(), arr), (":".into(), other)],
         };
         input.metrics.extend([census(1_800_000_000, 32.0 * MB as f64, 8.0 * MB as f64), census(1_950_000_000, 1.0, 0.0)]);
         let report = report(&input).unwrap();
@@ -751,8 +752,8 @@ mod tests {
     #[test]
     fn blocks_size_events_of_ghc_9_2_are_used_as_reported() {
         let mut input = strip();
-        input.metrics[2].values.push(("blocks_size_bytes".into(), 50.0 * MB as f64));
-        input.metrics[2].values.push(("mem_returned_mblocks".into(), 3.0));
+        input.metrics[2].values.push((names::BLOCKS_SIZE_BYTES.into(), 50.0 * MB as f64));
+        input.metrics[2].values.push((names::MEM_RETURNED_MBLOCKS.into(), 3.0));
         let report = report(&input).unwrap();
         let p = &report.timeline[2];
         assert!(p.blocks_size_reported);

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use memgap_trace::records::{Mapping, Metrics, Residency, Snapshot};
-use memgap_trace::vocabulary::go as names;
+use memgap_trace::vocabulary::{go as names, kind};
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::owner::share;
@@ -95,14 +95,14 @@ impl GoState {
 
     fn apply(&mut self, metrics: Metrics) {
         match metrics.kind.as_str() {
-            "build" => {
+            kind::BUILD => {
                 self.version = metrics
                     .values
                     .iter()
                     .find_map(|(name, _)| names::parse_version_metric(name).map(str::to_string))
                     .or(self.version.take());
             }
-            "size_classes" => {
+            kind::SIZE_CLASSES => {
                 let mut classes: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
                 for (name, value) in &metrics.values {
                     let Some((what, size)) = names::parse_bucket(name) else { continue };
@@ -115,7 +115,7 @@ impl GoState {
                 }
                 self.classes = classes;
             }
-            "gc" => self.last_gc = Some(metrics),
+            kind::GC => self.last_gc = Some(metrics),
             _ if metrics.get(names::HEAP_OBJECTS).is_some() => {
                 self.values = metrics.values.into_iter().collect();
                 self.values_ns = metrics.monotonic_ns;
@@ -255,7 +255,7 @@ impl GoOwner {
     /// objects from runtime/metrics, else what gctrace's GCs marked.
     fn count(&mut self, metrics: &Metrics) {
         let exact = metrics.get(names::HEAP_OBJECTS);
-        let marked = if metrics.kind == "gc" { metrics.get(names::GCTRACE_LIVE) } else { None };
+        let marked = if metrics.kind == kind::GC { metrics.get(names::GCTRACE_LIVE) } else { None };
         let have_exact = self.last_live.is_some_and(|(_, _, exact)| exact);
         let live = match (exact, marked) {
             (Some(bytes), _) => Some((bytes, true)),
@@ -312,7 +312,7 @@ impl HeapOwner for GoOwner {
         if metrics.source != NAME {
             return;
         }
-        if metrics.kind == "gc" {
+        if metrics.kind == kind::GC {
             self.gc_times.push(metrics.monotonic_ns);
         }
         self.count(metrics);
@@ -470,8 +470,8 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
     let heap_stacks;
     if let Some(objects) = go.get(names::HEAP_OBJECTS) {
         g.source = match go.values_kind.as_str() {
-            "memstats" => "memstats",
-            "process_memory" => "process memory",
+            kind::MEMSTATS => "memstats",
+            kind::PROCESS_MEMORY => "process memory",
             _ => "runtime/metrics",
         }
         .into();

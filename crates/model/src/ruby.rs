@@ -3,6 +3,7 @@
 //! agent measures, so the verdict can say at which layer the bytes are lost.
 
 use memgap_trace::records::{Metrics, Process};
+use memgap_trace::vocabulary::kind;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, OwnerShare, Remedy, Rows};
@@ -52,11 +53,11 @@ pub fn layer_at(metrics: &[&Metrics], version: &str, start_monotonic_ns: u64, mo
     let meta = metrics
         .iter()
         .rev()
-        .find(|m| m.kind == "meta" && m.monotonic_ns <= monotonic_ns)
-        .or_else(|| metrics.iter().find(|m| m.kind == "meta"))?;
+        .find(|m| m.kind == kind::META && m.monotonic_ns <= monotonic_ns)
+        .or_else(|| metrics.iter().find(|m| m.kind == kind::META))?;
     let slot_size = meta.get("rvalue_size")? as u64;
     let page_size = meta.get("heap_page_size")? as u64;
-    let sample = metrics.iter().filter(|m| m.kind != "meta" && m.monotonic_ns <= monotonic_ns).max_by_key(|m| m.monotonic_ns)?;
+    let sample = metrics.iter().filter(|m| m.kind != kind::META && m.monotonic_ns <= monotonic_ns).max_by_key(|m| m.monotonic_ns)?;
     // The last deep sample (with memsize_of_all) since the last major GC or start.
     let deep =
         metrics.iter().filter(|m| m.monotonic_ns <= monotonic_ns && m.get("memsize_of_all").is_some()).max_by_key(|m| m.monotonic_ns);
@@ -131,7 +132,7 @@ impl HeapOwner for RubyOwner {
     fn gc_marks(&self, start_ns: u64) -> Vec<GcMark> {
         self.metrics
             .iter()
-            .filter(|m| m.kind == "major_gc")
+            .filter(|m| m.kind == kind::MAJOR_GC)
             .map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true })
             .collect()
     }

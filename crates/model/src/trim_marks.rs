@@ -8,7 +8,7 @@ use memgap_trace::records::{Metrics, Process, Record, Records};
 use memgap_trace::{TraceError, TraceFile};
 
 pub const SOURCE: &str = memgap_trace::vocabulary::source::MALLOC;
-pub const KIND: &str = "trim";
+pub const KIND: &str = memgap_trace::vocabulary::kind::TRIM;
 
 /// One `malloc_trim` the program called.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

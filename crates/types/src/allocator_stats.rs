@@ -7,7 +7,7 @@
 use memgap_trace::records::Metrics;
 use serde::{Deserialize, Serialize};
 
-pub const KIND: &str = "stats";
+pub const KIND: &str = memgap_trace::vocabulary::kind::STATS;
 
 /// What one allocator said about itself at one instant; None where it says nothing.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -99,7 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 records.push(Record::Metrics(Metrics {
                     monotonic_ns: monotonic_ns(),
                     source: memgap_source_go::SOURCE.into(),
-                    kind: "memstats".into(),
+                    kind: memgap_trace::vocabulary::kind::MEMSTATS.into(),
                     values: stats.to_metric_values(),
                 }));
                 if let Some(pid) = pid {

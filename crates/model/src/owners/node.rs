@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use memgap_trace::records::{Metrics, Process};
+use memgap_trace::vocabulary::kind;
 use serde::{Deserialize, Serialize};
 
 use crate::human_bytes;
@@ -130,7 +131,7 @@ impl NodeOwner {
             .iter()
             .filter_map(|(&thread, isolate)| {
                 let last = isolate.samples.iter().rev().find(|m| m.monotonic_ns <= monotonic_ns)?;
-                (thread == 0 || last.kind != "exit").then_some((thread, last))
+                (thread == 0 || last.kind != kind::EXIT).then_some((thread, last))
             })
             .collect()
     }
@@ -148,7 +149,7 @@ impl NodeOwner {
         samples.sort_by_key(|(_, m)| m.monotonic_ns);
         let mut peak = 0;
         for (thread, m) in samples {
-            current.insert(thread, if m.kind == "exit" && thread != 0 { 0 } else { value(m, "array_buffers") });
+            current.insert(thread, if m.kind == kind::EXIT && thread != 0 { 0 } else { value(m, "array_buffers") });
             peak = peak.max(current.values().sum());
         }
         peak
@@ -212,7 +213,7 @@ impl NodeOwner {
             let majors: Vec<u64> = isolate
                 .samples
                 .iter()
-                .filter(|m| m.kind == "major_gc" && m.monotonic_ns <= monotonic_ns)
+                .filter(|m| m.kind == kind::MAJOR_GC && m.monotonic_ns <= monotonic_ns)
                 .map(|m| value(m, "old_space.used"))
                 .collect();
             if let (Some(&first), Some(&last)) = (majors.first(), majors.last()) {
@@ -246,7 +247,7 @@ impl HeapOwner for NodeOwner {
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
-        if metrics.source != SOURCE || metrics.kind == "meta" {
+        if metrics.source != SOURCE || metrics.kind == kind::META {
             return;
         }
         let thread = value(metrics, "thread");
@@ -270,7 +271,7 @@ impl HeapOwner for NodeOwner {
         self.isolates
             .values()
             .flat_map(|i| &i.samples)
-            .filter(|m| m.kind == "major_gc")
+            .filter(|m| m.kind == kind::MAJOR_GC)
             .map(|m| GcMark { seconds: crate::owners::seconds_since(start_ns, m.monotonic_ns), source: NAME.into(), major: true })
             .collect()
     }

@@ -1,5 +1,6 @@
-//! From eventlog events to METRICS records (source `ghc`). The names below
-//! are the contract with `memgap_model::ghc`:
+//! From eventlog events to METRICS records (source `ghc`). The names below,
+//! spelled in `memgap_trace::vocabulary::ghc`, are the contract with
+//! `memgap_model::ghc`:
 //!
 //! - kind `info` (once): `generations`, `max_heap_bytes`, `alloc_area_bytes`,
 //!   `mblock_bytes`, `block_bytes`, `capabilities`, `threads_created`,
@@ -18,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use memgap_trace::records::Metrics;
+use memgap_trace::vocabulary::{ghc as names, kind};
 
 use crate::eventlog::{Breakdown, Event, EventKind, Eventlog, NO_CAPABILITY};
 
@@ -54,21 +56,21 @@ pub fn collections(log: &Eventlog) -> Vec<Collection> {
         };
         match *kind {
             EventKind::GcEnd => gc.end_ns = *time_ns,
-            EventKind::HeapAllocated { bytes } => set("allocated_bytes", bytes as f64),
+            EventKind::HeapAllocated { bytes } => set(names::ALLOCATED_BYTES, bytes as f64),
             EventKind::GcStats { generation, copied_bytes, slop_bytes, fragmentation_bytes, par_threads, .. } => {
                 gc.generation = Some(generation);
-                set("copied_bytes", copied_bytes as f64);
-                set("slop_bytes", slop_bytes as f64);
-                set("fragmentation_bytes", fragmentation_bytes as f64);
-                set("par_threads", f64::from(par_threads));
+                set(names::COPIED_BYTES, copied_bytes as f64);
+                set(names::SLOP_BYTES, slop_bytes as f64);
+                set(names::FRAGMENTATION_BYTES, fragmentation_bytes as f64);
+                set(names::PAR_THREADS, f64::from(par_threads));
             }
-            EventKind::HeapLive { bytes } => set("live_bytes", bytes as f64),
-            EventKind::HeapSize { bytes } => set("heap_size_bytes", bytes as f64),
-            EventKind::BlocksSize { bytes } => set("blocks_size_bytes", bytes as f64),
+            EventKind::HeapLive { bytes } => set(names::LIVE_BYTES, bytes as f64),
+            EventKind::HeapSize { bytes } => set(names::HEAP_SIZE_BYTES, bytes as f64),
+            EventKind::BlocksSize { bytes } => set(names::BLOCKS_SIZE_BYTES, bytes as f64),
             EventKind::MemReturn { current_mblocks, needed_mblocks, returned_mblocks } => {
-                set("mem_current_mblocks", f64::from(current_mblocks));
-                set("mem_needed_mblocks", f64::from(needed_mblocks));
-                set("mem_returned_mblocks", f64::from(returned_mblocks));
+                set(names::MEM_CURRENT_MBLOCKS, f64::from(current_mblocks));
+                set(names::MEM_NEEDED_MBLOCKS, f64::from(needed_mblocks));
+                set(names::MEM_RETURNED_MBLOCKS, f64::from(returned_mblocks));
             }
             _ => {}
         }
@@ -144,43 +146,45 @@ pub fn to_metrics(log: &Eventlog, to_monotonic: impl Fn(u64) -> u64) -> Vec<Metr
         if let EventKind::HeapInfo { generations, max_heap_bytes, alloc_area_bytes, mblock_bytes, block_bytes } = event.kind {
             info_time = event.time_ns;
             info.extend([
-                ("generations".into(), f64::from(generations)),
-                ("max_heap_bytes".into(), max_heap_bytes as f64),
-                ("alloc_area_bytes".into(), alloc_area_bytes as f64),
-                ("mblock_bytes".into(), mblock_bytes as f64),
-                ("block_bytes".into(), block_bytes as f64),
+                (names::GENERATIONS.into(), f64::from(generations)),
+                (names::MAX_HEAP_BYTES.into(), max_heap_bytes as f64),
+                (names::ALLOC_AREA_BYTES.into(), alloc_area_bytes as f64),
+                (names::MBLOCK_BYTES.into(), mblock_bytes as f64),
+                (names::BLOCK_BYTES.into(), block_bytes as f64),
             ]);
             break;
         }
     }
     let count = |f: fn(&EventKind) -> bool| log.events.iter().filter(|e| f(&e.kind)).count() as f64;
-    info.push(("capabilities".into(), count(|k| matches!(k, EventKind::CapCreate { .. }))));
-    info.push(("threads_created".into(), count(|k| matches!(k, EventKind::CreateThread { .. }))));
+    info.push((names::CAPABILITIES.into(), count(|k| matches!(k, EventKind::CapCreate { .. }))));
+    info.push((names::THREADS_CREATED.into(), count(|k| matches!(k, EventKind::CreateThread { .. }))));
     if let Some((major, minor, patch)) = log.rts_identifier().and_then(ghc_version) {
         info.extend([
-            ("version_major".into(), f64::from(major)),
-            ("version_minor".into(), f64::from(minor)),
-            ("version_patch".into(), f64::from(patch)),
+            (names::VERSION_MAJOR.into(), f64::from(major)),
+            (names::VERSION_MINOR.into(), f64::from(minor)),
+            (names::VERSION_PATCH.into(), f64::from(patch)),
         ]);
     }
-    out.push(record(info_time, "info", info));
+    out.push(record(info_time, kind::INFO, info));
     for gc in collections(log) {
         let mut values = Vec::new();
         if gc.capability != NO_CAPABILITY {
-            values.push(("capability".to_string(), f64::from(gc.capability)));
+            values.push((names::CAPABILITY.to_string(), f64::from(gc.capability)));
         }
         if let Some(generation) = gc.generation {
-            values.push(("generation".into(), f64::from(generation)));
+            values.push((names::GENERATION.into(), f64::from(generation)));
         }
-        values.push(("duration_ns".into(), gc.end_ns.saturating_sub(gc.start_ns) as f64));
+        values.push((names::DURATION_NS.into(), gc.end_ns.saturating_sub(gc.start_ns) as f64));
         values.extend(gc.values.iter().map(|&(n, v)| (n.to_string(), v)));
-        out.push(record(gc.end_ns, "gc", values));
+        out.push(record(gc.end_ns, kind::GC, values));
     }
     for census in censuses(log) {
-        let mut values =
-            vec![("breakdown".to_string(), census.breakdown.map_or(0.0, |b| f64::from(b.code()))), ("era".into(), census.era as f64)];
+        let mut values = vec![
+            (names::BREAKDOWN.to_string(), census.breakdown.map_or(0.0, |b| f64::from(b.code()))),
+            (names::ERA.into(), census.era as f64),
+        ];
         values.extend(census.residency.into_iter().map(|(label, bytes)| (label, bytes as f64)));
-        out.push(record(census.time_ns, "heap_profile", values));
+        out.push(record(census.time_ns, kind::HEAP_PROFILE, values));
     }
     out
 }
@@ -238,19 +242,22 @@ mod tests {
         assert_eq!(
             gcs[0].values,
             vec![
-                ("allocated_bytes", 1000.0),
-                ("copied_bytes", 100.0),
-                ("slop_bytes", 10.0),
-                ("fragmentation_bytes", 524288.0),
-                ("par_threads", 1.0),
-                ("heap_size_bytes", 2097152.0)
+                (names::ALLOCATED_BYTES, 1000.0),
+                (names::COPIED_BYTES, 100.0),
+                (names::SLOP_BYTES, 10.0),
+                (names::FRAGMENTATION_BYTES, 524288.0),
+                (names::PAR_THREADS, 1.0),
+                (names::HEAP_SIZE_BYTES, 2097152.0)
             ]
         );
         let major: BTreeMap<_, _> = gcs[1].values.iter().cloned().collect();
         assert_eq!(gcs[1].generation, Some(1));
-        assert_eq!(major["live_bytes"], 5000.0);
-        assert_eq!(major["blocks_size_bytes"], 2097152.0);
-        assert_eq!((major["mem_current_mblocks"], major["mem_needed_mblocks"], major["mem_returned_mblocks"]), (3.0, 2.0, 1.0));
+        assert_eq!(major[names::LIVE_BYTES], 5000.0);
+        assert_eq!(major[names::BLOCKS_SIZE_BYTES], 2097152.0);
+        assert_eq!(
+            (major[names::MEM_CURRENT_MBLOCKS], major[names::MEM_NEEDED_MBLOCKS], major[names::MEM_RETURNED_MBLOCKS]),
+            (3.0, 2.0, 1.0)
+        );
     }
 
     #[test]
@@ -258,14 +265,23 @@ mod tests {
         let metrics = to_metrics(&two_gcs(), |ns| ns + 1_000);
         assert!(metrics.iter().all(|m| m.source == "ghc"));
         let info = &metrics[0];
-        assert_eq!(info.kind, "info");
-        assert_eq!((info.get("generations"), info.get("block_bytes"), info.get("capabilities")), (Some(2.0), Some(4096.0), Some(1.0)));
-        assert_eq!((info.get("version_major"), info.get("version_minor"), info.get("version_patch")), (Some(9.0), Some(2.0), Some(8.0)));
-        let gcs: Vec<&Metrics> = metrics.iter().filter(|m| m.kind == "gc").collect();
+        assert_eq!(info.kind, kind::INFO);
+        assert_eq!(
+            (info.get(names::GENERATIONS), info.get(names::BLOCK_BYTES), info.get(names::CAPABILITIES)),
+            (Some(2.0), Some(4096.0), Some(1.0))
+        );
+        assert_eq!(
+            (info.get(names::VERSION_MAJOR), info.get(names::VERSION_MINOR), info.get(names::VERSION_PATCH)),
+            (Some(9.0), Some(2.0), Some(8.0))
+        );
+        let gcs: Vec<&Metrics> = metrics.iter().filter(|m| m.kind == kind::GC).collect();
         assert_eq!(gcs.len(), 2);
         assert_eq!(gcs[1].monotonic_ns, 1_025);
-        assert_eq!((gcs[1].get("capability"), gcs[1].get("generation"), gcs[1].get("duration_ns")), (Some(0.0), Some(1.0), Some(5.0)));
-        assert_eq!((gcs[0].get("live_bytes"), gcs[0].get("capability")), (None, None));
+        assert_eq!(
+            (gcs[1].get(names::CAPABILITY), gcs[1].get(names::GENERATION), gcs[1].get(names::DURATION_NS)),
+            (Some(0.0), Some(1.0), Some(5.0))
+        );
+        assert_eq!((gcs[0].get(names::LIVE_BYTES), gcs[0].get(names::CAPABILITY)), (None, None));
     }
 
     #[test]
@@ -278,8 +294,11 @@ mod tests {
             &1u64.to_be_bytes(),
         );
         let metrics = to_metrics(&parse(&b.end()).unwrap(), |ns| ns);
-        let census = metrics.iter().find(|m| m.kind == "heap_profile").unwrap();
-        assert_eq!(census.values, vec![("breakdown".into(), 7.0), ("era".into(), 1.0), ("ARR_WORDS".into(), 8192.0), (":".into(), 4096.0)]);
+        let census = metrics.iter().find(|m| m.kind == kind::HEAP_PROFILE).unwrap();
+        assert_eq!(
+            census.values,
+            vec![(names::BREAKDOWN.into(), 7.0), (names::ERA.into(), 1.0), ("ARR_WORDS".into(), 8192.0), (":".into(), 4096.0)]
+        );
     }
 
     #[test]

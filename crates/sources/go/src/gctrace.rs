@@ -92,7 +92,7 @@ impl GcLine {
         if let Some(globals) = self.globals_mb {
             values.push((names::GCTRACE_GLOBALS.to_string(), globals as f64 * MB));
         }
-        Metrics { monotonic_ns, source: crate::SOURCE.into(), kind: "gc".into(), values }
+        Metrics { monotonic_ns, source: crate::SOURCE.into(), kind: memgap_trace::vocabulary::kind::GC.into(), values }
     }
 }
 

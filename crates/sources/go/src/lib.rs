@@ -37,7 +37,7 @@ use memgap_trace::records::Metrics;
 
 /// The METRICS kinds [`version_metrics`] writes: they describe the build,
 /// so a trace needs them once, not at every sample.
-pub const VERSION_KINDS: [&str; 2] = ["build", "size_classes"];
+pub const VERSION_KINDS: [&str; 2] = [memgap_trace::vocabulary::kind::BUILD, memgap_trace::vocabulary::kind::SIZE_CLASSES];
 
 /// What a Go version implies, as METRICS records: kind `build` (the version
 /// as `go_info{version="…"}`) and, when it names a Go 1.x release, kind

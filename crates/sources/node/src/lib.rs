@@ -30,7 +30,9 @@ pub const RUNTIME: Runtime = Runtime {
     load_env: "NODE_OPTIONS",
     load_value: node_options,
     text_keys: &["version", "v8"],
-    is_whole: |kind, values| kind == "meta" || values.last().is_some_and(|(name, _)| name.ends_with(".physical")),
+    is_whole: |kind, values| {
+        kind == memgap_trace::vocabulary::kind::META || values.last().is_some_and(|(name, _)| name.ends_with(".physical"))
+    },
     note: |text| {
         let v8 = text.get("v8").map(|v| format!(" (V8 {v})")).unwrap_or_default();
         Some(format!("node {}{v8}", text.get("version")?))
@@ -82,7 +84,7 @@ mod tests {
         assert_eq!(samples.metrics.len(), 3);
         assert_eq!(samples.skipped_lines, 1);
         assert_eq!(samples.metrics[1].get("heap_used"), Some(6_000_000.0));
-        assert_eq!(samples.metrics[2].kind, "major_gc");
+        assert_eq!(samples.metrics[2].kind, memgap_trace::vocabulary::kind::MAJOR_GC);
         assert_eq!(samples.metrics[2].get("new_space.physical"), Some(2_097_152.0));
         let records: Vec<_> = RUNTIME.records(std::slice::from_ref(&samples)).collect();
         assert!(matches!(&records[0], Record::Note { text, .. } if text == "node 20.20.2 (V8 11.3.244.8-node.33)"));

@@ -17,7 +17,7 @@
 use memgap_trace::records::Metrics;
 
 pub const SOURCE: &str = memgap_trace::vocabulary::source::PYTHON;
-pub const KIND: &str = "pymalloc";
+pub const KIND: &str = memgap_trace::vocabulary::kind::PYMALLOC;
 /// `sizeof(struct pool_header)` rounded up to the 16-byte alignment (64-bit).
 pub const POOL_OVERHEAD: u64 = 48;
 /// Size classes are this many bytes apart on 64-bit builds (3.8 and later).

@@ -64,7 +64,7 @@ mod tests {
         assert_eq!(samples.metrics.len(), 2);
         assert_eq!(samples.skipped_lines, 1);
         assert_eq!(samples.metrics[0].get("rvalue_size"), Some(40.0));
-        assert_eq!(samples.metrics[1].kind, "major_gc");
+        assert_eq!(samples.metrics[1].kind, memgap_trace::vocabulary::kind::MAJOR_GC);
         assert_eq!(samples.metrics[1].get("memsize_of_all"), Some(4194304.0));
         let records: Vec<_> = RUNTIME.records(std::slice::from_ref(&samples)).collect();
         assert!(matches!(&records[0], Record::Note { text, .. } if text == "ruby 3.1.2"));

@@ -122,7 +122,7 @@ mod tests {
         load_env: "L",
         load_value: |_, script| script.as_os_str().to_owned(),
         text_keys: &["version"],
-        is_whole: |kind, values| kind == "meta" || values.last().is_some_and(|(name, _)| name == "end"),
+        is_whole: |kind, values| kind == memgap_trace::vocabulary::kind::META || values.last().is_some_and(|(name, _)| name == "end"),
         note: |text| Some(format!("demo {}", text.get("version")?)),
     };
 

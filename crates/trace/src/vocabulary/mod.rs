@@ -1,7 +1,8 @@
 //! The words that cross process and crate boundaries, spelled once: the
 //! environment through which `memgap run` talks to the libraries and
 //! samplers it loads into a program ([`env`]), the sources of METRICS
-//! records ([`source`]), and the Go runtime's metric names ([`go`]).
+//! records ([`source`]) and their kinds ([`kind`]), and the metric names of
+//! the Go runtime ([`go`]) and of the GHC RTS ([`ghc`]).
 //!
 //! Only constants and small functions over them: the agent reads [`env`]
 //! inside the traced program, where nothing may allocate.
@@ -17,6 +18,7 @@
 //! assert_eq!(source::RUBY, "ruby");
 //! ```
 
+pub mod ghc;
 pub mod go;
 
 /// The environment variables memgap's processes and libraries read.
@@ -147,4 +149,38 @@ pub mod source {
     pub const PYTHON: &str = "python";
     /// The program's own `malloc_trim` calls, seen by the agent.
     pub const MALLOC: &str = "malloc";
+}
+
+/// The `kind` of METRICS records: what one record of its source holds.
+/// A kind means the same for every source that writes it.
+pub mod kind {
+    /// A runtime's figures, sampled periodically (the Go helper, the Ruby
+    /// and Node samplers).
+    pub const SAMPLE: &str = "sample";
+    /// A sample taken as a major collection ended (Ruby, Node).
+    pub const MAJOR_GC: &str = "major_gc";
+    /// A sampler's last sample, as the program exits (Ruby, Node).
+    pub const EXIT: &str = "exit";
+    /// A sampler's description of the runtime, once: version, sizes (Ruby, Node).
+    pub const META: &str = "meta";
+    /// One collection: a Go gctrace line, a GHC eventlog GC.
+    pub const GC: &str = "gc";
+    /// Go: the build's version, once.
+    pub const BUILD: &str = "build";
+    /// Go: the size classes its version implies, once.
+    pub const SIZE_CLASSES: &str = "size_classes";
+    /// Go: runtime.MemStats read over HTTP (`memgap attach --go`).
+    pub const MEMSTATS: &str = "memstats";
+    /// Go: the runtime's accounting read from its memory (`memgap snapshot PID`, `memgap watch`).
+    pub const PROCESS_MEMORY: &str = "process_memory";
+    /// GHC: the heap's parameters and the build, once.
+    pub const INFO: &str = "info";
+    /// GHC: one heap-profile census.
+    pub const HEAP_PROFILE: &str = "heap_profile";
+    /// An allocator's own statistics (jemalloc, tcmalloc, mimalloc).
+    pub const STATS: &str = "stats";
+    /// CPython's pymalloc arenas, counted at a snapshot.
+    pub const PYMALLOC: &str = "pymalloc";
+    /// A `malloc_trim` call (source `malloc`).
+    pub const TRIM: &str = "trim";
 }
