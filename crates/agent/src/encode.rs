@@ -121,7 +121,7 @@ unsafe fn time_and_cpu(state: &mut DeltaState, out: *mut u8, time: u64, cpu: u32
     }
 }
 
-/// A free, as `RawEncoder::encode_free` writes it.
+/// A free, as `RawEncoder::encode` writes it.
 ///
 /// # Safety
 /// `out` is valid for [`memgap_trace::event::MAX_RECORD_LEN`] bytes of writes.

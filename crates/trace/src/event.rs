@@ -251,52 +251,6 @@ impl RawEncoder {
             p
         }
     }
-
-    /// A free, as [`encode`](Self::encode) writes it, from its fields: the
-    /// agent's hooks build no [`Event`] for the two calls nearly every
-    /// event is (building one on the stack and reading it back is a
-    /// measurable share of the hook's time).
-    ///
-    /// # Safety
-    /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
-    #[inline(always)]
-    pub unsafe fn encode_free(state: &mut DeltaState, out: *mut u8, time: u64, cpu: u32, addr: u64) -> *mut u8 {
-        // SAFETY: the caller's contract: MAX_RECORD_LEN bytes at `out`, more than a
-        // free's header, time, CPU and address take.
-        unsafe {
-            let (header, p) = time_and_cpu(state, out, time, cpu);
-            *out = header | EventKind::Free as u8;
-            address(state, p, addr)
-        }
-    }
-
-    /// An allocation without alignment and without a stack (malloc,
-    /// calloc, valloc, pvalloc), as [`encode`](Self::encode) writes it,
-    /// from its fields.
-    ///
-    /// # Safety
-    /// `out` must be valid for [`MAX_RECORD_LEN`] bytes of writes.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)] // The hook's values straight from its registers, as in encode_free: no struct to build.
-    pub unsafe fn encode_allocation(
-        state: &mut DeltaState,
-        out: *mut u8,
-        kind: EventKind,
-        time: u64,
-        cpu: u32,
-        addr: u64,
-        size: u64,
-        usable: u64,
-    ) -> *mut u8 {
-        debug_assert!(matches!(kind, EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc));
-        // SAFETY: the caller's contract: MAX_RECORD_LEN bytes at `out`, more than an
-        // allocation without alignment or stack takes.
-        unsafe {
-            let (header, p) = time_and_cpu(state, out, time, cpu);
-            *out = header | kind as u8;
-            sizes(address(state, p, addr), size, usable)
-        }
-    }
 }
 
 /// Writes a record's time and CPU after its header byte at `out`; returns
@@ -519,45 +473,6 @@ mod tests {
             let mut cursor = Cursor::new(&bytes);
             let mut state = DeltaState::default();
             while decode(&mut state, &mut cursor).is_ok() {}
-        }
-    }
-
-    proptest! {
-        /// The agent's field-by-field encoders write what `encode` writes.
-        #[test]
-        fn frees_and_allocations_from_fields_encode_as_events_do(events in proptest::collection::vec(arb_event(), 0..100)) {
-            let (mut general, mut fields) = (DeltaState::default(), DeltaState::default());
-            let (mut a, mut b) = ([0u8; MAX_RECORD_LEN], [0u8; MAX_RECORD_LEN]);
-            for mut e in events {
-                // The agent records no stack on these; half the events have none.
-                if e.stack % 2 == 0 {
-                    e.stack = NO_STACK;
-                }
-                let short = match e.kind() {
-                    // SAFETY: `b` is MAX_RECORD_LEN bytes.
-                    EventKind::Free if e.stack == NO_STACK => Some(unsafe { RawEncoder::encode_free(&mut fields, b.as_mut_ptr(), e.time, e.cpu, e.addr) }),
-                    kind @ (EventKind::Malloc | EventKind::Calloc | EventKind::Valloc | EventKind::Pvalloc) if e.stack == NO_STACK => {
-                        // SAFETY: as above.
-                        Some(unsafe { RawEncoder::encode_allocation(&mut fields, b.as_mut_ptr(), kind, e.time, e.cpu, e.addr, e.size, e.usable) })
-                    }
-                    _ => None,
-                };
-                // SAFETY: `a` is MAX_RECORD_LEN bytes.
-                let end = unsafe { RawEncoder::encode(&mut general, a.as_mut_ptr(), &e) };
-                // SAFETY: `end` points into `a`, at or after its start.
-                let len = unsafe { end.offset_from(a.as_ptr()) } as usize;
-                match short {
-                    Some(short_end) => {
-                        // SAFETY: `short_end` points into `b`, at or after its start.
-                        let short_len = unsafe { short_end.offset_from(b.as_ptr()) } as usize;
-                        prop_assert_eq!(&b[..short_len], &a[..len]);
-                    }
-                    // The rest go through `encode` on both sides.
-                    // SAFETY: `b` is MAX_RECORD_LEN bytes.
-                    None => { unsafe { RawEncoder::encode(&mut fields, b.as_mut_ptr(), &e) }; }
-                }
-                prop_assert_eq!(fields, general);
-            }
         }
     }
 
