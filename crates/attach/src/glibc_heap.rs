@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use memgap_model::outside_walk::WalkedHeap;
 use memgap_trace::records::{Mapping, SnapshotReason};
+use memgap_types::glibc_walk::WalkedHeap;
 
 use crate::error::AttachError;
 use crate::glibc_state::{self, GlibcState};

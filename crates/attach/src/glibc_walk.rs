@@ -18,8 +18,8 @@
 //! - Blocks glibc mmapped one by one sit in anonymous mappings of their own,
 //!   each chunk headed by `prev_size 0, size | IS_MMAPPED`.
 
-use memgap_model::outside_walk::WalkedArena;
 use memgap_trace::records::Mapping;
+use memgap_types::glibc_walk::WalkedArena;
 
 use crate::remote_memory::Memory;
 

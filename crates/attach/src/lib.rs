@@ -1,6 +1,6 @@
 //! Reading a running process from outside, with no agent in it: the
 //! adapter behind `memgap snapshot PID` (procfs figures for the model's
-//! [`memgap_model::ProcessLedger`]) and `memgap trim PID` (malloc_trim(0)
+//! `memgap_model::ProcessLedger`) and `memgap trim PID` (malloc_trim(0)
 //! called inside the process through ptrace, on one thread held for the
 //! length of the call).
 //!
@@ -47,7 +47,7 @@ pub use trim::{TrimOptions, malloc_trim};
 
 /// The walk reads glibc's x86-64 structures.
 #[cfg(not(target_arch = "x86_64"))]
-pub fn walk_glibc_heap(pid: u32) -> Result<memgap_model::outside_walk::WalkedHeap, AttachError> {
+pub fn walk_glibc_heap(pid: u32) -> Result<memgap_types::glibc_walk::WalkedHeap, AttachError> {
     Err(AttachError::Unsuitable { pid, state: "cannot have its heap walked: memgap reads glibc's x86-64 malloc state only".into() })
 }
 

@@ -18,5 +18,6 @@
 
 pub mod allocator_stats;
 pub mod compare;
+pub mod glibc_walk;
 pub mod numa;
 pub mod outside;

@@ -183,4 +183,6 @@ pub mod kind {
     pub const PYMALLOC: &str = "pymalloc";
     /// A `malloc_trim` call (source `malloc`).
     pub const TRIM: &str = "trim";
+    /// A walk of glibc's malloc state from outside (`memgap watch`, source `glibc`).
+    pub const WALK: &str = "walk";
 }
