@@ -28,7 +28,7 @@ impl TrimCall {
         Record::Metrics(Metrics {
             monotonic_ns: self.monotonic_ns,
             source: memgap_trace::vocabulary::source::MALLOC.into(),
-            kind: "trim".into(),
+            kind: memgap_trace::vocabulary::kind::TRIM.into(),
             values: vec![
                 ("rss_before:bytes".into(), self.rss_before as f64),
                 ("rss_after:bytes".into(), self.rss_after as f64),

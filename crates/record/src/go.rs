@@ -34,7 +34,7 @@ use memgap_source_go::buildinfo::GoBinary;
 use memgap_source_go::{gctrace, helper};
 use memgap_trace::TraceWriter;
 use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, End, EndReason, Exit, Metrics, Process, Record, SnapshotReason};
-use memgap_trace::vocabulary::env;
+use memgap_trace::vocabulary::{env, kind};
 
 use crate::signals::{child_started, forward_signals};
 use crate::sys::pipe;
@@ -252,7 +252,7 @@ impl Recorder<'_> {
         let deadline = Instant::now() + FRESH_SAMPLE_PATIENCE;
         while let Ok(message) = messages.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             if let Message::Helper(helper::Line::Sample(values), at) = message {
-                self.metrics("sample", values, at);
+                self.metrics(kind::SAMPLE, values, at);
                 return;
             }
             self.deferred.push_back(message);
@@ -333,7 +333,7 @@ impl Recorder<'_> {
                     self.helper = true;
                     self.set_version(&version, "helper package");
                 }
-                Message::Helper(helper::Line::Sample(values), at) => self.metrics("sample", values, at),
+                Message::Helper(helper::Line::Sample(values), at) => self.metrics(kind::SAMPLE, values, at),
                 Message::Helper(helper::Line::Snapshot, _) => {
                     self.snapshot(SnapshotReason::Program)?;
                     // The program waits for this byte: it may go on now.
