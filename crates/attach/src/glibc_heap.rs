@@ -251,19 +251,6 @@ fn read_stopped(
     let tcache_key = state.tcache_key_at.and_then(|at| memory.word(at));
     let input = WalkInput { main_arena: state.main_arena, sbrk_base, tcache_key, mappings: maps, page_size, resident: &resident };
     let walk = glibc_walk::walk(memory, &input).map_err(|e| Failure::Again(e.0))?;
-    Ok(WalkedHeap {
-        libc_path: state.libc_path,
-        found_by: state.found_by,
-        arenas: walk.arenas,
-        blocks: walk.blocks,
-        tcache: walk.tcache,
-        fastbin_chunks: walk.fastbin_chunks,
-        fastbin_bytes: walk.fastbin_bytes,
-        binned_chunks: walk.binned_chunks,
-        binned_bytes: walk.binned_bytes,
-        mmapped_chunks: walk.mmapped_chunks,
-        tcaches: walk.tcaches,
-        snapshot,
-        ..WalkedHeap::default()
-    })
+    // The walk fills what it reads from the heap; the rest is this reading's.
+    Ok(WalkedHeap { libc_path: state.libc_path, found_by: state.found_by, snapshot, ..walk })
 }

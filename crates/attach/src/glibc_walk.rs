@@ -19,7 +19,7 @@
 //!   each chunk headed by `prev_size 0, size | IS_MMAPPED`.
 
 use memgap_trace::records::Mapping;
-use memgap_types::glibc_walk::WalkedArena;
+use memgap_types::glibc_walk::{WalkedArena, WalkedHeap};
 
 use crate::remote_memory::Memory;
 
@@ -66,22 +66,6 @@ pub struct WalkInput<'a> {
     /// Whether the page at an address is resident (pages that are not are
     /// not read, so the walk faults nothing in).
     pub resident: &'a dyn Fn(u64) -> bool,
-}
-
-/// What the walk found.
-#[derive(Debug, Default)]
-pub struct Walk {
-    pub arenas: Vec<WalkedArena>,
-    /// In-use chunks the program holds: (block address, usable bytes), sorted.
-    pub blocks: Vec<(u64, u64)>,
-    /// (block address, chunk size) of chunks in a tcache.
-    pub tcache: Vec<(u64, u64)>,
-    pub fastbin_chunks: u64,
-    pub fastbin_bytes: u64,
-    pub binned_chunks: u64,
-    pub binned_bytes: u64,
-    pub mmapped_chunks: u64,
-    pub tcaches: u64,
 }
 
 /// Why a walk failed: the state is not glibc's as expected, or it changed
@@ -158,8 +142,10 @@ fn first_chunk(heap: u64, state: u64) -> u64 {
     at
 }
 
-/// Walks glibc's malloc state from `input.main_arena`.
-pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<Walk, WalkError> {
+/// Walks glibc's malloc state from `input.main_arena`: the arenas, chunks
+/// and bin counts of a [`WalkedHeap`]; the caller adds the rest (libc,
+/// snapshot, how long the process was stopped).
+pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<WalkedHeap, WalkError> {
     let read_state = |at: u64| -> Result<Vec<u8>, WalkError> {
         let mut bytes = vec![0u8; STATE_SIZE as usize];
         if memory.read(at, &mut bytes) { Ok(bytes) } else { fail(format!("cannot read the malloc_state at {at:#x}")) }
@@ -176,7 +162,7 @@ pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<Walk, WalkError> {
         at = field(&read_state(at)?, NEXT);
     }
     let brk_heap = input.mappings.iter().find(|m| m.name == "[heap]");
-    let mut walk = Walk::default();
+    let mut walk = WalkedHeap::default();
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut fastbin: Vec<u64> = Vec::new();
     for (index, &state_at) in states.iter().enumerate() {
@@ -451,7 +437,7 @@ mod tests {
             self.memory.put_word(LIBC_DATA + TOP, top);
         }
 
-        fn walk(&self) -> Result<Walk, WalkError> {
+        fn walk(&self) -> Result<WalkedHeap, WalkError> {
             let mappings = [mapping(BRK, BRK + 64 * PAGE, "[heap]")];
             let resident = |_: u64| true;
             let input = WalkInput {
