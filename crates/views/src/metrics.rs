@@ -25,6 +25,9 @@ pub struct Scrape {
     /// Processes left out, by reason (one of [`SKIP_REASONS`]).
     pub skipped: BTreeMap<&'static str, u64>,
     pub duration_seconds: f64,
+    /// How old each process's allocator statistics are, in seconds, by pid
+    /// (the exporter calls into a process for them only now and then).
+    pub allocator_stats_age_seconds: BTreeMap<u32, f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +149,14 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
         "Resident bytes (smaps Rss) of each heap mapping: main (the brk heap), a glibc arena heap by start address, other (the other anonymous mappings)",
     );
     let mut numa = Family::gauge("memgap_numa_resident_bytes", "Resident bytes on each NUMA node (numa_maps)");
+    let mut allocator_rows = Family::gauge(
+        "memgap_allocator_rows_bytes",
+        "The heap split by the allocator's own statistics (jemalloc's stats.*, tcmalloc's properties), as old as memgap_allocator_stats_age_seconds says",
+    );
+    let mut allocator_age = Family::gauge(
+        "memgap_allocator_stats_age_seconds",
+        "How old the allocator's own statistics in this scrape are: memgap calls into the process for them at most once per --allocator-stats-every",
+    );
     for l in &scrape.processes {
         let process = || vec![("pid", l.pid.to_string()), ("comm", l.command.clone())];
         info.add([process(), vec![("allocator", l.allocator.clone())]].concat(), Value::Integer(1));
@@ -169,6 +180,20 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
         }
         for (node, bytes) in &l.numa {
             numa.add([process(), vec![("node", node.to_string())]].concat(), Value::Integer(*bytes));
+        }
+        if let Some(r) = &l.allocator_rows {
+            for (row, bytes) in [
+                ("live", r.live),
+                ("fragmented", r.fragmented),
+                ("retained", r.retained),
+                ("metadata", r.metadata),
+                ("unaccounted", r.unaccounted),
+            ] {
+                allocator_rows.add([process(), vec![("row", row.to_string())]].concat(), Value::Integer(bytes));
+            }
+        }
+        if let Some(&age) = scrape.allocator_stats_age_seconds.get(&l.pid) {
+            allocator_age.add(process(), Value::Float(age));
         }
     }
 
@@ -223,6 +248,8 @@ pub fn prometheus_text(scrape: &Scrape) -> String {
         duration,
         read,
         skipped,
+        allocator_rows,
+        allocator_age,
     ] {
         family.write(&mut out);
     }
@@ -465,7 +492,9 @@ mod tests {
 
     #[test]
     fn every_family_follows_the_naming_conventions() {
-        let l = ledger(1, "init");
+        let mut l = ledger(1, "init");
+        let rows = l.allocator_rows.get_or_insert_with(Default::default);
+        (rows.live, rows.retained) = (7, 5);
         let cgroup = CgroupMemory {
             path: "/a".into(),
             current_bytes: 1,
@@ -474,10 +503,19 @@ mod tests {
             oom_kills: Some(0),
             ..CgroupMemory::default()
         };
-        let scrape = Scrape { processes: vec![l], cgroup: Some(cgroup), skipped: BTreeMap::from([("vanished", 3)]), duration_seconds: 0.5 };
+        let scrape = Scrape {
+            processes: vec![l],
+            cgroup: Some(cgroup),
+            skipped: BTreeMap::from([("vanished", 3)]),
+            duration_seconds: 0.5,
+            allocator_stats_age_seconds: BTreeMap::from([(1, 1.5)]),
+        };
         let text = prometheus_text(&scrape);
         let samples = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert_eq!(value(&samples, "memgap_scrape_skipped_processes", &[("reason", "vanished")]), Some(3.0));
+        let process = [("pid", "1"), ("comm", "init")];
+        assert_eq!(value(&samples, "memgap_allocator_rows_bytes", &[process[0], process[1], ("row", "retained")]), Some(5.0));
+        assert_eq!(value(&samples, "memgap_allocator_stats_age_seconds", &process), Some(1.5));
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             let name = line.split(' ').nth(2).unwrap();
             assert!(name.starts_with("memgap_"), "{name}");

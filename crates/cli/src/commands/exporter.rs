@@ -148,9 +148,7 @@ fn respond(request: tiny_http::Request, selection: &Selection, cache: &StatsCach
     let path = request.url().split('?').next().unwrap_or("");
     let response = match (request.method(), path) {
         (Method::Get | Method::Head, "/metrics") => {
-            let (scrape, ages) = scrape(selection, cache);
-            let mut text = metrics::prometheus_text(&scrape);
-            text.push_str(&allocator_text(&scrape, &ages));
+            let text = metrics::prometheus_text(&scrape(selection, cache));
             Response::from_string(text).with_header(Header::from_bytes("Content-Type", metrics::CONTENT_TYPE).expect("a valid header"))
         }
         (Method::Get | Method::Head, "/") => Response::from_string("memgap exporter: the metrics are at /metrics\n"),
@@ -161,50 +159,13 @@ fn respond(request: tiny_http::Request, selection: &Selection, cache: &StatsCach
     let _ = request.respond(response);
 }
 
-/// The rows an allocator's own statistics give (jemalloc's, tcmalloc's),
-/// and how old those statistics are, as gauges.
-fn allocator_text(scrape: &Scrape, ages: &HashMap<u32, f64>) -> String {
-    use std::fmt::Write;
-    let (mut rows, mut age_lines) = (String::new(), String::new());
-    for ledger in &scrape.processes {
-        let labels = format!("pid=\"{}\",comm=\"{}\"", ledger.pid, metrics::escape_label_value(&ledger.command));
-        if let Some(r) = &ledger.allocator_rows {
-            for (row, bytes) in [
-                ("live", r.live),
-                ("fragmented", r.fragmented),
-                ("retained", r.retained),
-                ("metadata", r.metadata),
-                ("unaccounted", r.unaccounted),
-            ] {
-                let _ = writeln!(rows, "memgap_allocator_rows_bytes{{{labels},row=\"{row}\"}} {bytes}");
-            }
-        }
-        if let Some(age) = ages.get(&ledger.pid) {
-            let _ = writeln!(age_lines, "memgap_allocator_stats_age_seconds{{{labels}}} {age:.3}");
-        }
-    }
-    let mut text = String::new();
-    if !rows.is_empty() {
-        text.push_str("# HELP memgap_allocator_rows_bytes The heap split by the allocator's own statistics (jemalloc's stats.*, tcmalloc's properties), as old as memgap_allocator_stats_age_seconds says\n");
-        text.push_str("# TYPE memgap_allocator_rows_bytes gauge\n");
-        text.push_str(&rows);
-    }
-    if !age_lines.is_empty() {
-        text.push_str("# HELP memgap_allocator_stats_age_seconds How old the allocator's own statistics in this scrape are: memgap calls into the process for them at most once per --allocator-stats-every\n");
-        text.push_str("# TYPE memgap_allocator_stats_age_seconds gauge\n");
-        text.push_str(&age_lines);
-    }
-    text
-}
-
 /// One process's ledger and the age of its allocator statistics, or why it could not be read.
 type Reading = Result<(ProcessLedger, Option<f64>), AttachError>;
 
-/// Reads every selected process once; the age of the allocator statistics of each that has them.
-fn scrape(selection: &Selection, cache: &StatsCache) -> (Scrape, HashMap<u32, f64>) {
+/// Reads every selected process once.
+fn scrape(selection: &Selection, cache: &StatsCache) -> Scrape {
     let started = Instant::now();
     let mut scrape = Scrape::default();
-    let mut ages = HashMap::new();
     let pids = selection.processes();
     cache.keep_only(&pids);
     for (pid, reading) in pids.iter().zip(read_all(&pids, cache)) {
@@ -214,7 +175,7 @@ fn scrape(selection: &Selection, cache: &StatsCache) -> (Scrape, HashMap<u32, f6
             Ok((ledger, _)) if scrape.processes.iter().any(|seen| seen.pid == ledger.pid) => {}
             Ok((ledger, age)) => {
                 if let Some(age) = age {
-                    ages.insert(ledger.pid, age);
+                    scrape.allocator_stats_age_seconds.insert(ledger.pid, age);
                 }
                 scrape.processes.push(ledger)
             }
@@ -225,7 +186,7 @@ fn scrape(selection: &Selection, cache: &StatsCache) -> (Scrape, HashMap<u32, f6
         scrape.cgroup = cgroup.memory().map(memgap_model::assess_cgroup);
     }
     scrape.duration_seconds = started.elapsed().as_secs_f64();
-    (scrape, ages)
+    scrape
 }
 
 /// The ledgers of `pids`, in their order, read on every CPU: most of a
