@@ -161,6 +161,6 @@ fn every_owner_holds_memory_in_some_fixture() {
         }
     }
     let missing: Vec<&str> =
-        memgap_model::owners::registered().iter().map(|owner| owner.name()).filter(|name| !holding.iter().any(|h| h == name)).collect();
+        memgap_model::registry::registered().iter().map(|owner| owner.name()).filter(|name| !holding.iter().any(|h| h == name)).collect();
     assert!(missing.is_empty(), "no fixture in which these owners hold memory: {missing:?}");
 }

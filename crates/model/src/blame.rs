@@ -22,9 +22,10 @@ use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
+use crate::accounting::Detail;
 use crate::heap_state::HeapState;
-use crate::ledger::{self, Detail, Ledger};
-use crate::snapshots::{At, Moment, MomentError, resolve};
+use crate::ledger::{Ledger, Moment};
+use crate::snapshots::{self, At, MomentError, resolve};
 
 /// Frames that belong to memgap or to the allocator, not to the program:
 /// the allocation site is the first frame past them. Matched against the
@@ -197,7 +198,7 @@ pub struct BlameOptions {
 pub(crate) struct BlameVisitor {
     pub(crate) state: HeapState,
     /// Only for blame's own replay (the report keeps its own).
-    owners: crate::owners::Owners,
+    owners: crate::registry::Owners,
     wanted: usize,
     seen: usize,
     ledger: Option<(u64, Ledger)>,
@@ -343,7 +344,7 @@ impl Visitor for BlameVisitor {
         if self.seen == self.wanted {
             self.ledger = Some((
                 snapshot.time,
-                ledger::compute(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
+                snapshots::ledger_of(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
             ));
         } else {
             self.state.pass_snapshot(snapshot);

@@ -29,6 +29,9 @@
 use memgap_replay::{Block, Change, ThreadEvent};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+/// The size word in front of a glibc block belongs to it.
+pub(crate) const GLIBC_HEADER: u64 = 8;
+
 /// glibc keeps each thread arena heap in a 64 MiB-aligned reservation (HEAP_MAX_SIZE).
 pub(crate) const HEAP_ALIGN_SHIFT: u32 = 26;
 /// `sizeof(struct malloc_chunk)`: mtrim keeps a free chunk's first 48 bytes.

@@ -626,7 +626,7 @@ mod tests {
 
     fn ledger(go: &GoState, snapshot: &Snapshot) -> Ledger {
         let mut owners: Vec<Box<dyn HeapOwner>> = vec![Box::new(GoOwner { state: go.clone(), ..GoOwner::default() })];
-        crate::ledger::compute(&mut crate::HeapState::default(), snapshot, crate::ledger::Detail::default(), &mut owners)
+        crate::accounting::compute(&mut crate::HeapState::default(), snapshot, crate::accounting::Detail::default(), &mut owners)
     }
 
     fn snapshot(time: u64, heap_pages: u64, resident_pages: u64, rss: u64) -> Snapshot {

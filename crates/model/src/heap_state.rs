@@ -40,7 +40,7 @@ pub struct HeapState {
     glibc_for: Option<(usize, usize, bool)>,
     /// Walks of glibc's state a trace holds (`memgap watch`), by the time
     /// of the snapshot each goes with, oldest first.
-    walks: std::collections::VecDeque<(u64, crate::outside_walk::WalkedHeap)>,
+    walks: std::collections::VecDeque<(u64, memgap_types::glibc_walk::WalkedHeap)>,
 }
 
 impl HeapState {
@@ -62,14 +62,14 @@ impl HeapState {
             self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
         } else if let Some(census) = memgap_source_python::Census::from_metrics(metrics) {
             self.python_census = Some(census);
-        } else if let Some(walk) = crate::outside_walk::WalkedHeap::from_metrics(metrics) {
+        } else if let Some(walk) = memgap_types::glibc_walk::WalkedHeap::from_metrics(metrics) {
             self.walks.push_back(walk);
         }
     }
 
     /// The walk of glibc's state taken with `snapshot`, if the trace holds
     /// one: its in-use chunks are the live set replayed up to it.
-    pub fn take_walk(&mut self, snapshot: &memgap_trace::records::Snapshot) -> Option<crate::outside_walk::WalkedHeap> {
+    pub fn take_walk(&mut self, snapshot: &memgap_trace::records::Snapshot) -> Option<memgap_types::glibc_walk::WalkedHeap> {
         while self.walks.front().is_some_and(|&(time, _)| time < snapshot.time) {
             self.walks.pop_front();
         }
@@ -122,10 +122,10 @@ impl HeapState {
                 .live
                 .in_address_order()
                 .iter()
-                .map(|&(addr, block)| (addr.saturating_sub(crate::owners::glibc::GLIBC_HEADER), addr + block.usable()))
+                .map(|&(addr, block)| (addr.saturating_sub(crate::glibc_trim::GLIBC_HEADER), addr + block.usable()))
                 .collect();
-            let page = crate::ledger::plausible_page_size(snapshot.page_size);
-            let walks = crate::ledger::PageWalks::of(snapshot, page, false);
+            let page = crate::page_walks::plausible_page_size(snapshot.page_size);
+            let walks = crate::page_walks::PageWalks::of(snapshot, page, false);
             crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| walks.by_page(m.start));
         }
     }

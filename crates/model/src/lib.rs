@@ -10,6 +10,14 @@
 //!
 //! Not for: reading trace bytes (replay) or formatting (views).
 //!
+//! The modules depend on one another in one direction, as the data flows
+//! (`tests/module_graph.rs` keeps it so): the replayed heap (`heap_state`);
+//! the ledger's types and the owner interface (`ledger`); the owners that
+//! implement it (`owners`, `go`, `ghc`, `ruby`); the computation of a ledger
+//! at a snapshot (`accounting`); the list of owners a replay feeds
+//! (`registry`); then what is built from ledgers (`outside_walk`, `summary`,
+//! `snapshots`, `blame`, `numa`, `compare`, `report`).
+//!
 //! ```no_run
 //! use memgap_model::{At, ledger_at};
 //! let summary = memgap_model::Summary::of_trace("t.mgt".as_ref())?;
@@ -20,6 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod accounting;
 pub mod blame;
 pub mod compare;
 pub mod ghc;
@@ -31,6 +40,8 @@ pub mod numa;
 mod outside;
 pub mod outside_walk;
 pub mod owners;
+mod page_walks;
+pub mod registry;
 pub mod report;
 pub mod ruby;
 pub mod series;
@@ -42,8 +53,8 @@ pub use blame::{Blame, BlameEntry, BlameOptions, BlameOrder, blame};
 pub use go::{GoLedger, GoSizeClass};
 pub use heap_state::HeapState;
 pub use ledger::{
-    Finding, GcMark, HeapKind, HeapLedger, HeapOwner, Ledger, MappingClass, MappingLedger, OtherBreakdown, OwnerShare, PageClass, PageMap,
-    Remedy, Rows, SizeBucket,
+    Finding, GcMark, HeapKind, HeapLedger, HeapOwner, Ledger, MappingClass, MappingLedger, Moment, OtherBreakdown, OwnerShare, PageClass,
+    PageMap, Remedy, Rows, SizeBucket,
 };
 pub use outside::assess as assess_cgroup;
 pub use outside::{
@@ -52,7 +63,7 @@ pub use outside::{
 };
 pub use series::SeriesPoint;
 pub use snapshots::{
-    At, Closing, Moment, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline,
+    At, Closing, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline,
 };
 pub use summary::{SizeCount, Summary};
 pub use trim_marks::TrimMark;

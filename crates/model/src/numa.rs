@@ -31,7 +31,8 @@ pub use memgap_types::numa::{AccessLocality, DistanceCount, Node, PageNodes, Sam
 
 use crate::blame::{ALLOCATOR_FUNCTIONS, is_allocator_frame};
 use crate::heap_state::HeapState;
-use crate::snapshots::{At, Moment, MomentError, resolve};
+use crate::ledger::Moment;
+use crate::snapshots::{At, MomentError, resolve};
 
 /// Live bytes by allocating thread's node × page's node.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -178,12 +178,12 @@ pub fn walked_process_ledger(reading: &ProcfsReading, walk: &crate::outside_walk
 /// over the page residency of `snapshot` by the owners' own code: the same
 /// split as a recording's ledger at a snapshot.
 pub fn runtime_process_ledger(reading: &ProcfsReading, snapshot: &Snapshot, metrics: &[Metrics], pages: bool) -> ProcessLedger {
-    let mut owners = crate::owners::registered();
+    let mut owners = crate::registry::registered();
     for m in metrics {
         owners.iter_mut().for_each(|o| o.metrics(m));
     }
-    let detail = crate::ledger::Detail { pages, ..crate::ledger::Detail::default() };
-    let ledger = crate::ledger::compute(&mut crate::HeapState::default(), snapshot, detail, &mut owners);
+    let detail = crate::accounting::Detail { pages, ..crate::accounting::Detail::default() };
+    let ledger = crate::accounting::compute(&mut crate::HeapState::default(), snapshot, detail, &mut owners);
     let mut process = with_model_ledger(outside_ledger(reading), ledger);
     process.allocator = process.ledger.as_ref().map_or(process.allocator, |l| l.allocator.clone());
     process.arenas = 0;

@@ -1,7 +1,7 @@
 //! The whole ledger of a running glibc process from outside: the chunks an
 //! adapter (memgap-attach) found walking the process's malloc state, laid
 //! over the page residency it read at the same instant, go through the very
-//! code that makes a recording's ledger ([`crate::ledger::compute`]): the
+//! code that makes a recording's ledger ([`crate::accounting::compute`]): the
 //! in-use chunks become the live set, the chunks in the threads' tcaches and
 //! the arenas' heaps feed the glibc trim forecast.
 //!
@@ -10,7 +10,8 @@
 //! chunks' size words.
 
 use crate::HeapState;
-use crate::ledger::{self, Detail, Ledger};
+use crate::accounting::{self, Detail};
+use crate::ledger::Ledger;
 
 pub use memgap_types::glibc_walk::{WALK_KIND, WALK_SOURCE, WalkSummary, WalkedArena, WalkedHeap};
 
@@ -59,14 +60,14 @@ pub fn walked_ledger(walk: &WalkedHeap, pages: bool) -> Ledger {
 /// [`walked_ledger`] with the detail a command asks for.
 pub fn walked_ledger_with(walk: &WalkedHeap, detail: Detail) -> Ledger {
     let mut state = heap_state(walk);
-    let mut owners = crate::owners::registered();
+    let mut owners = crate::registry::registered();
     owners.iter_mut().for_each(|o| o.allocator(&walk.libc_path));
     if walk.blocks.is_sorted_by_key(|&(addr, _)| addr) {
-        ledger::compute_walked(&mut state, &walk.snapshot, detail, &mut owners, &walk.blocks)
+        accounting::compute_walked(&mut state, &walk.snapshot, detail, &mut owners, &walk.blocks)
     } else {
         let mut blocks = walk.blocks.clone();
         blocks.sort_unstable();
-        ledger::compute_walked(&mut state, &walk.snapshot, detail, &mut owners, &blocks)
+        accounting::compute_walked(&mut state, &walk.snapshot, detail, &mut owners, &blocks)
     }
 }
 
@@ -170,9 +171,9 @@ mod tests {
         for &(addr, size) in &walk.tcache {
             state.glibc_trim.walked_tcache_chunk(addr, size);
         }
-        let mut owners = crate::owners::registered();
+        let mut owners = crate::registry::registered();
         owners.iter_mut().for_each(|o| o.allocator(LIBC));
-        ledger::compute(&mut state, &walk.snapshot, Detail { pages: true, ..Detail::default() }, &mut owners)
+        accounting::compute(&mut state, &walk.snapshot, Detail { pages: true, ..Detail::default() }, &mut owners)
     }
 
     #[test]

@@ -9,12 +9,13 @@ use std::path::Path;
 use memgap_replay::{Inherited, ThreadEvent, Visitor, replay};
 use memgap_trace::records::{End, Exit, Metrics, Module, Process, Rss, Snapshot, Thread};
 
+use crate::accounting::Detail;
 use crate::blame::{self, Blame, BlameOptions, BlameOrder, BlameVisitor};
-use crate::ledger::{self, Detail, Ledger};
+use crate::ledger::{Ledger, Moment};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
-use crate::owners::Owners;
+use crate::registry::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
-use crate::snapshots::{At, Moment, MomentError, SERIES_BUCKETS, list, resolve};
+use crate::snapshots::{self, At, MomentError, SERIES_BUCKETS, list, resolve};
 use crate::summary::{Builder, Summary};
 use crate::trim_marks::{TrimMark, TrimMarks};
 
@@ -162,7 +163,7 @@ impl Visitor for ReportVisitor {
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         let detail = Detail { pages: always || spaced, stacks: is_moment, objects: is_moment };
         self.owners.snapshot_seen(snapshot);
-        let mut ledger = ledger::compute(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
+        let mut ledger = snapshots::ledger_of(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
@@ -278,7 +279,7 @@ pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option
     // A runtime with a heap of its own (Go, GHC): malloc's live heap is not the program's.
     let live_heap = if v.owners.summary().is_some() { Vec::new() } else { v.live_heap.finish(|time| timeline.seconds(time)) };
     v.owners.replayed(timeline);
-    v.owners.measured_remedies = crate::compare::measured::read_beside(path).map(std::sync::Arc::new);
+    v.owners.measured_remedies = crate::ledger::measured::read_beside(path).map(std::sync::Arc::new);
     let snapshots: Vec<Ledger> = v
         .ledgers
         .drain(..)

@@ -6,11 +6,11 @@ use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline as EventClock, Vis
 use memgap_trace::TraceError;
 use memgap_trace::TraceFile;
 use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, Snapshot, Thread};
-use serde::Serialize;
 
+use crate::accounting::{self, Detail};
 use crate::heap_state::HeapState;
-use crate::ledger::{self, Ledger};
-use crate::owners::Owners;
+use crate::ledger::{HeapOwner, Ledger, Moment};
+use crate::registry::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
 use crate::summary::{Builder, Summary};
 
@@ -60,35 +60,6 @@ impl std::fmt::Display for At {
             At::Peak => f.write_str("peak"),
             At::End => f.write_str("end"),
             At::Seconds(seconds) => write!(f, "{seconds}"),
-        }
-    }
-}
-
-/// The snapshot a command looks at, and why that one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Moment {
-    /// Position among the trace's snapshots, in time order.
-    pub index: usize,
-    pub seconds: f64,
-    /// How it was chosen: "gap", "peak", "end" or "seconds" (`--at`).
-    pub chosen: &'static str,
-    /// Why this snapshot, in words.
-    pub reason: String,
-}
-
-impl Moment {
-    /// "at 2.41 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others"
-    pub fn line(&self) -> String {
-        format!("at {:.2} s, {}; --at {} for others", self.seconds, self.reason, self.others())
-    }
-
-    /// The other `--at` choices, for the hint after the moment.
-    pub fn others(&self) -> &'static str {
-        match self.chosen {
-            "gap" => "peak|end|SECONDS",
-            "peak" => "gap|end|SECONDS",
-            "end" => "gap|peak|SECONDS",
-            _ => "gap|peak|end|SECONDS",
         }
     }
 }
@@ -182,6 +153,17 @@ fn scan(path: &Path) -> Result<Scan, TraceError> {
         .map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss })
         .collect();
     Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time) })
+}
+
+/// The ledger at `snapshot` of a replay, given the heap as replayed up to
+/// its instant and the heap owners as they have seen the trace so far.
+/// Watched from outside (`memgap watch`): the ledger of the walk of glibc's
+/// state taken with this snapshot, as `memgap snapshot PID` computed it.
+pub(crate) fn ledger_of(state: &mut HeapState, snapshot: &Snapshot, detail: Detail, owners: &mut [Box<dyn HeapOwner>]) -> Ledger {
+    if let Some(walk) = state.take_walk(snapshot) {
+        return crate::outside_walk::walked_ledger_with(&walk, detail);
+    }
+    accounting::compute(state, snapshot, detail, owners)
 }
 
 /// The gap of a computed ledger: RSS less the live row and memgap's own memory.
@@ -432,8 +414,8 @@ impl Visitor for LedgerVisitor<'_> {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         self.owners.snapshot_seen(snapshot);
         if (self.wanted)(self.seen) {
-            let detail = ledger::Detail { pages: self.want_pages, ..ledger::Detail::default() };
-            self.ledgers.push((snapshot.time, ledger::compute(&mut self.state, snapshot, detail, &mut self.owners.list)));
+            let detail = Detail { pages: self.want_pages, ..Detail::default() };
+            self.ledgers.push((snapshot.time, ledger_of(&mut self.state, snapshot, detail, &mut self.owners.list)));
         } else {
             self.state.pass_snapshot(snapshot);
         }
@@ -488,7 +470,7 @@ fn replay_ledgers(
     });
     let mut owners = visitor.owners;
     owners.replayed(&outcome.timeline);
-    owners.measured_remedies = crate::compare::measured::read_beside(path).map(std::sync::Arc::new);
+    owners.measured_remedies = crate::ledger::measured::read_beside(path).map(std::sync::Arc::new);
     let ledgers = visitor
         .ledgers
         .into_iter()

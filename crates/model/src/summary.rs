@@ -175,7 +175,7 @@ pub(crate) struct Builder {
     exit: Option<Exit>,
     notes: Vec<String>,
     /// Runtimes keep their own live heap (Go, GHC).
-    owners: crate::owners::Owners,
+    owners: crate::registry::Owners,
     /// Walks of glibc's malloc state the trace holds (`memgap watch`).
     walks: u64,
 }

@@ -214,7 +214,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// does not undo the comparison.
 fn keep_measurements(trace: &std::path::Path, comparison: &compare::Comparison) -> String {
     let measured = compare::measured::measurements(comparison);
-    let path = compare::measured::path_beside(trace);
+    let path = memgap_model::ledger::measured::path_beside(trace);
     let text = serde_json::to_string_pretty(&measured).expect("plain structs always serialize");
     match memgap_trace::files::write_replacing(&path, |file| std::io::Write::write_all(file, text.as_bytes())) {
         Ok(()) => {

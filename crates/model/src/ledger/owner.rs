@@ -4,7 +4,7 @@
 //! owns and splits them into the ledger's rows, adds its own section to the
 //! ledger (a JSON key of its name), its collections for the timeline, and
 //! its findings and remedies. The core ledger knows owners only through
-//! this trait; the list of owners is `crate::owners::registered`.
+//! this trait; the list of owners is `crate::registry::registered`.
 //!
 //! An owner learns about the process as the trace replays (the `process`,
 //! `allocator`, `metrics`, `note`, `rss` and `snapshot_seen` calls), takes
@@ -53,7 +53,7 @@ pub struct Remedy {
     pub expected_savings_bytes: u64,
     /// What `memgap compare --remedies` measured of it, when it was.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub measured: Option<crate::compare::measured::Measured>,
+    pub measured: Option<super::measured::Measured>,
 }
 
 impl Remedy {

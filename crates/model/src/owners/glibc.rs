@@ -6,14 +6,13 @@
 use memgap_trace::records::Mapping;
 
 use super::malloc::{Allocator, MallocOwner, finding_bytes};
+use crate::glibc_trim::GLIBC_HEADER;
 use crate::ledger::{Finding, HeapKind, HeapLedger, Ledger, MallocLayout, Remedy};
 
 pub const NAME: &str = "glibc";
 
 /// glibc keeps each heap in 64 MiB-aligned reservations (HEAP_MAX_SIZE).
 pub(crate) const GLIBC_HEAP_ALIGN: u64 = 64 << 20;
-/// The size word in front of a glibc block belongs to it.
-pub(crate) const GLIBC_HEADER: u64 = 8;
 /// Below this a remedy is not worth a run.
 const WORTH_TRYING: u64 = 1 << 20;
 
@@ -44,7 +43,7 @@ impl MallocLayout for GlibcMalloc {
         live: &[(u64, u64)],
         page: u64,
     ) -> crate::glibc_trim::TrimForecast {
-        let walks = crate::ledger::PageWalks::of(snapshot, page, false);
+        let walks = crate::page_walks::PageWalks::of(snapshot, page, false);
         crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, live, page, |m| walks.by_page(m.start))
     }
 

@@ -246,7 +246,7 @@ mod tests {
         owner.census_ns.push(5);
         owner.annotate(&mut ledger, 5);
         let owners: Vec<Box<dyn HeapOwner>> = vec![Box::new(owner)];
-        crate::ledger::finish(&mut ledger, &owners);
+        crate::accounting::finish(&mut ledger, &owners);
         let part = ledger.share(NAME).unwrap();
         assert_eq!(part.rows.total(), 2 << 20);
         assert_eq!(ledger.other_breakdown.program_mmap, 1 << 20);

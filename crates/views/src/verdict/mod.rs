@@ -3,7 +3,7 @@
 //! `remedies`); the sentences are written here, one file per owner whose
 //! verdict says more than its rows.
 
-use memgap_model::compare::measured::{Measured, recommendable};
+use memgap_model::ledger::measured::{Measured, recommendable};
 use memgap_model::{Ledger, Remedy};
 
 mod ghc;
@@ -174,9 +174,9 @@ pub fn remedies_of(remedies: &[Remedy]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use memgap_model::compare::measured::{Measured, Outcome};
     use memgap_model::go::{GoLedger, GoSizeClass};
     use memgap_model::ledger::OwnerShare;
+    use memgap_model::ledger::measured::{Measured, Outcome};
     use memgap_model::ruby::RubyLayer;
     use memgap_model::{Ledger, Remedy, Rows};
 
