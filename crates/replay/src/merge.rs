@@ -1014,13 +1014,10 @@ mod tests {
         use EventKind::{Free, Malloc};
         let agent = encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2), (Malloc, 0x1000, 3), (Malloc, 0x2000, 4), (Free, 0x2000, 5)]);
         let cut = encoded(&[(Malloc, 0x1000, 1), (Free, 0x1000, 2)]).len();
-        let (mut delta, mut frames) = (DeltaState::default(), Vec::new());
+        let mut delta = DeltaState::default();
         let (mut first, mut second) = (Vec::new(), Vec::new());
-        assert_eq!(compact::transcode(&mut delta, &mut CompactState::default(), &agent[..cut], &mut first, &mut frames), cut);
-        assert_eq!(
-            compact::transcode(&mut delta, &mut CompactState::default(), &agent[cut..], &mut second, &mut frames),
-            agent.len() - cut
-        );
+        assert_eq!(compact::transcode(&mut delta, &mut CompactState::default(), &agent[..cut], &mut first), cut);
+        assert_eq!(compact::transcode(&mut delta, &mut CompactState::default(), &agent[cut..], &mut second), agent.len() - cut);
         let piece = |offset: usize, source: usize, records| {
             Record::CompactEvents(CompactEventsPiece {
                 thread: 1,

@@ -24,19 +24,17 @@
 //!                defines the id, the frame count and frames as in `event`
 //! ```
 
-use crate::event::{self, DeltaState, Event, EventKind, MAX_FRAMES, NO_STACK};
-use crate::varint::{Cursor, Malformed, zigzag};
+use crate::event::{self, BlockCoding, CPU_CHANGED, DeltaState, Event, EventKind, HAS_STACK, NEW_STACK, NO_STACK, SAME_TIME};
+use crate::varint::{self, Cursor, Malformed, zigzag};
 
-const KIND_MASK: u8 = 0x0f;
-const SAME_TIME: u8 = 0x10;
-const CPU_CHANGED: u8 = 0x20;
-const HAS_STACK: u8 = 0x40;
+/// The header's bits 0-6 are as in the agent's encoding; this one is the recorder's own.
 const REFERENCE: u8 = 0x80;
 
 /// How many recent allocations and frees a reference may name (part of
 /// the format: readers keep as many). A reference takes at most two varint
 /// bytes.
 const RECENT: usize = 1024;
+const _: () = assert!(RECENT <= 1 << 14, "a reference takes at most two varint bytes");
 
 /// The last [`RECENT`] addresses of one kind of call, newest last.
 #[derive(Clone)]
@@ -113,54 +111,27 @@ impl CompactState {
     }
 }
 
-/// A block handed out by an allocation whose address may be a reference.
-fn is_plain_allocation(kind: EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::Malloc
-            | EventKind::Calloc
-            | EventKind::Valloc
-            | EventKind::Pvalloc
-            | EventKind::PosixMemalign
-            | EventKind::AlignedAlloc
-            | EventKind::Memalign
-    )
-}
-
-fn has_alignment(kind: EventKind) -> bool {
-    matches!(kind, EventKind::PosixMemalign | EventKind::AlignedAlloc | EventKind::Memalign)
-}
-
-/// A reference `back` takes no more bytes than the address's delta would.
-fn shorter_than_delta(state: &CompactState, back: usize, address: u64) -> bool {
-    varint_len(back as u64) <= varint_len(zigzag(address.wrapping_sub(state.delta.addr) as i64))
-}
-
-fn varint_len(value: u64) -> u32 {
-    (64 - (value | 1).leading_zeros()).div_ceil(7)
-}
-
-/// Appends `value` as a varint; byte by byte, inlined: a call and a copy
-/// per field were most of the recorder's cost per event.
+/// The kinds whose block may be written as a reference: a free, and an
+/// allocation other than a realloc.
 #[inline(always)]
-fn put(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push(value as u8 | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
+fn takes_references(kind: EventKind) -> bool {
+    // One test of a bit per kind: the decoder asks at every reference.
+    const KINDS: u16 = 1 << EventKind::Free as u8
+        | 1 << EventKind::Malloc as u8
+        | 1 << EventKind::Calloc as u8
+        | 1 << EventKind::Valloc as u8
+        | 1 << EventKind::Pvalloc as u8
+        | 1 << EventKind::PosixMemalign as u8
+        | 1 << EventKind::AlignedAlloc as u8
+        | 1 << EventKind::Memalign as u8;
+    KINDS & 1 << kind as u8 != 0
 }
 
+/// A reference `back` (below [`RECENT`]: one varint byte, or two from
+/// 128) takes no more bytes than the address's delta to `last` would.
 #[inline(always)]
-fn push_address(state: &mut CompactState, out: &mut Vec<u8>, value: u64) {
-    put(out, zigzag(value.wrapping_sub(state.delta.addr) as i64));
-    state.delta.addr = value;
-}
-
-#[inline(always)]
-fn push_sizes(out: &mut Vec<u8>, size: u64, usable: u64) {
-    put(out, size);
-    put(out, zigzag(usable.wrapping_sub(usable_guess(size)) as i64));
+fn shorter_than_delta(last: u64, back: usize, address: u64) -> bool {
+    back < 0x80 || zigzag(address.wrapping_sub(last) as i64) >= 0x80
 }
 
 /// The usable size glibc gives a request of `size` bytes from its heap:
@@ -169,103 +140,130 @@ fn push_sizes(out: &mut Vec<u8>, size: u64, usable: u64) {
 /// for glibc it is nearly always right (one byte, always the same, which
 /// the chunk compression all but removes), for another allocator a few
 /// bytes off.
+#[inline(always)]
 fn usable_guess(size: u64) -> u64 {
     (size.wrapping_add(23) & !15).max(32) - 8
 }
 
 /// Appends `event` to `out`; `frames` when the event defines its stack id.
 pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames: Option<&[u64]>) {
-    let kind = event.kind();
-    // Room for the longest such record: the pushes below then never grow `out`.
+    let defines = frames.is_some() && event.stack != NO_STACK;
     out.reserve(event::max_record_len(frames.map_or(0, <[u64]>::len)));
-    let header_at = out.len();
-    out.push(kind as u8);
-    let mut header = kind as u8;
-    if event.time == state.delta.time {
-        header |= SAME_TIME;
-    } else {
-        put(out, zigzag(event.time.wrapping_sub(state.delta.time) as i64));
-        state.delta.time = event.time;
-    }
-    if event.cpu != state.delta.cpu {
-        header |= CPU_CHANGED;
-        put(out, u64::from(event.cpu));
-        state.delta.cpu = event.cpu;
-    }
-    if event.stack != NO_STACK {
-        header |= HAS_STACK;
-    }
-    match kind {
-        EventKind::Free => {
-            match state.allocations.find(event.addr).filter(|&back| shorter_than_delta(state, back, event.addr)) {
-                Some(back) => {
-                    header |= REFERENCE;
-                    put(out, back as u64);
-                }
-                None => push_address(state, out, event.addr),
-            }
-            state.frees.push(event.addr);
-        }
-        kind if is_plain_allocation(kind) => {
-            // A failed call (address 0) is not a block to refer to later.
-            match state.frees.find(event.addr).filter(|&back| event.addr != 0 && shorter_than_delta(state, back, event.addr)) {
-                Some(back) => {
-                    header |= REFERENCE;
-                    put(out, back as u64);
-                }
-                None => push_address(state, out, event.addr),
-            }
-            push_sizes(out, event.size, event.usable);
-            if has_alignment(kind) {
-                put(out, event.extra);
-            }
-            if event.addr != 0 {
-                state.allocations.push(event.addr);
-            }
-        }
-        EventKind::Realloc | EventKind::Reallocarray => {
-            push_address(state, out, event.old_addr);
-            push_address(state, out, event.addr);
-            push_sizes(out, event.size, event.usable);
-        }
-        EventKind::Mmap => {
-            push_address(state, out, event.addr);
-            put(out, event.size);
-            put(out, event.extra);
-        }
-        EventKind::Munmap => {
-            push_address(state, out, event.addr);
-            put(out, event.size);
-        }
-        EventKind::Mremap => {
-            push_address(state, out, event.old_addr);
-            put(out, event.extra);
-            push_address(state, out, event.addr);
-            put(out, event.size);
-        }
-        EventKind::Brk => {
-            push_address(state, out, event.old_addr);
-            push_address(state, out, event.addr);
-        }
-        EventKind::Sbrk => {
-            put(out, zigzag(event.extra as i64));
-            push_address(state, out, event.addr);
-        }
-        _ => unreachable!("every other kind is a plain allocation"),
-    }
-    if event.stack != NO_STACK {
-        let defines = frames.is_some();
-        put(out, u64::from(event.stack) << 1 | u64::from(defines));
-        if let Some(frames) = frames {
-            put(out, frames.len() as u64);
+    // SAFETY: `out` has room past its length for the longest record with
+    // these frames; the bytes written become part of its length.
+    unsafe {
+        let start = out.as_mut_ptr().add(out.len());
+        let mut p = encode_raw(state, start, event, defines);
+        if let (true, Some(frames)) = (defines, frames) {
+            p = varint::write_raw(p, frames.len() as u64);
             let mut previous = 0u64;
             for &frame in frames {
-                put(out, zigzag(frame.wrapping_sub(previous) as i64));
+                p = varint::write_raw(p, zigzag(frame.wrapping_sub(previous) as i64));
                 previous = frame;
             }
         }
+        out.set_len(out.len() + p.offset_from(start) as usize);
     }
-    out[header_at] = header;
+}
+
+/// Writes `event` at `out` up to its stack id (the frames, when `defines`,
+/// are the caller's to write after it); returns the end. Raw writes: a
+/// length check per byte pushed was most of the recorder's cost per event.
+///
+/// # Safety
+/// `out` is valid for [`event::MAX_RECORD_LEN`] bytes of writes.
+#[inline(always)]
+unsafe fn encode_raw(state: &mut CompactState, out: *mut u8, event: &Event, defines: bool) -> *mut u8 {
+    // SAFETY: the caller's contract: room for the longest record without
+    // frames, a header byte and at most seven varints, as below.
+    unsafe {
+        let kind = event.kind();
+        let mut header = kind as u8;
+        let mut p = out.add(1);
+        let delta = &mut state.delta;
+        if event.time == delta.time {
+            header |= SAME_TIME;
+        } else {
+            p = varint::write_raw(p, zigzag(event.time.wrapping_sub(delta.time) as i64));
+            delta.time = event.time;
+        }
+        if event.cpu != delta.cpu {
+            header |= CPU_CHANGED;
+            p = varint::write_raw(p, u64::from(event.cpu));
+            delta.cpu = event.cpu;
+        }
+        let address = |p: *mut u8, last: &mut u64, value: u64| {
+            let end = varint::write_raw(p, zigzag(value.wrapping_sub(*last) as i64));
+            *last = value;
+            end
+        };
+        let sizes = |p: *mut u8, size: u64, usable: u64| {
+            varint::write_raw(varint::write_raw(p, size), zigzag(usable.wrapping_sub(usable_guess(size)) as i64))
+        };
+        match kind {
+            EventKind::Free => {
+                match state.allocations.find(event.addr).filter(|&back| shorter_than_delta(delta.addr, back, event.addr)) {
+                    Some(back) => {
+                        header |= REFERENCE;
+                        p = varint::write_raw(p, back as u64);
+                    }
+                    None => p = address(p, &mut delta.addr, event.addr),
+                }
+                state.frees.push(event.addr);
+            }
+            EventKind::Realloc | EventKind::Reallocarray => {
+                p = address(p, &mut delta.addr, event.old_addr);
+                p = address(p, &mut delta.addr, event.addr);
+                p = sizes(p, event.size, event.usable);
+            }
+            EventKind::Mmap => {
+                p = address(p, &mut delta.addr, event.addr);
+                p = varint::write_raw(p, event.size);
+                p = varint::write_raw(p, event.extra);
+            }
+            EventKind::Munmap => {
+                p = address(p, &mut delta.addr, event.addr);
+                p = varint::write_raw(p, event.size);
+            }
+            EventKind::Mremap => {
+                p = address(p, &mut delta.addr, event.old_addr);
+                p = varint::write_raw(p, event.extra);
+                p = address(p, &mut delta.addr, event.addr);
+                p = varint::write_raw(p, event.size);
+            }
+            EventKind::Brk => {
+                p = address(p, &mut delta.addr, event.old_addr);
+                p = address(p, &mut delta.addr, event.addr);
+            }
+            EventKind::Sbrk => {
+                p = varint::write_raw(p, zigzag(event.extra as i64));
+                p = address(p, &mut delta.addr, event.addr);
+            }
+            _ => {
+                // A failed call (address 0) is not a block to refer to later.
+                match state.frees.find(event.addr).filter(|&back| event.addr != 0 && shorter_than_delta(delta.addr, back, event.addr)) {
+                    Some(back) => {
+                        header |= REFERENCE;
+                        p = varint::write_raw(p, back as u64);
+                    }
+                    None => p = address(p, &mut delta.addr, event.addr),
+                }
+                p = sizes(p, event.size, event.usable);
+                if kind.has_alignment() {
+                    p = varint::write_raw(p, event.extra);
+                }
+                if event.addr != 0 {
+                    state.allocations.push(event.addr);
+                }
+            }
+        }
+        if event.stack != NO_STACK {
+            header |= HAS_STACK;
+            p = varint::write_raw(p, u64::from(event.stack) << 1 | u64::from(defines));
+        }
+        *out = header;
+        p
+    }
 }
 
 /// Re-encodes the agent's records `agent_records` (decoded with the
@@ -273,96 +271,99 @@ pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames
 /// buffer) into `out`, starting `state` afresh. Returns how many
 /// bytes of `agent_records` it took: all of them, or those before the
 /// first record that does not decode (the caller drops the rest).
-pub fn transcode(
-    agent: &mut DeltaState,
-    state: &mut CompactState,
-    agent_records: &[u8],
-    out: &mut Vec<u8>,
-    frames: &mut Vec<u64>,
-) -> usize {
+///
+/// One pass per record: a stack definition's frames are the same bytes in
+/// both encodings, so they are checked and copied, not decoded.
+pub fn transcode(agent: &mut DeltaState, state: &mut CompactState, agent_records: &[u8], out: &mut Vec<u8>) -> usize {
     state.reset();
     let mut cursor = Cursor::new(agent_records);
     let mut taken = 0;
     while !cursor.is_empty() {
-        let mut event = Event::default();
-        match event::decode_into(agent, &mut cursor, frames, &mut event) {
-            Ok(defines) => encode(state, out, &event, defines.then_some(&frames[..])),
-            Err(Malformed) => break,
+        let Ok((event, frames)) = decode_agent_record(agent, &mut cursor) else { break };
+        let frames = frames.map(|(from, to)| &agent_records[from..to]);
+        out.reserve(event::MAX_RECORD_LEN + frames.map_or(0, <[u8]>::len));
+        // SAFETY: `out` has room past its length for the longest record
+        // without frames, then for the frames' bytes; the bytes written
+        // become part of its length.
+        unsafe {
+            let start = out.as_mut_ptr().add(out.len());
+            let mut p = encode_raw(state, start, &event, frames.is_some());
+            if let Some(frames) = frames {
+                std::ptr::copy_nonoverlapping(frames.as_ptr(), p, frames.len());
+                p = p.add(frames.len());
+            }
+            out.set_len(out.len() + p.offset_from(start) as usize);
         }
         taken = cursor.position();
     }
     taken
 }
 
+/// One of the agent's records, and where in the cursor's bytes the frames
+/// of the stack it defines are (count included), when it defines one the
+/// recorder's encoding names (a stack id other than none).
+#[inline(always)]
+fn decode_agent_record(agent: &mut DeltaState, cursor: &mut Cursor<'_>) -> Result<(Event, Option<(usize, usize)>), Malformed> {
+    let mut event = Event::default();
+    let (header, kind) = event::decode_head(agent, cursor, &mut event)?;
+    event::decode_payload(&mut event::Deltas, kind, cursor, &mut agent.addr, &mut event)?;
+    if header & HAS_STACK != 0 {
+        event.stack = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
+    }
+    let mut frames = None;
+    if header & NEW_STACK != 0 {
+        let from = cursor.position();
+        event::skip_frames(cursor)?;
+        frames = (event.stack != NO_STACK).then_some((from, cursor.position()));
+    }
+    Ok((event, frames))
+}
+
+/// The recorder's encoding of a block: a reference into the piece's recent
+/// allocations (for a free) or frees (for an allocation), or a delta.
+struct References<'a> {
+    referenced: bool,
+    allocations: &'a mut Recent,
+    frees: &'a mut Recent,
+}
+
+impl BlockCoding for References<'_> {
+    #[inline(always)]
+    fn freed_block(&mut self, cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed> {
+        let addr = if self.referenced { self.allocations.get(cursor.varint()?)? } else { event::delta_address(cursor, last)? };
+        self.frees.push(addr);
+        Ok(addr)
+    }
+
+    #[inline(always)]
+    fn allocated_block(&mut self, cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed> {
+        let addr = if self.referenced { self.frees.get(cursor.varint()?)? } else { event::delta_address(cursor, last)? };
+        if addr != 0 {
+            self.allocations.push(addr);
+        }
+        Ok(addr)
+    }
+
+    #[inline(always)]
+    fn usable_base(size: u64) -> u64 {
+        usable_guess(size)
+    }
+}
+
 /// Decodes one record into `event`, which must be zeroed (as
 /// [`Event::default`]); the inverse of [`encode`]. When the record defines
-/// its stack, the frames are put in `frames` and true is returned.
+/// its stack, the frames are put in `frames` and true is returned. Only
+/// the block references and the stack's id are the recorder's own: the rest
+/// is decoded as the agent's records are.
 #[inline]
 pub fn decode_into(state: &mut CompactState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>, event: &mut Event) -> Result<bool, Malformed> {
-    let header = cursor.u8()?;
-    let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
-    event.kind = Some(kind);
-    if header & SAME_TIME == 0 {
-        state.delta.time = state.delta.time.wrapping_add(cursor.signed()? as u64);
-    }
-    event.time = state.delta.time;
-    if header & CPU_CHANGED != 0 {
-        state.delta.cpu = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
-    }
-    event.cpu = state.delta.cpu;
-    let delta = |cursor: &mut Cursor<'_>, state: &mut CompactState| -> Result<u64, Malformed> {
-        state.delta.addr = state.delta.addr.wrapping_add(cursor.signed()? as u64);
-        Ok(state.delta.addr)
-    };
+    let (header, kind) = event::decode_head(&mut state.delta, cursor, event)?;
     let referenced = header & REFERENCE != 0;
-    match kind {
-        EventKind::Free => {
-            event.addr = if referenced { state.allocations.get(cursor.varint()?)? } else { delta(cursor, state)? };
-            state.frees.push(event.addr);
-        }
-        kind if is_plain_allocation(kind) => {
-            event.addr = if referenced { state.frees.get(cursor.varint()?)? } else { delta(cursor, state)? };
-            event.size = cursor.varint()?;
-            event.usable = usable_guess(event.size).wrapping_add(cursor.signed()? as u64);
-            if has_alignment(kind) {
-                event.extra = cursor.varint()?;
-            }
-            if event.addr != 0 {
-                state.allocations.push(event.addr);
-            }
-        }
-        _ if referenced => return Err(Malformed),
-        EventKind::Realloc | EventKind::Reallocarray => {
-            event.old_addr = delta(cursor, state)?;
-            event.addr = delta(cursor, state)?;
-            event.size = cursor.varint()?;
-            event.usable = usable_guess(event.size).wrapping_add(cursor.signed()? as u64);
-        }
-        EventKind::Mmap => {
-            event.addr = delta(cursor, state)?;
-            event.size = cursor.varint()?;
-            event.extra = cursor.varint()?;
-        }
-        EventKind::Munmap => {
-            event.addr = delta(cursor, state)?;
-            event.size = cursor.varint()?;
-        }
-        EventKind::Mremap => {
-            event.old_addr = delta(cursor, state)?;
-            event.extra = cursor.varint()?;
-            event.addr = delta(cursor, state)?;
-            event.size = cursor.varint()?;
-        }
-        EventKind::Brk => {
-            event.old_addr = delta(cursor, state)?;
-            event.addr = delta(cursor, state)?;
-        }
-        EventKind::Sbrk => {
-            event.extra = cursor.signed()? as u64;
-            event.addr = delta(cursor, state)?;
-        }
-        _ => return Err(Malformed),
+    if referenced && !takes_references(kind) {
+        return Err(Malformed);
     }
+    let mut references = References { referenced, allocations: &mut state.allocations, frees: &mut state.frees };
+    event::decode_payload(&mut references, kind, cursor, &mut state.delta.addr, event)?;
     let mut defines = false;
     if header & HAS_STACK != 0 {
         let value = cursor.varint()?;
@@ -372,16 +373,7 @@ pub fn decode_into(state: &mut CompactState, cursor: &mut Cursor<'_>, frames: &m
         }
         defines = value & 1 != 0;
         if defines {
-            let count = cursor.varint()?;
-            if count > MAX_FRAMES {
-                return Err(Malformed);
-            }
-            frames.clear();
-            let mut previous = 0u64;
-            for _ in 0..count {
-                previous = previous.wrapping_add(cursor.signed()? as u64);
-                frames.push(previous);
-            }
+            event::decode_frames(cursor, frames)?;
         }
     }
     Ok(defines)
@@ -422,7 +414,7 @@ mod tests {
                     EventKind::Mremap => e.usable = 0,
                     EventKind::Brk => (e.size, e.usable, e.extra) = (0, 0, 0),
                     EventKind::Sbrk => (e.size, e.usable, e.old_addr) = (0, 0, 0),
-                    k if has_alignment(k) => e.old_addr = 0,
+                    k if k.has_alignment() => e.old_addr = 0,
                     _ => (e.old_addr, e.extra) = (0, 0),
                 }
                 let frames = (defines && stack != NO_STACK).then_some(frames);
@@ -457,7 +449,8 @@ mod tests {
 
     proptest! {
         /// The agent's records, cut into pieces anywhere between records,
-        /// transcode piece by piece and decode back to the same events.
+        /// transcode piece by piece into what `encode` writes, and decode
+        /// back to the same events.
         #[test]
         fn transcoded_pieces_decode_to_the_agents_events(
             events in proptest::collection::vec(arb_event(), 0..150),
@@ -466,16 +459,23 @@ mod tests {
             let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(events.len())).collect();
             cuts.push(events.len());
             cuts.sort_unstable();
-            let (mut agent, mut frames, mut decoded) = (DeltaState::default(), Vec::new(), Vec::new());
+            let (mut agent, mut decoded) = (DeltaState::default(), Vec::new());
             let whole = agent_records(&events);
             let (mut at, mut from) = (0, 0);
             for cut in cuts {
                 // Where event `cut` starts in the agent's buffer.
                 let end = agent_records(&events[..cut]).len();
                 let mut piece = Vec::new();
-                prop_assert_eq!(transcode(&mut agent, &mut CompactState::default(), &whole[at..end], &mut piece, &mut frames), end - at);
+                prop_assert_eq!(transcode(&mut agent, &mut CompactState::default(), &whole[at..end], &mut piece), end - at);
                 decoded.extend(decode_all(&piece).unwrap());
                 prop_assert_eq!(&decoded[..], &events[..cut], "from {}", from);
+                // Frames copied as they are, the rest re-encoded: the same bytes as `encode` writes.
+                let mut encoded = Vec::new();
+                let mut state = CompactState::default();
+                for (event, frames) in &events[from..cut] {
+                    encode(&mut state, &mut encoded, event, frames.as_deref());
+                }
+                prop_assert_eq!(&piece, &encoded);
                 (at, from) = (end, cut);
             }
         }
@@ -546,7 +546,7 @@ mod tests {
             }
         }
         let mut out = Vec::new();
-        let taken = transcode(&mut DeltaState::default(), &mut CompactState::default(), &agent_records(&events), &mut out, &mut Vec::new());
+        let taken = transcode(&mut DeltaState::default(), &mut CompactState::default(), &agent_records(&events), &mut out);
         assert_eq!(taken, agent_records(&events).len());
         assert_eq!(decode_all(&out).unwrap(), events);
     }
@@ -572,7 +572,7 @@ mod tests {
         records.push(0); // kind 0 is no kind
         records.extend_from_slice(&agent_records(&events));
         let mut out = Vec::new();
-        assert_eq!(transcode(&mut DeltaState::default(), &mut CompactState::default(), &records, &mut out, &mut Vec::new()), good);
+        assert_eq!(transcode(&mut DeltaState::default(), &mut CompactState::default(), &records, &mut out), good);
         assert_eq!(decode_all(&out).unwrap(), events);
     }
 }

@@ -101,17 +101,17 @@ impl EventKind {
         )
     }
 
-    fn has_alignment(self) -> bool {
+    pub(crate) fn has_alignment(self) -> bool {
         matches!(self, EventKind::PosixMemalign | EventKind::AlignedAlloc | EventKind::Memalign)
     }
 }
 
-const KIND_MASK: u8 = 0x0f;
+pub(crate) const KIND_MASK: u8 = 0x0f;
 /// Events carry the writer's round: nearly every event has its predecessor's time.
-const SAME_TIME: u8 = 0x10;
-const CPU_CHANGED: u8 = 0x20;
-const HAS_STACK: u8 = 0x40;
-const NEW_STACK: u8 = 0x80;
+pub(crate) const SAME_TIME: u8 = 0x10;
+pub(crate) const CPU_CHANGED: u8 = 0x20;
+pub(crate) const HAS_STACK: u8 = 0x40;
+pub(crate) const NEW_STACK: u8 = 0x80;
 
 /// No stack was recorded for this event.
 pub const NO_STACK: u32 = 0;
@@ -322,6 +322,23 @@ pub fn decode_with_stack(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames
 /// event per record.
 #[inline(always)]
 pub fn decode_into(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>, event: &mut Event) -> Result<bool, Malformed> {
+    let (header, kind) = decode_head(state, cursor, event)?;
+    decode_payload(&mut Deltas, kind, cursor, &mut state.addr, event)?;
+    if header & HAS_STACK != 0 {
+        event.stack = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
+    }
+    let defines_stack = header & NEW_STACK != 0;
+    if defines_stack {
+        decode_frames(cursor, frames)?;
+    }
+    Ok(defines_stack)
+}
+
+/// Decodes the head of a record, the part both encodings share (its header
+/// byte's kind, the time and the CPU), into `event`; returns the header byte
+/// and the kind.
+#[inline(always)]
+pub(crate) fn decode_head(state: &mut DeltaState, cursor: &mut Cursor<'_>, event: &mut Event) -> Result<(u8, EventKind), Malformed> {
     let header = cursor.u8()?;
     let kind = EventKind::from_u8(header & KIND_MASK).ok_or(Malformed)?;
     event.kind = Some(kind);
@@ -333,67 +350,132 @@ pub fn decode_into(state: &mut DeltaState, cursor: &mut Cursor<'_>, frames: &mut
         state.cpu = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
     }
     event.cpu = state.cpu;
-    let addr = |cursor: &mut Cursor<'_>, state: &mut DeltaState| -> Result<u64, Malformed> {
-        state.addr = state.addr.wrapping_add(cursor.signed()? as u64);
-        Ok(state.addr)
-    };
+    Ok((header, kind))
+}
+
+/// Where the agent's encoding and the recorder's ([`crate::compact`])
+/// differ inside a payload; the rest of its layout, by kind, is
+/// [`decode_payload`]'s, which both decode with.
+pub(crate) trait BlockCoding {
+    /// The block address of a free, from `cursor`; `last` is the address
+    /// deltas are against.
+    fn freed_block(&mut self, cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed>;
+
+    /// The block address of an allocation other than a realloc, as [`Self::freed_block`].
+    fn allocated_block(&mut self, cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed>;
+
+    /// What a block's usable size is written as a difference to.
+    fn usable_base(size: u64) -> u64;
+}
+
+/// The agent's encoding: every address a delta, usable against the size.
+pub(crate) struct Deltas;
+
+impl BlockCoding for Deltas {
+    #[inline(always)]
+    fn freed_block(&mut self, cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed> {
+        delta_address(cursor, last)
+    }
+
+    #[inline(always)]
+    fn allocated_block(&mut self, cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed> {
+        delta_address(cursor, last)
+    }
+
+    #[inline(always)]
+    fn usable_base(size: u64) -> u64 {
+        size
+    }
+}
+
+/// An address field written as a zigzag delta against `last`, which it becomes.
+#[inline(always)]
+pub(crate) fn delta_address(cursor: &mut Cursor<'_>, last: &mut u64) -> Result<u64, Malformed> {
+    *last = last.wrapping_add(cursor.signed()? as u64);
+    Ok(*last)
+}
+
+/// Decodes the payload of an event of `kind` into `event`; `last` is the
+/// address deltas are against.
+#[inline(always)]
+pub(crate) fn decode_payload<C: BlockCoding>(
+    coding: &mut C,
+    kind: EventKind,
+    cursor: &mut Cursor<'_>,
+    last: &mut u64,
+    event: &mut Event,
+) -> Result<(), Malformed> {
     match kind {
-        EventKind::Free => event.addr = addr(cursor, state)?,
+        EventKind::Free => event.addr = coding.freed_block(cursor, last)?,
         EventKind::Realloc | EventKind::Reallocarray => {
-            event.old_addr = addr(cursor, state)?;
-            event.addr = addr(cursor, state)?;
+            event.old_addr = delta_address(cursor, last)?;
+            event.addr = delta_address(cursor, last)?;
             event.size = cursor.varint()?;
-            event.usable = event.size.wrapping_add(cursor.signed()? as u64);
+            event.usable = C::usable_base(event.size).wrapping_add(cursor.signed()? as u64);
         }
         EventKind::Mmap => {
-            event.addr = addr(cursor, state)?;
+            event.addr = delta_address(cursor, last)?;
             event.size = cursor.varint()?;
             event.extra = cursor.varint()?;
         }
         EventKind::Munmap => {
-            event.addr = addr(cursor, state)?;
+            event.addr = delta_address(cursor, last)?;
             event.size = cursor.varint()?;
         }
         EventKind::Mremap => {
-            event.old_addr = addr(cursor, state)?;
+            event.old_addr = delta_address(cursor, last)?;
             event.extra = cursor.varint()?;
-            event.addr = addr(cursor, state)?;
+            event.addr = delta_address(cursor, last)?;
             event.size = cursor.varint()?;
         }
         EventKind::Brk => {
-            event.old_addr = addr(cursor, state)?;
-            event.addr = addr(cursor, state)?;
+            event.old_addr = delta_address(cursor, last)?;
+            event.addr = delta_address(cursor, last)?;
         }
         EventKind::Sbrk => {
             event.extra = cursor.signed()? as u64;
-            event.addr = addr(cursor, state)?;
+            event.addr = delta_address(cursor, last)?;
         }
         _ => {
-            event.addr = addr(cursor, state)?;
+            event.addr = coding.allocated_block(cursor, last)?;
             event.size = cursor.varint()?;
-            event.usable = event.size.wrapping_add(cursor.signed()? as u64);
+            event.usable = C::usable_base(event.size).wrapping_add(cursor.signed()? as u64);
             if kind.has_alignment() {
                 event.extra = cursor.varint()?;
             }
         }
     }
-    if header & HAS_STACK != 0 {
-        event.stack = u32::try_from(cursor.varint()?).map_err(|_| Malformed)?;
+    Ok(())
+}
+
+/// A stack definition's frames (count, then zigzag deltas) into `frames`.
+#[inline(always)]
+pub(crate) fn decode_frames(cursor: &mut Cursor<'_>, frames: &mut Vec<u64>) -> Result<(), Malformed> {
+    let count = cursor.varint()?;
+    if count > MAX_FRAMES {
+        return Err(Malformed);
     }
-    let defines_stack = header & NEW_STACK != 0;
-    if defines_stack {
-        let count = cursor.varint()?;
-        if count > MAX_FRAMES {
-            return Err(Malformed);
-        }
-        frames.clear();
-        let mut previous = 0u64;
-        for _ in 0..count {
-            previous = previous.wrapping_add(cursor.signed()? as u64);
-            frames.push(previous);
-        }
+    frames.clear();
+    let mut previous = 0u64;
+    for _ in 0..count {
+        previous = previous.wrapping_add(cursor.signed()? as u64);
+        frames.push(previous);
     }
-    Ok(defines_stack)
+    Ok(())
+}
+
+/// Steps over a stack definition's frames, checking them as
+/// [`decode_frames`] does, where their bytes are copied as they are.
+#[inline(always)]
+pub(crate) fn skip_frames(cursor: &mut Cursor<'_>) -> Result<(), Malformed> {
+    let count = cursor.varint()?;
+    if count > MAX_FRAMES {
+        return Err(Malformed);
+    }
+    for _ in 0..count {
+        cursor.varint()?;
+    }
+    Ok(())
 }
 
 /// Encodes a slice of events into a fresh buffer (tests and tools; the agent

@@ -503,10 +503,9 @@ struct ProcessRecorder {
     /// The agent's delta state in each chunk of the area, by chunk index
     /// (None: the chunk's records stopped decoding).
     agent_deltas: Vec<Option<DeltaState>>,
-    /// One piece re-encoded, and the frames of a stack it defines.
+    /// One piece re-encoded.
     compact: Vec<u8>,
     compact_state: compact::CompactState,
-    frames: Vec<u64>,
     last_flush_ns: u64,
     slots: Vec<SlotState>,
     records_head: Option<u32>,
@@ -566,7 +565,6 @@ impl ProcessRecorder {
             agent_deltas: Vec::new(),
             compact: Vec::new(),
             compact_state: compact::CompactState::default(),
-            frames: Vec::new(),
             last_flush_ns: now,
             slots: vec![SlotState::default(); shared::THREAD_SLOTS],
             records_head: None,
@@ -881,7 +879,7 @@ impl ProcessRecorder {
         }
         let Some(agent) = self.agent_deltas[index].as_mut() else { return };
         self.compact.clear();
-        let taken = compact::transcode(agent, &mut self.compact_state, bytes, &mut self.compact, &mut self.frames);
+        let taken = compact::transcode(agent, &mut self.compact_state, bytes, &mut self.compact);
         if taken < bytes.len() {
             self.agent_deltas[index] = None;
         }
