@@ -270,9 +270,7 @@ impl BlameVisitor {
             return;
         }
         // Events of one round share a time: most short lives need no conversion.
-        let lifetime_ns =
-            if time <= block.time { 0 } else { self.timeline.monotonic_ns(time).saturating_sub(self.timeline.monotonic_ns(block.time)) };
-        if lifetime_ns <= self.temporary_window_ns {
+        if time <= block.time || self.timeline.within_ns(block.time, time, self.temporary_window_ns) {
             let churn = self.churn_of(block.stack);
             churn.temporary_allocations += 1;
             churn.temporary_bytes += block.size;
