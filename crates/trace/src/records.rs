@@ -369,12 +369,38 @@ fn frame(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
     varint::push_bytes(out, body);
 }
 
+/// A piece of events as a record: `tag`, the body's length, the varints
+/// `head`, then `records`, copied once (no body built apart: these are most
+/// of a trace's bytes).
+fn frame_piece(out: &mut Vec<u8>, tag: u8, head: &[u32], records: &[u8]) {
+    let head_len: usize = head.iter().map(|&value| varint::encoded_len(value.into())).sum();
+    out.push(tag);
+    varint::push(out, (head_len + records.len()) as u64);
+    for &value in head {
+        varint::push(out, value.into());
+    }
+    out.extend_from_slice(records);
+}
+
 impl Record<'_> {
     /// Appends this record to a chunk being built.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let mut body = Vec::new();
-        let b = &mut body;
-        let tag = match self {
+        match self {
+            Record::Events(p) => frame_piece(out, TAG_EVENTS, &[p.thread, p.tid, p.buffer, p.offset], p.records),
+            Record::CompactEvents(p) => {
+                frame_piece(out, TAG_COMPACT_EVENTS, &[p.thread, p.tid, p.buffer, p.offset, p.source_len], p.records)
+            }
+            _ => {
+                let mut body = Vec::new();
+                let tag = self.encode_body(&mut body);
+                frame(out, tag, &body);
+            }
+        }
+    }
+
+    /// Appends the body of a record other than a piece of events; returns its tag.
+    fn encode_body(&self, b: &mut Vec<u8>) -> u8 {
+        match self {
             Record::Process(p) => {
                 for v in [
                     p.pid as u64,
@@ -407,18 +433,7 @@ impl Record<'_> {
                 }
                 TAG_MODULES
             }
-            Record::Events(piece) => {
-                Self::encode_events_header(b, piece.thread, piece.tid, piece.buffer, piece.offset);
-                b.extend_from_slice(piece.records);
-                TAG_EVENTS
-            }
-            Record::CompactEvents(piece) => {
-                for v in [piece.thread, piece.tid, piece.buffer, piece.offset, piece.source_len] {
-                    varint::push(b, v.into());
-                }
-                b.extend_from_slice(piece.records);
-                TAG_COMPACT_EVENTS
-            }
+            Record::Events(_) | Record::CompactEvents(_) => unreachable!("pieces of events are framed by `encode` itself"),
             Record::Clock(c) => {
                 varint::push(b, c.time);
                 varint::push(b, c.monotonic_ns);
@@ -507,8 +522,7 @@ impl Record<'_> {
                 TAG_PYTHON_CODE
             }
             Record::Unknown { tag } => *tag,
-        };
-        frame(out, tag, &body);
+        }
     }
 
     /// The header of an EVENTS record; the agent writes it in front of raw
@@ -521,12 +535,7 @@ impl Record<'_> {
 
     /// Appends an EVENTS record whose body is the header plus `records`.
     pub fn encode_events(out: &mut Vec<u8>, thread: u32, tid: u32, buffer: u32, offset: u32, records: &[u8]) {
-        let mut header = Vec::with_capacity(24);
-        Self::encode_events_header(&mut header, thread, tid, buffer, offset);
-        out.push(TAG_EVENTS);
-        varint::push(out, (header.len() + records.len()) as u64);
-        out.extend_from_slice(&header);
-        out.extend_from_slice(records);
+        frame_piece(out, TAG_EVENTS, &[thread, tid, buffer, offset], records);
     }
 }
 

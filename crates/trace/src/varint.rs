@@ -35,6 +35,11 @@ pub fn unzigzag(value: u64) -> i64 {
     ((value >> 1) as i64) ^ -((value & 1) as i64)
 }
 
+/// How many bytes `value` takes as a varint.
+pub fn encoded_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros()).div_ceil(7) as usize
+}
+
 pub fn push(out: &mut Vec<u8>, value: u64) {
     let mut bytes = [0u8; MAX_VARINT_LEN];
     // SAFETY: `bytes` is MAX_VARINT_LEN long.
@@ -188,7 +193,11 @@ mod tests {
         #[test]
         fn varints_round_trip(values in proptest::collection::vec(any::<u64>(), 0..64)) {
             let mut out = Vec::new();
-            for &v in &values { push(&mut out, v); }
+            for &v in &values {
+                let before = out.len();
+                push(&mut out, v);
+                prop_assert_eq!(out.len() - before, encoded_len(v));
+            }
             let mut cursor = Cursor::new(&out);
             for &v in &values { prop_assert_eq!(cursor.varint().unwrap(), v); }
             prop_assert!(cursor.is_empty());
