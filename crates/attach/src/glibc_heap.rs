@@ -1,21 +1,25 @@
-//! The glibc heap of a running process, read consistently: every thread is
-//! stopped (ptrace seize + interrupt, no signal), the page residency and
-//! the malloc state are read, and every thread is let go. A state caught
-//! in the middle of a malloc (a thread stopped inside the allocator, or a
-//! walk that does not add up) is let go and read again a moment later.
-//! The process is never left stopped: dropping the stopped threads detaches
-//! them, whatever happened.
+//! The glibc heap of a running process, read consistently. First while it
+//! runs, checked by the kernel's soft-dirty bits (see
+//! [`read_optimistically`]); where that cannot be done, every thread is
+//! stopped (ptrace seize + interrupt, no signal) while the page residency,
+//! libc's state and where the heap lies are read and the heaps' pages in
+//! memory are copied; the threads are let go and the copy is walked. A state
+//! caught in the middle of a malloc (a thread stopped inside the allocator,
+//! or a walk that does not add up) is let go and read again a moment later.
+//! Without room for a copy, the heap is walked while the threads are
+//! stopped. The process is never left stopped: dropping the stopped threads
+//! detaches them, whatever happened.
 
 use std::time::{Duration, Instant};
 
-use memgap_trace::records::{Mapping, SnapshotReason};
+use memgap_trace::records::{Snapshot, SnapshotReason};
 use memgap_types::glibc_walk::WalkedHeap;
 
 use crate::error::AttachError;
 use crate::glibc_state::{self, GlibcState};
-use crate::glibc_walk::{self, MP_SBRK_BASE, STATE_SIZE, WalkInput};
+use crate::glibc_walk::{self, HEAP_MAX, Layout, MP_SBRK_BASE, STATE_SIZE, WalkInput};
 use crate::libc_image::{LibcImage, Whereabouts};
-use crate::remote_memory::{Memory, ProcessMemory};
+use crate::remote_memory::{CopiedMemory, CopyBuffer, Memory, ProcessMemory};
 use crate::tracee::StoppedThread;
 
 /// Tries at most; in the first few, a thread inside the allocator makes
@@ -46,6 +50,7 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
         if attempt > 1 {
             std::thread::sleep(Duration::from_millis(u64::from(attempt.min(5))));
         }
+        let buffer = copy_buffer(pid);
         let started = Instant::now();
         let Stopped { threads, stack_pointers, inside } = stop(pid, &libc)?;
         if inside && attempt <= OUTSIDE_MALLOC_TRIES {
@@ -53,15 +58,30 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
             last_failure = "a thread was inside malloc each time".into();
             continue;
         }
-        let result = read_stopped(pid, &memory, &located, &mappings);
+        // The heaps copied, the walk goes on after the threads are let go;
+        // without a copy it walks them stopped.
+        let read = match (read_layout(pid, &memory, &located), buffer) {
+            (Err(failure), _) => Read::Walked(Err(failure)),
+            (Ok(reading), Some(buffer)) => {
+                match CopiedMemory::copy(pid, &reading.layout.heaps(), reading.snapshot.page_size, buffer, copy_budget()) {
+                    Some(copy) => Read::Copied(reading, copy),
+                    None => Read::Walked(reading.walk(&memory)),
+                }
+            }
+            (Ok(reading), None) => Read::Walked(reading.walk(&memory)),
+        };
         drop(threads);
         let stopped_ns = started.elapsed().as_nanos() as u64;
+        let (result, copied_bytes) = match read {
+            Read::Walked(walked) => (walked, 0),
+            Read::Copied(reading, copy) => (reading.walk(&copy), copy.read_bytes),
+        };
         match result {
             Ok(mut heap) => {
                 heap.stack_pointers = stack_pointers;
                 heap.stopped_ns = stopped_ns;
                 heap.attempts = attempt;
-                heap.read_bytes = memory.read_bytes.get();
+                heap.read_bytes = memory.read_bytes.get() + copied_bytes;
                 return Ok(heap);
             }
             Err(failure) => {
@@ -98,7 +118,7 @@ fn read_optimistically(pid: u32, memory: &ProcessMemory, state: &GlibcState, lib
             return Ok(None);
         }
         let maps_before = std::fs::read(format!("/proc/{pid}/maps")).unwrap_or_default();
-        let Ok(mut heap) = read_stopped(pid, memory, &located, &[]) else { continue };
+        let Ok(mut heap) = read_layout(pid, memory, &located).and_then(|reading| reading.walk(memory)) else { continue };
         let started = Instant::now();
         let Stopped { threads, stack_pointers, inside } = stop(pid, libc)?;
         drop(threads);
@@ -225,32 +245,94 @@ enum Failure {
     Final(String),
 }
 
-/// Residency and the walk, while every thread is stopped.
-fn read_stopped(
-    pid: u32,
-    memory: &ProcessMemory,
-    located: &Result<GlibcState, String>,
-    _mappings: &[Mapping],
-) -> Result<WalkedHeap, Failure> {
+/// What was read while the threads were stopped.
+enum Read {
+    Walked(Result<WalkedHeap, Failure>),
+    Copied(Reading, CopiedMemory),
+}
+
+/// What the walk needs besides the heaps' memory, read while every thread
+/// is stopped: the page residency, libc's state, where the heap lies.
+struct Reading {
+    snapshot: Snapshot,
+    state: GlibcState,
+    sbrk_base: Option<u64>,
+    tcache_key: Option<u64>,
+    layout: Layout,
+}
+
+fn read_layout(pid: u32, memory: &ProcessMemory, located: &Result<GlibcState, String>) -> Result<Reading, Failure> {
     let snapshot = crate::residency::snapshot(pid, SnapshotReason::Requested).map_err(|e| Failure::Final(e.to_string()))?;
     let state = match located {
         Ok(state) => state.clone(),
         // The heuristic may have read a state changing under it: again, stopped.
         Err(_) => glibc_state::locate(pid, &snapshot.mappings, memory).map_err(Failure::Final)?,
     };
-    let page_size = snapshot.page_size;
-    let maps = &snapshot.mappings;
-    let resident = |addr: u64| {
-        let i = maps.partition_point(|m| m.start <= addr);
-        i > 0 && {
-            let m = &maps[i - 1];
-            addr < m.end && m.residency.is_resident(((addr - m.start) / page_size) as usize)
-        }
-    };
     let sbrk_base = state.mp.and_then(|mp| memory.word(mp + MP_SBRK_BASE)).filter(|&b| b != 0);
     let tcache_key = state.tcache_key_at.and_then(|at| memory.word(at));
-    let input = WalkInput { main_arena: state.main_arena, sbrk_base, tcache_key, mappings: maps, page_size, resident: &resident };
-    let walk = glibc_walk::walk(memory, &input).map_err(|e| Failure::Again(e.0))?;
-    // The walk fills what it reads from the heap; the rest is this reading's.
-    Ok(WalkedHeap { libc_path: state.libc_path, found_by: state.found_by, snapshot, ..walk })
+    let mut reading = Reading { snapshot, state, sbrk_base, tcache_key, layout: Layout::default() };
+    reading.layout = reading.with_input(|input| glibc_walk::layout(memory, input)).map_err(|e| Failure::Again(e.0))?;
+    Ok(reading)
+}
+
+impl Reading {
+    fn with_input<R>(&self, f: impl FnOnce(&WalkInput) -> R) -> R {
+        let page_size = self.snapshot.page_size;
+        let maps = &self.snapshot.mappings;
+        let resident = |addr: u64| {
+            let i = maps.partition_point(|m| m.start <= addr);
+            i > 0 && {
+                let m = &maps[i - 1];
+                addr < m.end && m.residency.is_resident(((addr - m.start) / page_size) as usize)
+            }
+        };
+        let input = WalkInput {
+            main_arena: self.state.main_arena,
+            sbrk_base: self.sbrk_base,
+            tcache_key: self.tcache_key,
+            mappings: maps,
+            page_size,
+            resident: &resident,
+        };
+        f(&input)
+    }
+
+    /// Walks the heap's chunks in `memory`: the process's own while it is
+    /// stopped, or a copy of its heaps made then.
+    fn walk(self, memory: &dyn Memory) -> Result<WalkedHeap, Failure> {
+        let walk = self.with_input(|input| glibc_walk::walk_laid_out(memory, input, &self.layout)).map_err(|e| Failure::Again(e.0))?;
+        // The walk fills what it reads from the heap; the rest is this reading's.
+        Ok(WalkedHeap { libc_path: self.state.libc_path, found_by: self.state.found_by, snapshot: self.snapshot, ..walk })
+    }
+}
+
+/// Memory for a copy of the heaps, taken before the process is stopped:
+/// as much as `[heap]` and the mappings where thread arenas keep theirs
+/// (64 MiB-aligned) have in memory, and an eighth more for what the heap
+/// grows meanwhile. `None` past [`copy_budget`]: the heap is then walked
+/// stopped.
+fn copy_buffer(pid: u32) -> Option<CopyBuffer> {
+    let mappings = crate::procfs::mappings(pid).ok()?;
+    let in_heaps: u64 = mappings
+        .iter()
+        .filter(|m| m.name == "[heap]" || (m.is_private_writable_anonymous() && m.start.is_multiple_of(HEAP_MAX)))
+        .map(|m| m.rss)
+        .sum();
+    let bytes = in_heaps + in_heaps / 8;
+    if bytes > copy_budget() {
+        return None;
+    }
+    CopyBuffer::populated(bytes)
+}
+
+/// Memory memgap may take for a copy of the heaps: half of what the
+/// machine has available, so that the copy never presses on the program.
+fn copy_budget() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let available_kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    available_kib * 1024 / 2
 }

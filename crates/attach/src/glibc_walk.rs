@@ -142,37 +142,69 @@ fn first_chunk(heap: u64, state: u64) -> u64 {
     at
 }
 
-/// Walks glibc's malloc state from `input.main_arena`: the arenas, chunks
-/// and bin counts of a [`WalkedHeap`]; the caller adds the rest (libc,
-/// snapshot, how long the process was stopped).
-pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<WalkedHeap, WalkError> {
+/// Where a glibc heap lies: the arenas on the ring (their `malloc_state`
+/// as read), each one's heaps, and the blocks glibc mmapped one by one. A
+/// few words per arena and heap, and the first words of each anonymous
+/// mapping: quick to read while the process is stopped, after which
+/// everything else the walk reads lies in [`Layout::heaps`].
+#[derive(Default)]
+pub struct Layout {
+    arenas: Vec<ArenaLayout>,
+    /// (block address, usable bytes) of each chunk glibc mmapped for one block.
+    mmapped: Vec<(u64, u64)>,
+}
+
+struct ArenaLayout {
+    at: u64,
+    state: Vec<u8>,
+    main: bool,
+    top: u64,
+    top_size: u64,
+    /// (heap start, first chunk, end, holds the top), oldest first.
+    heaps: Vec<(u64, u64, u64, bool)>,
+}
+
+impl Layout {
+    /// The memory the walk reads besides what the layout holds: every
+    /// heap, from its start (a thread arena's `heap_info` and state) to its
+    /// end (the top chunk's, or an older heap's fenceposts).
+    pub fn heaps(&self) -> Vec<(u64, u64)> {
+        self.arenas.iter().flat_map(|a| a.heaps.iter().map(|&(start, _, end, _)| (start, end))).collect()
+    }
+}
+
+fn field(state: &[u8], offset: u64) -> u64 {
+    u64::from_le_bytes(state[offset as usize..offset as usize + 8].try_into().unwrap())
+}
+
+/// Reads where the heap lies (see [`Layout`]).
+pub fn layout(memory: &dyn Memory, input: &WalkInput) -> Result<Layout, WalkError> {
     let read_state = |at: u64| -> Result<Vec<u8>, WalkError> {
         let mut bytes = vec![0u8; STATE_SIZE as usize];
         if memory.read(at, &mut bytes) { Ok(bytes) } else { fail(format!("cannot read the malloc_state at {at:#x}")) }
     };
-    let field = |state: &[u8], offset: u64| u64::from_le_bytes(state[offset as usize..offset as usize + 8].try_into().unwrap());
     // The ring of arenas.
-    let mut states = vec![input.main_arena];
-    let mut at = field(&read_state(input.main_arena)?, NEXT);
-    while at != input.main_arena {
-        if states.len() >= MAX_ARENAS || states.contains(&at) || at == 0 {
+    let mut arenas = Vec::new();
+    let mut at = input.main_arena;
+    loop {
+        if arenas.len() >= MAX_ARENAS || at == 0 || arenas.iter().any(|a: &(u64, Vec<u8>)| a.0 == at) {
             return fail(format!("the arena list from {:#x} does not come back to main_arena", input.main_arena));
         }
-        states.push(at);
-        at = field(&read_state(at)?, NEXT);
+        let state = read_state(at)?;
+        let next = field(&state, NEXT);
+        arenas.push((at, state));
+        if next == input.main_arena {
+            break;
+        }
+        at = next;
     }
     let brk_heap = input.mappings.iter().find(|m| m.name == "[heap]");
-    let mut walk = WalkedHeap::default();
-    let mut chunks: Vec<Chunk> = Vec::new();
-    let mut fastbin: Vec<u64> = Vec::new();
-    for (index, &state_at) in states.iter().enumerate() {
-        let state = read_state(state_at)?;
+    let mut laid_out = Vec::new();
+    for (index, (state_at, state)) in arenas.into_iter().enumerate() {
         let main = index == 0;
         let top = field(&state, TOP);
         let top_word = memory.word(top + 8).ok_or_else(|| WalkError(format!("cannot read the top chunk at {top:#x}")))?;
         let top_size = chunksize(top_word);
-        let mut arena = WalkedArena { state: state_at, main, top, top_size, system_bytes: field(&state, SYSTEM_MEM), heaps: Vec::new() };
-        // (heap start, first chunk, end, holds the top).
         let mut heaps: Vec<(u64, u64, u64, bool)> = Vec::new();
         if main {
             let Some(brk) = brk_heap else { return fail("no [heap] mapping: the main arena is not in the brk heap".into()) };
@@ -209,15 +241,67 @@ pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<WalkedHeap, WalkEr
             }
             heaps.reverse();
         }
-        for &(start, first, end, holds_top) in &heaps {
-            walk_heap(memory, input, first, end, holds_top.then_some(top), &mut chunks)?;
-            arena.heaps.push((start, end));
+        laid_out.push(ArenaLayout { at: state_at, state, main, top, top_size, heaps });
+    }
+    let heap_ranges: Vec<(u64, u64)> = laid_out.iter().flat_map(|a| a.heaps.iter().map(|&(s, _, e, _)| (s, e))).collect();
+    Ok(Layout { mmapped: mmapped_blocks(memory, input, &heap_ranges), arenas: laid_out })
+}
+
+/// Blocks glibc mmapped for themselves, in the anonymous mappings that are not heaps.
+fn mmapped_blocks(memory: &dyn Memory, input: &WalkInput, heap_ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut blocks = Vec::new();
+    for mapping in input.mappings.iter().filter(|m| m.is_private_writable_anonymous() && m.name != "[heap]") {
+        if heap_ranges.iter().any(|&(s, e)| s < mapping.end && mapping.start < e) || !(input.resident)(mapping.start) {
+            continue;
+        }
+        let mut at = mapping.start;
+        while at + 16 <= mapping.end {
+            let (Some(prev_size), Some(word)) = (memory.word(at), memory.word(at + 8)) else { break };
+            let size = chunksize(word);
+            if prev_size != 0
+                || word & SIZE_BITS != IS_MMAPPED
+                || size < input.page_size
+                || !size.is_multiple_of(input.page_size)
+                || at + size > mapping.end
+            {
+                break;
+            }
+            blocks.push((at + 16, size - 16));
+            at += size;
+            if !(input.resident)(at) {
+                break;
+            }
+        }
+    }
+    blocks
+}
+
+/// Walks glibc's malloc state from the heaps `layout` found, in `memory` as
+/// it was when the layout was read: the arenas, chunks and bin counts of a
+/// [`WalkedHeap`]; the caller adds the rest (libc, snapshot, how long the
+/// process was stopped).
+pub fn walk_laid_out(memory: &dyn Memory, input: &WalkInput, layout: &Layout) -> Result<WalkedHeap, WalkError> {
+    let mut walk = WalkedHeap::default();
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let mut fastbin: Vec<u64> = Vec::new();
+    for arena in &layout.arenas {
+        let mut walked = WalkedArena {
+            state: arena.at,
+            main: arena.main,
+            top: arena.top,
+            top_size: arena.top_size,
+            system_bytes: field(&arena.state, SYSTEM_MEM),
+            heaps: Vec::new(),
+        };
+        for &(start, first, end, holds_top) in &arena.heaps {
+            walk_heap(memory, input, first, end, holds_top.then_some(arena.top), &mut chunks)?;
+            walked.heaps.push((start, end));
         }
         // Fastbins: chunk sizes 32, 48… in bin order.
         for bin in 0..NFASTBINS {
-            let mut chunk = field(&state, FASTBINS + bin * 8);
+            let mut chunk = field(&arena.state, FASTBINS + bin * 8);
             let mut steps = 0;
-            while chunk != 0 && steps < MAX_LIST && chunk % ALIGN == 0 {
+            while chunk != 0 && steps < MAX_LIST && chunk.is_multiple_of(ALIGN) {
                 let Some(word) = memory.word(chunk + 8) else { break };
                 if chunksize(word) != (bin + 2) * 16 {
                     break;
@@ -228,7 +312,7 @@ pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<WalkedHeap, WalkEr
                 steps += 1;
             }
         }
-        walk.arenas.push(arena);
+        walk.arenas.push(walked);
     }
     chunks.sort_unstable_by_key(|c| c.at);
     fastbin.sort_unstable();
@@ -272,32 +356,8 @@ pub fn walk(memory: &dyn Memory, input: &WalkInput) -> Result<WalkedHeap, WalkEr
         }
     }
     walk.tcache = tcache;
-    // Blocks glibc mmapped for themselves, in the anonymous mappings that are not heaps.
-    let heap_ranges: Vec<(u64, u64)> = walk.arenas.iter().flat_map(|a| a.heaps.iter().copied()).collect();
-    for mapping in input.mappings.iter().filter(|m| m.is_private_writable_anonymous() && m.name != "[heap]") {
-        if heap_ranges.iter().any(|&(s, e)| s < mapping.end && mapping.start < e) || !(input.resident)(mapping.start) {
-            continue;
-        }
-        let mut at = mapping.start;
-        while at + 16 <= mapping.end {
-            let (Some(prev_size), Some(word)) = (memory.word(at), memory.word(at + 8)) else { break };
-            let size = chunksize(word);
-            if prev_size != 0
-                || word & SIZE_BITS != IS_MMAPPED
-                || size < input.page_size
-                || !size.is_multiple_of(input.page_size)
-                || at + size > mapping.end
-            {
-                break;
-            }
-            walk.blocks.push((at + 16, size - 16));
-            walk.mmapped_chunks += 1;
-            at += size;
-            if !(input.resident)(at) {
-                break;
-            }
-        }
-    }
+    walk.mmapped_chunks = layout.mmapped.len() as u64;
+    walk.blocks.extend_from_slice(&layout.mmapped);
     walk.blocks.sort_unstable();
     Ok(walk)
 }
@@ -448,7 +508,7 @@ mod tests {
                 page_size: PAGE,
                 resident: &resident,
             };
-            walk(&self.memory, &input)
+            walk_laid_out(&self.memory, &input, &layout(&self.memory, &input)?)
         }
     }
 
