@@ -27,7 +27,9 @@ use std::path::Path;
 
 use memgap_replay::Timeline;
 use memgap_trace::records::{Metrics, Record, Records};
-use memgap_trace::vocabulary::{ghc as names, kind};
+/// The names of the RTS's figures, which also key [`GhcReport::rts_summary`].
+pub use memgap_trace::vocabulary::ghc as names;
+use memgap_trace::vocabulary::kind;
 use memgap_trace::{TraceError, TraceFile};
 use serde::{Deserialize, Serialize};
 
@@ -336,7 +338,7 @@ pub fn report(input: &GhcInput) -> Option<GhcReport> {
             share: if total > 0.0 { arr_words / total } else { 0.0 },
         });
     }
-    for (kind, target) in [("rts_summary", &mut out.rts_summary), ("inventory", &mut out.inventory)] {
+    for (kind, target) in [(kind::RTS_SUMMARY, &mut out.rts_summary), (kind::INVENTORY, &mut out.inventory)] {
         if let Some(m) = ghc.iter().rev().find(|m| m.kind == kind) {
             target.extend(m.values.iter().cloned());
         }

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use memgap_model::ghc::names;
 use memgap_model::ghc::{GhcPoint, GhcReport};
 
 use crate::format::{bytes, count};
@@ -102,9 +103,9 @@ pub fn report(r: &GhcReport, title: &str) -> String {
         let _ = writeln!(
             out,
             "  +RTS -s: maximum residency {} (eventlog: {}), total memory in use {} (eventlog max heap: {}).",
-            bytes(s("max_residency_bytes")),
+            bytes(s(names::MAX_RESIDENCY_BYTES)),
             bytes(r.max_live_bytes),
-            bytes(s("total_memory_in_use_bytes")),
+            bytes(s(names::TOTAL_MEMORY_IN_USE_BYTES)),
             bytes(r.max_heap_size_bytes)
         );
     }

@@ -86,8 +86,9 @@ pub fn report(report: &Report, trace_name: &str) -> String {
         pages.push_str(&format!("<script type=\"application/octet-stream\" id=\"pages-{index}\">{blob}</script>\n"));
     }
     // The data goes in last: no string from the trace is searched for a placeholder.
-    let go_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("go")) { crate::go::PANEL } else { "" };
-    let node_panel = if report.snapshots.iter().any(|l| l.sections.contains_key("node")) { crate::node::PANEL } else { "" };
+    let go_panel = if report.snapshots.iter().any(|l| l.sections.contains_key(memgap_model::go::NAME)) { crate::go::PANEL } else { "" };
+    let node_panel =
+        if report.snapshots.iter().any(|l| l.sections.contains_key(memgap_model::owners::node::NAME)) { crate::node::PANEL } else { "" };
     TEMPLATE.replace("<!--GO-->", &format!("{go_panel}{node_panel}")).replace("/*STYLE*/", STYLE).replace("/*SCRIPT*/", SCRIPT).replacen(
         "<!--DATA-->",
         &format!("<script type=\"application/json\" id=\"data\">{}</script>\n{pages}", script_safe_json(&data)),
@@ -193,10 +194,10 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "other": l.other_breakdown,
         "heaps": l.heaps,
         "verdict": crate::verdict::of(l),
-        "go": l.sections.get("go"),
+        "go": l.sections.get(memgap_model::go::NAME),
         "pagemap": maps,
-        "ruby": l.sections.get("ruby"),
-        "node": l.sections.get("node"),
+        "ruby": l.sections.get(memgap_model::ruby::NAME),
+        "node": l.sections.get(memgap_model::owners::node::NAME),
         "owners": l.owners,
         "gap_owner": l.gap_owner,
         "findings": l.findings,

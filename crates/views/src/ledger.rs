@@ -80,7 +80,7 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
         );
     }
     let _ = writeln!(out);
-    match l.section::<memgap_model::GoLedger>("go") {
+    match l.section::<memgap_model::GoLedger>(memgap_model::go::NAME) {
         Some(go) => out.push_str(&crate::go::section(&go)),
         None => {
             let retained: u64 = l.heaps.iter().map(|h| h.retained).sum();
@@ -151,10 +151,10 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
             );
         }
     }
-    if let Some(ruby) = l.section::<memgap_model::ruby::RubyLayer>("ruby") {
+    if let Some(ruby) = l.section::<memgap_model::ruby::RubyLayer>(memgap_model::ruby::NAME) {
         out.push_str(&ruby_layer(&ruby));
     }
-    if let Some(node) = l.section::<memgap_model::owners::node::NodeLayer>("node") {
+    if let Some(node) = l.section::<memgap_model::owners::node::NodeLayer>(memgap_model::owners::node::NAME) {
         out.push_str(&crate::node::section(&node));
     }
     out.push_str(&owners_table(l));

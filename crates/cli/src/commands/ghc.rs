@@ -15,6 +15,7 @@ use memgap_model::ghc::{GhcInput, report};
 use memgap_source_ghc::{detect, eventlog, metrics, rts_text};
 use memgap_trace::files::{self, PrivateDir};
 use memgap_trace::records::{Metrics, Record, Records};
+use memgap_trace::vocabulary::kind;
 
 use super::run::RunTraces;
 use crate::output;
@@ -226,7 +227,7 @@ impl Recording {
             Err(error) => say(format!("no GHC eventlog at {} ({error}): did GHCRTS or +RTS set -ol elsewhere?", self.eventlog.display())),
         }
         let text = String::from_utf8_lossy(&stderr_tail);
-        for (kind, values) in [("rts_summary", rts_text::parse_summary(&text)), ("inventory", rts_text::parse_inventory(&text))] {
+        for (kind, values) in [(kind::RTS_SUMMARY, rts_text::parse_summary(&text)), (kind::INVENTORY, rts_text::parse_inventory(&text))] {
             if let Some(values) = values {
                 records.push(Metrics { monotonic_ns: end_ns, source: metrics::SOURCE.into(), kind: kind.into(), values });
             }

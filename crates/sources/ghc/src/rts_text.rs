@@ -10,6 +10,8 @@
 //!   free         : 287668 blocks (1123.7 MiB)
 //! ```
 
+use memgap_trace::vocabulary::ghc as names;
+
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// The `-s` summary's figures, named `allocated_bytes`, `copied_bytes`,
@@ -32,23 +34,23 @@ pub fn parse_summary(text: &str) -> Option<Vec<(String, f64)>> {
         };
         if let Some(value) = number(first) {
             if rest_text.starts_with("bytes allocated in the heap") {
-                set("allocated_bytes", value);
+                set(names::ALLOCATED_BYTES, value);
             } else if rest_text.starts_with("bytes copied during GC") {
-                set("copied_bytes", value);
+                set(names::COPIED_BYTES, value);
             } else if let Some(samples) = rest_text.strip_prefix("bytes maximum residency (") {
-                set("max_residency_bytes", value);
+                set(names::MAX_RESIDENCY_BYTES, value);
                 if let Some(n) = samples.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()) {
-                    set("max_residency_samples", n);
+                    set(names::MAX_RESIDENCY_SAMPLES, n);
                 }
             } else if rest_text.starts_with("bytes maximum slop") {
-                set("max_slop_bytes", value);
+                set(names::MAX_SLOP_BYTES, value);
             } else if let Some(lost) =
                 rest_text.strip_prefix("MiB total memory in use (").or_else(|| rest_text.strip_prefix("MB total memory in use ("))
             {
                 seen_in_use = true;
-                set("total_memory_in_use_bytes", value * MIB);
+                set(names::TOTAL_MEMORY_IN_USE_BYTES, value * MIB);
                 if let Some(mb) = lost.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()) {
-                    set("lost_to_fragmentation_bytes", mb * MIB);
+                    set(names::LOST_TO_FRAGMENTATION_BYTES, mb * MIB);
                 }
             }
         } else if first == "Gen" {

@@ -41,3 +41,11 @@ pub const MEM_RETURNED_MBLOCKS: &str = "mem_returned_mblocks";
 /// The eventlog's breakdown code of the census.
 pub const BREAKDOWN: &str = "breakdown";
 pub const ERA: &str = "era";
+
+// Kind `rts_summary`: the `+RTS -s` figures (with ALLOCATED_BYTES and
+// COPIED_BYTES), then `gen<N>_collections` per generation.
+pub const MAX_RESIDENCY_BYTES: &str = "max_residency_bytes";
+pub const MAX_RESIDENCY_SAMPLES: &str = "max_residency_samples";
+pub const MAX_SLOP_BYTES: &str = "max_slop_bytes";
+pub const TOTAL_MEMORY_IN_USE_BYTES: &str = "total_memory_in_use_bytes";
+pub const LOST_TO_FRAGMENTATION_BYTES: &str = "lost_to_fragmentation_bytes";

@@ -177,6 +177,10 @@ pub mod kind {
     pub const INFO: &str = "info";
     /// GHC: one heap-profile census.
     pub const HEAP_PROFILE: &str = "heap_profile";
+    /// GHC: the `+RTS -s` summary the RTS printed on stderr at exit.
+    pub const RTS_SUMMARY: &str = "rts_summary";
+    /// GHC: the `-Dg` memory inventory a debug RTS printed on stderr.
+    pub const INVENTORY: &str = "inventory";
     /// An allocator's own statistics (jemalloc, tcmalloc, mimalloc).
     pub const STATS: &str = "stats";
     /// CPython's pymalloc arenas, counted at a snapshot.
