@@ -116,9 +116,11 @@ fn remedies_lower_the_steady_rss_of_per_thread_arenas() {
     for run in steady_runs(trim) {
         assert!(run < 0.6 * glibc_lowest, "trim steady {run} not clearly below glibc's {glibc_lowest}: {c:#}");
     }
-    // Its first malloc_trim, at 1 s, falls inside the steady window; the
-    // final one comes after it.
-    assert!(final_rss(trim) < 0.75 * steady(trim), "{trim:#}");
+    // Its first malloc_trim, at 1 s, falls inside the steady window (how far
+    // inside depends on how busy the machine is); the final one comes after
+    // it: the final RSS is the trimmed one, far below glibc's.
+    let trim_lowest = steady_runs(trim).into_iter().fold(f64::MAX, f64::min);
+    assert!(final_rss(trim) <= 1.05 * trim_lowest && final_rss(trim) < 0.3 * steady(glibc), "{trim:#}");
 
     // A configuration that lowers RSS is named, with how sure it is.
     let recommended = c["recommended"].as_str().unwrap_or_else(|| panic!("no configuration recommended: {c:#}"));
