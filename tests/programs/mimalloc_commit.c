@@ -2,7 +2,7 @@
  * itself says it has committed: the figure `memgap snapshot PID` must read
  * from outside.
  *
- * mimalloc_commit MIB COUNTER_FILE
+ * mimalloc_commit MIB COUNTER_FILE [SECONDS]
  *
  * Two threads each allocate MIB MiB of blocks from 16 bytes to 64 KiB and
  * free two of every three; the main thread also allocates one 40 MiB block
@@ -10,7 +10,7 @@
  * own mi_process_info (found with dlsym: mimalloc is preloaded) and prints
  * "committed BYTES" and "peak_committed BYTES", and idles: the main thread
  * writes a counter to COUNTER_FILE every 10 ms, without allocating. It runs
- * until killed.
+ * until killed, or for SECONDS and then exits holding its blocks.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -41,8 +41,8 @@ static void *churn(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: mimalloc_commit MIB COUNTER_FILE\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: mimalloc_commit MIB COUNTER_FILE [SECONDS]\n");
         return 2;
     }
     process_info_fn *process_info = (process_info_fn *)dlsym(RTLD_DEFAULT, "mi_process_info");
@@ -63,7 +63,8 @@ int main(int argc, char **argv) {
     process_info(NULL, NULL, NULL, NULL, NULL, &committed, &peak, NULL);
     printf("committed %zu\npeak_committed %zu\n", committed, peak);
     fflush(stdout);
-    for (unsigned long n = 0;; n++) {
+    unsigned long ticks = argc == 4 ? (unsigned long)(atof(argv[3]) * 100) : 0;
+    for (unsigned long n = 0; ticks == 0 || n < ticks; n++) {
         FILE *f = fopen(argv[2], "w");
         if (f) {
             fprintf(f, "%lu\n", n);
@@ -71,5 +72,5 @@ int main(int argc, char **argv) {
         }
         usleep(10000);
     }
-    return (int)(size_t)mine + (int)(size_t)theirs + big[0];
+    return big[0] == 1 && mine != theirs ? 0 : 1;
 }

@@ -8,22 +8,27 @@
 //! words of each call sit in a scratch area below the stopped thread's red
 //! zone; one thread is held for all the calls, then let go.
 //!
-//! A thread is used only if neither its instruction pointer nor any word
-//! of its stack up to [`STACK_SCAN`] above its stack pointer points into the
-//! allocator's code: one stopped inside the allocator (or in a system call
-//! the allocator made) may hold a lock the call would wait for forever.
-//! Stale words only make the check refuse a thread it could have used.
+//! A thread is used only if none of its frames is in the allocator's code:
+//! one stopped inside the allocator (or in a system call the allocator
+//! made) may hold a lock the call would wait for forever. The frames are
+//! walked with the unwind tables of the modules mapped; from a frame the
+//! tables do not describe on, every word of its stack up to [`STACK_SCAN`]
+//! above its stack pointer counts as a return address (stale words only
+//! make the check refuse a thread it could have used: a walk is needed for
+//! a program whose constructors called the allocator before `main`, which
+//! leaves such words below `main`'s frame for good).
 
 use std::time::Duration;
 
 use memgap_trace::records::Mapping;
 use memgap_types::allocator_stats::{AllocatorStats, ArenaPages};
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::error::{AttachError, field};
 use crate::modules::{file_name, open_mapped};
 use crate::procfs::ThreadInfo;
 use crate::remote_call;
+use crate::stack_frames::StackFrames;
 use crate::tracee::StoppedThread;
 use crate::trim::{SIGSEGV_BIT, STACK_ROOM, TerminationSignalsBlocked, candidates};
 
@@ -56,6 +61,25 @@ pub struct LinkedAllocator {
     process_info: Option<u64>,
     /// The allocator's code, from its lowest function to the end of its highest.
     code: (u64, u64),
+}
+
+impl LinkedAllocator {
+    /// Why memgap has no call to ask this allocator for its figures, if it has none.
+    pub fn no_call_because(&self) -> Option<String> {
+        if self.mallctl.is_some() || self.numeric_property.is_some() || self.process_info.is_some() {
+            return None;
+        }
+        let call = match self.name {
+            "mimalloc" => "mi_process_info",
+            "tcmalloc" => "MallocExtension_GetNumericProperty",
+            _ => "mallctl",
+        };
+        Some(if self.code.0 > self.code.1 {
+            format!("{} carries no symbols (stripped): {} cannot be found to call; its figures are not known", self.file, call)
+        } else {
+            format!("{} has no {call} (the linker leaves it out of a program that never calls it); its figures are not known", self.file)
+        })
+    }
 }
 
 /// The jemalloc prefixes: tikv-jemallocator's, jemalloc's own private
@@ -110,7 +134,13 @@ pub fn allocator_in(data: &[u8], base: u64) -> Option<AllocatorSymbols> {
         let code = range(&|n: &str| n.contains("tcmalloc") || n.starts_with("tc_"));
         return Some(AllocatorSymbols { name: "tcmalloc", mallctl: None, numeric_property: None, process_info: None, code });
     }
-    if find("mi_malloc").is_some() && (find("mi_stats_merge").is_some() || find("mi_process_info").is_some()) {
+    // The linker keeps only what the program reaches: Rust's `mimalloc`
+    // crate calls `mi_malloc_aligned` and `mi_free`, never `mi_malloc`, and
+    // keeps `mi_process_info` only when the program calls it. `mi_free` and
+    // mimalloc's internal `_mi_` functions are in every build.
+    let internal = || functions.iter().any(|(n, ..)| n.starts_with("_mi_"));
+    let public = find("mi_stats_merge").is_some() || find("mi_process_info").is_some();
+    if find("mi_free").is_some() && (public || internal()) {
         let code = range(&|n: &str| n.starts_with("mi_") || n.starts_with("_mi_"));
         return Some(AllocatorSymbols {
             name: "mimalloc",
@@ -120,7 +150,24 @@ pub fn allocator_in(data: &[u8], base: u64) -> Option<AllocatorSymbols> {
             code,
         });
     }
+    // Stripped of its symbols, a static mimalloc still carries its messages.
+    if functions.is_empty() && carries_mimallocs_messages(&elf) {
+        return Some(AllocatorSymbols { name: "mimalloc", mallctl: None, numeric_property: None, process_info: None, code: (u64::MAX, 0) });
+    }
     None
+}
+
+/// Whether the image's read-only data holds mimalloc's message about a bad
+/// `MIMALLOC_*` variable (in every release since 1.6). Its second half is
+/// kept reversed, so that memgap's own binary never holds the text whole.
+fn carries_mimallocs_messages(elf: &object::File) -> bool {
+    const HEAD: &[u8] = b"environment option mimalloc";
+    const TAIL_REVERSED: &[u8] = b".eulav dilavni na sah s%_";
+    let tail_follows = |rest: &[u8]| rest.len() >= TAIL_REVERSED.len() && rest.iter().zip(TAIL_REVERSED.iter().rev()).all(|(a, b)| a == b);
+    elf.sections()
+        .filter(|s| s.name().is_ok_and(|n| n.starts_with(".rodata")))
+        .filter_map(|s| s.data().ok())
+        .any(|data| data.windows(HEAD.len()).enumerate().any(|(at, window)| window == HEAD && tail_follows(&data[at + HEAD.len()..])))
 }
 
 /// Where the image mapped from `mapping` (its first mapping, offset 0) was
@@ -174,6 +221,7 @@ pub fn read_stats(pid: u32, allocator: &LinkedAllocator, mappings: &[Mapping]) -
     if mappings.iter().any(|m| m.start == 0) {
         return Err(AttachError::Unsuitable { pid, state: "has page 0 mapped, where memgap's call returns to".into() });
     }
+    let frames = StackFrames::load(pid, mappings);
     let _signals = TerminationSignalsBlocked::new();
     let mut refusals = 0;
     for round in 0..ROUNDS {
@@ -181,7 +229,7 @@ pub fn read_stats(pid: u32, allocator: &LinkedAllocator, mappings: &[Mapping]) -
             std::thread::sleep(PAUSE);
         }
         for candidate in candidates(pid, None)? {
-            match try_thread(pid, &candidate, allocator, mappings)? {
+            match try_thread(pid, &candidate, allocator, mappings, &frames)? {
                 Some(stats) => return Ok(Some(stats)),
                 None => refusals += 1,
             }
@@ -199,6 +247,7 @@ fn try_thread(
     thread: &ThreadInfo,
     allocator: &LinkedAllocator,
     mappings: &[Mapping],
+    frames: &StackFrames,
 ) -> Result<Option<AllocatorStats>, AttachError> {
     let task = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", thread.tid)).unwrap_or_default();
     let mask = |key| field(&task, key).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
@@ -211,7 +260,7 @@ fn try_thread(
     let roomy = stack.is_some_and(|m| m.name == "[stack]" || regs.rsp - m.start >= STACK_ROOM);
     let inside = |address: u64| allocator.code.0 <= address && address < allocator.code.1;
     let stack_top = stack.map_or(regs.rsp, |m| m.end).min(regs.rsp.saturating_add(STACK_SCAN));
-    if !roomy || inside(regs.rip) || stack_words(pid, regs.rsp, stack_top).into_iter().any(inside) {
+    if !roomy || in_allocator(pid, frames, &regs, stack_top, &inside) {
         stopped.detach()?;
         return Ok(None);
     }
@@ -226,6 +275,23 @@ fn try_thread(
     detached?;
     stats.allocator = allocator.name.to_string();
     Ok(Some(stats))
+}
+
+/// Whether the stopped thread runs in the allocator or was called from it:
+/// its frames walked with the modules' unwind tables, and where the walk
+/// stops short, every word of the rest of its stack taken for a return
+/// address.
+fn in_allocator(pid: u32, frames: &StackFrames, regs: &libc::user_regs_struct, stack_top: u64, inside: &dyn Fn(u64) -> bool) -> bool {
+    let words = stack_words(pid, regs.rsp, stack_top);
+    let read = |at: u64| {
+        let index = at.checked_sub(regs.rsp)? / 8;
+        (at % 8 == regs.rsp % 8).then(|| words.get(index as usize).copied()).flatten()
+    };
+    let walk = frames.walk(regs.rip, regs.rsp, regs.rbp, read);
+    if walk.pcs.iter().any(|&pc| inside(pc)) {
+        return true;
+    }
+    walk.unwalked_from.is_some_and(|sp| words.iter().skip((sp.saturating_sub(regs.rsp) / 8) as usize).any(|&w| inside(w)))
 }
 
 /// The words of `pid`'s memory from `from` to `to`, read in one go.

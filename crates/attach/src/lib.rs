@@ -34,6 +34,8 @@ mod remote_call;
 mod remote_memory;
 pub mod residency;
 #[cfg(target_arch = "x86_64")]
+mod stack_frames;
+#[cfg(target_arch = "x86_64")]
 mod tracee;
 #[cfg(target_arch = "x86_64")]
 mod trim;

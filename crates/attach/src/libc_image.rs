@@ -173,7 +173,7 @@ fn allocator_block(functions: &[(Range<u64>, String)]) -> Option<Range<u64>> {
     (end - start <= MAX_ALLOCATOR_BLOCK).then_some(start..end)
 }
 
-fn unwind_sections(elf: &object::File) -> ExplicitModuleSectionInfo<Vec<u8>> {
+pub(crate) fn unwind_sections(elf: &object::File) -> ExplicitModuleSectionInfo<Vec<u8>> {
     let section = |name: &str| {
         let s = elf.section_by_name(name)?;
         Some((s.address()..s.address() + s.size(), s.data().ok()?.to_vec()))

@@ -117,7 +117,11 @@ fn linked_allocator_stats(
         return (Some(linked), None, Some(refused.to_string()));
     }
     match crate::allocator_stats::read_stats(pid, &linked, &mappings) {
-        Ok(stats) => (Some(linked), stats, None),
+        Ok(Some(stats)) => (Some(linked), Some(stats), None),
+        Ok(None) => {
+            let why = linked.no_call_because();
+            (Some(linked), None, why)
+        }
         Err(error) => (Some(linked), None, Some(error.to_string())),
     }
 }

@@ -115,6 +115,9 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
         count(l.live_blocks),
         l.snapshot_cost_ms
     );
+    if let Some(line) = hooked_mimalloc_committed(l) {
+        out.push_str(&wrap(&line, 78, "  "));
+    }
     if !l.heaps.is_empty() {
         let _ = writeln!(out);
         let _ =
@@ -162,6 +165,21 @@ pub fn ledger(l: &Ledger, title: &str) -> String {
     out.push_str(&wrap(&crate::verdict::of(l), 78, "  "));
     out.push_str(&remedies(l));
     out
+}
+
+/// What a hooked mimalloc says of itself: the bytes it has committed, the
+/// one count its release builds keep, which no block gives. (Linked
+/// statically, its owner note says it.)
+fn hooked_mimalloc_committed(l: &Ledger) -> Option<String> {
+    use memgap_model::owners::{allocator_stats::AllocatorStats, mimalloc};
+    let committed = l.section::<AllocatorStats>(mimalloc::NAME)?.committed_only()?;
+    if l.share(mimalloc::NAME).is_some_and(|s| s.estimated.is_some()) {
+        return None;
+    }
+    Some(format!(
+        "mimalloc's own count: {} committed (mi_process_info), resident or not; the rows come from its hooked blocks.",
+        bytes(committed)
+    ))
 }
 
 /// Each owner's part of the rows, when more than one owner holds memory or

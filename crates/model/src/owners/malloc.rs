@@ -29,9 +29,9 @@ pub trait Allocator: MallocLayout + Default {
 pub struct MallocOwner<A: Allocator> {
     allocator: A,
     present: bool,
-    /// Its own figures at each snapshot, when linked into the program (no
-    /// hook sees its calls), and each one's snapshot in CLOCK_MONOTONIC
-    /// nanoseconds once replayed.
+    /// Its own figures at each snapshot (linked into the program, where no
+    /// hook sees its calls, or mimalloc's committed bytes), and each one's
+    /// snapshot in CLOCK_MONOTONIC nanoseconds once replayed.
     stats: Vec<AllocatorStats>,
     stats_ns: Vec<u64>,
 }
@@ -60,7 +60,11 @@ impl<A: Allocator> HeapOwner for MallocOwner<A> {
     }
 
     fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
-        if let Some(at) = self.stats_ns.iter().rposition(|&ns| ns == monotonic_ns) {
+        let Some(at) = self.stats_ns.iter().rposition(|&ns| ns == monotonic_ns) else { return };
+        if self.present {
+            // Hooked: its blocks give the rows; its own figures go beside them.
+            ledger.set_section(A::NAME, &self.stats[at]);
+        } else {
             super::allocator_stats::attach(ledger, &self.stats[at], A::NAME);
         }
     }
