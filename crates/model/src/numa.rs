@@ -360,6 +360,14 @@ impl NumaVisitor {
         NumaVisitor { wanted, ..NumaVisitor::default() }
     }
 
+    /// Makes snapshot `index` the wanted one instead (the report finds its
+    /// moment as it replays): what was kept of the one before is dropped.
+    pub(crate) fn want(&mut self, index: usize) {
+        self.wanted = Some(index);
+        self.at_snapshot = None;
+        self.chosen = None;
+    }
+
     /// A snapshot, with the live blocks at its instant.
     pub(crate) fn at_snapshot(&mut self, snapshot: &Snapshot, live: &memgap_replay::LiveSet) {
         if Some(self.seen) == self.wanted {

@@ -15,7 +15,7 @@ use crate::ledger::{Ledger, Moment};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::registry::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
-use crate::snapshots::{self, At, MomentError, SERIES_BUCKETS, list, resolve};
+use crate::snapshots::{self, At, MomentError, SERIES_BUCKETS};
 use crate::summary::{Builder, Summary};
 use crate::trim_marks::{TrimMark, TrimMarks};
 
@@ -68,7 +68,13 @@ pub struct Report {
 struct ReportVisitor {
     summary: Builder,
     blame: BlameVisitor,
-    moment: usize,
+    /// The snapshot the report is about; `None` while the largest gap is
+    /// looked for in this replay, the moment then being the largest so far.
+    moment: Option<usize>,
+    /// The gap at every snapshot and the largest so far (the earliest of equals), when looking for it.
+    gaps: Vec<u64>,
+    largest_gap: Option<(usize, u64)>,
+    runtime_metrics: bool,
     peak: usize,
     last: usize,
     with_pages: Vec<usize>,
@@ -83,12 +89,46 @@ struct ReportVisitor {
     numa: NumaVisitor,
 }
 
+impl ReportVisitor {
+    /// A later snapshot has a larger gap: `index` keeps what any other
+    /// snapshot keeps (its page map stays, without the blocks on each page,
+    /// until [`settle_page_maps`] knows which are kept).
+    fn no_longer_the_moment(&mut self, index: usize) {
+        self.moment_ledger = None;
+        let Some((_, ledger)) = self.ledgers.get_mut(index) else { return };
+        if index == self.peak || index == self.last || self.with_pages.binary_search(&index).is_ok() {
+            for map in &mut ledger.page_maps {
+                map.objects = None;
+            }
+        } else {
+            ledger.page_maps = Vec::new();
+        }
+    }
+}
+
+/// Keeps the page maps of the moment, the peak, the last snapshot and the
+/// spaced ones within the budget, in time order, as a replay that knew the
+/// moment from the start keeps them (when the moment was found during the
+/// replay, each snapshot that was the largest gap for a while got one).
+fn settle_page_maps(ledgers: &mut [(u64, Ledger)], moment: usize, peak: usize, last: usize, with_pages: &[usize]) {
+    let mut kept = 0;
+    for (index, (_, ledger)) in ledgers.iter_mut().enumerate() {
+        let always = index == moment || index == peak || index == last;
+        if !always && with_pages.binary_search(&index).is_ok() && kept < PAGE_BUDGET {
+            kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
+        } else if !always {
+            ledger.page_maps = Vec::new();
+        }
+    }
+}
+
 impl Visitor for ReportVisitor {
     fn live_set(&self) -> Option<&memgap_replay::LiveSet> {
         Some(&self.blame.state.live)
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
+        self.runtime_metrics |= metrics.source != crate::trim_marks::SOURCE;
         self.owners.metrics(metrics);
         self.summary.metrics(metrics);
         self.trims.metrics(metrics);
@@ -157,8 +197,23 @@ impl Visitor for ReportVisitor {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         let index = self.seen;
         self.seen += 1;
+        let is_moment = match self.moment {
+            Some(moment) => index == moment,
+            None => {
+                let gap = snapshots::gap_at(snapshot, self.blame.state.live.live_bytes());
+                self.gaps.push(gap);
+                let larger = self.largest_gap.is_none_or(|(_, largest)| gap > largest);
+                if larger {
+                    if let Some((previous, _)) = self.largest_gap {
+                        self.no_longer_the_moment(previous);
+                    }
+                    self.largest_gap = Some((index, gap));
+                    self.numa.want(index);
+                }
+                larger
+            }
+        };
         self.numa.at_snapshot(snapshot, &self.blame.state.live);
-        let is_moment = index == self.moment;
         let always = is_moment || index == self.peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         let detail = Detail { pages: always || spaced, stacks: is_moment, objects: is_moment };
@@ -247,23 +302,53 @@ fn downsample(samples: &[RssSample], points: usize) -> Vec<RssSample> {
 }
 
 /// The report's data, about the moment `at`, in one replay (and one more
-/// to find the largest gap); `None` when the trace has no snapshot.
+/// to find the largest gap of a trace whose gaps a runtime accounts for);
+/// `None` when the trace has no snapshot.
 pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
     report_with_names(path, at, false)
 }
 
 /// [`report`], with function names whole (`full_names`) or shortened.
 pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option<Report>, MomentError> {
-    let Some(moment) = resolve(path, at)? else { return Ok(None) };
-    let infos = list(path)?;
-    let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(moment.index, |s| s.index);
+    let scan = snapshots::scan(path)?;
+    scan.check(at)?;
+    // The largest gap is found in the report's own replay (the gap at each
+    // snapshot is known there), unless the gaps come from a runtime's own
+    // accounting.
+    if at == At::Gap
+        && scan.snapshots.len() > 1
+        && !scan.runtime_metrics
+        && let Some(report) = replay_report(path, &scan, at, None, full_names)?
+    {
+        return Ok(Some(report));
+    }
+    let Some(moment) = snapshots::resolve_scanned(path, &scan, at)? else { return Ok(None) };
+    replay_report(path, &scan, at, Some(moment), full_names)
+}
+
+/// The report from one replay, about `moment`, or about the largest gap
+/// found in it when `moment` is `None` (then `None` when the trace turned
+/// out to need it known beforehand).
+fn replay_report(
+    path: &Path,
+    scan: &snapshots::Scan,
+    at: At,
+    moment: Option<Moment>,
+    full_names: bool,
+) -> Result<Option<Report>, MomentError> {
+    let infos = &scan.snapshots;
+    let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(0, |s| s.index);
+    let known = moment.as_ref().map(|m| m.index);
     let mut v = ReportVisitor {
         summary: Builder::default(),
         blame: BlameVisitor::new(blame::DEFAULT_TEMPORARY_MS),
-        moment: moment.index,
+        moment: known,
+        gaps: Vec::new(),
+        largest_gap: None,
+        runtime_metrics: false,
         peak,
         last: infos.len().saturating_sub(1),
-        with_pages: page_map_indexes(infos.len(), moment.index, peak),
+        with_pages: page_map_indexes(infos.len(), known.unwrap_or(peak), peak),
         pages_kept: 0,
         seen: 0,
         ledgers: Vec::new(),
@@ -272,9 +357,19 @@ pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option
         live_heap: SeriesBuilder::new(SERIES_BUCKETS),
         owners: Owners::default(),
         trims: TrimMarks::new(TRIM_MARKS),
-        numa: NumaVisitor::embedded(Some(moment.index)),
+        numa: NumaVisitor::embedded(known),
     };
     let outcome = replay(path, &mut v)?;
+    let moment = match moment {
+        Some(moment) => moment,
+        None => {
+            let found = scan.moment(at, &v.gaps);
+            let agrees = found.as_ref().map(|m| m.index) == v.largest_gap.map(|(index, _)| index);
+            let Some(found) = found.filter(|_| agrees && !v.runtime_metrics) else { return Ok(None) };
+            settle_page_maps(&mut v.ledgers, found.index, peak, v.last, &v.with_pages);
+            found
+        }
+    };
     let timeline = &outcome.timeline;
     // A runtime with a heap of its own (Go, GHC): malloc's live heap is not the program's.
     let live_heap = if v.owners.summary().is_some() { Vec::new() } else { v.live_heap.finish(|time| timeline.seconds(time)) };
@@ -353,6 +448,41 @@ mod tests {
         let chosen = page_map_indexes(1000, 212, 537);
         assert!(chosen.contains(&212) && chosen.contains(&537) && chosen.contains(&999) && chosen.contains(&0));
         assert!(chosen.len() <= SPACED_PAGE_MAPS + 3);
+    }
+
+    /// The report found the largest gap in its own replay: the same as the
+    /// report replayed knowing it, on every recorded fixture.
+    #[test]
+    fn finding_the_moment_while_replaying_reports_the_same() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
+        let mut found_while_replaying = 0;
+        for entry in std::fs::read_dir(&fixtures).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "mgt") {
+                continue;
+            }
+            let scan = snapshots::scan(&path).unwrap();
+            let Some(moment) = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap() else { continue };
+            let known = replay_report(&path, &scan, At::Gap, Some(moment), false).unwrap().unwrap();
+            if let Some(found) = replay_report(&path, &scan, At::Gap, None, false).unwrap() {
+                assert_eq!(format!("{found:?}"), format!("{known:?}"), "{}", path.display());
+                found_while_replaying += 1;
+            }
+            let public = report(&path, At::Gap).unwrap().unwrap();
+            assert_eq!(format!("{public:?}"), format!("{known:?}"), "{}", path.display());
+        }
+        assert!(found_while_replaying >= 3, "only {found_while_replaying} fixtures had their moment found while replaying");
+    }
+
+    #[test]
+    fn settling_keeps_page_maps_as_a_replay_knowing_the_moment() {
+        let map = |pages: usize| crate::ledger::PageMap { pages: vec![crate::ledger::PageClass::NotResident; pages], ..Default::default() };
+        let ledger = |pages: usize| Ledger { page_maps: vec![map(pages)], ..Ledger::default() };
+        // Snapshots 0..6: moment 2, peak 4, last 5; spaced 0, 1, 3 within a budget reached after 1.
+        let mut ledgers: Vec<(u64, Ledger)> = (0..6).map(|i| (i as u64, ledger(if i == 1 { PAGE_BUDGET } else { 10 }))).collect();
+        settle_page_maps(&mut ledgers, 2, 4, 5, &[0, 1, 3]);
+        let kept: Vec<bool> = ledgers.iter().map(|(_, l)| !l.page_maps.is_empty()).collect();
+        assert_eq!(kept, [true, true, true, false, true, true]);
     }
 
     #[test]

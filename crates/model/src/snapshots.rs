@@ -110,9 +110,11 @@ pub struct SnapshotInfo {
 }
 
 /// The snapshots of a trace and the time of its last record.
-struct Scan {
-    snapshots: Vec<SnapshotInfo>,
+pub(crate) struct Scan {
+    pub(crate) snapshots: Vec<SnapshotInfo>,
     end_seconds: f64,
+    /// The trace holds a runtime's own metrics: its gaps come from the ledgers' owners.
+    pub(crate) runtime_metrics: bool,
 }
 
 /// Lists the snapshots without replaying events (chunks are decompressed,
@@ -121,12 +123,13 @@ pub fn list(path: &Path) -> Result<Vec<SnapshotInfo>, TraceError> {
     Ok(scan(path)?.snapshots)
 }
 
-fn scan(path: &Path) -> Result<Scan, TraceError> {
+pub(crate) fn scan(path: &Path) -> Result<Scan, TraceError> {
     let trace = TraceFile::open(path)?;
     let mut timeline = EventClock::default();
     let mut found = Vec::new();
     let mut started = false;
     let mut last_time = 0;
+    let mut runtime_metrics = false;
     trace.for_each_chunk(|_, chunk| {
         for record in Records::new(chunk).flatten() {
             match record {
@@ -141,6 +144,7 @@ fn scan(path: &Path) -> Result<Scan, TraceError> {
                 }
                 Record::Rss(r) => last_time = last_time.max(r.time),
                 Record::End(e) => last_time = last_time.max(e.time),
+                Record::Metrics(m) if m.source != crate::trim_marks::SOURCE => runtime_metrics = true,
                 _ => {}
             }
         }
@@ -152,7 +156,7 @@ fn scan(path: &Path) -> Result<Scan, TraceError> {
         .enumerate()
         .map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss })
         .collect();
-    Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time) })
+    Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time), runtime_metrics })
 }
 
 /// The ledger at `snapshot` of a replay, given the heap as replayed up to
@@ -251,10 +255,15 @@ impl Visitor for GapVisitor {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
-        let rss = if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss };
-        let agent = agent_resident_bytes(snapshot);
-        self.gaps.push(rss.saturating_sub(self.state.live.live_bytes().saturating_add(agent)));
+        self.gaps.push(gap_at(snapshot, self.state.live.live_bytes()));
     }
+}
+
+/// The gap at `snapshot` with `live_bytes` in the live heap, as the
+/// largest gap is chosen by (for a trace without a runtime's own metrics).
+pub(crate) fn gap_at(snapshot: &Snapshot, live_bytes: u64) -> u64 {
+    let rss = if snapshot.vm_rss_after > 0 { snapshot.vm_rss_after } else { snapshot.rss.vm_rss };
+    rss.saturating_sub(live_bytes.saturating_add(agent_resident_bytes(snapshot)))
 }
 
 /// The gap at every snapshot, by index.
@@ -270,7 +279,7 @@ fn gaps(path: &Path) -> Result<Vec<u64>, TraceError> {
 impl Scan {
     /// Refuses a time the trace does not reach (printed times are rounded
     /// to hundredths, so those count as reached).
-    fn check(&self, at: At) -> Result<(), MomentError> {
+    pub(crate) fn check(&self, at: At) -> Result<(), MomentError> {
         match at {
             At::Seconds(asked) if !self.snapshots.is_empty() && asked > self.end_seconds + 0.005 => {
                 Err(MomentError::PastTheEnd { asked, ends: self.end_seconds })
@@ -280,7 +289,7 @@ impl Scan {
     }
 
     /// The moment `at` names; `gaps` (by snapshot index) is only read for `At::Gap`.
-    fn moment(&self, at: At, gaps: &[u64]) -> Option<Moment> {
+    pub(crate) fn moment(&self, at: At, gaps: &[u64]) -> Option<Moment> {
         let snapshots = &self.snapshots;
         let (best, chosen, reason) = match at {
             At::Gap if snapshots.len() == 1 => (snapshots.first(), "gap", "the only snapshot".to_string()),
@@ -496,7 +505,7 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
     Ok(ledger)
 }
 
-fn resolve_scanned(path: &Path, scan: &Scan, at: At) -> Result<Option<Moment>, TraceError> {
+pub(crate) fn resolve_scanned(path: &Path, scan: &Scan, at: At) -> Result<Option<Moment>, TraceError> {
     let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { gaps(path)? } else { Vec::new() };
     Ok(scan.moment(at, &gaps))
 }
@@ -568,7 +577,7 @@ mod tests {
             .enumerate()
             .map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss })
             .collect::<Vec<_>>();
-        let scan = Scan { snapshots, end_seconds: 3.2 };
+        let scan = Scan { snapshots, end_seconds: 3.2, runtime_metrics: false };
         let index = |at: At, gaps: &[u64]| scan.moment(at, gaps).map(|m| m.index);
         assert_eq!(index(At::Peak, &[]), Some(1));
         assert_eq!(index(At::End, &[]), Some(3));
@@ -578,13 +587,13 @@ mod tests {
         assert_eq!(index(At::Gap, &[1, 5]), Some(1));
         let moment = scan.moment(At::Gap, &[1, 5, 9, 2]).unwrap();
         assert_eq!(moment.line(), "at 2.00 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others");
-        assert_eq!(Scan { snapshots: Vec::new(), end_seconds: 0.0 }.moment(At::Gap, &[]), None);
+        assert_eq!(Scan { snapshots: Vec::new(), end_seconds: 0.0, runtime_metrics: false }.moment(At::Gap, &[]), None);
     }
 
     #[test]
     fn a_time_past_the_end_is_refused() {
         let snapshots = vec![SnapshotInfo { index: 0, seconds: 0.5, vm_rss: 1 }, SnapshotInfo { index: 1, seconds: 2.0, vm_rss: 1 }];
-        let scan = Scan { snapshots, end_seconds: 2.414 };
+        let scan = Scan { snapshots, end_seconds: 2.414, runtime_metrics: false };
         assert!(scan.check(At::Seconds(2.414)).is_ok());
         assert!(scan.check(At::Seconds(2.418)).is_ok(), "2.42 as printed is the end");
         let refused = scan.check(At::Seconds(99.0)).unwrap_err();
