@@ -19,7 +19,7 @@ cc -O2 -pthread -I bench/workloads -o "$out/heldheap" bench/workloads/heldheap.c
 # "name mib block keep_every writers"
 cases=(
     "1GiB-48B 1024 48 1 0"
-    "1GiB-256B-1/4kept 1024 256 4 0"
+    "1GiB-256B-every4th 1024 256 4 0"
     "256MiB-48B 256 48 1 0"
     "256MiB-48B-2writers 256 48 1 2"
 )

@@ -106,12 +106,16 @@ pub fn program_gap_rows(l: &Ledger) -> [(&'static str, u64); 6] {
 /// RSS less memgap's own memory, which is named apart.
 pub fn opening(l: &Ledger) -> String {
     let rss = l.program_rss();
-    let ratio = rss as f64 / l.rows.live.max(1) as f64;
+    // A ratio to nothing says nothing: no live heap, no ratio.
+    let ratio = match l.rows.live {
+        0 => String::new(),
+        live => format!(" ({:.1}x)", rss as f64 / live as f64),
+    };
     if l.memgap_bytes == 0 {
-        return format!("The program holds {} of live heap; the kernel charges {} of RSS ({ratio:.1}x).", mib(l.rows.live), mib(rss));
+        return format!("The program holds {} of live heap; the kernel charges {} of RSS{ratio}.", mib(l.rows.live), mib(rss));
     }
     format!(
-        "The program holds {} of live heap; the kernel charges {} of RSS for it ({ratio:.1}x), memgap's own {} left out.",
+        "The program holds {} of live heap; the kernel charges {} of RSS for it{ratio}, memgap's own {} left out.",
         mib(l.rows.live),
         mib(rss),
         mib(l.memgap_bytes)
@@ -275,6 +279,16 @@ mod tests {
         let text = of(&l);
         assert!(text.contains("the kernel charges 90.0 MiB of RSS for it (18.0x), memgap's own 10.0 MiB left out"), "{text}");
         assert!(text.contains(" 80% of RSS (80.0 MiB) is free space on pages that still hold live blocks"), "{text}");
+    }
+
+    /// A program whose heap memgap does not see (an allocator it cannot
+    /// hook) gets no ratio to zero live bytes.
+    #[test]
+    fn no_live_heap_gets_no_ratio() {
+        let l = Ledger { rss_bytes: 66 * MIB, rows: Rows { other: 66 * MIB, ..Rows::default() }, ..Ledger::default() };
+        let text = of(&l);
+        assert!(text.starts_with("The program holds 0 B of live heap; the kernel charges 66.0 MiB of RSS."), "{text}");
+        assert!(!text.contains("x)"), "{text}");
     }
 
     #[test]
