@@ -17,6 +17,7 @@ use crate::ledger::{
     Finding, HeapKind, HeapLedger, HeapOwner, Ledger, ListedBlock, MallocLayout, MappingClass, MappingLedger, OtherBreakdown, OwnerShare,
     PageClass, PageMap, PageObjects, Remedy, Rows, SizeBucket, StackShare, reason_name,
 };
+use crate::owners::malloc::UNKNOWN_MALLOC;
 use crate::page_walks::{PageWalks, plausible_page_size};
 
 /// Blocks listed over all page maps of one ledger: about 8 bytes each in the
@@ -65,9 +66,6 @@ fn residual(after: u64, moved: i64, rows: u64) -> i64 {
 struct UnknownMalloc;
 
 impl MallocLayout for UnknownMalloc {}
-
-/// The owner name of the malloc nobody recognised.
-const UNKNOWN_MALLOC: &str = "malloc";
 
 /// The ledger of `snapshot`, given the heap as replayed up to its instant
 /// and the heap owners as they have seen the trace so far.

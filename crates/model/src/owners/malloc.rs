@@ -10,6 +10,9 @@ use super::allocator_stats::AllocatorStats;
 use crate::ledger::owner::share;
 use crate::ledger::{Finding, HeapOwner, Ledger, MallocLayout, Remedy};
 
+/// The owner name of the malloc nobody recognised.
+pub const UNKNOWN_MALLOC: &str = "malloc";
+
 /// A finding smaller than this share of RSS is left out.
 const FINDING_MIN_SHARE: f64 = 0.01;
 

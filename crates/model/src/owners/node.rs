@@ -30,7 +30,8 @@ pub const SOURCE: &str = memgap_trace::vocabulary::source::NODE;
 /// V8's MemoryChunk alignment (kPageSize on 64-bit builds).
 pub const V8_CHUNK_ALIGN: u64 = 256 << 10;
 /// The owners that serve malloc, where Buffers and external memory live.
-pub const MALLOC_OWNERS: [&str; 5] = [super::glibc::NAME, super::jemalloc::NAME, super::tcmalloc::NAME, super::mimalloc::NAME, "malloc"];
+pub const MALLOC_OWNERS: [&str; 5] =
+    [super::glibc::NAME, super::jemalloc::NAME, super::tcmalloc::NAME, super::mimalloc::NAME, super::malloc::UNKNOWN_MALLOC];
 /// Below this a finding or remedy is not worth a run.
 const WORTH_TRYING: u64 = 1 << 20;
 /// Resident V8 mappings and the spaces' physical sizes further apart than
