@@ -613,19 +613,28 @@ fn bytes_taken_per_page(mapping: &Mapping, blocks: &[BlockExtent], page: u64, co
     let mut taken = vec![0u32; count];
     let mut requested = vec![0u32; count];
     for b in blocks {
-        // Blocks of a corrupt trace may lie outside the mapping.
-        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
-            continue;
-        }
-        let first = (b.start.max(mapping.start) - mapping.start) / page;
-        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
-        for i in first..(last + 1).min(count as u64) {
-            let ps = mapping.start + i * page;
-            taken[i as usize] += overlap(b.start, b.end, ps, ps + page) as u32;
-            requested[i as usize] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
+        for (i, ps) in pages_of(mapping, b, page, count) {
+            taken[i] += overlap(b.start, b.end, ps, ps + page) as u32;
+            requested[i] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
         }
     }
     (taken, requested)
+}
+
+/// The pages, among the first `count` of `mapping`, that extent `b` lies
+/// on: (index, start). None for an extent outside the mapping, as blocks of
+/// a corrupt trace may be.
+fn pages_of(mapping: &Mapping, b: &BlockExtent, page: u64, count: usize) -> impl Iterator<Item = (usize, u64)> {
+    let outside = b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start;
+    let (first, end) = match outside {
+        true => (0, 0),
+        false => (
+            (b.start.max(mapping.start) - mapping.start) / page,
+            ((b.end.min(mapping.end) - 1 - mapping.start) / page + 1).min(count as u64),
+        ),
+    };
+    let start = mapping.start;
+    (first..end).map(move |i| (i as usize, start + i * page))
 }
 
 /// The pages of the mapping from page `from` on, past the walked ones:
@@ -748,18 +757,11 @@ impl PageClassifier<'_> {
 fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usize, per_page: u64) -> PageObjects {
     let mut objects = PageObjects { live_bytes: vec![0; count], blocks: vec![0; count], listed: Vec::new() };
     for b in blocks {
-        if b.end <= mapping.start || b.start >= mapping.end || b.end <= b.start {
-            continue;
-        }
-        let first = (b.start.max(mapping.start) - mapping.start) / page;
-        let last = (b.end.min(mapping.end) - 1 - mapping.start) / page;
-        for i in first..(last + 1).min(count as u64) {
-            let ps = mapping.start + i * page;
-            let at = i as usize;
+        for (at, ps) in pages_of(mapping, b, page, count) {
             objects.blocks[at] += 1;
             objects.live_bytes[at] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
             if u64::from(objects.blocks[at]) <= per_page {
-                objects.listed.push(ListedBlock { page: i as u32, addr: b.addr, size: b.size, stack: b.stack });
+                objects.listed.push(ListedBlock { page: at as u32, addr: b.addr, size: b.size, stack: b.stack });
             }
         }
     }
