@@ -1,8 +1,11 @@
 /*
  * idle_rss: 8 threads each build and drop bursts of 4000-byte strings,
  * keeping the last of each burst, so glibc keeps most freed pages in the
- * threads' arenas. Then the program idles for a second and prints its own
- * VmRSS in kB: the steady state a trim remedy should lower.
+ * threads' arenas. The threads take their first malloc together, so that
+ * each gets an arena of its own however the machine schedules them (a
+ * thread starting after another exited would reuse its arena, and its freed
+ * pages). Then the program idles for a second and prints its own VmRSS in
+ * kB: the steady state a trim remedy should lower.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -10,9 +13,12 @@
 #include <string.h>
 #include <unistd.h>
 
+static pthread_barrier_t arenas_taken;
+
 static void *work(void *unused) {
     (void)unused;
     void **kept = malloc(20 * sizeof *kept);
+    pthread_barrier_wait(&arenas_taken);
     for (int round = 0; round < 20; round++) {
         void *burst[500];
         for (int i = 0; i < 500; i++) {
@@ -27,6 +33,7 @@ static void *work(void *unused) {
 
 int main(void) {
     pthread_t threads[8];
+    pthread_barrier_init(&arenas_taken, NULL, 8);
     for (int i = 0; i < 8; i++) pthread_create(&threads[i], NULL, work, NULL);
     for (int i = 0; i < 8; i++) pthread_join(threads[i], NULL);
     sleep(1);
