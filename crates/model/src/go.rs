@@ -176,15 +176,60 @@ pub struct GoSizeClass {
     pub unused_bytes_estimate: u64,
 }
 
+/// Where a Go ledger's figures came from; its name is the JSON's `source`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GoSource {
+    /// runtime/metrics, sampled by the helper package.
+    RuntimeMetrics,
+    /// The runtime's accounting read from the process's memory (`memgap
+    /// snapshot PID`, `memgap watch`).
+    ProcessMemory,
+    /// runtime.MemStats over HTTP (`memgap attach`).
+    Memstats,
+    /// GODEBUG=gctrace=1 lines only.
+    Gctrace,
+    /// Nothing from the runtime yet: no GC had run.
+    #[default]
+    None,
+}
+
+impl GoSource {
+    const NAMES: [(GoSource, &'static str); 5] = [
+        (GoSource::RuntimeMetrics, "runtime/metrics"),
+        (GoSource::ProcessMemory, "process memory"),
+        (GoSource::Memstats, "memstats"),
+        (GoSource::Gctrace, "gctrace"),
+        (GoSource::None, "none"),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(source, _)| *source == self).map_or("none", |(_, name)| name)
+    }
+}
+
+impl Serialize for GoSource {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for GoSource {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        GoSource::NAMES
+            .iter()
+            .find(|(_, known)| *known == name)
+            .map(|(source, _)| *source)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown Go source {name:?}")))
+    }
+}
+
 /// What the Go runtime said, at a snapshot.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct GoLedger {
     /// As runtime.Version() spells it, when known.
     pub version: Option<String>,
-    /// "runtime/metrics" (the helper package), "process memory" (read
-    /// from outside by `memgap snapshot PID`), "memstats" (attach over
-    /// HTTP), "gctrace" (only GODEBUG=gctrace=1 lines), or "none".
-    pub source: String,
+    pub source: GoSource,
     /// The runtime's own split of its heap is known (not gctrace only).
     pub exact: bool,
     /// Without the runtime's split: which rows are estimated, and from what.
@@ -265,8 +310,8 @@ impl GoOwner {
         if let Some((bytes, exact)) = live {
             let bytes = bytes.max(0.0) as u64;
             let s = &mut self.summary;
-            if bytes >= s.peak_live_bytes || (exact && s.source != "runtime/metrics") {
-                if exact && s.source != "runtime/metrics" {
+            if bytes >= s.peak_live_bytes || (exact && s.source != GoSource::RuntimeMetrics.name()) {
+                if exact && s.source != GoSource::RuntimeMetrics.name() {
                     s.peak_live_bytes = 0;
                 }
                 if bytes >= s.peak_live_bytes {
@@ -274,7 +319,7 @@ impl GoOwner {
                     s.peak_live_seconds = crate::owners::seconds_since(self.start_ns, metrics.monotonic_ns);
                 }
             }
-            s.source = if exact { "runtime/metrics" } else { "gctrace" }.into();
+            s.source = if exact { GoSource::RuntimeMetrics } else { GoSource::Gctrace }.name().into();
             self.last_live = Some((metrics.monotonic_ns, bytes, exact));
             s.live_bytes_at_end = bytes;
         }
@@ -470,11 +515,10 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
     let heap_stacks;
     if let Some(objects) = go.get(names::HEAP_OBJECTS) {
         g.source = match go.values_kind.as_str() {
-            kind::MEMSTATS => "memstats",
-            kind::PROCESS_MEMORY => "process memory",
-            _ => "runtime/metrics",
-        }
-        .into();
+            kind::MEMSTATS => GoSource::Memstats,
+            kind::PROCESS_MEMORY => GoSource::ProcessMemory,
+            _ => GoSource::RuntimeMetrics,
+        };
         g.exact = true;
         g.figures_age_seconds = Some(snapshot.time.saturating_sub(go.values_ns) as f64 / 1e9);
         g.heap_objects_bytes = objects;
@@ -519,7 +563,7 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
                 // of the resident heap cannot be split, and is counted as
                 // free spans (retained), though part of it may hold objects
                 // allocated since that GC, up to the heap goal.
-                g.source = "gctrace".into();
+                g.source = GoSource::Gctrace;
                 rows.live = live.min(resident);
                 rows.retained = resident - rows.live;
                 g.estimated = Some(format!(
@@ -532,7 +576,7 @@ fn claim(go: &GoState, snapshot: &Snapshot, ledger: &mut Ledger) -> Vec<usize> {
             _ => {
                 // No collection yet: nothing was freed, so every resident heap
                 // page holds objects allocated since the start.
-                g.source = "none".into();
+                g.source = GoSource::None;
                 rows.live = resident;
                 g.estimated = Some("estimated: no GC had run, so every resident heap page holds objects allocated since the start (live, or garbage not yet collected)".into());
             }
@@ -710,7 +754,7 @@ mod tests {
         assert_eq!(l.rows.other, MIB);
         assert_eq!(l.residual_bytes, 0);
         let g = l.section::<GoLedger>(NAME).unwrap();
-        assert_eq!((g.source.as_str(), g.exact, g.version.as_deref()), ("runtime/metrics", true, Some("go1.26.8")));
+        assert_eq!((g.source, g.exact, g.version.as_deref()), (GoSource::RuntimeMetrics, true, Some("go1.26.8")));
         let class = &g.size_classes[0];
         assert_eq!((class.size, class.live_objects, class.peak_live_objects, class.spans_needed), (16, 2048, 1048576, 5));
         assert_eq!(class.spans_estimate, 2048, "one span per survivor: {class:?}");
@@ -747,7 +791,7 @@ mod tests {
         let l = ledger(&go, &snapshot(5, 2048, 1024, 6 * MIB));
         assert_eq!((l.rows.live, l.rows.retained), (2 * MIB, 2 * MIB));
         let g = l.section::<GoLedger>(NAME).unwrap();
-        assert_eq!((g.source.as_str(), g.exact, g.gc_cycles), ("gctrace", false, Some(3)));
+        assert_eq!((g.source, g.exact, g.gc_cycles), (GoSource::Gctrace, false, Some(3)));
     }
 
     #[test]

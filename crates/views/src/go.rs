@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use memgap_model::GoLedger;
+use memgap_model::go::GoSource;
 
 use crate::format::{bytes, count};
 
@@ -13,16 +14,21 @@ const CLASSES_SHOWN: usize = 8;
 /// The report's Go panel: included only when a snapshot has Go data.
 pub const PANEL: &str = include_str!("report/go.html");
 
+/// Where the figures came from, in words (the terminal's and the report's).
+pub fn source_text(source: GoSource) -> &'static str {
+    match source {
+        GoSource::RuntimeMetrics => "runtime/metrics from the helper package",
+        GoSource::Memstats => "runtime.MemStats over HTTP",
+        GoSource::ProcessMemory => "the runtime's accounting read from the process's memory",
+        GoSource::Gctrace => "gctrace lines only",
+        GoSource::None => "no runtime figures yet",
+    }
+}
+
 /// Lines for the terminal ledger, after the rows.
 pub fn section(g: &GoLedger) -> String {
     let mut out = String::new();
-    let source = match g.source.as_str() {
-        "runtime/metrics" => "runtime/metrics from the helper package",
-        "memstats" => "runtime.MemStats over HTTP",
-        "process memory" => "the runtime's accounting read from the process's memory",
-        "gctrace" => "gctrace lines only",
-        _ => "no runtime figures yet",
-    };
+    let source = source_text(g.source);
     let _ = writeln!(
         out,
         "  Go {} — {source}{}:",
@@ -106,7 +112,7 @@ mod tests {
     fn lists_the_sparse_class_first() {
         let g = GoLedger {
             version: Some("go1.26.8".into()),
-            source: "runtime/metrics".into(),
+            source: GoSource::RuntimeMetrics,
             exact: true,
             heap_unused_bytes: 16 << 20,
             size_classes: vec![

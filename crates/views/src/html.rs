@@ -195,6 +195,7 @@ fn snapshot<'a>(index: usize, l: &Ledger, blobs: &mut Vec<String>, site_of: &dyn
         "heaps": l.heaps,
         "verdict": crate::verdict::of(l),
         "go": l.sections.get(memgap_model::go::NAME),
+        "go_source": l.section::<memgap_model::GoLedger>(memgap_model::go::NAME).map(|g| crate::go::source_text(g.source)),
         "pagemap": maps,
         "ruby": l.sections.get(memgap_model::ruby::NAME),
         "node": l.sections.get(memgap_model::owners::node::NAME),

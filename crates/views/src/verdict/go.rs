@@ -2,7 +2,7 @@
 
 use memgap_model::Ledger;
 pub use memgap_model::go::NAME;
-use memgap_model::go::{GoLedger, GoSizeClass};
+use memgap_model::go::{GoLedger, GoSizeClass, GoSource};
 
 fn mib(bytes: u64) -> String {
     memgap_model::human_bytes(bytes)
@@ -25,8 +25,8 @@ pub fn verdict(l: &Ledger) -> Option<String> {
         l.rss_bytes as f64 / r.live.max(1) as f64
     );
     if !g.exact {
-        let why = match g.source.as_str() {
-            "gctrace" => format!(
+        let why = match g.source {
+            GoSource::Gctrace => format!(
                 "Only gctrace is known, so the split is {}: live {}, fragmented {}, retained {}.",
                 g.estimated.as_deref().unwrap_or("estimated"),
                 mib(r.live),

@@ -178,7 +178,7 @@ pub fn remedies_of(remedies: &[Remedy]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use memgap_model::go::{GoLedger, GoSizeClass};
+    use memgap_model::go::{GoLedger, GoSizeClass, GoSource};
     use memgap_model::ledger::OwnerShare;
     use memgap_model::ledger::measured::{Measured, Outcome};
     use memgap_model::ruby::RubyLayer;
@@ -209,7 +209,7 @@ mod tests {
             ..GoSizeClass::default()
         };
         let section = GoLedger {
-            source: "runtime/metrics".into(),
+            source: GoSource::RuntimeMetrics,
             exact: true,
             size_classes: vec![class],
             sparse_classes: vec![16],
@@ -225,7 +225,7 @@ mod tests {
     #[test]
     fn a_go_verdict_without_the_runtimes_split_says_how_to_get_it() {
         let section =
-            GoLedger { source: "gctrace".into(), exact: false, estimated: Some("estimated from gctrace".into()), ..GoLedger::default() };
+            GoLedger { source: GoSource::Gctrace, exact: false, estimated: Some("estimated from gctrace".into()), ..GoLedger::default() };
         let text = of(&go_ledger(section, Rows { live: 2 * MIB, retained: 2 * MIB, ..Rows::default() }));
         assert!(text.contains("estimated from gctrace") && text.contains("memgap.dev/go/memgap"), "{text}");
     }
