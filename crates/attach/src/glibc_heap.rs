@@ -50,7 +50,8 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
         if attempt > 1 {
             std::thread::sleep(Duration::from_millis(u64::from(attempt.min(5))));
         }
-        let buffer = copy_buffer(pid);
+        let budget = copy_budget();
+        let buffer = copy_buffer(pid, budget);
         let started = Instant::now();
         let Stopped { threads, stack_pointers, inside } = stop(pid, &libc)?;
         if inside && attempt <= OUTSIDE_MALLOC_TRIES {
@@ -63,7 +64,7 @@ pub fn walk_glibc_heap(pid: u32) -> Result<WalkedHeap, AttachError> {
         let read = match (read_layout(pid, &memory, &located), buffer) {
             (Err(failure), _) => Read::Walked(Err(failure)),
             (Ok(reading), Some(buffer)) => {
-                match CopiedMemory::copy(pid, &reading.layout.heaps(), reading.snapshot.page_size, buffer, copy_budget()) {
+                match CopiedMemory::copy(pid, &reading.layout.heaps(), reading.snapshot.page_size, buffer, budget) {
                     Some(copy) => Read::Copied(reading, copy),
                     None => Read::Walked(reading.walk(&memory)),
                 }
@@ -309,9 +310,9 @@ impl Reading {
 /// Memory for a copy of the heaps, taken before the process is stopped:
 /// as much as `[heap]` and the mappings where thread arenas keep theirs
 /// (64 MiB-aligned) have in memory, and an eighth more for what the heap
-/// grows meanwhile. `None` past [`copy_budget`]: the heap is then walked
-/// stopped.
-fn copy_buffer(pid: u32) -> Option<CopyBuffer> {
+/// grows meanwhile. `None` past `budget` ([`copy_budget`]): the heap is
+/// then walked stopped.
+fn copy_buffer(pid: u32, budget: u64) -> Option<CopyBuffer> {
     let mappings = crate::procfs::mappings(pid).ok()?;
     let in_heaps: u64 = mappings
         .iter()
@@ -319,14 +320,16 @@ fn copy_buffer(pid: u32) -> Option<CopyBuffer> {
         .map(|m| m.rss)
         .sum();
     let bytes = in_heaps + in_heaps / 8;
-    if bytes > copy_budget() {
+    if bytes > budget {
         return None;
     }
     CopyBuffer::populated(bytes)
 }
 
 /// Memory memgap may take for a copy of the heaps: half of what the
-/// machine has available, so that the copy never presses on the program.
+/// machine has available, and half of the headroom under the memory limit
+/// of memgap's own cgroup (which may be the program's), so that the copy
+/// never presses on the program.
 fn copy_budget() -> u64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let available_kib = meminfo
@@ -334,5 +337,8 @@ fn copy_budget() -> u64 {
         .find_map(|line| line.strip_prefix("MemAvailable:"))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap_or(0);
-    available_kib * 1024 / 2
+    let headroom = crate::cgroup::of_process(std::process::id())
+        .and_then(|c| c.max_bytes.map(|max| max.saturating_sub(c.current_bytes)))
+        .unwrap_or(u64::MAX);
+    (available_kib * 1024).min(headroom) / 2
 }
