@@ -19,10 +19,10 @@ pub fn verdict(l: &Ledger) -> Option<String> {
     let r = &l.rows;
     let rss = l.rss_bytes.max(1);
     let opening = format!(
-        "The Go heap holds {} of objects; the kernel charges {} of RSS ({:.1}x).",
+        "The Go heap holds {} of objects; the kernel charges {} of RSS{}.",
         mib(r.live),
         mib(l.rss_bytes),
-        l.rss_bytes as f64 / r.live.max(1) as f64
+        super::times(l.rss_bytes, r.live)
     );
     if !g.exact {
         let why = match g.source {

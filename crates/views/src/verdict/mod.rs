@@ -102,15 +102,20 @@ pub fn program_gap_rows(l: &Ledger) -> [(&'static str, u64); 6] {
     ]
 }
 
+/// " (Zx)": how many times `base` `bytes` is; nothing when `base` is zero,
+/// as a ratio to nothing says nothing.
+fn times(bytes: u64, base: u64) -> String {
+    match base {
+        0 => String::new(),
+        base => format!(" ({:.1}x)", bytes as f64 / base as f64),
+    }
+}
+
 /// "The program holds X of live heap; the kernel charges Y of RSS (Zx)":
 /// RSS less memgap's own memory, which is named apart.
 pub fn opening(l: &Ledger) -> String {
     let rss = l.program_rss();
-    // A ratio to nothing says nothing: no live heap, no ratio.
-    let ratio = match l.rows.live {
-        0 => String::new(),
-        live => format!(" ({:.1}x)", rss as f64 / live as f64),
-    };
+    let ratio = times(rss, l.rows.live);
     if l.memgap_bytes == 0 {
         return format!("The program holds {} of live heap; the kernel charges {} of RSS{ratio}.", mib(l.rows.live), mib(rss));
     }
@@ -288,6 +293,11 @@ mod tests {
         let l = Ledger { rss_bytes: 66 * MIB, rows: Rows { other: 66 * MIB, ..Rows::default() }, ..Ledger::default() };
         let text = of(&l);
         assert!(text.starts_with("The program holds 0 B of live heap; the kernel charges 66.0 MiB of RSS."), "{text}");
+        assert!(!text.contains("x)"), "{text}");
+        // Nor a Go program whose runtime reported nothing yet.
+        let go = go_ledger(GoLedger { source: GoSource::None, ..GoLedger::default() }, Rows { retained: 66 * MIB, ..Rows::default() });
+        let text = of(&go);
+        assert!(text.starts_with("The Go heap holds 0 B of objects; the kernel charges 66.0 MiB of RSS."), "{text}");
         assert!(!text.contains("x)"), "{text}");
     }
 

@@ -21,11 +21,11 @@ fn headline_of(l: &Ledger, ruby: &RubyLayer) -> String {
     let malloc_lost = (l.rows.retained + l.rows.fragmented + l.rows.lazy_free).saturating_sub(ruby_rows);
     let ruby_lost = ruby.free_slots_bytes + ruby.page_overhead_bytes;
     let opening = format!(
-        "Ruby {} knows of {} (its live objects and the data they own); the kernel charges {} ({:.1}x), {} more.",
+        "Ruby {} knows of {} (its live objects and the data they own); the kernel charges {}{}, {} more.",
         ruby.version,
         b(ruby.known_bytes),
         b(program_rss),
-        program_rss as f64 / ruby.known_bytes.max(1) as f64,
+        super::times(program_rss, ruby.known_bytes),
         b(gap)
     );
     let layer = if malloc_lost >= ruby_lost {
