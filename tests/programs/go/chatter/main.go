@@ -7,6 +7,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sync/atomic"
 )
 
@@ -28,6 +29,10 @@ func main() {
 		fmt.Fprintf(os.Stderr, "p%d ", i)
 		if i%37 == 36 {
 			fmt.Fprintln(os.Stderr, "|")
+		}
+		// Three collections at least, however the allocating goroutine is scheduled.
+		if i%2000 == 1000 {
+			runtime.GC()
 		}
 	}
 	stop.Store(true)
