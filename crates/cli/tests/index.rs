@@ -178,3 +178,75 @@ fn a_rebuilt_program_is_symbolized_again() {
     assert_ne!(unnamed, named, "the program gone, its frames are module+offset");
     assert_eq!(blame(true), unnamed);
 }
+
+/// Asks `query` about `trace`, with the index or without.
+fn ask(dir: &Path, query: &[String], index: bool) -> String {
+    let args: Vec<&str> = query.iter().map(String::as_str).collect();
+    let mut cmd = memgap_cmd(dir, &args);
+    if !index {
+        cmd.env("MEMGAP_INDEX", "off");
+    }
+    let out = output_of(&mut cmd);
+    format!("{}\n{}\nstatus {:?}", text(&out.stdout), text(&out.stderr), out.status.code())
+}
+
+/// After `memgap report`, questions never asked before about any snapshot:
+/// the same answers as a replay's, and those the report's facts hold
+/// (every ledger, the timeline, blame and page maps where it computed
+/// them) are answered without writing the index again, so without a replay.
+fn check_facts(dir: &Path, trace: &Path) {
+    let name = arg(trace);
+    let out = memgap(dir, &["report", name, "-o", arg(&dir.join("r.html"))]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let index = index_of(trace);
+    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&index).unwrap());
+    let written = inode();
+    let out = output_of(memgap_cmd(dir, &["timeline", name, "--json"]).env("MEMGAP_INDEX", "off"));
+    let timeline: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seconds: Vec<f64> = timeline["snapshots"].as_array().unwrap().iter().map(|s| s["at_seconds"].as_f64().unwrap()).collect();
+    assert!(!seconds.is_empty());
+    let strings = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    // From the facts whatever the snapshot: no index written.
+    let mut from_facts: Vec<Vec<String>> = vec![
+        strings(&["timeline", name, "--color", "never"]),
+        strings(&["timeline", name, "--json"]),
+        strings(&["blame", name, "--by", "live", "--top", "3"]),
+        strings(&["blame", name, "--json", "--at", "peak", "--per-stack"]),
+        strings(&["blame", name, "--at", "end", "--by", "allocated", "--skip", "main"]),
+        strings(&["map", name, "--at", "peak", "--color", "never"]),
+        strings(&["map", name, "--at", "end", "--color", "never"]),
+        strings(&["ledger", name, "--at", "1000"]),
+    ];
+    for (i, at) in seconds.iter().enumerate() {
+        let at = format!("{:.3}", at + if i % 2 == 0 { 0.0001 } else { -0.0001 });
+        from_facts.push(strings(&["ledger", name, "--at", &at, "--json"]));
+        from_facts.push(strings(&["ledger", name, "--at", &at, "--mappings"]));
+    }
+    for query in &from_facts {
+        assert_eq!(ask(dir, query, true), ask(dir, query, false), "{query:?}");
+        assert_eq!(inode(), written, "{query:?} was answered by a replay");
+    }
+    // The rest at every snapshot: from the facts when they hold it, else replayed; the same either way.
+    for at in &seconds {
+        let at = format!("{at}");
+        for query in [strings(&["map", name, "--at", &at, "--color", "never"]), strings(&["blame", name, "--at", &at, "--json"])] {
+            assert_eq!(ask(dir, &query, true), ask(dir, &query, false), "{query:?}");
+        }
+    }
+}
+
+#[test]
+fn questions_after_a_report_are_answered_from_its_facts() {
+    for fixture in ["glibc-thread-arenas.mgt", "python.mgt", "go.mgt", "ghc.mgt", "ruby.mgt", "node.mgt", "jemalloc.mgt"] {
+        let (_tmp, dir) = tempdir();
+        let trace = copy_fixture(fixture, &dir, "t.mgt");
+        check_facts(&dir, &trace);
+    }
+    // More snapshots than the report keeps page maps of.
+    let (_tmp, dir) = tempdir();
+    let exe = compile_with(&dir, "churn_sites.c", &["-O0"]);
+    let trace = dir.join("fresh.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0.01", "-o", arg(&trace), "--", arg(&exe)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    check_facts(&dir, &trace);
+}

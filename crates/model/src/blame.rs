@@ -20,7 +20,7 @@ use memgap_symbolize::{Frame, Symbolizer, short_name};
 use memgap_trace::python::{PythonCode, is_python_frame};
 use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
 use rustc_hash::FxHashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::accounting::Detail;
 use crate::heap_state::HeapState;
@@ -220,7 +220,7 @@ pub(crate) struct BlameVisitor {
 }
 
 /// One call stack's allocations over the whole run.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Churn {
     allocations: u64,
     allocated_bytes: u64,
@@ -360,14 +360,81 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Momen
     // rows the header sums up.
     v.owners.replayed(&outcome.timeline);
     v.owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
-    let mut blame = assemble(&v, outcome.timeline.seconds(time), &ledger, options);
+    let mut blame = assemble(&StackFacts::of(&v), outcome.timeline.seconds(time), &ledger, options);
     blame.moment = Some(moment);
     Ok(Some(blame))
 }
 
+/// What blame needs of a whole replay, whatever the snapshot and the
+/// options: each call stack's frames, its bytes still live at the end, its
+/// allocations over the run. Kept in the trace's index, so blame at any
+/// snapshot whose ledger is known needs no replay.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StackFacts {
+    /// Per call stack id: its frames, innermost first (Python's expanded).
+    frames: FxHashMap<u32, Vec<Frame>>,
+    /// Per stack, bytes live at the end, in the order the live set lists
+    /// their first block (entries are ranked stably: the order counts).
+    leaked: Vec<(u32, u64)>,
+    /// Per stack with allocations or temporary ones, by stack id.
+    churn: Vec<(u32, Churn)>,
+    has_stacks: bool,
+    temporary_ms: u64,
+    warnings: Vec<String>,
+    main_module: Option<(String, u64, u64, Vec<u8>)>,
+}
+
+impl StackFacts {
+    /// The facts of the replay `v` has seen, its stacks symbolized.
+    pub(crate) fn of(v: &BlameVisitor) -> StackFacts {
+        let mut leaked: Vec<(u32, u64)> = Vec::new();
+        let mut position: FxHashMap<u32, usize> = FxHashMap::default();
+        for (_, block) in v.state.live.blocks() {
+            let at = *position.entry(block.stack).or_insert_with(|| {
+                leaked.push((block.stack, 0));
+                leaked.len() - 1
+            });
+            leaked[at].1 += block.size;
+        }
+        let churn = v
+            .churn
+            .iter()
+            .enumerate()
+            .filter(|(_, churn)| churn.allocations > 0 || churn.temporary_allocations > 0)
+            .map(|(stack, churn)| (stack as u32, *churn))
+            .collect();
+        let mut symbolizer = Symbolizer::new(&v.modules);
+        let mut addresses: Vec<u64> =
+            v.stacks.values().flatten().filter(|&&ip| !is_python_frame(ip)).map(|&ip| ip.saturating_sub(1)).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
+        let frames = v
+            .stacks
+            .iter()
+            .map(|(&id, ips)| (id, v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default())))
+            .collect();
+        let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe);
+        StackFacts {
+            frames,
+            leaked,
+            churn,
+            has_stacks: !v.stacks.is_empty(),
+            temporary_ms: v.temporary_window_ns / 1_000_000,
+            warnings: symbolizer.warnings().iter().map(|w| w.to_string()).collect(),
+            main_module: main_module.map(|m| (m.path.clone(), m.base, m.size, m.build_id.clone())),
+        }
+    }
+
+    /// The window (ms) within which a freed allocation counted as temporary.
+    pub fn temporary_ms(&self) -> u64 {
+        self.temporary_ms
+    }
+}
+
 /// Blame at the snapshot whose ledger (computed with stacks) is `ledger`,
-/// once the replay `v` has seen is over (also used by report.rs).
-pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, options: &BlameOptions) -> Blame {
+/// from the facts of the whole replay (also used by report.rs and the index).
+pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &BlameOptions) -> Blame {
     let mut totals: FxHashMap<u32, Totals> = FxHashMap::default();
     for share in &ledger.by_stack {
         let t = totals.entry(share.stack).or_default();
@@ -377,14 +444,14 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
         t.pages += share.pages;
         t.taken_bytes += share.taken_bytes;
     }
-    for (_, block) in v.state.live.blocks() {
-        totals.entry(block.stack).or_default().leaked_bytes += block.size;
+    for &(stack, bytes) in &facts.leaked {
+        totals.entry(stack).or_default().leaked_bytes += bytes;
     }
     // Stacks with no block left at the snapshot count too: churn is
     // allocated and freed between snapshots.
     let mut all = Churn::default();
-    for (stack, churn) in v.churn.iter().enumerate().filter(|(_, churn)| churn.allocations > 0 || churn.temporary_allocations > 0) {
-        let t = totals.entry(stack as u32).or_default();
+    for (stack, churn) in &facts.churn {
+        let t = totals.entry(*stack).or_default();
         t.allocations += churn.allocations;
         t.allocated_bytes += churn.allocated_bytes;
         t.temporary_allocations += churn.temporary_allocations;
@@ -395,17 +462,6 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
         all.temporary_bytes += churn.temporary_bytes;
     }
 
-    let mut symbolizer = Symbolizer::new(&v.modules);
-    let mut addresses: Vec<u64> = totals
-        .keys()
-        .filter_map(|id| v.stacks.get(id))
-        .flatten()
-        .filter(|&&ip| !is_python_frame(ip))
-        .map(|&ip| ip.saturating_sub(1))
-        .collect();
-    addresses.sort_unstable();
-    addresses.dedup();
-    let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
     let mut skip: Vec<&str> = ALLOCATOR_FUNCTIONS.to_vec();
     skip.extend(options.skip.iter().map(String::as_str));
 
@@ -414,11 +470,7 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
     let stacks: Vec<(Vec<Frame>, Option<Frame>, Totals)> = totals
         .into_iter()
         .map(|(id, t)| {
-            let frames: Vec<Frame> = v
-                .stacks
-                .get(&id)
-                .map(|ips| v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default()))
-                .unwrap_or_default();
+            let frames: Vec<Frame> = facts.frames.get(&id).cloned().unwrap_or_default();
             // Under Python code, the line of Python that called into the interpreter's C.
             let site = frames
                 .iter()
@@ -452,7 +504,12 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
             shorten_names(entry, &mut shortened);
         }
     }
-    let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe).cloned();
+    let main_module = facts.main_module.as_ref().map(|(path, base, size, build_id)| Module {
+        path: path.clone(),
+        base: *base,
+        size: *size,
+        build_id: build_id.clone(),
+    });
     Blame {
         at_seconds,
         snapshot_reason: ledger.snapshot_reason,
@@ -460,14 +517,14 @@ pub(crate) fn assemble(v: &BlameVisitor, at_seconds: f64, ledger: &Ledger, optio
         rss_bytes: ledger.rss_bytes,
         fragmented_bytes: ledger.rows.fragmented,
         live_bytes: ledger.rows.live,
-        has_stacks: !v.stacks.is_empty(),
+        has_stacks: facts.has_stacks,
         allocations: all.allocations,
         allocated_bytes: all.allocated_bytes,
         temporary_allocations: all.temporary_allocations,
         temporary_bytes: all.temporary_bytes,
-        temporary_ms: v.temporary_window_ns / 1_000_000,
+        temporary_ms: facts.temporary_ms,
         entries,
-        warnings: symbolizer.warnings().iter().map(|w| w.to_string()).collect(),
+        warnings: facts.warnings.clone(),
         by_stack,
         site_of_stack,
         churn,

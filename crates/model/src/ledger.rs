@@ -6,14 +6,15 @@
 use std::collections::BTreeMap;
 
 use memgap_trace::records::{Mapping, SnapshotReason};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub mod measured;
 pub mod owner;
+pub mod stored;
 
 pub use owner::{Finding, GcMark, HeapOwner, MallocLayout, OwnerShare, Remedy, RuntimeSummary};
 
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Rows {
     pub live: u64,
     pub slack: u64,
@@ -43,7 +44,7 @@ impl Rows {
 }
 
 /// What "other" is made of.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OtherBreakdown {
     /// File-backed pages: code, data and files the program maps.
     pub file: u64,
@@ -95,6 +96,16 @@ impl std::fmt::Display for HeapKind {
 impl Serialize for HeapKind {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for HeapKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        [HeapKind::BrkHeap, HeapKind::Arena, HeapKind::Mapping, HeapKind::Mappings]
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+            .ok_or_else(|| serde::de::Error::custom(format!("no heap kind {name:?}")))
     }
 }
 
@@ -157,8 +168,19 @@ impl Serialize for MappingClass {
     }
 }
 
+impl<'de> Deserialize<'de> for MappingClass {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use MappingClass::*;
+        let name = String::deserialize(deserializer)?;
+        [Heap, Stack, File, Shmem, Memgap, StaticData, ProgramMmap, Unclassified, Other, Runtime, GhcHeap, V8Heap, PythonArenas]
+            .into_iter()
+            .find(|class| class.as_str() == name)
+            .ok_or_else(|| serde::de::Error::custom(format!("no mapping class {name:?}")))
+    }
+}
+
 /// One allocator mapping's share of the heap rows.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct HeapLedger {
     pub name: String,
     pub kind: HeapKind,
@@ -176,7 +198,7 @@ pub struct HeapLedger {
 
 /// How one mapping was accounted: the row it went to (or "heap" for
 /// allocator mappings, split by page) and its resident bytes.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct MappingLedger {
     pub start: u64,
     pub end: u64,
@@ -202,7 +224,7 @@ impl MappingLedger {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SizeBucket {
     /// Blocks of `min_size ..= max_size` requested bytes.
     pub min_size: u64,
@@ -289,13 +311,14 @@ impl PageMap {
 }
 
 /// The snapshot a command looks at, and why that one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Moment {
     /// Position among the trace's snapshots, in time order.
     pub index: usize,
     pub seconds: f64,
     /// How it was chosen: "gap", "peak", "end" or "seconds" (`--at`).
-    pub chosen: &'static str,
+    #[serde(deserialize_with = "stored::static_name")]
+    pub chosen: stored::Name,
     /// Why this snapshot, in words.
     pub reason: String,
 }
@@ -317,12 +340,13 @@ impl Moment {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ledger {
     pub at_seconds: f64,
-    pub snapshot_reason: &'static str,
+    #[serde(deserialize_with = "stored::static_name")]
+    pub snapshot_reason: stored::Name,
     /// Which moment this is and why it was chosen (set when a command asked for one).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moment: Option<Moment>,
     pub rss_bytes: u64,
     pub rows: Rows,
@@ -361,14 +385,15 @@ pub struct Ledger {
     /// Each heap owner's part of the rows (the allocator, the runtime).
     pub owners: Vec<OwnerShare>,
     /// The owner holding most of the gap (RSS − live), whose verdict this is.
-    pub gap_owner: Option<&'static str>,
+    #[serde(deserialize_with = "stored::static_name_or_none")]
+    pub gap_owner: Option<stored::Name>,
     /// Where the gap sits, largest first.
     pub findings: Vec<Finding>,
     /// What to try, for the allocators and runtimes in use, best first.
     pub remedies: Vec<Remedy>,
     /// Each owner's own figures, under its name (`go`, `ghc`, `ruby`…).
-    #[serde(flatten)]
-    pub sections: BTreeMap<&'static str, serde_json::Value>,
+    #[serde(flatten, deserialize_with = "stored::sections")]
+    pub sections: BTreeMap<stored::Name, serde_json::Value>,
     /// LazyFree of mappings no owner took: in the lazy_free row, in no share.
     #[serde(skip)]
     pub unowned_lazy_free_bytes: u64,

@@ -31,6 +31,7 @@
 pub mod accounting;
 pub mod blame;
 pub mod compare;
+pub mod facts;
 pub mod ghc;
 pub mod glibc_trim;
 pub mod go;

@@ -84,8 +84,12 @@ struct ReportVisitor {
     moment_ledger: Option<Ledger>,
     rss: Vec<(u64, u64)>,
     live_heap: SeriesBuilder,
+    /// VmRSS as `memgap timeline` reduces it, for the facts.
+    vm_rss: SeriesBuilder,
     owners: Owners,
     trims: TrimMarks,
+    /// The calls `memgap timeline` lists, for the facts.
+    timeline_trims: TrimMarks,
     numa: NumaVisitor,
 }
 
@@ -132,6 +136,7 @@ impl Visitor for ReportVisitor {
         self.owners.metrics(metrics);
         self.summary.metrics(metrics);
         self.trims.metrics(metrics);
+        self.timeline_trims.metrics(metrics);
         self.blame.metrics(metrics);
     }
 
@@ -142,6 +147,7 @@ impl Visitor for ReportVisitor {
     fn process(&mut self, process: &Process) {
         self.owners.process(process);
         self.trims.process(process);
+        self.timeline_trims.process(process);
         self.summary.process(process);
         self.blame.process(process);
         self.numa.process(process);
@@ -192,16 +198,18 @@ impl Visitor for ReportVisitor {
         self.summary.rss(rss);
         self.owners.rss(rss);
         self.rss.push((rss.time, rss.vm_rss));
+        self.vm_rss.push(rss.time, rss.vm_rss);
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         let index = self.seen;
         self.seen += 1;
+        // Every snapshot's gap, for the facts too.
+        let gap = snapshots::gap_at(snapshot, self.blame.state.live.live_bytes());
+        self.gaps.push(gap);
         let is_moment = match self.moment {
             Some(moment) => index == moment,
             None => {
-                let gap = snapshots::gap_at(snapshot, self.blame.state.live.live_bytes());
-                self.gaps.push(gap);
                 let larger = self.largest_gap.is_none_or(|(_, largest)| gap > largest);
                 if larger {
                     if let Some((previous, _)) = self.largest_gap {
@@ -216,15 +224,15 @@ impl Visitor for ReportVisitor {
         self.numa.at_snapshot(snapshot, &self.blame.state.live);
         let always = is_moment || index == self.peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
-        let detail = Detail { pages: always || spaced, stacks: is_moment, objects: is_moment };
+        // Call stacks wherever pages: blame there is then in the facts.
+        let detail = Detail { pages: always || spaced, stacks: always || spaced, objects: is_moment };
         self.owners.snapshot_seen(snapshot);
-        let mut ledger = snapshots::ledger_of(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
+        let ledger = snapshots::ledger_of(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
         if is_moment {
             self.moment_ledger = Some(ledger.clone());
-            ledger.by_stack = Vec::new();
         }
         self.ledgers.push((snapshot.time, ledger));
     }
@@ -310,6 +318,15 @@ pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
 
 /// [`report`], with function names whole (`full_names`) or shortened.
 pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option<Report>, MomentError> {
+    Ok(report_and_facts(path, at, full_names, false)?.map(|(report, _)| report))
+}
+
+/// A report, and the bytes of the trace's facts when asked for.
+pub type ReportAndFacts = (Report, Option<Vec<u8>>);
+
+/// [`report_with_names`], and with `keep_facts` the bytes of the trace's
+/// [`facts`](crate::facts) learned by the same replay, for its index.
+pub fn report_and_facts(path: &Path, at: At, full_names: bool, keep_facts: bool) -> Result<Option<ReportAndFacts>, MomentError> {
     let scan = snapshots::scan(path)?;
     scan.check(at)?;
     // The largest gap is found in the report's own replay (the gap at each
@@ -318,24 +335,25 @@ pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option
     if at == At::Gap
         && scan.snapshots.len() > 1
         && !scan.runtime_metrics
-        && let Some(report) = replay_report(path, &scan, at, None, full_names)?
+        && let Some(found) = replay_report(path, &scan, at, None, full_names, keep_facts)?
     {
-        return Ok(Some(report));
+        return Ok(Some(found));
     }
     let Some(moment) = snapshots::resolve_scanned(path, &scan, at)? else { return Ok(None) };
-    replay_report(path, &scan, at, Some(moment), full_names)
+    replay_report(path, &scan, at, Some(moment), full_names, keep_facts)
 }
 
 /// The report from one replay, about `moment`, or about the largest gap
 /// found in it when `moment` is `None` (then `None` when the trace turned
-/// out to need it known beforehand).
+/// out to need it known beforehand); with `keep_facts`, the facts' bytes too.
 fn replay_report(
     path: &Path,
     scan: &snapshots::Scan,
     at: At,
     moment: Option<Moment>,
     full_names: bool,
-) -> Result<Option<Report>, MomentError> {
+    keep_facts: bool,
+) -> Result<Option<ReportAndFacts>, MomentError> {
     let infos = &scan.snapshots;
     let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(0, |s| s.index);
     let known = moment.as_ref().map(|m| m.index);
@@ -355,8 +373,10 @@ fn replay_report(
         moment_ledger: None,
         rss: Vec::new(),
         live_heap: SeriesBuilder::new(SERIES_BUCKETS),
+        vm_rss: SeriesBuilder::new(SERIES_BUCKETS),
         owners: Owners::default(),
         trims: TrimMarks::new(TRIM_MARKS),
+        timeline_trims: TrimMarks::new(crate::trim_marks::TIMELINE_MARKS),
         numa: NumaVisitor::embedded(known),
     };
     let outcome = replay(path, &mut v)?;
@@ -384,6 +404,7 @@ fn replay_report(
             ledger
         })
         .collect();
+    let stack_facts = blame::StackFacts::of(&v.blame);
     let blame = v.moment_ledger.as_ref().map(|ledger| {
         let options = BlameOptions {
             at,
@@ -394,7 +415,7 @@ fn replay_report(
             temporary_ms: blame::DEFAULT_TEMPORARY_MS,
             full_names,
         };
-        let mut blame = blame::assemble(&v.blame, snapshots.get(moment.index).map_or(0.0, |l| l.at_seconds), ledger, &options);
+        let mut blame = blame::assemble(&stack_facts, snapshots.get(moment.index).map_or(0.0, |l| l.at_seconds), ledger, &options);
         blame.moment = Some(moment.clone());
         blame
     });
@@ -421,7 +442,28 @@ fn replay_report(
     });
     let last = snapshots.len().saturating_sub(1);
     let moment = Moment { index: moment.index.min(last), ..moment };
-    Ok(Some(Report {
+    let facts = keep_facts.then(|| {
+        // What was computed at each: always at the moment, the peak and the
+        // last; elsewhere, what the page budget kept.
+        let computed: Vec<(bool, bool)> = snapshots
+            .iter()
+            .enumerate()
+            .map(|(index, ledger)| {
+                let always = index == moment.index || index == peak || index == last;
+                (always || !ledger.page_maps.is_empty(), always || !ledger.by_stack.is_empty())
+            })
+            .collect();
+        let seconds = |time| timeline.seconds(time);
+        let timeline_facts = crate::facts::TimelineFacts {
+            live_bytes: live_heap.clone(),
+            vm_rss: v.vm_rss.finish(seconds),
+            trims: v.timeline_trims.finish(),
+            trim_calls,
+            ghc: ghc.clone(),
+        };
+        crate::facts::encode(scan, &v.gaps, &snapshots, &computed, &stack_facts, &timeline_facts)
+    });
+    let report = Report {
         summary,
         peak: peak.min(last),
         moment,
@@ -434,7 +476,8 @@ fn replay_report(
         gc_marks,
         trim_marks,
         trim_calls,
-    }))
+    };
+    Ok(Some((report, facts)))
 }
 
 #[cfg(test)]
@@ -463,8 +506,8 @@ mod tests {
             }
             let scan = snapshots::scan(&path).unwrap();
             let Some(moment) = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap() else { continue };
-            let known = replay_report(&path, &scan, At::Gap, Some(moment), false).unwrap().unwrap();
-            if let Some(found) = replay_report(&path, &scan, At::Gap, None, false).unwrap() {
+            let known = replay_report(&path, &scan, At::Gap, Some(moment), false, false).unwrap().unwrap().0;
+            if let Some((found, _)) = replay_report(&path, &scan, At::Gap, None, false, false).unwrap() {
                 assert_eq!(format!("{found:?}"), format!("{known:?}"), "{}", path.display());
                 found_while_replaying += 1;
             }

@@ -24,6 +24,13 @@ impl Serialize for SeriesPoint {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for SeriesPoint {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let (seconds, bytes) = <(f64, u64)>::deserialize(deserializer)?;
+        Ok(SeriesPoint { seconds, bytes })
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     /// (time, value) of the lowest and of the highest value in the bucket.

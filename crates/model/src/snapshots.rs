@@ -101,7 +101,7 @@ impl From<TraceError> for MomentError {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotInfo {
     /// Position among the trace's snapshots, in time order.
     pub index: usize,
@@ -110,6 +110,7 @@ pub struct SnapshotInfo {
 }
 
 /// The snapshots of a trace and the time of its last record.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Scan {
     pub(crate) snapshots: Vec<SnapshotInfo>,
     end_seconds: f64,

@@ -9,9 +9,12 @@ use memgap_trace::{TraceError, TraceFile};
 
 pub const SOURCE: &str = memgap_trace::vocabulary::source::MALLOC;
 pub const KIND: &str = memgap_trace::vocabulary::kind::TRIM;
+/// The calls `memgap timeline` lists between its snapshot lines, at most
+/// (the ones that released most): more would bury the snapshots.
+pub const TIMELINE_MARKS: usize = 20;
 
 /// One `malloc_trim` the program called.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrimMark {
     /// Seconds since the process started (its first image, as GC marks).
     pub seconds: f64,

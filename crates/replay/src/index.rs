@@ -44,23 +44,34 @@ pub fn path_of(trace: &Path) -> PathBuf {
     trace.with_file_name(name)
 }
 
-fn enabled() -> bool {
+/// Whether indexes are read and written (`MEMGAP_INDEX=off`: neither).
+pub fn enabled() -> bool {
     std::env::var_os(env::INDEX).is_none_or(|v| v != env::INDEX_OFF)
 }
 
 /// The answer to `query` about `trace`: from its index when it holds one
 /// computed from the same trace and files, else `compute`d (and saved).
 pub fn answer<E>(trace: &Path, query: &str, compute: impl FnOnce() -> Result<Vec<u8>, E>) -> Result<Vec<u8>, E> {
+    answer_keeping(trace, query, || compute().map(|value| (value, Vec::new())))
+}
+
+/// [`answer`], for a computation that also yields other answers worth
+/// keeping (each under its own query), made from the same files.
+pub fn answer_keeping<E>(
+    trace: &Path,
+    query: &str,
+    compute: impl FnOnce() -> Result<(Vec<u8>, Vec<(String, Vec<u8>)>), E>,
+) -> Result<Vec<u8>, E> {
     if !enabled() {
-        return compute();
+        return compute().map(|(value, _)| value);
     }
-    let Some(before) = Stamp::of_trace(trace) else { return compute() };
+    let Some(before) = Stamp::of_trace(trace) else { return compute().map(|(value, _)| value) };
     let index = Index::read(trace, &before);
     if let Some(saved) = index.as_ref().and_then(|index| index.lookup(query)) {
         return Ok(saved);
     }
     memgap_trace::files::take_consulted();
-    let value = compute()?;
+    let (value, others) = compute()?;
     let consulted = memgap_trace::files::take_consulted();
     // A trace that changed meanwhile (still being recorded) is indexed next time.
     if Stamp::of_trace(trace).as_ref() == Some(&before) {
@@ -73,16 +84,29 @@ pub fn answer<E>(trace: &Path, query: &str, compute: impl FnOnce() -> Result<Vec
             }
         }
         let mut index = index.unwrap_or(Index { trace: before, answers: Vec::new() });
-        index.answers.retain(|a| a.query != query);
-        index.answers.push(Answer {
-            query: query.to_string(),
-            dependencies,
-            value: lz4_flex::compress(&value),
-            raw_len: value.len() as u64,
-        });
+        // The others first: the asked answer is the newest, the last dropped past the bounds.
+        for (query, value) in others.iter().map(|(q, v)| (q.as_str(), v.as_slice())).chain([(query, value.as_slice())]) {
+            index.answers.retain(|a| a.query != query);
+            index.answers.push(Answer {
+                query: query.to_string(),
+                dependencies: dependencies.clone(),
+                value: lz4_flex::compress(value),
+                raw_len: value.len() as u64,
+            });
+        }
         index.write(trace);
     }
     Ok(value)
+}
+
+/// The answer to `query` the index of `trace` holds, computed from the
+/// same trace and files; `None` when there is none (nothing is computed).
+pub fn saved(trace: &Path, query: &str) -> Option<Vec<u8>> {
+    if !enabled() {
+        return None;
+    }
+    let stamp = Stamp::of_trace(trace)?;
+    Index::read(trace, &stamp)?.lookup(query)
 }
 
 /// What identifies a file's contents without reading it all.

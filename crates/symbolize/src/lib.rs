@@ -50,7 +50,7 @@ pub use short_name::short_name;
 /// One function at one address. An address inside inlined code gives several
 /// frames: the inlined functions, innermost first, then the function they
 /// were inlined into.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     /// Demangled (C++, Rust); `None` when no trusted symbol covers the address.
     pub function: Option<String>,

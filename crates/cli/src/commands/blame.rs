@@ -58,23 +58,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.at.at, args.by, args.temporary_ms, args.top, args.per_stack, args.skip, args.json, args.full_names
     );
     let trace = args.trace.clone();
-    let text = super::indexed(&trace, &query, || text(args, &name, width))?;
+    let from_facts = |facts: &memgap_model::facts::Facts| {
+        let stacks = facts.stacks().filter(|stacks| stacks.temporary_ms() == args.temporary_ms)?;
+        match facts.ledger_at(args.at.at) {
+            Err(error) => Some(Err(anyhow::Error::new(error).context(name.clone()))),
+            Ok(kept) => kept.filter(|kept| kept.has_stacks).map(|kept| {
+                let options = blame_options(&args);
+                let mut blame = memgap_model::blame::assemble(&stacks, kept.ledger.at_seconds, &kept.ledger, &options);
+                blame.moment = kept.ledger.moment.clone();
+                Ok(render(&blame, args.json, &name, width))
+            }),
+        }
+    };
+    let text = super::indexed_or_from_facts(&trace, &query, from_facts, || text(&args, &name, width))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn text(args: Args, name: &str, width: Option<usize>) -> anyhow::Result<String> {
-    let name = name.to_string();
-    let options = BlameOptions {
+fn blame_options(args: &Args) -> BlameOptions {
+    BlameOptions {
         temporary_ms: args.temporary_ms,
         full_names: args.full_names,
-        ..options(args.at.at, args.by, args.top, args.per_stack, args.skip)
-    };
-    let Some(blame) = memgap_model::blame(&args.trace, &options).with_context(|| name.clone())? else {
+        ..options(args.at.at, args.by, args.top, args.per_stack, args.skip.clone())
+    }
+}
+
+fn text(args: &Args, name: &str, width: Option<usize>) -> anyhow::Result<String> {
+    let name = name.to_string();
+    let Some(blame) = memgap_model::blame(&args.trace, &blame_options(args)).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
-    if args.json {
-        return Ok(memgap_views::json::to_string(&blame.entries) + "\n");
+    Ok(render(&blame, args.json, &name, width))
+}
+
+fn render(blame: &memgap_model::Blame, json: bool, name: &str, width: Option<usize>) -> String {
+    if json {
+        return memgap_views::json::to_string(&blame.entries) + "\n";
     }
-    Ok(memgap_views::blame::blame(&blame, &name, width))
+    memgap_views::blame::blame(blame, name, width)
 }

@@ -26,7 +26,11 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let name = args.trace.display().to_string();
     let query = format!("ledger {name:?} --at {} --json {} --mappings {}", args.at.at, args.json, args.mappings);
-    let text = super::indexed(&args.trace, &query, || text(&args, &name))?;
+    let from_facts = |facts: &memgap_model::facts::Facts| match facts.ledger_at(args.at.at) {
+        Err(error) => Some(Err(anyhow::Error::new(error).context(name.clone()))),
+        Ok(kept) => kept.map(|kept| Ok(render(&args, &kept.ledger, &name))),
+    };
+    let text = super::indexed_or_from_facts(&args.trace, &query, from_facts, || text(&args, &name))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -36,17 +40,21 @@ fn text(args: &Args, name: &str) -> anyhow::Result<String> {
     let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, false).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot (was it recorded with --snapshot-interval 0 and killed before exit?)");
     };
+    Ok(render(args, &ledger, &name))
+}
+
+fn render(args: &Args, ledger: &memgap_model::Ledger, name: &str) -> String {
     // The GHC owner put the RTS's whole report in the ledger.
     let ghc: Option<memgap_model::ghc::GhcReport> = ledger.section(memgap_model::ghc::NAME);
     if args.json {
-        return Ok(memgap_views::json::ledger(&ledger) + "\n");
+        return memgap_views::json::ledger(ledger) + "\n";
     }
-    let mut text = memgap_views::ledger::ledger(&ledger, &name);
+    let mut text = memgap_views::ledger::ledger(ledger, name);
     if let Some(ghc) = &ghc {
-        text += &format!("\n{}", memgap_views::ghc::report(ghc, &name));
+        text += &format!("\n{}", memgap_views::ghc::report(ghc, name));
     }
     if args.mappings {
         text += &format!("\n{}", memgap_views::ledger::mappings(&ledger.mappings));
     }
-    Ok(text)
+    text
 }

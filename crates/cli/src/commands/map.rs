@@ -49,7 +49,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let query = format!("map {name:?} --at {} color {color}", args.at.at);
-    let text = super::indexed(&args.trace, &query, || text(&args, &name, color))?;
+    let from_facts = |facts: &memgap_model::facts::Facts| match facts.ledger_at(args.at.at) {
+        Err(error) => Some(Err(anyhow::Error::new(error).context(name.clone()))),
+        Ok(kept) => kept.filter(|kept| kept.has_pages).map(|kept| Ok(render(&kept.ledger, &name, color))),
+    };
+    let text = super::indexed_or_from_facts(&args.trace, &query, from_facts, || text(&args, &name, color))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -59,9 +63,13 @@ fn text(args: &Args, name: &str, color: bool) -> anyhow::Result<String> {
     let Some(ledger) = memgap_model::ledger_at(&args.trace, args.at.at, true).with_context(|| name.clone())? else {
         bail!("{name}: the trace has no snapshot");
     };
+    Ok(render(&ledger, &name, color))
+}
+
+fn render(ledger: &memgap_model::Ledger, name: &str, color: bool) -> String {
     let heading = format!(
         "memgap map — {name} — {}\n",
         memgap_views::format::moment(ledger.moment.as_ref(), ledger.at_seconds, ledger.snapshot_reason)
     );
-    Ok(heading + &memgap_views::ledger::page_map(&ledger.page_maps, color))
+    heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)
 }

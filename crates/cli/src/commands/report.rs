@@ -53,13 +53,19 @@ pub fn write(trace: &Path, output: &Path, at: memgap_model::At, full_names: bool
     let name = trace.display().to_string();
     let trace_name = trace.file_name().map_or(name.clone(), |n| n.to_string_lossy().into_owned());
     let query = format!("report {name:?} {trace_name:?} --at {at} --full-names {full_names}");
-    let html = super::indexed(trace, &query, || {
-        let Some(report) = memgap_model::report::report_with_names(trace, at, full_names).with_context(|| name.clone())? else {
+    // The report's replay also learns the trace's facts: kept in its index,
+    // they answer later questions about any snapshot without a replay.
+    let keep_facts = memgap_replay::index::enabled();
+    let html = memgap_replay::index::answer_keeping(trace, &query, || {
+        let Some((report, facts)) =
+            memgap_model::report::report_and_facts(trace, at, full_names, keep_facts).with_context(|| name.clone())?
+        else {
             bail!("{name}: the trace has no snapshot");
         };
-        Ok(memgap_views::html::report(&report, &trace_name))
+        let html = memgap_views::html::report(&report, &trace_name).into_bytes();
+        Ok::<_, anyhow::Error>((html, facts.map(|facts| (memgap_model::facts::QUERY.to_string(), facts)).into_iter().collect()))
     })?;
-    crate::output::write_private(output, html.as_bytes())
+    crate::output::write_private(output, &html)
 }
 
 /// Writes the report of every traced process of `trace`'s run: the whole

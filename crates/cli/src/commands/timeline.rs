@@ -8,10 +8,6 @@ use anyhow::Context;
 
 use crate::output;
 
-/// The program's malloc_trim calls listed between the snapshot lines, at most
-/// (the ones that released most): more would bury the snapshots.
-const TRIM_LINES: usize = 20;
-
 /// RSS and the ledger rows at every snapshot; the live heap after every
 /// heap event and VmRSS at every sample, over the whole run.
 #[derive(clap::Args)]
@@ -35,7 +31,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let width = output::width();
     let query = format!("timeline {:?} --json {} color {color} width {width:?}", args.trace.display().to_string(), args.json);
-    let text = super::indexed(&args.trace, &query, || text(&args, color, width))?;
+    let from_facts = |facts: &memgap_model::facts::Facts| {
+        let (timeline, rest) = facts.timeline()?;
+        Some(Ok(render(&args, &timeline, &rest.trims, rest.trim_calls, rest.ghc.as_ref(), color, width)))
+    };
+    let text = super::indexed_or_from_facts(&args.trace, &query, from_facts, || text(&args, color, width))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -45,11 +45,27 @@ fn text(args: &Args, color: bool, width: Option<usize>) -> anyhow::Result<String
     if args.json {
         return Ok(memgap_views::json::timeline(&timeline) + "\n");
     }
-    let (trims, trim_calls) =
-        memgap_model::trim_marks::of_trace(&args.trace, TRIM_LINES).with_context(|| args.trace.display().to_string())?;
-    let mut text = memgap_views::ledger::timeline(&timeline, &trims, trim_calls, width, color);
-    if let Some(ghc) = super::ghc::of_trace(&args.trace) {
-        text += &format!("\n{}", memgap_views::ghc::report(&ghc, &args.trace.display().to_string()));
+    let (trims, trim_calls) = memgap_model::trim_marks::of_trace(&args.trace, memgap_model::trim_marks::TIMELINE_MARKS)
+        .with_context(|| args.trace.display().to_string())?;
+    let ghc = super::ghc::of_trace(&args.trace);
+    Ok(render(args, &timeline, &trims, trim_calls, ghc.as_ref(), color, width))
+}
+
+fn render(
+    args: &Args,
+    timeline: &memgap_model::Timeline,
+    trims: &[memgap_model::TrimMark],
+    trim_calls: u64,
+    ghc: Option<&memgap_model::ghc::GhcReport>,
+    color: bool,
+    width: Option<usize>,
+) -> String {
+    if args.json {
+        return memgap_views::json::timeline(timeline) + "\n";
     }
-    Ok(text)
+    let mut text = memgap_views::ledger::timeline(timeline, trims, trim_calls, width, color);
+    if let Some(ghc) = ghc {
+        text += &format!("\n{}", memgap_views::ghc::report(ghc, &args.trace.display().to_string()));
+    }
+    text
 }

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use memgap_trace::records::{Mapping, Metrics, Process, Rss, Snapshot};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Ledger, Rows};
 
@@ -32,10 +32,12 @@ pub struct GcMark {
 /// One fact about where the gap sits, with its numbers; views write the
 /// sentence. `kind`: `fragmented`, `retained`, `lazy_free`, `slack`,
 /// `runtime`, `pinned_fragmentation`, `free_slots`, `sparse_size_classes`…
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
-    pub kind: &'static str,
-    pub owner: &'static str,
+    #[serde(deserialize_with = "super::stored::static_name")]
+    pub kind: super::stored::Name,
+    #[serde(deserialize_with = "super::stored::static_name")]
+    pub owner: super::stored::Name,
     pub bytes: u64,
     /// bytes ÷ RSS.
     pub share: f64,
@@ -44,15 +46,17 @@ pub struct Finding {
 /// A change to try, for the allocator or runtime in use: the environment
 /// to run the same program with (empty when it is a change to the code),
 /// and what it should save.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Remedy {
-    pub id: &'static str,
-    pub owner: &'static str,
+    #[serde(deserialize_with = "super::stored::static_name")]
+    pub id: super::stored::Name,
+    #[serde(deserialize_with = "super::stored::static_name")]
+    pub owner: super::stored::Name,
     pub description: String,
     pub env: BTreeMap<String, String>,
     pub expected_savings_bytes: u64,
     /// What `memgap compare --remedies` measured of it, when it was.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<super::measured::Measured>,
 }
 
@@ -77,14 +81,15 @@ impl Remedy {
 
 /// An owner's part of the rows (the headline rows are the sum of every
 /// owner's part, plus thread stacks and `other`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OwnerShare {
-    pub owner: &'static str,
+    #[serde(deserialize_with = "super::stored::static_name")]
+    pub owner: super::stored::Name,
     pub rows: Rows,
     /// Its address space not resident (returned, or never touched).
     pub released_bytes: u64,
     /// How its rows were obtained, when some are estimated.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated: Option<String>,
 }
 
