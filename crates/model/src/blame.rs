@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use memgap_replay::{Change, Inherited, LiveSet, ThreadEvent, Timeline, Visitor, replay};
+use memgap_replay::{Change, Inherited, LiveSet, Outcome, ThreadEvent, Timeline, Visitor, replay};
 use memgap_symbolize::python::{PythonCodes, is_python};
 use memgap_symbolize::{Frame, Symbolizer, short_name};
 use memgap_trace::python::{PythonCode, is_python_frame};
@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::accounting::Detail;
 use crate::heap_state::HeapState;
 use crate::ledger::{Ledger, Moment};
-use crate::snapshots::{self, At, MomentError, resolve};
+use crate::snapshots::{self, At, GapFinder, MomentError};
 
 /// Frames that belong to memgap or to the allocator, not to the program:
 /// the allocation site is the first frame past them. Matched against the
@@ -201,7 +201,10 @@ pub(crate) struct BlameVisitor {
     owners: crate::registry::Owners,
     wanted: usize,
     seen: usize,
+    /// The ledger at the wanted snapshot, or, when finding the largest gap
+    /// in this replay, at the largest so far.
     ledger: Option<(u64, Ledger)>,
+    gap: Option<GapFinder>,
     stacks: FxHashMap<u32, Vec<u64>>,
     /// Per stack id (dense from 1, as the replay numbers them).
     churn: Vec<Churn>,
@@ -339,7 +342,12 @@ impl Visitor for BlameVisitor {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
-        if self.seen == self.wanted {
+        let live_bytes = self.state.live.live_bytes();
+        let wanted = match &mut self.gap {
+            Some(finder) => finder.note(snapshot, live_bytes),
+            None => self.seen == self.wanted,
+        };
+        if wanted {
             self.ledger = Some((
                 snapshot.time,
                 snapshots::ledger_of(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
@@ -352,17 +360,31 @@ impl Visitor for BlameVisitor {
 }
 
 pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, MomentError> {
-    let Some(moment) = resolve(path, options.at)? else { return Ok(None) };
+    let scan = snapshots::scan(path)?;
+    scan.check(options.at)?;
+    if scan.gap_found_while_replaying(options.at) {
+        let mut v = BlameVisitor { gap: Some(GapFinder::default()), ..BlameVisitor::new(options.temporary_ms) };
+        let outcome = replay(path, &mut v)?;
+        if let Some(moment) = v.gap.as_ref().and_then(|finder| finder.moment(&scan)) {
+            return Ok(blame_replayed(v, &outcome, moment, options));
+        }
+    }
+    let Some(moment) = snapshots::resolve_scanned(path, &scan, options.at)? else { return Ok(None) };
     let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
     let outcome = replay(path, &mut v)?;
-    let Some((time, mut ledger)) = v.ledger.take() else { return Ok(None) };
+    Ok(blame_replayed(v, &outcome, moment, options))
+}
+
+/// Blame at `moment` once `v` has replayed the trace.
+fn blame_replayed(mut v: BlameVisitor, outcome: &Outcome, moment: Moment, options: &BlameOptions) -> Option<Blame> {
+    let (time, mut ledger) = v.ledger.take()?;
     // The layers owners lay after the replay (pymalloc's arenas): in the
     // rows the header sums up.
     v.owners.replayed(&outcome.timeline);
     v.owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
     let mut blame = assemble(&StackFacts::of(&v), outcome.timeline.seconds(time), &ledger, options);
     blame.moment = Some(moment);
-    Ok(Some(blame))
+    Some(blame)
 }
 
 /// What blame needs of a whole replay, whatever the snapshot and the

@@ -32,7 +32,7 @@ pub use memgap_types::numa::{AccessLocality, DistanceCount, Node, PageNodes, Sam
 use crate::blame::{ALLOCATOR_FUNCTIONS, is_allocator_frame};
 use crate::heap_state::HeapState;
 use crate::ledger::Moment;
-use crate::snapshots::{At, MomentError, resolve};
+use crate::snapshots::{self, At, GapFinder, MomentError};
 
 /// Live bytes by allocating thread's node × page's node.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -340,6 +340,9 @@ pub(crate) struct NumaVisitor {
     argv: Vec<String>,
     wanted: Option<usize>,
     seen: usize,
+    /// On its own, finding the largest gap in its replay: the snapshot with
+    /// the largest gap so far is the wanted one.
+    gap: Option<GapFinder>,
     topology: Option<Topology>,
     /// Per thread: the CPUs its events ran on.
     thread_cpus: FxHashMap<u32, BTreeSet<u32>>,
@@ -440,6 +443,9 @@ impl Visitor for NumaVisitor {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         if let Some(state) = self.state.take() {
+            if self.gap.as_mut().is_some_and(|finder| finder.note(snapshot, state.live.live_bytes())) {
+                self.want(self.seen);
+            }
             self.at_snapshot(snapshot, &state.live);
             self.state = Some(state);
         }
@@ -463,9 +469,29 @@ impl Visitor for NumaVisitor {
 
 /// The NUMA report of a trace.
 pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentError> {
-    let moment = resolve(path, options.at)?;
-    let mut v = NumaVisitor { wanted: moment.as_ref().map(|m| m.index), state: Some(HeapState::default()), ..NumaVisitor::default() };
-    replay(path, &mut v)?;
+    let scan = snapshots::scan(path)?;
+    scan.check(options.at)?;
+    let alone = |wanted: Option<usize>, gap: Option<GapFinder>| NumaVisitor {
+        wanted,
+        gap,
+        state: Some(HeapState::default()),
+        ..NumaVisitor::default()
+    };
+    let mut found = None;
+    if scan.gap_found_while_replaying(options.at) {
+        let mut v = alone(None, Some(GapFinder::default()));
+        replay(path, &mut v)?;
+        found = v.gap.as_ref().and_then(|finder| finder.moment(&scan)).map(|moment| (v, moment));
+    }
+    let (v, moment) = match found {
+        Some((v, moment)) => (v, Some(moment)),
+        None => {
+            let moment = snapshots::resolve_scanned(path, &scan, options.at)?;
+            let mut v = alone(moment.as_ref().map(|m| m.index), None);
+            replay(path, &mut v)?;
+            (v, moment)
+        }
+    };
     let mut report = assemble(v, moment.as_ref().map(|m| m.seconds), options);
     report.moment = moment;
     match crate::ghc::report_of_trace(path)? {

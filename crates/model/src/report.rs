@@ -15,7 +15,7 @@ use crate::ledger::{Ledger, Moment};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::registry::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
-use crate::snapshots::{self, At, MomentError, SERIES_BUCKETS};
+use crate::snapshots::{self, At, GapFinder, MomentError, SERIES_BUCKETS};
 use crate::summary::{Builder, Summary};
 use crate::trim_marks::{TrimMark, TrimMarks};
 
@@ -71,9 +71,8 @@ struct ReportVisitor {
     /// The snapshot the report is about; `None` while the largest gap is
     /// looked for in this replay, the moment then being the largest so far.
     moment: Option<usize>,
-    /// The gap at every snapshot and the largest so far (the earliest of equals), when looking for it.
-    gaps: Vec<u64>,
-    largest_gap: Option<(usize, u64)>,
+    /// The gap at every snapshot and the largest so far.
+    gaps: GapFinder,
     runtime_metrics: bool,
     peak: usize,
     last: usize,
@@ -205,17 +204,15 @@ impl Visitor for ReportVisitor {
         let index = self.seen;
         self.seen += 1;
         // Every snapshot's gap, for the facts too.
-        let gap = snapshots::gap_at(snapshot, self.blame.state.live.live_bytes());
-        self.gaps.push(gap);
+        let previous = self.gaps.largest();
+        let larger = self.gaps.note(snapshot, self.blame.state.live.live_bytes());
         let is_moment = match self.moment {
             Some(moment) => index == moment,
             None => {
-                let larger = self.largest_gap.is_none_or(|(_, largest)| gap > largest);
                 if larger {
-                    if let Some((previous, _)) = self.largest_gap {
+                    if let Some(previous) = previous {
                         self.no_longer_the_moment(previous);
                     }
-                    self.largest_gap = Some((index, gap));
                     self.numa.want(index);
                 }
                 larger
@@ -332,9 +329,7 @@ pub fn report_and_facts(path: &Path, at: At, full_names: bool, keep_facts: bool)
     // The largest gap is found in the report's own replay (the gap at each
     // snapshot is known there), unless the gaps come from a runtime's own
     // accounting.
-    if at == At::Gap
-        && scan.snapshots.len() > 1
-        && !scan.runtime_metrics
+    if scan.gap_found_while_replaying(at)
         && let Some(found) = replay_report(path, &scan, at, None, full_names, keep_facts)?
     {
         return Ok(Some(found));
@@ -361,8 +356,7 @@ fn replay_report(
         summary: Builder::default(),
         blame: BlameVisitor::new(blame::DEFAULT_TEMPORARY_MS),
         moment: known,
-        gaps: Vec::new(),
-        largest_gap: None,
+        gaps: GapFinder::default(),
         runtime_metrics: false,
         peak,
         last: infos.len().saturating_sub(1),
@@ -383,9 +377,7 @@ fn replay_report(
     let moment = match moment {
         Some(moment) => moment,
         None => {
-            let found = scan.moment(at, &v.gaps);
-            let agrees = found.as_ref().map(|m| m.index) == v.largest_gap.map(|(index, _)| index);
-            let Some(found) = found.filter(|_| agrees && !v.runtime_metrics) else { return Ok(None) };
+            let Some(found) = v.gaps.moment(scan).filter(|_| !v.runtime_metrics) else { return Ok(None) };
             settle_page_maps(&mut v.ledgers, found.index, peak, v.last, &v.with_pages);
             found
         }
@@ -461,7 +453,7 @@ fn replay_report(
             trim_calls,
             ghc: ghc.clone(),
         };
-        crate::facts::encode(scan, &v.gaps, &snapshots, &computed, &stack_facts, &timeline_facts)
+        crate::facts::encode(scan, &v.gaps.gaps, &snapshots, &computed, &stack_facts, &timeline_facts)
     });
     let report = Report {
         summary,

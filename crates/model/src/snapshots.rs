@@ -267,6 +267,51 @@ pub(crate) fn gap_at(snapshot: &Snapshot, live_bytes: u64) -> u64 {
     rss.saturating_sub(live_bytes.saturating_add(agent_resident_bytes(snapshot)))
 }
 
+/// Finds the largest gap during the replay that uses it (one replay where
+/// two were needed): the gap at each snapshot, and whether it is the
+/// largest so far (the earliest of equals), whose ledger the replay keeps.
+/// Only for a trace whose live heap is malloc's (see [`GapVisitor`]).
+#[derive(Debug, Default)]
+pub(crate) struct GapFinder {
+    pub(crate) gaps: Vec<u64>,
+    largest: Option<(usize, u64)>,
+}
+
+impl GapFinder {
+    /// Notes the gap at the next snapshot, with `live_bytes` in the live
+    /// heap; true when it is the largest so far.
+    pub(crate) fn note(&mut self, snapshot: &Snapshot, live_bytes: u64) -> bool {
+        let gap = gap_at(snapshot, live_bytes);
+        let index = self.gaps.len();
+        self.gaps.push(gap);
+        let larger = self.largest.is_none_or(|(_, largest)| gap > largest);
+        if larger {
+            self.largest = Some((index, gap));
+        }
+        larger
+    }
+
+    /// The snapshot with the largest gap so far.
+    pub(crate) fn largest(&self) -> Option<usize> {
+        self.largest.map(|(index, _)| index)
+    }
+
+    /// The moment `--at gap` names, once the replay is over: `None` when
+    /// the snapshots seen are not the scan's (then ask [`resolve`]).
+    pub(crate) fn moment(&self, scan: &Scan) -> Option<Moment> {
+        let found = scan.moment(At::Gap, &self.gaps)?;
+        (self.gaps.len() == scan.snapshots.len() && Some(found.index) == self.largest()).then_some(found)
+    }
+}
+
+impl Scan {
+    /// Whether `--at gap` can be found in the replay that computes the
+    /// ledger, with a [`GapFinder`].
+    pub(crate) fn gap_found_while_replaying(&self, at: At) -> bool {
+        at == At::Gap && self.snapshots.len() > 1 && !self.runtime_metrics
+    }
+}
+
 /// The gap at every snapshot, by index.
 fn gaps(path: &Path) -> Result<Vec<u64>, TraceError> {
     let mut visitor = GapVisitor::default();
@@ -332,6 +377,9 @@ struct LedgerVisitor<'a> {
     want_pages: bool,
     seen: usize,
     ledgers: Vec<(u64, Ledger)>,
+    /// When finding the largest gap in this replay: the gaps, and the
+    /// ledger at the largest so far.
+    gap: Option<(GapFinder, Option<(u64, Ledger)>)>,
     owners: Owners,
     /// The summary too, counted from the same live set: `memgap run`
     /// prints both, and two replays took twice as long.
@@ -423,9 +471,21 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         self.owners.snapshot_seen(snapshot);
-        if (self.wanted)(self.seen) {
+        let live_bytes = self.state.live.live_bytes();
+        let largest_gap = self.gap.as_mut().is_some_and(|(finder, _)| finder.note(snapshot, live_bytes));
+        let wanted = (self.wanted)(self.seen);
+        if wanted || largest_gap {
             let detail = Detail { pages: self.want_pages, ..Detail::default() };
-            self.ledgers.push((snapshot.time, ledger_of(&mut self.state, snapshot, detail, &mut self.owners.list)));
+            let ledger = ledger_of(&mut self.state, snapshot, detail, &mut self.owners.list);
+            match &mut self.gap {
+                Some((_, at_gap)) if largest_gap => {
+                    if wanted {
+                        self.ledgers.push((snapshot.time, ledger.clone()));
+                    }
+                    *at_gap = Some((snapshot.time, ledger));
+                }
+                _ => self.ledgers.push((snapshot.time, ledger)),
+            }
         } else {
             self.state.pass_snapshot(snapshot);
         }
@@ -434,20 +494,17 @@ impl Visitor for LedgerVisitor<'_> {
 }
 
 fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Result<Vec<Ledger>, TraceError> {
-    Ok(ledgers_and_summary(path, wanted, want_pages, None)?.0)
+    Ok(replay_ledgers(path, wanted, want_pages, None, false, false)?.ledgers)
 }
 
-fn ledgers_and_summary(
-    path: &Path,
-    wanted: &dyn Fn(usize) -> bool,
-    want_pages: bool,
-    summary: Option<Builder>,
-) -> Result<(Vec<Ledger>, Option<Summary>), TraceError> {
-    let (ledgers, summary, _) = replay_ledgers(path, wanted, want_pages, summary, false)?;
-    Ok((ledgers, summary))
+struct Replayed {
+    /// The wanted ledgers, in time order.
+    ledgers: Vec<Ledger>,
+    summary: Option<Summary>,
+    series: Option<(Vec<SeriesPoint>, Vec<SeriesPoint>)>,
+    /// When asked to find it: the gaps, and the ledger at the largest.
+    gap: Option<(GapFinder, Option<Ledger>)>,
 }
-
-type Replayed = (Vec<Ledger>, Option<Summary>, Option<(Vec<SeriesPoint>, Vec<SeriesPoint>)>);
 
 fn replay_ledgers(
     path: &Path,
@@ -455,6 +512,7 @@ fn replay_ledgers(
     want_pages: bool,
     summary: Option<Builder>,
     want_series: bool,
+    find_gap: bool,
 ) -> Result<Replayed, TraceError> {
     let series = want_series.then(|| Series { live: SeriesBuilder::new(SERIES_BUCKETS), vm_rss: SeriesBuilder::new(SERIES_BUCKETS) });
     let mut visitor = LedgerVisitor {
@@ -463,6 +521,7 @@ fn replay_ledgers(
         want_pages,
         seen: 0,
         ledgers: Vec::new(),
+        gap: find_gap.then(|| (GapFinder::default(), None)),
         owners: Owners::default(),
         summary,
         series,
@@ -481,16 +540,14 @@ fn replay_ledgers(
     let mut owners = visitor.owners;
     owners.replayed(&outcome.timeline);
     owners.measured_remedies = crate::ledger::measured::read_beside(path).map(std::sync::Arc::new);
-    let ledgers = visitor
-        .ledgers
-        .into_iter()
-        .map(|(time, mut ledger)| {
-            ledger.at_seconds = outcome.timeline.seconds(time);
-            owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
-            ledger
-        })
-        .collect();
-    Ok((ledgers, summary, series))
+    let finish = |(time, mut ledger): (u64, Ledger)| {
+        ledger.at_seconds = outcome.timeline.seconds(time);
+        owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
+        ledger
+    };
+    let ledgers = visitor.ledgers.into_iter().map(finish).collect();
+    let gap = visitor.gap.map(|(finder, at_gap)| (finder, at_gap.map(finish)));
+    Ok(Replayed { ledgers, summary, series, gap })
 }
 
 /// The ledger at one snapshot, with the moment it is; `None` when the
@@ -498,7 +555,26 @@ fn replay_ledgers(
 pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, MomentError> {
     let scan = scan(path)?;
     scan.check(at)?;
-    let Some(moment) = resolve_scanned(path, &scan, at)? else { return Ok(None) };
+    if scan.gap_found_while_replaying(at)
+        && let Some(ledger) = ledger_at_largest_gap(path, &scan, want_pages)?
+    {
+        return Ok(Some(ledger));
+    }
+    Ok(ledger_at_resolved(path, &scan, at, want_pages)?)
+}
+
+/// The ledger at the largest gap, found in the replay that computes it;
+/// `None` when the replay disagrees with the scan (then resolve first).
+fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
+    let Some((finder, Some(mut ledger))) = replay_ledgers(path, &|_| false, want_pages, None, false, true)?.gap else { return Ok(None) };
+    let Some(moment) = finder.moment(scan) else { return Ok(None) };
+    ledger.moment = Some(moment);
+    Ok(Some(ledger))
+}
+
+/// The ledger at the snapshot `at` names, resolved before the replay.
+fn ledger_at_resolved(path: &Path, scan: &Scan, at: At, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
+    let Some(moment) = resolve_scanned(path, scan, at)? else { return Ok(None) };
     let mut ledger = ledgers(path, &|i| i == moment.index, want_pages)?.pop();
     if let Some(ledger) = &mut ledger {
         ledger.moment = Some(moment);
@@ -522,11 +598,34 @@ pub struct Closing {
 
 pub fn closing(path: &Path) -> Result<Closing, TraceError> {
     let scan = scan(path)?;
-    let moment = resolve_scanned(path, &scan, At::Gap)?;
+    if scan.gap_found_while_replaying(At::Gap)
+        && let Some(closing) = closing_at_largest_gap(path, &scan)?
+    {
+        return Ok(closing);
+    }
+    closing_resolved(path, &scan)
+}
+
+/// [`closing`] in one replay that finds the largest gap; `None` when the
+/// replay disagrees with the scan.
+fn closing_at_largest_gap(path: &Path, scan: &Scan) -> Result<Option<Closing>, TraceError> {
     let last = scan.snapshots.len().checked_sub(1);
+    let replayed = replay_ledgers(path, &|i| Some(i) == last, false, Some(Builder::default()), false, true)?;
+    let summary = replayed.summary.expect("a summary was asked for");
+    let Some((finder, Some(mut at_gap))) = replayed.gap else { return Ok(None) };
+    let Some(moment) = finder.moment(scan) else { return Ok(None) };
+    let end = if Some(moment.index) == last { None } else { replayed.ledgers.into_iter().next_back() };
+    at_gap.moment = Some(moment);
+    Ok(Some(Closing { summary, moment: Some(at_gap), end }))
+}
+
+/// [`closing`], the largest gap resolved before the replay.
+fn closing_resolved(path: &Path, scan: &Scan) -> Result<Closing, TraceError> {
+    let last = scan.snapshots.len().checked_sub(1);
+    let moment = resolve_scanned(path, scan, At::Gap)?;
     let wanted = |i: usize| Some(i) == moment.as_ref().map(|m| m.index) || Some(i) == last;
-    let (mut ledgers, summary) = ledgers_and_summary(path, &wanted, false, Some(Builder::default()))?;
-    let summary = summary.expect("a summary was asked for");
+    let replayed = replay_ledgers(path, &wanted, false, Some(Builder::default()), false, false)?;
+    let (mut ledgers, summary) = (replayed.ledgers, replayed.summary.expect("a summary was asked for"));
     let Some(moment) = moment else { return Ok(Closing { summary, moment: None, end: None }) };
     // In time order: the moment's ledger, then the last one when it is another.
     let end = if ledgers.len() > 1 { ledgers.pop() } else { None };
@@ -553,9 +652,9 @@ pub struct Timeline {
 
 /// The ledger at every snapshot, the live heap and VmRSS, in one replay.
 pub fn timeline(path: &Path) -> Result<Timeline, TraceError> {
-    let (snapshots, _, series) = replay_ledgers(path, &|_| true, false, None, true)?;
-    let (live_bytes, vm_rss) = series.unwrap_or_default();
-    Ok(Timeline { snapshots, live_bytes, vm_rss })
+    let replayed = replay_ledgers(path, &|_| true, false, None, true, false)?;
+    let (live_bytes, vm_rss) = replayed.series.unwrap_or_default();
+    Ok(Timeline { snapshots: replayed.ledgers, live_bytes, vm_rss })
 }
 
 #[cfg(test)]
@@ -589,6 +688,36 @@ mod tests {
         let moment = scan.moment(At::Gap, &[1, 5, 9, 2]).unwrap();
         assert_eq!(moment.line(), "at 2.00 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others");
         assert_eq!(Scan { snapshots: Vec::new(), end_seconds: 0.0, runtime_metrics: false }.moment(At::Gap, &[]), None);
+    }
+
+    /// The largest gap found in the replay that computes its ledger: the
+    /// same ledger (and closing) as when it is resolved first, on every
+    /// recorded fixture where it applies.
+    #[test]
+    fn finding_the_largest_gap_while_replaying_gives_the_same_ledgers() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
+        let mut found = 0;
+        for entry in std::fs::read_dir(&fixtures).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "mgt") {
+                continue;
+            }
+            let scan = scan(&path).unwrap();
+            if !scan.gap_found_while_replaying(At::Gap) {
+                continue;
+            }
+            for pages in [false, true] {
+                let once = ledger_at_largest_gap(&path, &scan, pages).unwrap().expect("found while replaying");
+                let resolved = ledger_at_resolved(&path, &scan, At::Gap, pages).unwrap().unwrap();
+                assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
+            }
+            let once = closing_at_largest_gap(&path, &scan).unwrap().expect("found while replaying");
+            let resolved = closing_resolved(&path, &scan).unwrap();
+            assert_eq!(format!("{:?}", (once.moment, once.end)), format!("{:?}", (resolved.moment, resolved.end)), "{}", path.display());
+            assert_eq!(serde_json::to_string(&once.summary).unwrap(), serde_json::to_string(&resolved.summary).unwrap());
+            found += 1;
+        }
+        assert!(found >= 4, "only {found} fixtures have several snapshots and malloc's live heap");
     }
 
     #[test]
