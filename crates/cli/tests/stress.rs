@@ -400,9 +400,9 @@ fn file_size_limit_does_not_kill_the_program() {
     assert!(said.iter().any(|l| l.contains("file size limit")), "{said:?}");
 
     // Room for the buffers but not for the trace (compressed, it needs many
-    // events to pass 1 MiB): recording stops once.
+    // events to pass 1 MiB): recording stops once, said even with --quiet.
     let trace = dir.join("t2.mgt");
-    let mut traced_cmd = memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "20000000"]);
+    let mut traced_cmd = memgap_cmd(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "20000000"]);
     limit_to(&mut traced_cmd, 1 << 20);
     let traced = output_of(&mut traced_cmd);
     assert_eq!(traced.status.signal(), None, "killed: {}", text(&traced.stderr));
@@ -410,6 +410,7 @@ fn file_size_limit_does_not_kill_the_program() {
     assert!(text(&traced.stdout).ends_with("pairs 20000000\n"));
     let said = memgap_lines(&traced.stderr);
     assert_eq!(said.iter().filter(|l| l.contains("recording stopped")).count(), 1, "{said:?}");
+    assert_eq!(said.len(), 1, "--quiet says nothing else: {said:?}");
     let s = summary_json(&trace);
     assert_eq!(s["truncated"], Value::Bool(true), "{s:#}");
     assert!(fs::metadata(&trace).unwrap().len() <= 1 << 20);

@@ -44,7 +44,8 @@ pub struct Args {
     /// removed after the run, and counted.
     #[arg(long)]
     keep_all_traces: bool,
-    /// Print nothing of memgap's own (the program's output is never touched).
+    /// Print nothing of memgap's own but why recording stopped early, if it
+    /// did (the program's output is never touched).
     #[arg(short, long)]
     quiet: bool,
     /// How often the agent samples RSS and collects thread buffers, in milliseconds.
@@ -178,7 +179,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             top_identity,
             interval: std::time::Duration::from_millis(args.rss_interval),
             snapshot_interval_ns: (args.snapshot_interval.max(0.0) * 1e9) as u64,
-            quiet: args.quiet,
         };
         let naming = pattern.clone();
         recorder::Recorder::start(areas.path(), settings, std::sync::Arc::new(move |pid| trace_path(&naming, pid, pid == top_pid)))

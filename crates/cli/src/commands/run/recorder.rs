@@ -101,7 +101,6 @@ pub struct Settings {
     pub top_identity: Option<memgap_trace::files::FileIdentity>,
     pub interval: Duration,
     pub snapshot_interval_ns: u64,
-    pub quiet: bool,
 }
 
 /// A mapped area, with the descriptor that grows its backing.
@@ -419,9 +418,8 @@ fn record_process(
         }
     }
     outcome.ended_ns = process.exit_requested_ns.unwrap_or_else(monotonic_ns);
-    if let Some(reason) = process.stopped_reason()
-        && !settings.quiet
-    {
+    // Said even with --quiet: the trace is not what was asked for.
+    if let Some(reason) = process.stopped_reason() {
         eprintln!("memgap: {reason}");
     }
     outcome
