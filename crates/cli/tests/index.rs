@@ -190,22 +190,31 @@ fn ask(dir: &Path, query: &[String], index: bool) -> String {
     format!("{}\n{}\nstatus {:?}", text(&out.stdout), text(&out.stderr), out.status.code())
 }
 
-/// After `memgap report`, questions never asked before about any snapshot:
-/// the same answers as a replay's, and those the report's facts hold
-/// (every ledger, the timeline, blame and page maps where it computed
-/// them) are answered without writing the index again, so without a replay.
-fn check_facts(dir: &Path, trace: &Path) {
+/// After the trace's first analysis (`memgap report`, or with `first_at`
+/// a `map` at the snapshot nearest to it), questions never asked before
+/// about any snapshot: the same answers as a replay's, and those the facts
+/// it learned hold (every ledger, the timeline, blame and page maps where
+/// it computed them, the moment asked about among them) are answered
+/// without writing the index again, so without a replay.
+fn check_facts(dir: &Path, trace: &Path, first_at: Option<usize>) {
     let name = arg(trace);
-    let out = memgap(dir, &["report", name, "-o", arg(&dir.join("r.html"))]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let index = index_of(trace);
-    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&index).unwrap());
-    let written = inode();
     let out = output_of(memgap_cmd(dir, &["timeline", name, "--json"]).env("MEMGAP_INDEX", "off"));
     let timeline: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let seconds: Vec<f64> = timeline["snapshots"].as_array().unwrap().iter().map(|s| s["at_seconds"].as_f64().unwrap()).collect();
     assert!(!seconds.is_empty());
     let strings = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    let first = match first_at {
+        Some(snapshot) => strings(&["map", name, "--at", &seconds[snapshot].to_string(), "--color", "never"]),
+        None => strings(&["report", name, "-o", arg(&dir.join("r.html"))]),
+    };
+    let answered = ask(dir, &first, true);
+    assert!(answered.ends_with("status Some(0)"), "{answered}");
+    if first_at.is_some() {
+        assert_eq!(answered, ask(dir, &first, false));
+    }
+    let index = index_of(trace);
+    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&index).unwrap());
+    let written = inode();
     // From the facts whatever the snapshot: no index written.
     let mut from_facts: Vec<Vec<String>> = vec![
         strings(&["timeline", name, "--color", "never"]),
@@ -217,6 +226,11 @@ fn check_facts(dir: &Path, trace: &Path) {
         strings(&["map", name, "--at", "end", "--color", "never"]),
         strings(&["ledger", name, "--at", "1000"]),
     ];
+    if let Some(snapshot) = first_at {
+        let at = seconds[snapshot].to_string();
+        from_facts.push(strings(&["blame", name, "--at", &at, "--by", "live"]));
+        from_facts.push(strings(&["map", name, "--at", &at, "--color", "always"]));
+    }
     for (i, at) in seconds.iter().enumerate() {
         let at = format!("{:.3}", at + if i % 2 == 0 { 0.0001 } else { -0.0001 });
         from_facts.push(strings(&["ledger", name, "--at", &at, "--json"]));
@@ -240,13 +254,16 @@ fn questions_after_a_report_are_answered_from_its_facts() {
     for fixture in ["glibc-thread-arenas.mgt", "python.mgt", "go.mgt", "ghc.mgt", "ruby.mgt", "node.mgt", "jemalloc.mgt"] {
         let (_tmp, dir) = tempdir();
         let trace = copy_fixture(fixture, &dir, "t.mgt");
-        check_facts(&dir, &trace);
+        check_facts(&dir, &trace, None);
     }
-    // More snapshots than the report keeps page maps of.
+    // More snapshots than the report keeps page maps of; the first
+    // analysis a report, then a map at a snapshot between those.
     let (_tmp, dir) = tempdir();
     let exe = compile_with(&dir, "churn_sites.c", &["-O0"]);
     let trace = dir.join("fresh.mgt");
     let out = memgap(&dir, &["run", "--quiet", "--snapshot-interval", "0.01", "-o", arg(&trace), "--", arg(&exe)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    check_facts(&dir, &trace);
+    check_facts(&dir, &trace, None);
+    std::fs::remove_file(index_of(&trace)).unwrap();
+    check_facts(&dir, &trace, Some(7));
 }

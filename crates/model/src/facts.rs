@@ -1,14 +1,15 @@
-//! The facts of a trace: what the report's full replay learned that later
-//! questions are answered from without replaying it again. The index
-//! beside the trace keeps them (`memgap_replay::index`); with them, `ledger`
-//! and `map` at any snapshot whose ledger (and page map) was computed,
-//! `blame` there, and `timeline` read only the index.
+//! The facts of a trace: what the report's replay learned that later
+//! questions are answered from without replaying it again. The first
+//! analysis of a trace runs that replay (whatever the question) and the
+//! index beside the trace keeps them (`memgap_replay::index`); with them,
+//! `ledger` and `map` at any snapshot whose ledger (and page map) was
+//! computed, `blame` there, and `timeline` read only the index.
 //!
 //! - the moments: every snapshot's time and VmRSS, the trace's end, and the
 //!   gap at each snapshot, so that `--at` names the same snapshot as a replay;
 //! - the ledger at every snapshot, with its page maps and what each call
-//!   stack takes where the report computed them (the moment, the peak, the
-//!   end and the evenly spaced ones);
+//!   stack takes where the report computed them (the moment asked about,
+//!   the largest gap, the peak, the end and the evenly spaced ones);
 //! - blame's whole-run facts ([`StackFacts`]);
 //! - the timeline's series, its malloc_trim calls and the GHC report.
 //!

@@ -73,6 +73,8 @@ struct ReportVisitor {
     moment: Option<usize>,
     /// The gap at every snapshot and the largest so far.
     gaps: GapFinder,
+    /// The gaps are malloc's (no runtime accounts for its own heap).
+    track_gap: bool,
     runtime_metrics: bool,
     peak: usize,
     last: usize,
@@ -98,6 +100,11 @@ impl ReportVisitor {
     /// until [`settle_page_maps`] knows which are kept).
     fn no_longer_the_moment(&mut self, index: usize) {
         self.moment_ledger = None;
+        self.no_longer_the_largest_gap(index);
+    }
+
+    /// `index` is no longer the largest gap: its page maps go unless kept for another reason.
+    fn no_longer_the_largest_gap(&mut self, index: usize) {
         let Some((_, ledger)) = self.ledgers.get_mut(index) else { return };
         if index == self.peak || index == self.last || self.with_pages.binary_search(&index).is_ok() {
             for map in &mut ledger.page_maps {
@@ -218,8 +225,14 @@ impl Visitor for ReportVisitor {
                 larger
             }
         };
+        // With another moment, the largest gap's detail is kept for the
+        // facts too (`--at gap` is the question asked most).
+        let largest_gap = larger && self.moment.is_some() && self.track_gap;
+        if largest_gap && let Some(previous) = previous.filter(|&p| Some(p) != self.moment) {
+            self.no_longer_the_largest_gap(previous);
+        }
         self.numa.at_snapshot(snapshot, &self.blame.state.live);
-        let always = is_moment || index == self.peak || index == self.last;
+        let always = is_moment || largest_gap || index == self.peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         // Call stacks wherever pages: blame there is then in the facts.
         let detail = Detail { pages: always || spaced, stacks: always || spaced, objects: is_moment };
@@ -357,6 +370,7 @@ fn replay_report(
         blame: BlameVisitor::new(blame::DEFAULT_TEMPORARY_MS),
         moment: known,
         gaps: GapFinder::default(),
+        track_gap: !scan.runtime_metrics,
         runtime_metrics: false,
         peak,
         last: infos.len().saturating_sub(1),
@@ -387,7 +401,7 @@ fn replay_report(
     let live_heap = if v.owners.summary().is_some() { Vec::new() } else { v.live_heap.finish(|time| timeline.seconds(time)) };
     v.owners.replayed(timeline);
     v.owners.measured_remedies = crate::ledger::measured::read_beside(path).map(std::sync::Arc::new);
-    let snapshots: Vec<Ledger> = v
+    let mut snapshots: Vec<Ledger> = v
         .ledgers
         .drain(..)
         .map(|(time, mut ledger)| {
@@ -434,14 +448,16 @@ fn replay_report(
     });
     let last = snapshots.len().saturating_sub(1);
     let moment = Moment { index: moment.index.min(last), ..moment };
+    // The largest gap's page maps, when the moment is another: only for the facts.
+    let largest_gap = v.gaps.largest().filter(|&index| v.track_gap && index != moment.index && index != peak && index != last);
     let facts = keep_facts.then(|| {
-        // What was computed at each: always at the moment, the peak and the
-        // last; elsewhere, what the page budget kept.
+        // What was computed at each: always at the moment, the largest gap,
+        // the peak and the last; elsewhere, what the page budget kept.
         let computed: Vec<(bool, bool)> = snapshots
             .iter()
             .enumerate()
             .map(|(index, ledger)| {
-                let always = index == moment.index || index == peak || index == last;
+                let always = index == moment.index || Some(index) == largest_gap || index == peak || index == last;
                 (always || !ledger.page_maps.is_empty(), always || !ledger.by_stack.is_empty())
             })
             .collect();
@@ -455,6 +471,10 @@ fn replay_report(
         };
         crate::facts::encode(scan, &v.gaps.gaps, &snapshots, &computed, &stack_facts, &timeline_facts)
     });
+    if let Some(ledger) = largest_gap.filter(|index| v.with_pages.binary_search(index).is_err()).and_then(|index| snapshots.get_mut(index))
+    {
+        ledger.page_maps = Vec::new();
+    }
     let report = Report {
         summary,
         peak: peak.min(last),

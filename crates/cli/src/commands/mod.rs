@@ -26,24 +26,52 @@ pub fn indexed(trace: &std::path::Path, query: &str, compute: impl FnOnce() -> a
     Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
-/// [`indexed`], for a question the trace's facts (kept in its index by
-/// `memgap report`) can answer: `from_facts` answers from them, or says
-/// `None` when they lack what it needs. An answer from the facts is not
-/// saved again: it costs no replay.
+/// [`indexed`], for a question the trace's facts can answer (see
+/// [`memgap_model::facts`]): `from_facts` answers from them, or says `None`
+/// when they lack what it needs. Facts already in the index answer without
+/// a replay (and the answer is not saved again: it costs none). Otherwise
+/// the question is the trace's first analysis: its replay is the report's,
+/// which learns the facts, about the moment `at` (so its page map and call
+/// stacks are among them), and they are kept in the index for the next
+/// question. The answer is the same whichever way it came.
 pub fn indexed_or_from_facts(
     trace: &std::path::Path,
     query: &str,
-    from_facts: impl FnOnce(&memgap_model::facts::Facts) -> Option<anyhow::Result<String>>,
+    at: memgap_model::At,
+    from_facts: impl Fn(&memgap_model::facts::Facts) -> Option<anyhow::Result<String>>,
     compute: impl FnOnce() -> anyhow::Result<String>,
 ) -> anyhow::Result<String> {
-    if let Some(bytes) = memgap_replay::index::saved(trace, query) {
-        return Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()));
+    use memgap_model::facts::{Facts, QUERY};
+    use memgap_replay::index;
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    if !index::enabled() {
+        return compute();
     }
-    let facts = memgap_replay::index::saved(trace, memgap_model::facts::QUERY).and_then(memgap_model::facts::Facts::decode);
-    if let Some(answer) = facts.as_ref().and_then(from_facts) {
+    if let Some(bytes) = index::saved(trace, query) {
+        return Ok(text(bytes));
+    }
+    if let Some(answer) = index::saved(trace, QUERY).and_then(Facts::decode).as_ref().and_then(&from_facts) {
         return answer;
     }
-    indexed(trace, query, compute)
+    let bytes = index::answer_keeping(trace, query, || {
+        // A trace the report cannot replay is left to the question's own
+        // replay, which says why in its own words.
+        let learned = match memgap_model::report::report_and_facts(trace, at, false, true) {
+            Ok(Some((_, Some(facts)))) => Facts::decode(facts.clone()).map(|decoded| (decoded, facts)),
+            _ => None,
+        };
+        match learned {
+            Some((decoded, facts)) => {
+                let answer = match from_facts(&decoded) {
+                    Some(answer) => answer?,
+                    None => compute()?,
+                };
+                Ok::<_, anyhow::Error>((answer.into_bytes(), vec![(QUERY.to_string(), facts)]))
+            }
+            None => Ok((compute()?.into_bytes(), Vec::new())),
+        }
+    })?;
+    Ok(text(bytes))
 }
 
 /// `--at`, the same for every command that looks at one moment of a trace.
