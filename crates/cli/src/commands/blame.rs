@@ -70,7 +70,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }),
         }
     };
-    let text = super::indexed_or_from_facts(&trace, &query, args.at.at, from_facts, || text(&args, &name, width))?;
+    let text = super::indexed_or_from_facts(
+        &trace,
+        &query,
+        args.at.at,
+        args.temporary_ms == memgap_model::blame::DEFAULT_TEMPORARY_MS,
+        from_facts,
+        || text(&args, &name, width),
+    )?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }

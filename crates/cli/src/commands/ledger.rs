@@ -30,7 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(error) => Some(Err(anyhow::Error::new(error).context(name.clone()))),
         Ok(kept) => kept.map(|kept| Ok(render(&args, &kept.ledger, &name))),
     };
-    let text = super::indexed_or_from_facts(&args.trace, &query, args.at.at, from_facts, || text(&args, &name))?;
+    let text = super::indexed_or_from_facts(&args.trace, &query, args.at.at, true, from_facts, || text(&args, &name))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -53,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(error) => Some(Err(anyhow::Error::new(error).context(name.clone()))),
         Ok(kept) => kept.filter(|kept| kept.has_pages).map(|kept| Ok(render(&kept.ledger, &name, color))),
     };
-    let text = super::indexed_or_from_facts(&args.trace, &query, args.at.at, from_facts, || text(&args, &name, color))?;
+    let text = super::indexed_or_from_facts(&args.trace, &query, args.at.at, true, from_facts, || text(&args, &name, color))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }

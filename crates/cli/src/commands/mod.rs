@@ -29,29 +29,32 @@ pub fn indexed(trace: &std::path::Path, query: &str, compute: impl FnOnce() -> a
 /// [`indexed`], for a question the trace's facts can answer (see
 /// [`memgap_model::facts`]): `from_facts` answers from them, or says `None`
 /// when they lack what it needs. Facts already in the index answer without
-/// a replay (and the answer is not saved again: it costs none). Otherwise
-/// the question is the trace's first analysis: its replay is the report's,
-/// which learns the facts, about the moment `at` (so its page map and call
-/// stacks are among them), and they are kept in the index for the next
-/// question. The answer is the same whichever way it came.
+/// a replay (and the answer is not saved again: it costs none); facts that
+/// lack it leave the question to its own replay. Without facts, a question
+/// they can answer (`facts_can_answer`) is the trace's first analysis: its
+/// replay is the report's, which learns the facts, about the moment `at`
+/// (so its page map and call stacks are among them), and they are kept in
+/// the index for the next question. The answer is the same whichever way
+/// it came.
 pub fn indexed_or_from_facts(
     trace: &std::path::Path,
     query: &str,
     at: memgap_model::At,
+    facts_can_answer: bool,
     from_facts: impl Fn(&memgap_model::facts::Facts) -> Option<anyhow::Result<String>>,
     compute: impl FnOnce() -> anyhow::Result<String>,
 ) -> anyhow::Result<String> {
     use memgap_model::facts::{Facts, QUERY};
     use memgap_replay::index;
     let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    if !index::enabled() {
-        return compute();
+    if !index::enabled() || !facts_can_answer {
+        return indexed(trace, query, compute);
     }
     if let Some(bytes) = index::saved(trace, query) {
         return Ok(text(bytes));
     }
-    if let Some(answer) = index::saved(trace, QUERY).and_then(Facts::decode).as_ref().and_then(&from_facts) {
-        return answer;
+    if let Some(facts) = index::saved(trace, QUERY).and_then(Facts::decode) {
+        return from_facts(&facts).unwrap_or_else(|| indexed(trace, query, compute));
     }
     let bytes = index::answer_keeping(trace, query, || {
         // A trace the report cannot replay is left to the question's own

@@ -35,7 +35,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (timeline, rest) = facts.timeline()?;
         Some(Ok(render(&args, &timeline, &rest.trims, rest.trim_calls, rest.ghc.as_ref(), color, width)))
     };
-    let text = super::indexed_or_from_facts(&args.trace, &query, memgap_model::At::default(), from_facts, || text(&args, color, width))?;
+    let text =
+        super::indexed_or_from_facts(&args.trace, &query, memgap_model::At::default(), true, from_facts, || text(&args, color, width))?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
 }
