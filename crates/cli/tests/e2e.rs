@@ -72,7 +72,7 @@ fn the_recorder_writes_events_in_the_compact_encoding() {
     let out = memgap(&dir, &["run", "-o", arg(&trace), "--", arg(&prog)]);
     assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
     let file = memgap_trace::TraceFile::open(&trace).expect("the trace opens");
-    assert_eq!(file.header().major, 3);
+    assert_eq!(file.header().major, memgap_trace::framing::VERSION_MAJOR);
     let (mut agent_pieces, mut decoded, mut source_bytes, mut compact_bytes) = (0, 0u64, 0u64, 0u64);
     let mut frames = Vec::new();
     file.for_each_chunk(|_, chunk| {

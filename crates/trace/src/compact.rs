@@ -9,7 +9,14 @@
 //! address delta, when that is no longer. Every address stays recoverable: a
 //! reference names an earlier event of the same piece.
 //!
-//! Each piece decodes on its own (all state starts afresh with it). One record:
+//! A piece is laid out in columns (trace format 4): each part of the
+//! events (times, references, address deltas, sizes, the other payload,
+//! stacks, header bytes) in a stream of its own, which the chunk's zstd
+//! codes far better than the parts interleaved, each with its own
+//! distribution. Address deltas are written in 16s, as blocks are 16-byte
+//! aligned. Pieces in rows, as format 3 wrote them, still decode.
+//!
+//! Each piece decodes on its own (all state starts afresh with it). One record in rows:
 //!
 //! ```text
 //! header u8      kind (bits 0-3) | SAME_TIME (bit 4) | CPU_CHANGED (bit 5) | HAS_STACK (bit 6) | REFERENCE (bit 7)
@@ -100,6 +107,10 @@ pub struct CompactState {
     delta: DeltaState,
     allocations: Recent,
     frees: Recent,
+    /// The decoder's place in each stream of a piece in columns (None: in rows).
+    columns: Option<Streams>,
+    /// The encoder's streams of the piece it writes in columns.
+    written: Box<[Vec<u8>; STREAMS]>,
 }
 
 impl CompactState {
@@ -108,6 +119,7 @@ impl CompactState {
         self.delta = DeltaState::default();
         self.allocations.clear();
         self.frees.clear();
+        self.columns = None;
     }
 }
 
@@ -145,7 +157,8 @@ fn usable_guess(size: u64) -> u64 {
     (size.wrapping_add(23) & !15).max(32) - 8
 }
 
-/// Appends `event` to `out`; `frames` when the event defines its stack id.
+/// Appends `event` to `out` in rows; `frames` when the event defines its
+/// stack id. The recorder writes columns ([`transcode`], [`encode_piece`]).
 pub fn encode(state: &mut CompactState, out: &mut Vec<u8>, event: &Event, frames: Option<&[u64]>) {
     let defines = frames.is_some() && event.stack != NO_STACK;
     out.reserve(event::max_record_len(frames.map_or(0, <[u64]>::len)));
@@ -268,35 +281,449 @@ unsafe fn encode_raw(state: &mut CompactState, out: *mut u8, event: &Event, defi
 
 /// Re-encodes the agent's records `agent_records` (decoded with the
 /// agent's delta state `agent`, carried from the piece before in the same
-/// buffer) into `out`, starting `state` afresh. Returns how many
-/// bytes of `agent_records` it took: all of them, or those before the
-/// first record that does not decode (the caller drops the rest).
+/// buffer) into `out` as one piece in columns, starting `state` afresh.
+/// Returns how many bytes of `agent_records` it took: all of them, or those
+/// before the first record that does not decode (the caller drops the
+/// rest; nothing is written when that is all of them).
 ///
 /// One pass per record: a stack definition's frames are the same bytes in
 /// both encodings, so they are checked and copied, not decoded.
 pub fn transcode(agent: &mut DeltaState, state: &mut CompactState, agent_records: &[u8], out: &mut Vec<u8>) -> usize {
     state.reset();
+    let mut streams = std::mem::take(&mut state.written);
+    streams.iter_mut().for_each(Vec::clear);
     let mut cursor = Cursor::new(agent_records);
     let mut taken = 0;
-    while !cursor.is_empty() {
-        let Ok((event, frames)) = decode_agent_record(agent, &mut cursor) else { break };
-        let frames = frames.map(|(from, to)| &agent_records[from..to]);
-        out.reserve(event::MAX_RECORD_LEN + frames.map_or(0, <[u8]>::len));
-        // SAFETY: `out` has room past its length for the longest record
-        // without frames, then for the frames' bytes; the bytes written
-        // become part of its length.
-        unsafe {
-            let start = out.as_mut_ptr().add(out.len());
-            let mut p = encode_raw(state, start, &event, frames.is_some());
-            if let Some(frames) = frames {
-                std::ptr::copy_nonoverlapping(frames.as_ptr(), p, frames.len());
-                p = p.add(frames.len());
-            }
-            out.set_len(out.len() + p.offset_from(start) as usize);
+    'batches: while !cursor.is_empty() {
+        // Room for a batch of records in every stream, and for the frames
+        // of every stack the rest of the records define: one check per
+        // batch instead of one per stream and record.
+        for stream in streams.iter_mut() {
+            stream.reserve(BATCH * event::MAX_RECORD_LEN);
         }
-        taken = cursor.position();
+        let frames_left = agent_records.len() - taken;
+        streams[STACKS].reserve(BATCH * event::MAX_RECORD_LEN + frames_left);
+        let mut ends: [*mut u8; STREAMS] = std::array::from_fn(|i| {
+            // SAFETY: the end of the stream's bytes, within its allocation.
+            unsafe { streams[i].as_mut_ptr().add(streams[i].len()) }
+        });
+        let mut written = 0;
+        let outcome = loop {
+            if written == BATCH || cursor.is_empty() {
+                break true;
+            }
+            let Ok((event, frames)) = decode_agent_record(agent, &mut cursor) else { break false };
+            let frames = frames.map(|(from, to)| &agent_records[from..to]);
+            // SAFETY: each stream has room for BATCH records past its
+            // length (at most MAX_RECORD_LEN bytes each in any stream),
+            // and the stacks' for the frames of the rest of the records.
+            unsafe {
+                encode_columns_raw(state, &mut ends, &event, frames.is_some());
+                if let Some(frames) = frames {
+                    std::ptr::copy_nonoverlapping(frames.as_ptr(), ends[STACKS], frames.len());
+                    ends[STACKS] = ends[STACKS].add(frames.len());
+                }
+            }
+            written += 1;
+            taken = cursor.position();
+        };
+        for (stream, end) in streams.iter_mut().zip(ends) {
+            // SAFETY: the bytes up to `end` were written above, within the capacity.
+            unsafe { stream.set_len(end.offset_from(stream.as_ptr()) as usize) };
+        }
+        if !outcome {
+            break 'batches;
+        }
     }
+    if taken > 0 {
+        lay_out(&streams, out);
+    }
+    state.written = streams;
     taken
+}
+
+/// Records encoded per check of the streams' room in [`transcode`].
+const BATCH: usize = 256;
+
+/// Writes `events` (each with the frames of the stack it defines) into
+/// `out` as one piece in columns, as [`transcode`] does from the agent's
+/// records, starting `state` afresh; nothing when there are none.
+pub fn encode_piece<'a>(state: &mut CompactState, out: &mut Vec<u8>, events: impl IntoIterator<Item = (&'a Event, Option<&'a [u64]>)>) {
+    state.reset();
+    let mut streams = std::mem::take(&mut state.written);
+    streams.iter_mut().for_each(Vec::clear);
+    for (event, frames) in events {
+        let defines = frames.is_some() && event.stack != NO_STACK;
+        let frames = frames.filter(|_| defines);
+        for stream in streams.iter_mut() {
+            stream.reserve(event::max_record_len(frames.map_or(0, <[u64]>::len)));
+        }
+        let mut ends: [*mut u8; STREAMS] = std::array::from_fn(|i| {
+            // SAFETY: the end of the stream's bytes, within its allocation.
+            unsafe { streams[i].as_mut_ptr().add(streams[i].len()) }
+        });
+        // SAFETY: each stream has room for the longest record with these
+        // frames; the bytes written become part of its length.
+        unsafe {
+            encode_columns_raw(state, &mut ends, event, defines);
+            if let Some(frames) = frames {
+                let mut p = varint::write_raw(ends[STACKS], frames.len() as u64);
+                let mut previous = 0u64;
+                for &frame in frames {
+                    p = varint::write_raw(p, zigzag(frame.wrapping_sub(previous) as i64));
+                    previous = frame;
+                }
+                ends[STACKS] = p;
+            }
+            for (stream, end) in streams.iter_mut().zip(ends) {
+                stream.set_len(end.offset_from(stream.as_ptr()) as usize);
+            }
+        }
+    }
+    if !streams[HEADERS].is_empty() {
+        lay_out(&streams, out);
+    }
+    state.written = streams;
+}
+
+/// The streams of a piece in columns, in the order they are laid out.
+const TIMES: usize = 0;
+const REFERENCES: usize = 1;
+const ADDRESSES: usize = 2;
+const SIZES: usize = 3;
+const OTHERS: usize = 4;
+const STACKS: usize = 5;
+const HEADERS: usize = 6;
+const STREAMS: usize = 7;
+
+/// The first byte of a piece in columns: no record in rows starts with it
+/// (kind 0 is no kind).
+const COLUMNS: u8 = 0;
+
+/// Where each stream of a piece in columns is read up to, and where it ends
+/// (offsets in the piece; the headers are the caller's cursor).
+#[derive(Clone, Copy, Default)]
+struct Streams {
+    at: [usize; HEADERS],
+    end: [usize; HEADERS],
+}
+
+/// `out` gets the piece: the marker, the lengths of the streams but the
+/// last, the streams.
+fn lay_out(streams: &[Vec<u8>; STREAMS], out: &mut Vec<u8>) {
+    out.reserve(1 + HEADERS * varint::MAX_VARINT_LEN + streams.iter().map(Vec::len).sum::<usize>());
+    out.push(COLUMNS);
+    for stream in &streams[..HEADERS] {
+        varint::push(out, stream.len() as u64);
+    }
+    for stream in streams.iter() {
+        out.extend_from_slice(stream);
+    }
+}
+
+/// An address field in columns: blocks are 16-byte aligned, so a delta
+/// that is a multiple of 16 is written in 16s, shifted left one bit; any
+/// other is a 1, then the zigzag delta.
+///
+/// # Safety
+/// `p` is valid for two varints' bytes of writes.
+#[inline(always)]
+unsafe fn column_address(p: *mut u8, last: &mut u64, value: u64) -> *mut u8 {
+    let delta = value.wrapping_sub(*last) as i64;
+    *last = value;
+    // SAFETY: the caller's contract: room for two varints at `p`.
+    unsafe {
+        if delta & 15 == 0 {
+            varint::write_raw(p, zigzag(delta >> 4) << 1)
+        } else {
+            varint::write_raw(varint::write_raw(p, 1), zigzag(delta))
+        }
+    }
+}
+
+/// A reference `back` takes no more bytes than the address's delta to
+/// `last` would, in columns.
+#[inline(always)]
+fn shorter_than_column_delta(last: u64, back: usize, address: u64) -> bool {
+    let delta = address.wrapping_sub(last) as i64;
+    back < 0x80 || delta & 15 != 0 || zigzag(delta >> 4) >= 0x40
+}
+
+/// Writes `event` into the streams at `ends` (each advanced past what it
+/// got) up to its stack id (the frames, when `defines`, are the caller's
+/// to write after it).
+///
+/// # Safety
+/// Each of `ends` is valid for [`event::MAX_RECORD_LEN`] bytes of writes.
+#[inline(always)]
+unsafe fn encode_columns_raw(state: &mut CompactState, ends: &mut [*mut u8; STREAMS], event: &Event, defines: bool) {
+    // SAFETY: the caller's contract: room in every stream for the longest
+    // record without frames; no stream gets more than two varints per field.
+    unsafe {
+        let kind = event.kind();
+        let mut header = kind as u8;
+        let delta = &mut state.delta;
+        if event.time == delta.time {
+            header |= SAME_TIME;
+        } else {
+            ends[TIMES] = varint::write_raw(ends[TIMES], zigzag(event.time.wrapping_sub(delta.time) as i64));
+            delta.time = event.time;
+        }
+        if event.cpu != delta.cpu {
+            header |= CPU_CHANGED;
+            ends[TIMES] = varint::write_raw(ends[TIMES], u64::from(event.cpu));
+            delta.cpu = event.cpu;
+        }
+        let write = |ends: &mut [*mut u8; STREAMS], stream: usize, value: u64| ends[stream] = varint::write_raw(ends[stream], value);
+        let address =
+            |ends: &mut [*mut u8; STREAMS], last: &mut u64, value: u64| ends[ADDRESSES] = column_address(ends[ADDRESSES], last, value);
+        let sizes = |ends: &mut [*mut u8; STREAMS], size: u64, usable: u64| {
+            write(ends, SIZES, size);
+            write(ends, OTHERS, zigzag(usable.wrapping_sub(usable_guess(size)) as i64));
+        };
+        match kind {
+            EventKind::Free => {
+                match state.allocations.find(event.addr).filter(|&back| shorter_than_column_delta(delta.addr, back, event.addr)) {
+                    Some(back) => {
+                        header |= REFERENCE;
+                        write(ends, REFERENCES, back as u64);
+                    }
+                    None => address(ends, &mut delta.addr, event.addr),
+                }
+                state.frees.push(event.addr);
+            }
+            EventKind::Realloc | EventKind::Reallocarray => {
+                address(ends, &mut delta.addr, event.old_addr);
+                address(ends, &mut delta.addr, event.addr);
+                sizes(ends, event.size, event.usable);
+            }
+            EventKind::Mmap => {
+                address(ends, &mut delta.addr, event.addr);
+                write(ends, SIZES, event.size);
+                write(ends, OTHERS, event.extra);
+            }
+            EventKind::Munmap => {
+                address(ends, &mut delta.addr, event.addr);
+                write(ends, SIZES, event.size);
+            }
+            EventKind::Mremap => {
+                address(ends, &mut delta.addr, event.old_addr);
+                write(ends, OTHERS, event.extra);
+                address(ends, &mut delta.addr, event.addr);
+                write(ends, SIZES, event.size);
+            }
+            EventKind::Brk => {
+                address(ends, &mut delta.addr, event.old_addr);
+                address(ends, &mut delta.addr, event.addr);
+            }
+            EventKind::Sbrk => {
+                write(ends, OTHERS, zigzag(event.extra as i64));
+                address(ends, &mut delta.addr, event.addr);
+            }
+            _ => {
+                // A failed call (address 0) is not a block to refer to later.
+                match state
+                    .frees
+                    .find(event.addr)
+                    .filter(|&back| event.addr != 0 && shorter_than_column_delta(delta.addr, back, event.addr))
+                {
+                    Some(back) => {
+                        header |= REFERENCE;
+                        write(ends, REFERENCES, back as u64);
+                    }
+                    None => address(ends, &mut delta.addr, event.addr),
+                }
+                sizes(ends, event.size, event.usable);
+                if kind.has_alignment() {
+                    write(ends, OTHERS, event.extra);
+                }
+                if event.addr != 0 {
+                    state.allocations.push(event.addr);
+                }
+            }
+        }
+        if event.stack != NO_STACK {
+            header |= HAS_STACK;
+            write(ends, STACKS, u64::from(event.stack) << 1 | u64::from(defines));
+        }
+        *ends[HEADERS] = header;
+        ends[HEADERS] = ends[HEADERS].add(1);
+    }
+}
+
+/// Whether a piece's `records` are laid out in columns (else in rows).
+pub fn in_columns(records: &[u8]) -> bool {
+    records.first() == Some(&COLUMNS)
+}
+
+/// At the start of a piece (`cursor` at 0): a piece in columns has its
+/// streams found and the cursor moved to its headers; one in rows is read
+/// as it is.
+#[inline(always)]
+fn begin_piece(state: &mut CompactState, cursor: &mut Cursor<'_>) -> Result<(), Malformed> {
+    state.columns = None;
+    let bytes = cursor.all();
+    if !in_columns(bytes) {
+        return Ok(());
+    }
+    cursor.seek(1);
+    let mut lengths = [0usize; HEADERS];
+    for length in &mut lengths {
+        *length = usize::try_from(cursor.varint()?).map_err(|_| Malformed)?;
+    }
+    let mut streams = Streams::default();
+    let mut at = cursor.position();
+    for (i, length) in lengths.into_iter().enumerate() {
+        streams.at[i] = at;
+        at = at.checked_add(length).filter(|&end| end <= bytes.len()).ok_or(Malformed)?;
+        streams.end[i] = at;
+    }
+    cursor.seek(at);
+    state.columns = Some(streams);
+    Ok(())
+}
+
+/// A record's stack, written `value` (id << 1 | defines): its id into
+/// `event`; whether the record defines it (its frames follow).
+#[inline(always)]
+fn stack_of(value: u64, event: &mut Event) -> Result<bool, Malformed> {
+    event.stack = u32::try_from(value >> 1).map_err(|_| Malformed)?;
+    if event.stack == NO_STACK {
+        return Err(Malformed);
+    }
+    Ok(value & 1 != 0)
+}
+
+/// A piece's streams being read: its bytes, and where each stream is.
+struct ColumnReader<'a, 'b> {
+    bytes: &'a [u8],
+    streams: &'b mut Streams,
+}
+
+impl ColumnReader<'_, '_> {
+    /// The next varint of stream `i`.
+    #[inline(always)]
+    fn varint(&mut self, i: usize) -> Result<u64, Malformed> {
+        varint::varint_before(self.bytes, &mut self.streams.at[i], self.streams.end[i])
+    }
+
+    #[inline(always)]
+    fn signed(&mut self, i: usize) -> Result<i64, Malformed> {
+        self.varint(i).map(varint::unzigzag)
+    }
+
+    /// Reads stream `i` with a cursor.
+    #[inline(always)]
+    fn with_cursor<T>(&mut self, i: usize, read: impl FnOnce(&mut Cursor<'_>) -> Result<T, Malformed>) -> Result<T, Malformed> {
+        let mut cursor = Cursor::at(self.bytes.get(..self.streams.end[i]).ok_or(Malformed)?, self.streams.at[i]);
+        let value = read(&mut cursor)?;
+        self.streams.at[i] = cursor.position();
+        Ok(value)
+    }
+
+    /// The inverse of [`column_address`].
+    #[inline(always)]
+    fn address(&mut self, last: &mut u64) -> Result<u64, Malformed> {
+        let value = self.varint(ADDRESSES)?;
+        let delta = match value {
+            1 => self.signed(ADDRESSES)?,
+            _ if value & 1 == 0 => varint::unzigzag(value >> 1) << 4,
+            _ => return Err(Malformed),
+        };
+        *last = last.wrapping_add(delta as u64);
+        Ok(*last)
+    }
+
+    /// A block: with a ring (the record has REFERENCE), the one the
+    /// references stream names in it, else an address delta.
+    #[inline(always)]
+    fn block(&mut self, referenced: Option<&Recent>, last: &mut u64) -> Result<u64, Malformed> {
+        match referenced {
+            Some(ring) => ring.get(self.varint(REFERENCES)?),
+            None => self.address(last),
+        }
+    }
+}
+
+/// [`decode_into`] for a record of a piece in columns: the header from
+/// `cursor`, the rest from the streams.
+#[inline(always)]
+fn decode_column_record(
+    state: &mut CompactState,
+    cursor: &mut Cursor<'_>,
+    frames: &mut Vec<u64>,
+    event: &mut Event,
+) -> Result<bool, Malformed> {
+    let header = cursor.u8()?;
+    let kind = EventKind::from_u8(header & event::KIND_MASK).ok_or(Malformed)?;
+    event.kind = Some(kind);
+    let Some(streams) = state.columns.as_mut() else { return Err(Malformed) };
+    let mut columns = ColumnReader { bytes: cursor.all(), streams };
+    let delta = &mut state.delta;
+    if header & SAME_TIME == 0 {
+        delta.time = delta.time.wrapping_add(columns.signed(TIMES)? as u64);
+    }
+    if header & CPU_CHANGED != 0 {
+        delta.cpu = u32::try_from(columns.varint(TIMES)?).map_err(|_| Malformed)?;
+    }
+    event.time = delta.time;
+    event.cpu = delta.cpu;
+    let referenced = header & REFERENCE != 0;
+    if referenced && !takes_references(kind) {
+        return Err(Malformed);
+    }
+    let last = &mut delta.addr;
+    match kind {
+        EventKind::Free => {
+            event.addr = columns.block(referenced.then_some(&state.allocations), last)?;
+            state.frees.push(event.addr);
+        }
+        EventKind::Realloc | EventKind::Reallocarray => {
+            event.old_addr = columns.address(last)?;
+            event.addr = columns.address(last)?;
+            event.size = columns.varint(SIZES)?;
+            event.usable = usable_guess(event.size).wrapping_add(columns.signed(OTHERS)? as u64);
+        }
+        EventKind::Mmap => {
+            event.addr = columns.address(last)?;
+            event.size = columns.varint(SIZES)?;
+            event.extra = columns.varint(OTHERS)?;
+        }
+        EventKind::Munmap => {
+            event.addr = columns.address(last)?;
+            event.size = columns.varint(SIZES)?;
+        }
+        EventKind::Mremap => {
+            event.old_addr = columns.address(last)?;
+            event.extra = columns.varint(OTHERS)?;
+            event.addr = columns.address(last)?;
+            event.size = columns.varint(SIZES)?;
+        }
+        EventKind::Brk => {
+            event.old_addr = columns.address(last)?;
+            event.addr = columns.address(last)?;
+        }
+        EventKind::Sbrk => {
+            event.extra = columns.signed(OTHERS)? as u64;
+            event.addr = columns.address(last)?;
+        }
+        _ => {
+            event.addr = columns.block(referenced.then_some(&state.frees), last)?;
+            event.size = columns.varint(SIZES)?;
+            event.usable = usable_guess(event.size).wrapping_add(columns.signed(OTHERS)? as u64);
+            if kind.has_alignment() {
+                event.extra = columns.varint(OTHERS)?;
+            }
+            if event.addr != 0 {
+                state.allocations.push(event.addr);
+            }
+        }
+    }
+    if header & HAS_STACK != 0 && stack_of(columns.varint(STACKS)?, event)? {
+        columns.with_cursor(STACKS, |stacks| event::decode_frames(stacks, frames))?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// One of the agent's records, and where in the cursor's bytes the frames
@@ -357,6 +784,12 @@ impl BlockCoding for References<'_> {
 /// is decoded as the agent's records are.
 #[inline]
 pub fn decode_into(state: &mut CompactState, cursor: &mut Cursor<'_>, frames: &mut Vec<u64>, event: &mut Event) -> Result<bool, Malformed> {
+    if cursor.position() == 0 {
+        begin_piece(state, cursor)?;
+    }
+    if state.columns.is_some() {
+        return decode_column_record(state, cursor, frames, event);
+    }
     let (header, kind) = event::decode_head(&mut state.delta, cursor, event)?;
     let referenced = header & REFERENCE != 0;
     if referenced && !takes_references(kind) {
@@ -366,12 +799,7 @@ pub fn decode_into(state: &mut CompactState, cursor: &mut Cursor<'_>, frames: &m
     event::decode_payload(&mut references, kind, cursor, &mut state.delta.addr, event)?;
     let mut defines = false;
     if header & HAS_STACK != 0 {
-        let value = cursor.varint()?;
-        event.stack = u32::try_from(value >> 1).map_err(|_| Malformed)?;
-        if event.stack == NO_STACK {
-            return Err(Malformed);
-        }
-        defines = value & 1 != 0;
+        defines = stack_of(cursor.varint()?, event)?;
         if defines {
             event::decode_frames(cursor, frames)?;
         }
@@ -389,7 +817,8 @@ mod tests {
 
     /// Events as the agent records them: fields a kind does not use are zero.
     fn arb_event() -> impl Strategy<Value = WithFrames> {
-        let addresses = prop_oneof![Just(0u64), 0x5555_0000u64..0x5555_0400, any::<u64>()];
+        let addresses =
+            prop_oneof![Just(0u64), 0x5555_0000u64..0x5555_0400, (0x5555_0000u64..0x5555_0400).prop_map(|a| a & !15), any::<u64>()];
         (
             1u8..=15,
             0u64..4,
@@ -469,15 +898,28 @@ mod tests {
                 prop_assert_eq!(transcode(&mut agent, &mut CompactState::default(), &whole[at..end], &mut piece), end - at);
                 decoded.extend(decode_all(&piece).unwrap());
                 prop_assert_eq!(&decoded[..], &events[..cut], "from {}", from);
-                // Frames copied as they are, the rest re-encoded: the same bytes as `encode` writes.
+                // Frames copied as they are, the rest re-encoded: the same bytes as `encode_piece` writes.
                 let mut encoded = Vec::new();
+                encode_piece(&mut CompactState::default(), &mut encoded, events[from..cut].iter().map(|(e, f)| (e, f.as_deref())));
+                prop_assert_eq!(&piece, &encoded);
+                // The same events in rows decode alike.
+                let mut rows = Vec::new();
                 let mut state = CompactState::default();
                 for (event, frames) in &events[from..cut] {
-                    encode(&mut state, &mut encoded, event, frames.as_deref());
+                    encode(&mut state, &mut rows, event, frames.as_deref());
                 }
-                prop_assert_eq!(&piece, &encoded);
+                prop_assert_eq!(&decode_all(&rows).unwrap()[..], &events[from..cut]);
                 (at, from) = (end, cut);
             }
+        }
+
+        /// Bytes after the columns' marker: lengths past the piece, streams
+        /// that end early, any header.
+        #[test]
+        fn garbage_in_columns_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let bytes: Vec<u8> = std::iter::once(COLUMNS).chain(bytes).collect();
+            let (mut state, mut cursor, mut frames) = (CompactState::default(), Cursor::new(&bytes), Vec::new());
+            while decode_into(&mut state, &mut cursor, &mut frames, &mut Event::default()).is_ok() && !cursor.is_empty() {}
         }
 
         #[test]
@@ -549,6 +991,78 @@ mod tests {
         let taken = transcode(&mut DeltaState::default(), &mut CompactState::default(), &agent_records(&events), &mut out);
         assert_eq!(taken, agent_records(&events).len());
         assert_eq!(decode_all(&out).unwrap(), events);
+    }
+
+    /// Random churn, as bench/workloads/churn.c does it: a random live block
+    /// freed, one of a random size allocated. In columns the chunk's zstd
+    /// codes it in far fewer bytes than in rows.
+    #[test]
+    fn columns_compress_better_than_rows() {
+        let mut rng = 5u64;
+        let mut next = || {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            rng >> 33
+        };
+        let mut live: Vec<u64> = (0..10_000).map(|i| 0x5555_0000_0000 + i * 528).collect();
+        let mut events = Vec::new();
+        for i in 0..20_000u64 {
+            let at = next() as usize % live.len();
+            let freed = live[at];
+            events.push(Event { time: i / 1000, kind: Some(EventKind::Free), addr: freed, ..Event::default() });
+            let size = 16 + next() % 497;
+            // Often the block just freed, else another slot of the heap.
+            let addr = if next() % 2 == 0 { freed } else { 0x5555_0000_0000 + next() % 10_000 * 528 };
+            live[at] = addr;
+            events.push(Event {
+                time: i / 1000,
+                kind: Some(EventKind::Malloc),
+                addr,
+                size,
+                usable: usable_guess(size),
+                ..Event::default()
+            });
+        }
+        let (mut rows, mut columns) = (Vec::new(), Vec::new());
+        let mut state = CompactState::default();
+        for event in &events {
+            encode(&mut state, &mut rows, event, None);
+        }
+        encode_piece(&mut state, &mut columns, events.iter().map(|e| (e, None)));
+        let decoded: Vec<Event> = decode_all(&columns).unwrap().into_iter().map(|(e, _)| e).collect();
+        assert_eq!(decoded, events);
+        let compressed = |bytes: &[u8]| zstd::bulk::compress(bytes, crate::framing::ZSTD_LEVEL).unwrap().len();
+        let (rows, columns) = (compressed(&rows), compressed(&columns));
+        assert!(columns * 10 < rows * 9, "rows {rows} bytes, columns {columns}");
+    }
+
+    /// A piece in columns whose streams end before its events do, or
+    /// whose lengths run past it, is corrupt.
+    #[test]
+    fn columns_that_do_not_add_up_are_errors() {
+        let malloc = Event { kind: Some(EventKind::Malloc), addr: 0x5555_0000_0010, size: 24, usable: 24, ..Event::default() };
+        let mut piece = Vec::new();
+        encode_piece(&mut CompactState::default(), &mut piece, [(&malloc, None), (&malloc, None)]);
+        assert_eq!(decode_all(&piece).unwrap(), [(malloc, None), (malloc, None)]);
+        // One more header byte than the streams have fields for.
+        let mut longer = piece.clone();
+        longer.push(EventKind::Malloc as u8 | SAME_TIME);
+        assert!(decode_all(&longer).is_err());
+        // The sizes stream claimed longer than the piece.
+        assert!(piece.len() < 100);
+        let mut past_the_end = piece.clone();
+        past_the_end[1 + SIZES] = 100;
+        assert!(decode_all(&past_the_end).is_err());
+        // An odd address value other than 1.
+        let mut odd = Vec::new();
+        encode_piece(
+            &mut CompactState::default(),
+            &mut odd,
+            [(&Event { kind: Some(EventKind::Free), addr: 0x30, ..Event::default() }, None)],
+        );
+        // The delta in 16s, 3, zigzagged (6) and shifted: 12.
+        assert_eq!(odd[1 + HEADERS..], [12, EventKind::Free as u8 | SAME_TIME]);
+        odd[1 + HEADERS] = 3;
+        assert!(decode_all(&odd).is_err());
     }
 
     /// A reference beyond what the piece holds, or on a kind that takes

@@ -18,7 +18,7 @@ use std::path::Path;
 use crate::TraceError;
 
 pub const FILE_MAGIC: [u8; 8] = *b"MEMGAPT\0";
-pub const VERSION_MAJOR: u16 = 3;
+pub const VERSION_MAJOR: u16 = 4;
 pub const VERSION_MINOR: u16 = 0;
 pub const FILE_HEADER_LEN: usize = 32;
 

@@ -137,9 +137,14 @@ fn mutate_record(mut record: Record<'_>, choices: &mut Choices, out: &mut Vec<u8
         let bytes = event::encode_all(&events);
         Record::Events(EventsPiece { records: &bytes, ..*piece }).encode(out);
     } else if let Record::CompactEvents(piece) = &record {
+        // In the piece's own layout: columns as the recorder writes them, or rows as format 3 did.
         let (mut state, mut bytes) = (CompactState::default(), Vec::new());
-        for event in &events {
-            compact::encode(&mut state, &mut bytes, event, None);
+        if compact::in_columns(piece.records) {
+            compact::encode_piece(&mut state, &mut bytes, events.iter().map(|event| (event, None)));
+        } else {
+            for event in &events {
+                compact::encode(&mut state, &mut bytes, event, None);
+            }
         }
         Record::CompactEvents(CompactEventsPiece { records: &bytes, ..*piece }).encode(out);
     } else {

@@ -17,7 +17,7 @@ pub const TAG_ALLOCATOR: u8 = 11;
 pub const TAG_METRICS: u8 = 12;
 pub const TAG_FORK: u8 = 13;
 pub const TAG_PYTHON_CODE: u8 = 14;
-/// Heap events as the recorder re-encodes them (trace format 3, see [`crate::compact`]).
+/// Heap events as the recorder re-encodes them (trace format 3, in columns since 4; see [`crate::compact`]).
 pub const TAG_COMPACT_EVENTS: u8 = 15;
 /// NUMA records (see [`crate::numa`]).
 pub const TAG_TOPOLOGY: u8 = 20;

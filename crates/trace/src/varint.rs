@@ -82,6 +82,16 @@ impl<'a> Cursor<'a> {
         self.pos
     }
 
+    /// All the bytes the cursor reads, before its position too.
+    pub(crate) fn all(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Moves to `pos` (at the end if past it).
+    pub(crate) fn seek(&mut self, pos: usize) {
+        self.pos = pos.min(self.bytes.len());
+    }
+
     #[inline(always)]
     pub fn u8(&mut self) -> Result<u8, Malformed> {
         let byte = *self.bytes.get(self.pos).ok_or(Malformed)?;
@@ -106,28 +116,9 @@ impl<'a> Cursor<'a> {
     /// loop pays for in mispredictions).
     #[inline(always)]
     fn long_varint(&mut self) -> Result<u64, Malformed> {
-        if let Some(chunk) = self.bytes.get(self.pos..self.pos + 8) {
-            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-            let ends = !word & 0x8080_8080_8080_8080;
-            if ends != 0 {
-                // The bytes up to the first without its high bit, their
-                // 7-bit groups then packed together pairwise. Most long
-                // varints (address deltas, sizes) end within 4 bytes: two
-                // steps on 32 bits, without the 64-bit masks, do for them.
-                let value = if ends as u32 != 0 {
-                    let ends = ends as u32;
-                    let mut value = word as u32 & (ends ^ (ends - 1)) & 0x7f7f_7f7f;
-                    value = (value & 0x007f_007f) | ((value & 0x7f00_7f00) >> 1);
-                    u64::from((value & 0x0000_3fff) | ((value & 0x3fff_0000) >> 2))
-                } else {
-                    let mut value = word & (ends ^ (ends - 1)) & 0x7f7f_7f7f_7f7f_7f7f;
-                    value = (value & 0x007f_007f_007f_007f) | ((value & 0x7f00_7f00_7f00_7f00) >> 1);
-                    value = (value & 0x0000_3fff_0000_3fff) | ((value & 0x3fff_0000_3fff_0000) >> 2);
-                    (value & 0x0000_0000_0fff_ffff) | ((value & 0x0fff_ffff_0000_0000) >> 4)
-                };
-                self.pos += (ends.trailing_zeros() as usize + 1) / 8;
-                return Ok(value);
-            }
+        if let Some((value, len)) = self.bytes.get(self.pos..self.pos + 8).and_then(varint_in_word) {
+            self.pos += len;
+            return Ok(value);
         }
         self.varint_bytewise()
     }
@@ -184,6 +175,60 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The varint the 8 bytes `chunk` start with, and its length; None when it
+/// is longer.
+#[inline(always)]
+fn varint_in_word(chunk: &[u8]) -> Option<(u64, usize)> {
+    let word = u64::from_le_bytes(chunk.try_into().ok()?);
+    let ends = !word & 0x8080_8080_8080_8080;
+    if ends == 0 {
+        return None;
+    }
+    // The bytes up to the first without its high bit, their 7-bit groups
+    // then packed together pairwise. Most long varints (address deltas,
+    // sizes) end within 4 bytes: two steps on 32 bits, without the 64-bit
+    // masks, do for them.
+    let value = if ends as u32 != 0 {
+        let ends = ends as u32;
+        let mut value = word as u32 & (ends ^ (ends - 1)) & 0x7f7f_7f7f;
+        value = (value & 0x007f_007f) | ((value & 0x7f00_7f00) >> 1);
+        u64::from((value & 0x0000_3fff) | ((value & 0x3fff_0000) >> 2))
+    } else {
+        let mut value = word & (ends ^ (ends - 1)) & 0x7f7f_7f7f_7f7f_7f7f;
+        value = (value & 0x007f_007f_007f_007f) | ((value & 0x7f00_7f00_7f00_7f00) >> 1);
+        value = (value & 0x0000_3fff_0000_3fff) | ((value & 0x3fff_0000_3fff_0000) >> 2);
+        (value & 0x0000_0000_0fff_ffff) | ((value & 0x0fff_ffff_0000_0000) >> 4)
+    };
+    Some((value, (ends.trailing_zeros() as usize + 1) / 8))
+}
+
+/// The varint at `*pos` of `bytes`, which must end before `end` (one of
+/// several streams laid out in `bytes`), as [`Cursor::varint`] reads it;
+/// `*pos` moves past it.
+#[inline(always)]
+pub(crate) fn varint_before(bytes: &[u8], pos: &mut usize, end: usize) -> Result<u64, Malformed> {
+    let at = *pos;
+    if at < end
+        && let Some(&byte) = bytes.get(at)
+        && byte < 0x80
+    {
+        *pos = at + 1;
+        return Ok(u64::from(byte));
+    }
+    // The word may reach past `end`, into the next stream: only the varint must end before it.
+    if let Some((value, len)) = bytes.get(at..at + 8).and_then(varint_in_word) {
+        if at + len > end {
+            return Err(Malformed);
+        }
+        *pos = at + len;
+        return Ok(value);
+    }
+    let mut cursor = Cursor::at(bytes.get(..end).ok_or(Malformed)?, at);
+    let value = cursor.varint_bytewise()?;
+    *pos = cursor.position();
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +274,24 @@ mod tests {
             let mut cursor = Cursor::new(&out);
             prop_assert_eq!(cursor.varint(), Ok(value));
             prop_assert_eq!(cursor.position(), len);
+        }
+    }
+
+    proptest! {
+        /// Read from a stream that ends at `end` of a longer buffer: the
+        /// same values as a cursor over the stream alone.
+        #[test]
+        fn varints_before_an_end_read_as_a_cursor_does(bytes in proptest::collection::vec(any::<u8>(), 0..40), end in 0usize..40) {
+            let end = end.min(bytes.len());
+            let (mut cursor, mut pos) = (Cursor::new(&bytes[..end]), 0);
+            loop {
+                let expected = cursor.varint();
+                prop_assert_eq!(varint_before(&bytes, &mut pos, end), expected);
+                if expected.is_err() {
+                    break;
+                }
+                prop_assert_eq!(pos, cursor.position());
+            }
         }
     }
 
