@@ -356,6 +356,19 @@ const MAP_LINES: usize = 32;
 
 /// A page map, one character per page (or per run of pages): blocks shaded by
 /// how full the page is, free pages the allocator keeps, released pages.
+/// Why a snapshot has no page map: no mapping held an allocator's blocks
+/// that memgap follows page by page; the owners holding the memory give
+/// their rows from their own figures.
+pub fn no_page_map(ledger: &Ledger) -> String {
+    let owners: Vec<&str> = ledger.owners.iter().filter(|share| share.rows.total() > 0).map(|share| share.owner).collect();
+    let given = match owners.len() {
+        0 => String::new(),
+        1 => format!("; {} gives its rows from its own figures (memgap ledger)", owners[0]),
+        _ => format!("; {} give their rows from their own figures (memgap ledger)", owners.join(", ")),
+    };
+    format!("\nNo page map at this snapshot: no mapping holds blocks of an allocator memgap follows page by page{given}.\n")
+}
+
 pub fn page_map(maps: &[PageMap], color: bool) -> String {
     let mut out = String::new();
     let legend = if color {
@@ -609,6 +622,17 @@ fn snapshot_table(ledgers: &[Ledger], trims: &[TrimMark], trim_calls: u64, width
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_page_map_says_who_gives_the_rows() {
+        let share =
+            |owner, live| memgap_model::OwnerShare { owner, rows: memgap_model::Rows { live, ..Default::default() }, ..Default::default() };
+        let ledger = Ledger { owners: vec![share("glibc", 0), share("go", 4096)], ..Ledger::default() };
+        assert!(no_page_map(&ledger).ends_with("page by page; go gives its rows from its own figures (memgap ledger).\n"));
+        let ledger = Ledger { owners: vec![share("glibc", 1), share("go", 4096)], ..Ledger::default() };
+        assert!(no_page_map(&ledger).contains("; glibc, go give their rows"));
+        assert!(no_page_map(&Ledger::default()).ends_with("page by page.\n"));
+    }
 
     #[test]
     fn cells_take_the_most_common_class() {

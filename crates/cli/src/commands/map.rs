@@ -71,5 +71,9 @@ fn render(ledger: &memgap_model::Ledger, name: &str, color: bool) -> String {
         "memgap map — {name} — {}\n",
         memgap_views::format::moment(ledger.moment.as_ref(), ledger.at_seconds, ledger.snapshot_reason)
     );
-    heading + &memgap_views::ledger::page_map(&ledger.page_maps, color)
+    let mut text = heading + &memgap_views::ledger::page_map(&ledger.page_maps, color);
+    if ledger.page_maps.is_empty() {
+        text += &memgap_views::ledger::no_page_map(ledger);
+    }
+    text
 }
