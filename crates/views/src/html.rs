@@ -60,6 +60,7 @@ pub fn report(report: &Report, trace_name: &str) -> String {
             "line": report.moment.line(),
         },
         "snapshots": snapshots,
+        "no_page_map": report.snapshots.get(report.moment.index).map(|ledger| crate::ledger::no_page_map(ledger).trim().to_string()),
         "rss": report.rss.iter().map(|s| [s.seconds, s.vm_rss as f64]).collect::<Vec<_>>(),
         "live_heap": report.live_heap,
         "palette": crate::palette::report_json(),

@@ -623,7 +623,7 @@ window.addEventListener('unhandledrejection', (e) => document.body.setAttribute(
       const note = $('pagemap-note');
       const withPages = nearestWithPages(index);
       if (withPages < 0) {
-        note.textContent = 'No snapshot has a page map.';
+        note.textContent = data.no_page_map || 'No snapshot has a page map.';
         layout = null; draw();
         return;
       }
