@@ -130,7 +130,20 @@ struct StoredShare {
     taken_bytes: u64,
 }
 
-#[derive(Serialize, Deserialize)]
+/// What [`encode`] writes: the ledger's JSON leaves out its page maps and
+/// call stacks, which follow in their own form.
+#[derive(Serialize)]
+struct StoredLedgerOut<'a> {
+    ledger: &'a Ledger,
+    has_pages: bool,
+    page_maps: Vec<StoredPageMap>,
+    has_stacks: bool,
+    by_stack: Vec<StoredShare>,
+    unowned_lazy_free_bytes: u64,
+}
+
+/// What [`decode`] reads back (the fields of [`StoredLedgerOut`]).
+#[derive(Deserialize)]
 struct StoredLedger {
     ledger: Ledger,
     /// Whether the page maps were computed (a heap can have none).
@@ -155,8 +168,8 @@ pub struct Kept {
 /// The bytes the index keeps of `ledger`. The blocks listed on each page
 /// (the report's hover) are left out: no answer read from the index shows them.
 pub fn encode(ledger: &Ledger, has_pages: bool, has_stacks: bool) -> Vec<u8> {
-    let stored = StoredLedger {
-        ledger: Ledger { page_maps: Vec::new(), by_stack: Vec::new(), ..ledger.clone() },
+    let stored = StoredLedgerOut {
+        ledger,
         has_pages,
         page_maps: ledger
             .page_maps
