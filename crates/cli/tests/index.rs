@@ -217,6 +217,8 @@ fn check_facts(dir: &Path, trace: &Path, first_at: Option<usize>) {
     let written = inode();
     // From the facts whatever the snapshot: no index written.
     let mut from_facts: Vec<Vec<String>> = vec![
+        strings(&["summary", name, "--json"]),
+        strings(&["summary", name]),
         strings(&["timeline", name, "--color", "never"]),
         strings(&["timeline", name, "--json"]),
         strings(&["blame", name, "--by", "live", "--top", "3"]),

@@ -60,21 +60,29 @@ pub fn indexed_or_from_facts(
         // A trace the report cannot replay is left to the question's own
         // replay, which says why in its own words.
         let learned = match memgap_model::report::report_and_facts(trace, at, false, true) {
-            Ok(Some((_, Some(facts)))) => Facts::decode(facts.clone()).map(|decoded| (decoded, facts)),
+            Ok(Some((report, Some(facts)))) => Facts::decode(facts.clone()).map(|decoded| (decoded, learned(trace, &report, facts))),
             _ => None,
         };
         match learned {
-            Some((decoded, facts)) => {
+            Some((decoded, learned)) => {
                 let answer = match from_facts(&decoded) {
                     Some(answer) => answer?,
                     None => compute()?,
                 };
-                Ok::<_, anyhow::Error>((answer.into_bytes(), vec![(QUERY.to_string(), facts)]))
+                Ok::<_, anyhow::Error>((answer.into_bytes(), learned))
             }
             None => Ok((compute()?.into_bytes(), Vec::new())),
         }
     })?;
     Ok(text(bytes))
+}
+
+/// What a report's replay of `trace` learned, for its index: the facts
+/// (their bytes) and the summary's answers.
+pub fn learned(trace: &std::path::Path, report: &memgap_model::report::Report, facts: Vec<u8>) -> Vec<(String, Vec<u8>)> {
+    let mut answers = summary::answers(trace, &report.summary);
+    answers.push((memgap_model::facts::QUERY.to_string(), facts));
+    answers
 }
 
 /// `--at`, the same for every command that looks at one moment of a trace.

@@ -63,7 +63,7 @@ pub fn write(trace: &Path, output: &Path, at: memgap_model::At, full_names: bool
             bail!("{name}: the trace has no snapshot");
         };
         let html = memgap_views::html::report(&report, &trace_name).into_bytes();
-        Ok::<_, anyhow::Error>((html, facts.map(|facts| (memgap_model::facts::QUERY.to_string(), facts)).into_iter().collect()))
+        Ok::<_, anyhow::Error>((html, facts.map(|facts| super::learned(trace, &report, facts)).unwrap_or_default()))
     })?;
     crate::output::write_private(output, &html)
 }

@@ -20,11 +20,25 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let query = format!("summary {:?} --json {}", args.trace.display().to_string(), args.json);
-    let text = super::indexed(&args.trace, &query, || {
+    let text = super::indexed(&args.trace, &query(&args.trace, args.json), || {
         let summary = Summary::of_trace(&args.trace).with_context(|| args.trace.display().to_string())?;
-        Ok(if args.json { memgap_views::json::to_string(&summary) + "\n" } else { memgap_views::terminal::summary(&summary) })
+        Ok(render(&summary, args.json))
     })?;
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The index's name for the question.
+fn query(trace: &std::path::Path, json: bool) -> String {
+    format!("summary {:?} --json {json}", trace.display().to_string())
+}
+
+fn render(summary: &Summary, json: bool) -> String {
+    if json { memgap_views::json::to_string(summary) + "\n" } else { memgap_views::terminal::summary(summary) }
+}
+
+/// Both answers about `trace` (JSON and text), from the summary a report's
+/// replay counted: kept in the index beside the facts.
+pub fn answers(trace: &std::path::Path, summary: &Summary) -> Vec<(String, Vec<u8>)> {
+    [true, false].into_iter().map(|json| (query(trace, json), render(summary, json).into_bytes())).collect()
 }
