@@ -408,7 +408,7 @@ pub struct Ledger {
 }
 
 /// What the live blocks of one call stack take at a snapshot.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct StackShare {
     pub stack: u32,
     pub objects: u64,

@@ -120,16 +120,6 @@ struct StoredPageMap {
     nodes: Vec<u8>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct StoredShare {
-    stack: u32,
-    objects: u64,
-    live_bytes: u64,
-    fragmentation_bytes: f64,
-    pages: u64,
-    taken_bytes: u64,
-}
-
 /// What [`encode`] writes: the ledger's JSON leaves out its page maps and
 /// call stacks, which follow in their own form.
 #[derive(Serialize)]
@@ -138,7 +128,7 @@ struct StoredLedgerOut<'a> {
     has_pages: bool,
     page_maps: Vec<StoredPageMap>,
     has_stacks: bool,
-    by_stack: Vec<StoredShare>,
+    by_stack: &'a [StackShare],
     unowned_lazy_free_bytes: u64,
 }
 
@@ -151,7 +141,7 @@ struct StoredLedger {
     page_maps: Vec<StoredPageMap>,
     /// Whether what each call stack takes was computed.
     has_stacks: bool,
-    by_stack: Vec<StoredShare>,
+    by_stack: Vec<StackShare>,
     unowned_lazy_free_bytes: u64,
 }
 
@@ -183,18 +173,7 @@ pub fn encode(ledger: &Ledger, has_pages: bool, has_stacks: bool) -> Vec<u8> {
             })
             .collect(),
         has_stacks,
-        by_stack: ledger
-            .by_stack
-            .iter()
-            .map(|s| StoredShare {
-                stack: s.stack,
-                objects: s.objects,
-                live_bytes: s.live_bytes,
-                fragmentation_bytes: s.fragmentation_bytes,
-                pages: s.pages,
-                taken_bytes: s.taken_bytes,
-            })
-            .collect(),
+        by_stack: &ledger.by_stack,
         unowned_lazy_free_bytes: ledger.unowned_lazy_free_bytes,
     };
     serde_json::to_vec(&stored).expect("model structs always serialize")
@@ -212,19 +191,7 @@ pub fn decode(bytes: &[u8]) -> Option<Kept> {
         }
         page_maps.push(PageMap { name: map.name, start: map.start, page_size: map.page_size, pages, nodes: map.nodes, objects: None });
     }
-    let by_stack = stored
-        .by_stack
-        .into_iter()
-        .map(|s| StackShare {
-            stack: s.stack,
-            objects: s.objects,
-            live_bytes: s.live_bytes,
-            fragmentation_bytes: s.fragmentation_bytes,
-            pages: s.pages,
-            taken_bytes: s.taken_bytes,
-        })
-        .collect();
-    let ledger = Ledger { page_maps, by_stack, unowned_lazy_free_bytes: stored.unowned_lazy_free_bytes, ..stored.ledger };
+    let ledger = Ledger { page_maps, by_stack: stored.by_stack, unowned_lazy_free_bytes: stored.unowned_lazy_free_bytes, ..stored.ledger };
     Some(Kept { ledger, has_pages: stored.has_pages, has_stacks: stored.has_stacks })
 }
 
