@@ -90,7 +90,7 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// The facts [`encode`] wrote; `None` for any other bytes.
+    /// The facts the report's replay wrote; `None` for any other bytes.
     pub fn decode(bytes: Vec<u8>) -> Option<Facts> {
         let rest = bytes.strip_prefix(MAGIC)?;
         let count = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);

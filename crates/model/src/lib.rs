@@ -63,9 +63,7 @@ pub use outside::{
     outside_ledger, runtime_process_ledger, walked_process_ledger,
 };
 pub use series::SeriesPoint;
-pub use snapshots::{
-    At, Closing, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, resolve, timeline,
-};
+pub use snapshots::{At, Closing, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, timeline};
 pub use summary::{SizeCount, Summary};
 pub use trim_marks::TrimMark;
 

@@ -19,7 +19,7 @@ use crate::summary::{Builder, Summary};
 pub const SERIES_BUCKETS: usize = 2000;
 
 /// Which snapshot to look at. Every command that looks at one moment of a
-/// trace resolves it here, with [`resolve`], so they all agree.
+/// trace resolves it here, with `Scan::moment` (directly or after finding the largest gap), so they all agree.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum At {
     /// The snapshot with the largest gap between RSS and the live heap
@@ -297,7 +297,7 @@ impl GapFinder {
     }
 
     /// The moment `--at gap` names, once the replay is over: `None` when
-    /// the snapshots seen are not the scan's (then ask [`resolve`]).
+    /// the snapshots seen are not the scan's (then resolve it first, with `resolve_scanned`).
     pub(crate) fn moment(&self, scan: &Scan) -> Option<Moment> {
         let found = scan.moment(At::Gap, &self.gaps)?;
         (self.gaps.len() == scan.snapshots.len() && Some(found.index) == self.largest()).then_some(found)
@@ -360,14 +360,6 @@ impl Scan {
         };
         best.map(|s| Moment { index: s.index, seconds: s.seconds, chosen, reason })
     }
-}
-
-/// The snapshot `at` names in the trace at `path`; `None` when it has no
-/// snapshot. The largest gap needs the ledger at every snapshot: one replay.
-pub fn resolve(path: &Path, at: At) -> Result<Option<Moment>, MomentError> {
-    let scan = scan(path)?;
-    scan.check(at)?;
-    Ok(resolve_scanned(path, &scan, at)?)
 }
 
 /// Replays the trace and computes the ledger at the chosen snapshots.
