@@ -217,7 +217,7 @@ fn agent_resident_bytes(snapshot: &Snapshot) -> u64 {
 #[derive(Default)]
 struct GapVisitor {
     state: HeapState,
-    gaps: Vec<u64>,
+    gaps: GapFinder,
     runtime_metrics: bool,
 }
 
@@ -256,7 +256,7 @@ impl Visitor for GapVisitor {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
-        self.gaps.push(gap_at(snapshot, self.state.live.live_bytes()));
+        self.gaps.note(snapshot, self.state.live.live_bytes());
     }
 }
 
@@ -319,7 +319,7 @@ fn gaps(path: &Path) -> Result<Vec<u64>, TraceError> {
     if visitor.runtime_metrics {
         return Ok(ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect());
     }
-    Ok(visitor.gaps)
+    Ok(visitor.gaps.gaps)
 }
 
 impl Scan {
