@@ -47,6 +47,11 @@ fn the_benchmark_suite_runs_every_workload_under_every_tool() {
             if *tool != "plain" {
                 assert!(result["cpu_ratio"].as_f64().is_some_and(|r| r > 0.0), "{name} under {tool}: no CPU ratio");
             }
+            // What the program paid, apart from the recorder beside it.
+            if ["memgap", "memgap --no-stacks"].contains(tool) {
+                assert!(result["program_cpu_ratio"].as_f64().is_some_and(|r| r > 0.0), "{name} under {tool}: no program CPU ratio");
+                assert!(result["recorder_cpu_s"].as_f64().is_some_and(|s| s >= 0.0), "{name} under {tool}: no recorder CPU");
+            }
         }
         let events = |tool: &str| tools[tool]["trace"]["events"].as_u64().unwrap_or_else(|| panic!("{name} under {tool}: no event count"));
         assert!(events("memgap") > 1000, "{name}: memgap recorded {} events", events("memgap"));
@@ -74,7 +79,14 @@ fn the_benchmark_suite_runs_every_workload_under_every_tool() {
     assert!(many.get("error").is_none(), "64-thread trace: {}", many["error"]);
     assert!(many["events"].as_u64().is_some_and(|e| e > 1000), "64-thread trace: {many}");
     assert!(many["report_peak_rss_mib"].as_f64().is_some_and(|m| m > 0.0), "64-thread trace: {many}");
-    for prefix in ["first pass (memgap report", "analysis memory with 64 threads", "`blame` on the indexed trace", "second memgap report"] {
+    for prefix in [
+        "memgap (stacks): the program's CPU",
+        "memgap --no-stacks: the program's CPU",
+        "first pass (memgap report",
+        "analysis memory with 64 threads",
+        "`blame` on the indexed trace",
+        "second memgap report",
+    ] {
         assert!(
             targets.iter().any(|t| t["target"].as_str().is_some_and(|t| t.starts_with(prefix)) && t["measured"].as_str().is_some()),
             "no target row {prefix:?}"

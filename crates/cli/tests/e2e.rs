@@ -59,6 +59,29 @@ fn exact_counts_are_exact() {
     assert!(command.contains("exact_counts"), "command {command:?}");
 }
 
+/// `memgap run` keeps what recording cost: the program's CPU time (with
+/// the child it waited for), which cannot be below what the program spent
+/// by its own clocks, and the recorder's.
+#[test]
+fn the_trace_keeps_the_cpu_time_of_the_program_and_of_the_recorder() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "cpu_time.c");
+    let trace = dir.join("t.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "300"]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "cpu_time ok\n");
+    let s = summary_json(&trace);
+    let cpu = &s["recording_cpu"];
+    let (program, recorder) = (cpu["program_seconds"].as_f64(), cpu["recorder_seconds"].as_f64());
+    let (Some(program), Some(recorder)) = (program, recorder) else { panic!("no recording CPU; {s:#}") };
+    // 300 ms in each process by its own clock; the rest is start-up and exit.
+    assert!((0.6..1.5).contains(&program), "program CPU {program} s; {s:#}");
+    assert!(recorder > 0.0 && recorder < program, "recorder CPU {recorder} s; {s:#}");
+    let summary = memgap(&dir, &["summary", arg(&trace)]);
+    let line = text(&summary.stdout).lines().find(|l| l.contains("recording CPU")).map(str::to_owned);
+    assert!(line.as_deref().is_some_and(|l| l.contains("in the program") && l.contains("recorder")), "{}", text(&summary.stdout));
+}
+
 /// `memgap run` writes trace format 3: every event in COMPACT_EVENTS
 /// records, which decode to the summary's count, in fewer bytes than the
 /// agent's records they were made from.

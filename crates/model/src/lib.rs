@@ -64,7 +64,7 @@ pub use outside::{
 };
 pub use series::SeriesPoint;
 pub use snapshots::{At, Closing, MomentError, SnapshotInfo, Timeline, closing, gap_bytes, ledger_at, list as list_snapshots, timeline};
-pub use summary::{SizeCount, Summary};
+pub use summary::{RecordingCpu, SizeCount, Summary};
 pub use trim_marks::TrimMark;
 
 /// Binary units with three significant digits: `1.50 MiB`, `812 B`.

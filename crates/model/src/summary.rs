@@ -65,6 +65,17 @@ pub struct Summary {
     /// those. Absent in a recording.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub synthesized_from_walks: Option<u64>,
+    /// What recording cost in CPU time, when `memgap run` measured it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recording_cpu: Option<RecordingCpu>,
+}
+
+/// CPU time (user and system) during a recording: the program's own, its
+/// hooks included, and memgap's recorder's beside it.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct RecordingCpu {
+    pub program_seconds: f64,
+    pub recorder_seconds: f64,
 }
 
 impl Summary {
@@ -150,6 +161,10 @@ impl Builder {
             trace_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
             runtime: None,
             synthesized_from_walks: (b.walks > 0).then_some(b.walks),
+            recording_cpu: b.exit.and_then(|x| x.cost).map(|cost| RecordingCpu {
+                program_seconds: cost.program_cpu_ns as f64 / 1e9,
+                recorder_seconds: cost.recorder_cpu_ns as f64 / 1e9,
+            }),
         }
         .with_runtime(runtime)
     }

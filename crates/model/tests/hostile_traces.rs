@@ -9,7 +9,8 @@ use memgap_model::{At, BlameOptions, BlameOrder, Summary, blame, closing, ledger
 use memgap_trace::TraceWriter;
 use memgap_trace::event::{Event, EventKind, encode_all};
 use memgap_trace::records::{
-    Clock, End, EndReason, EventsPiece, Exit, Mapping, Metrics, Module, Process, Record, Residency, Rss, Snapshot, SnapshotReason, Thread,
+    Clock, End, EndReason, EventsPiece, Exit, Mapping, Metrics, Module, Process, Record, RecordingCost, Residency, Rss, Snapshot,
+    SnapshotReason, Thread,
 };
 use proptest::prelude::*;
 
@@ -170,7 +171,10 @@ fn item() -> impl Strategy<Value = Item> {
             vm_hwm: 0,
             exit_code
         }))),
-        (any::<i32>(), any::<i32>()).prop_map(|(exit_code, signal)| Item::Record(Record::Exit(Exit { exit_code, signal }))),
+        (any::<i32>(), any::<i32>(), any::<Option<(u64, u64)>>()).prop_map(|(exit_code, signal, cost)| {
+            let cost = cost.map(|(program_cpu_ns, recorder_cpu_ns)| RecordingCost { program_cpu_ns, recorder_cpu_ns });
+            Item::Record(Record::Exit(Exit { exit_code, signal, cost }))
+        }),
         (hostile_u64(), any::<f64>()).prop_map(|(monotonic_ns, value)| Item::Record(Record::Metrics(Metrics {
             monotonic_ns,
             source: "go".into(),

@@ -385,7 +385,7 @@ impl Recorder<'_> {
             vm_hwm: self.vm_hwm,
             exit_code: Some(exit_code),
         }));
-        self.pending.push(Record::Exit(Exit { exit_code, signal }));
+        self.pending.push(Record::Exit(Exit { exit_code, signal, cost: None }));
         self.flush()?;
         Ok((exit_code, signal))
     }

@@ -142,6 +142,18 @@ pub enum EndReason {
 pub struct Exit {
     pub exit_code: i32,
     pub signal: i32,
+    /// What recording cost, when `memgap run` measured it.
+    pub cost: Option<RecordingCost>,
+}
+
+/// CPU time (user and system) of the program, hooks included, and of
+/// memgap's own process while it recorded (the recorder and samplers):
+/// what the program paid and what was paid beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecordingCost {
+    /// The program and the children it waited for.
+    pub program_cpu_ns: u64,
+    pub recorder_cpu_ns: u64,
 }
 
 /// Why a snapshot was taken.
@@ -461,6 +473,11 @@ impl Record<'_> {
             Record::Exit(x) => {
                 varint::push(b, varint::zigzag(x.exit_code.into()));
                 varint::push(b, varint::zigzag(x.signal.into()));
+                // Appended: readers that predate it stop before it.
+                if let Some(cost) = x.cost {
+                    varint::push(b, cost.program_cpu_ns);
+                    varint::push(b, cost.recorder_cpu_ns);
+                }
                 TAG_EXIT
             }
             Record::Note { time, text } => {
@@ -741,7 +758,14 @@ fn decode_body(tag: u8, body: &[u8]) -> Result<Record<'_>, Malformed> {
             let exit_code = if c.varint()? == 1 { Some(i32_of(c.varint()?)?) } else { None };
             Record::End(End { time, reason, dropped_events, vm_hwm, exit_code })
         }
-        TAG_EXIT => Record::Exit(Exit { exit_code: i32_of(c.varint()?)?, signal: i32_of(c.varint()?)? }),
+        TAG_EXIT => {
+            let (exit_code, signal) = (i32_of(c.varint()?)?, i32_of(c.varint()?)?);
+            let cost = match c.is_empty() {
+                true => None,
+                false => Some(RecordingCost { program_cpu_ns: c.varint()?, recorder_cpu_ns: c.varint()? }),
+            };
+            Record::Exit(Exit { exit_code, signal, cost })
+        }
         TAG_NOTE => Record::Note { time: c.varint()?, text: c.string()? },
         TAG_SNAPSHOT => Record::Snapshot(decode_snapshot(&mut c)?),
         TAG_THREAD => Record::Thread(Thread { thread: u32_of(c.varint()?)?, tid: u32_of(c.varint()?)?, stack_hint: c.varint()? }),
@@ -853,7 +877,8 @@ mod tests {
             Record::Clock(Clock { time: 10, monotonic_ns: 20 }),
             Record::Rss(Rss { time: 1, vm_rss: 2, rss_anon: 3, rss_file: 4, rss_shmem: 5 }),
             Record::End(End { time: 9, reason: EndReason::Exec, dropped_events: 3, vm_hwm: 1 << 30, exit_code: Some(-1) }),
-            Record::Exit(Exit { exit_code: 137, signal: 9 }),
+            Record::Exit(Exit { exit_code: 137, signal: 9, cost: None }),
+            Record::Exit(Exit { exit_code: 0, signal: 0, cost: Some(RecordingCost { program_cpu_ns: 1 << 40, recorder_cpu_ns: 0 }) }),
             Record::Note { time: 1, text: "recording stopped".into() },
             Record::Snapshot(Snapshot {
                 time: 77,

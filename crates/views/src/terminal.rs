@@ -56,7 +56,17 @@ pub fn summary(s: &Summary) -> String {
             None => ("allocated", format!("{} in {} allocations", bytes(s.allocated_bytes), count(s.allocations))),
         },
     ];
-    for (name, value) in rows {
+    let recording_cpu = s.recording_cpu.map(|cpu| {
+        (
+            "recording CPU",
+            format!(
+                "{} in the program (its hooks included), {} in memgap's recorder",
+                seconds(cpu.program_seconds),
+                seconds(cpu.recorder_seconds)
+            ),
+        )
+    });
+    for (name, value) in rows.into_iter().chain(recording_cpu) {
         facts.add_row(vec![format!("  {name}"), value]);
     }
     out.push_str(&facts.to_string());

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use memgap_trace::records::{Exit, Record};
+use memgap_trace::records::{Exit, Record, RecordingCost};
 use memgap_trace::vocabulary::env;
 use memgap_views::format::bytes;
 
@@ -158,6 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
     };
     forward_signals();
+    let cpu_before_start = own_cpu_ns();
     let spawned = command.spawn();
     if let Some(sampling) = &sampling {
         sampling.spawned();
@@ -186,7 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(ghc) = ghc.as_mut() {
         ghc.started(&mut child);
     }
-    let status = wait_for_exit(&mut child).context("waiting for the program")?;
+    let (status, program_cpu_ns) = wait_for_exit(&mut child).context("waiting for the program")?;
     let (exit_code, signal) = match (status.code(), status.signal()) {
         (Some(code), _) => (code, 0),
         (None, Some(signal)) => (128 + signal, signal),
@@ -219,8 +220,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let samples = sampling.map(numa::Sampling::finish);
     if recorded {
         numa::write(samples, &traces, args.quiet);
+        let cost = program_cpu_ns
+            .map(|program_cpu_ns| RecordingCost { program_cpu_ns, recorder_cpu_ns: own_cpu_ns().saturating_sub(cpu_before_start) });
         // A full disk must not change the exit status memgap passes on.
-        match traces.append(top_pid, [Record::Exit(Exit { exit_code, signal })]) {
+        match traces.append(top_pid, [Record::Exit(Exit { exit_code, signal, cost })]) {
             Ok(true) => {}
             Ok(false) => {
                 eprintln!("memgap: cannot add the exit status to {}: {} is not a trace this run wrote", trace.display(), trace.display())
@@ -420,12 +423,14 @@ fn sibling_traces(pattern: &Path, run_id: u64, top: &Path) -> Vec<PathBuf> {
     traces::of_run(dir, run_id).into_iter().filter(|path| path != top).collect()
 }
 
-/// Waits for the program to exit. The recorder holds threads of the
-/// program with ptrace at snapshots (to read a linked allocator's
-/// statistics), and a plain wait by any thread of the tracer's process
-/// would take those stops, never seen by the recorder: this one only looks
-/// (WNOWAIT) until the program has exited, then reaps it.
-fn wait_for_exit(child: &mut std::process::Child) -> std::io::Result<std::process::ExitStatus> {
+/// Waits for the program to exit; returns its status and, when it was
+/// reaped here, the CPU time it used (with the children it waited for).
+/// The recorder holds threads of the program with ptrace at snapshots (to
+/// read a linked allocator's statistics), and a plain wait by any thread of
+/// the tracer's process would take those stops, never seen by the
+/// recorder: this one only looks (WNOWAIT) until the program has exited,
+/// then reaps it.
+fn wait_for_exit(child: &mut std::process::Child) -> std::io::Result<(std::process::ExitStatus, Option<u64>)> {
     loop {
         // SAFETY: waitid fills the siginfo_t we own.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -435,12 +440,46 @@ fn wait_for_exit(child: &mut std::process::Child) -> std::io::Result<std::proces
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return child.wait();
+            return Ok((child.wait()?, None));
         }
         if matches!(info.si_code, libc::CLD_EXITED | libc::CLD_KILLED | libc::CLD_DUMPED) {
-            return child.wait();
+            return reap(child);
         }
         // A stop the recorder's ptrace is about to take: look again shortly.
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// Reaps the program, which has exited, with its resource usage.
+fn reap(child: &mut std::process::Child) -> std::io::Result<(std::process::ExitStatus, Option<u64>)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: rusage is plain data, valid all zero.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 fills the status and rusage we own.
+        let reaped = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+        if reaped == child.id() as libc::pid_t {
+            return Ok((std::process::ExitStatus::from_raw(status), Some(cpu_ns(&usage))));
+        }
+        if reaped < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Ok((child.wait()?, None));
+    }
+}
+
+/// User and system CPU time of memgap's own process so far.
+fn own_cpu_ns() -> u64 {
+    // SAFETY: rusage is plain data, valid all zero.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the rusage we own.
+    match unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } {
+        0 => cpu_ns(&usage),
+        _ => 0,
+    }
+}
+
+fn cpu_ns(usage: &libc::rusage) -> u64 {
+    let ns = |time: libc::timeval| time.tv_sec.max(0) as u64 * 1_000_000_000 + time.tv_usec.max(0) as u64 * 1000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
 }
