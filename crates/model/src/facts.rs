@@ -52,7 +52,7 @@ pub struct TimelineFacts {
     pub ghc: Option<GhcReport>,
 }
 
-/// The facts' bytes, from the report's replay. `gaps` is the gap of each
+/// The facts, from the report's replay. `gaps` is the gap of each
 /// snapshot when the live heap is malloc's, else empty (the ledgers' then);
 /// `computed` says, per ledger, whether its page maps and its call stacks
 /// were computed.
@@ -63,7 +63,7 @@ pub(crate) fn encode(
     computed: &[(bool, bool)],
     stacks: &StackFacts,
     timeline: &TimelineFacts,
-) -> Vec<u8> {
+) -> Facts {
     let gaps = if scan.runtime_metrics { ledgers.iter().map(gap_bytes).collect() } else { gaps.to_vec() };
     let moments = Moments { scan: scan.clone(), gaps };
     let mut parts = vec![
@@ -72,13 +72,15 @@ pub(crate) fn encode(
         serde_json::to_vec(timeline).expect("model structs always serialize"),
     ];
     parts.extend(ledgers.iter().zip(computed).map(|(ledger, &(pages, stacks))| stored::encode(ledger, pages, stacks)));
-    let mut out = MAGIC.to_vec();
-    out.extend_from_slice(&(parts.len() as u64).to_le_bytes());
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&(parts.len() as u64).to_le_bytes());
+    let mut ranges = Vec::with_capacity(parts.len());
     for part in &parts {
-        out.extend_from_slice(&(part.len() as u64).to_le_bytes());
-        out.extend_from_slice(part);
+        bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        ranges.push(bytes.len()..bytes.len() + part.len());
+        bytes.extend_from_slice(part);
     }
-    out
+    Facts { bytes, parts: ranges, moments }
 }
 
 /// Facts read back: each part decoded when asked for.
@@ -115,6 +117,11 @@ impl Facts {
             return None;
         }
         Some(Facts { bytes, parts, moments })
+    }
+
+    /// The bytes [`decode`](Self::decode) reads back, for the index.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
     }
 
     /// The snapshot `at` names, as a replay would choose it.

@@ -331,10 +331,10 @@ pub fn report_with_names(path: &Path, at: At, full_names: bool) -> Result<Option
     Ok(report_and_facts(path, at, full_names, false)?.map(|(report, _)| report))
 }
 
-/// A report, and the bytes of the trace's facts when asked for.
-pub type ReportAndFacts = (Report, Option<Vec<u8>>);
+/// A report, and the trace's facts when asked for.
+pub type ReportAndFacts = (Report, Option<crate::facts::Facts>);
 
-/// [`report_with_names`], and with `keep_facts` the bytes of the trace's
+/// [`report_with_names`], and with `keep_facts` the trace's
 /// [`facts`](crate::facts) learned by the same replay, for its index.
 pub fn report_and_facts(path: &Path, at: At, full_names: bool, keep_facts: bool) -> Result<Option<ReportAndFacts>, MomentError> {
     let scan = snapshots::scan(path)?;
@@ -353,7 +353,7 @@ pub fn report_and_facts(path: &Path, at: At, full_names: bool, keep_facts: bool)
 
 /// The report from one replay, about `moment`, or about the largest gap
 /// found in it when `moment` is `None` (then `None` when the trace turned
-/// out to need it known beforehand); with `keep_facts`, the facts' bytes too.
+/// out to need it known beforehand); with `keep_facts`, the facts too.
 fn replay_report(
     path: &Path,
     scan: &snapshots::Scan,

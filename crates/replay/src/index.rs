@@ -49,64 +49,78 @@ pub fn enabled() -> bool {
     std::env::var_os(env::INDEX).is_none_or(|v| v != env::INDEX_OFF)
 }
 
-/// The answer to `query` about `trace`: from its index when it holds one
-/// computed from the same trace and files, else `compute`d (and saved).
-pub fn answer<E>(trace: &Path, query: &str, compute: impl FnOnce() -> Result<Vec<u8>, E>) -> Result<Vec<u8>, E> {
-    answer_keeping(trace, query, || compute().map(|value| (value, Vec::new())))
+/// The index of one trace as read once: answers already computed from the
+/// same trace and files are looked up in it, and a new answer is added to
+/// it, without reading the file again.
+pub struct Opened<'a> {
+    trace: &'a Path,
+    /// The trace's stamp when the index is in use (`None`: it is off, or
+    /// the trace cannot be read).
+    stamp: Option<Stamp>,
+    /// The index on disk, when it is intact and made from this trace.
+    index: Option<Index>,
 }
 
-/// [`answer`], for a computation that also yields other answers worth
-/// keeping (each under its own query), made from the same files.
-pub fn answer_keeping<E>(
-    trace: &Path,
-    query: &str,
-    compute: impl FnOnce() -> Result<(Vec<u8>, Vec<(String, Vec<u8>)>), E>,
-) -> Result<Vec<u8>, E> {
-    if !enabled() {
-        return compute().map(|(value, _)| value);
+impl<'a> Opened<'a> {
+    pub fn read(trace: &'a Path) -> Opened<'a> {
+        let stamp = if enabled() { Stamp::of_trace(trace) } else { None };
+        let index = stamp.as_ref().and_then(|stamp| Index::read(trace, stamp));
+        Opened { trace, stamp, index }
     }
-    let Some(before) = Stamp::of_trace(trace) else { return compute().map(|(value, _)| value) };
-    let index = Index::read(trace, &before);
-    if let Some(saved) = index.as_ref().and_then(|index| index.lookup(query)) {
-        return Ok(saved);
+
+    /// Whether answers are read and saved (not when indexes are off or the
+    /// trace cannot be read).
+    pub fn in_use(&self) -> bool {
+        self.stamp.is_some()
     }
-    memgap_trace::files::take_consulted();
-    let (value, others) = compute()?;
-    let consulted = memgap_trace::files::take_consulted();
-    // A trace that changed meanwhile (still being recorded) is indexed next time.
-    if Stamp::of_trace(trace).as_ref() == Some(&before) {
-        let mut dependencies: Vec<(PathBuf, Stamp)> = Vec::new();
-        let own = std::env::current_exe().ok();
-        for path in own.into_iter().chain(consulted).filter(|p| p != trace) {
-            if !dependencies.iter().any(|(known, _)| *known == path) {
-                let stamp = Stamp::of_file(&path);
-                dependencies.push((path, stamp));
+
+    /// The answer to `query` the index holds, computed from the same trace
+    /// and files; `None` when there is none (nothing is computed).
+    pub fn saved(&self, query: &str) -> Option<Vec<u8>> {
+        self.index.as_ref()?.lookup(query)
+    }
+
+    /// The saved answer to `query`, else `compute`d, for a computation that
+    /// also yields other answers worth keeping (each under its own query),
+    /// made from the same files; what was computed is saved.
+    pub fn answer_keeping<E>(
+        self,
+        query: &str,
+        compute: impl FnOnce() -> Result<(Vec<u8>, Vec<(String, Vec<u8>)>), E>,
+    ) -> Result<Vec<u8>, E> {
+        let Opened { trace, stamp, index } = self;
+        let Some(before) = stamp else { return compute().map(|(value, _)| value) };
+        if let Some(saved) = index.as_ref().and_then(|index| index.lookup(query)) {
+            return Ok(saved);
+        }
+        memgap_trace::files::take_consulted();
+        let (value, others) = compute()?;
+        let consulted = memgap_trace::files::take_consulted();
+        // A trace that changed meanwhile (still being recorded) is indexed next time.
+        if Stamp::of_trace(trace).as_ref() == Some(&before) {
+            let mut dependencies: Vec<(PathBuf, Stamp)> = Vec::new();
+            let own = std::env::current_exe().ok();
+            for path in own.into_iter().chain(consulted).filter(|p| p != trace) {
+                if !dependencies.iter().any(|(known, _)| *known == path) {
+                    let stamp = Stamp::of_file(&path);
+                    dependencies.push((path, stamp));
+                }
             }
+            let mut index = index.unwrap_or(Index { trace: before, answers: Vec::new() });
+            // The others first: the asked answer is the newest, the last dropped past the bounds.
+            for (query, value) in others.iter().map(|(q, v)| (q.as_str(), v.as_slice())).chain([(query, value.as_slice())]) {
+                index.answers.retain(|a| a.query != query);
+                index.answers.push(Answer {
+                    query: query.to_string(),
+                    dependencies: dependencies.clone(),
+                    value: lz4_flex::compress(value),
+                    raw_len: value.len() as u64,
+                });
+            }
+            index.write(trace);
         }
-        let mut index = index.unwrap_or(Index { trace: before, answers: Vec::new() });
-        // The others first: the asked answer is the newest, the last dropped past the bounds.
-        for (query, value) in others.iter().map(|(q, v)| (q.as_str(), v.as_slice())).chain([(query, value.as_slice())]) {
-            index.answers.retain(|a| a.query != query);
-            index.answers.push(Answer {
-                query: query.to_string(),
-                dependencies: dependencies.clone(),
-                value: lz4_flex::compress(value),
-                raw_len: value.len() as u64,
-            });
-        }
-        index.write(trace);
+        Ok(value)
     }
-    Ok(value)
-}
-
-/// The answer to `query` the index of `trace` holds, computed from the
-/// same trace and files; `None` when there is none (nothing is computed).
-pub fn saved(trace: &Path, query: &str) -> Option<Vec<u8>> {
-    if !enabled() {
-        return None;
-    }
-    let stamp = Stamp::of_trace(trace)?;
-    Index::read(trace, &stamp)?.lookup(query)
 }
 
 /// What identifies a file's contents without reading it all.
@@ -355,15 +369,20 @@ mod tests {
         path
     }
 
-    /// Asks `query` and says whether it was computed (not read from the index).
-    fn ask(trace: &Path, query: &str, value: &str) -> (String, bool) {
+    /// The saved answer to `query`, else `compute`'s; says whether it was computed.
+    fn answer(trace: &Path, query: &str, compute: impl FnOnce() -> Vec<u8>) -> (String, bool) {
         let computed = Cell::new(false);
-        let got = answer::<()>(trace, query, || {
-            computed.set(true);
-            Ok(value.as_bytes().to_vec())
-        })
-        .unwrap();
+        let got = Opened::read(trace)
+            .answer_keeping::<()>(query, || {
+                computed.set(true);
+                Ok((compute(), Vec::new()))
+            })
+            .unwrap();
         (String::from_utf8(got).unwrap(), computed.get())
+    }
+
+    fn ask(trace: &Path, query: &str, value: &str) -> (String, bool) {
+        answer(trace, query, || value.as_bytes().to_vec())
     }
 
     #[test]
@@ -425,14 +444,10 @@ mod tests {
         let trace = trace_in(dir.path(), b"trace");
         let beside = dir.path().join("t.remedies.json");
         let compute = |value: &str| {
-            let computed = Cell::new(false);
-            let got = answer::<()>(&trace, "q", || {
-                computed.set(true);
+            answer(&trace, "q", || {
                 memgap_trace::files::note_consulted(&beside);
-                Ok(value.as_bytes().to_vec())
+                value.as_bytes().to_vec()
             })
-            .unwrap();
-            (String::from_utf8(got).unwrap(), computed.get())
         };
         assert_eq!(compute("absent"), ("absent".into(), true));
         assert_eq!(compute("x"), ("absent".into(), false));

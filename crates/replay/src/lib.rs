@@ -4,7 +4,7 @@
 //! images, heap events (merged across threads by time), RSS samples, the end
 //! — in the order they happened. [`LiveSet`] applies heap events to give the
 //! blocks alive at any instant. [`Timeline`] converts event times to seconds.
-//! [`index::answer`] keeps what was computed from a trace beside it, so the
+//! [`index::Opened`] keeps what was computed from a trace beside it, so the
 //! same question is not replayed twice.
 //!
 //! Not for: deciding what the numbers mean (that is the model) or showing them.

@@ -22,8 +22,15 @@ pub mod watch;
 /// written into `query`): from the trace's index when the same question was
 /// answered before from the same files, else computed and saved there.
 pub fn indexed(trace: &std::path::Path, query: &str, compute: impl FnOnce() -> anyhow::Result<String>) -> anyhow::Result<String> {
-    let bytes = memgap_replay::index::answer(trace, query, || compute().map(String::into_bytes))?;
-    Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    saved_or_computed(memgap_replay::index::Opened::read(trace), query, compute)
+}
+
+fn saved_or_computed(
+    index: memgap_replay::index::Opened,
+    query: &str,
+    compute: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<String> {
+    index.answer_keeping(query, || Ok((compute()?.into_bytes(), Vec::new()))).map(text)
 }
 
 /// [`indexed`], for a question the trace's facts can answer (see
@@ -45,43 +52,47 @@ pub fn indexed_or_from_facts(
     compute: impl FnOnce() -> anyhow::Result<String>,
 ) -> anyhow::Result<String> {
     use memgap_model::facts::{Facts, QUERY};
-    use memgap_replay::index;
-    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    if !index::enabled() || !facts_can_answer {
-        return indexed(trace, query, compute);
+    let index = memgap_replay::index::Opened::read(trace);
+    if !index.in_use() || !facts_can_answer {
+        return saved_or_computed(index, query, compute);
     }
-    if let Some(bytes) = index::saved(trace, query) {
+    if let Some(bytes) = index.saved(query) {
         return Ok(text(bytes));
     }
-    if let Some(facts) = index::saved(trace, QUERY).and_then(Facts::decode) {
-        return from_facts(&facts).unwrap_or_else(|| indexed(trace, query, compute));
+    if let Some(facts) = index.saved(QUERY).and_then(Facts::decode) {
+        return from_facts(&facts).unwrap_or_else(|| saved_or_computed(index, query, compute));
     }
-    let bytes = index::answer_keeping(trace, query, || {
+    let bytes = index.answer_keeping(query, || {
         // A trace the report cannot replay is left to the question's own
         // replay, which says why in its own words.
-        let learned = match memgap_model::report::report_and_facts(trace, at, false, true) {
-            Ok(Some((report, Some(facts)))) => Facts::decode(facts.clone()).map(|decoded| (decoded, learned(trace, &report, facts))),
-            _ => None,
-        };
-        match learned {
-            Some((decoded, learned)) => {
-                let answer = match from_facts(&decoded) {
+        match memgap_model::report::report_and_facts(trace, at, false, true) {
+            Ok(Some((report, Some(facts)))) => {
+                let answer = match from_facts(&facts) {
                     Some(answer) => answer?,
                     None => compute()?,
                 };
-                Ok::<_, anyhow::Error>((answer.into_bytes(), learned))
+                Ok::<_, anyhow::Error>((answer.into_bytes(), learned(trace, &report, facts)))
             }
-            None => Ok((compute()?.into_bytes(), Vec::new())),
+            _ => Ok((compute()?.into_bytes(), Vec::new())),
         }
     })?;
     Ok(text(bytes))
 }
 
+/// An answer's bytes as text (the index keeps bytes).
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// What a report's replay of `trace` learned, for its index: the facts
-/// (their bytes) and the summary's answers.
-pub fn learned(trace: &std::path::Path, report: &memgap_model::report::Report, facts: Vec<u8>) -> Vec<(String, Vec<u8>)> {
+/// and the summary's answers.
+pub fn learned(
+    trace: &std::path::Path,
+    report: &memgap_model::report::Report,
+    facts: memgap_model::facts::Facts,
+) -> Vec<(String, Vec<u8>)> {
     let mut answers = summary::answers(trace, &report.summary);
-    answers.push((memgap_model::facts::QUERY.to_string(), facts));
+    answers.push((memgap_model::facts::QUERY.to_string(), facts.into_bytes()));
     answers
 }
 

@@ -56,7 +56,7 @@ pub fn write(trace: &Path, output: &Path, at: memgap_model::At, full_names: bool
     // The report's replay also learns the trace's facts: kept in its index,
     // they answer later questions about any snapshot without a replay.
     let keep_facts = memgap_replay::index::enabled();
-    let html = memgap_replay::index::answer_keeping(trace, &query, || {
+    let html = memgap_replay::index::Opened::read(trace).answer_keeping(&query, || {
         let Some((report, facts)) =
             memgap_model::report::report_and_facts(trace, at, full_names, keep_facts).with_context(|| name.clone())?
         else {
