@@ -362,17 +362,22 @@ impl Visitor for BlameVisitor {
 pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, MomentError> {
     let scan = snapshots::scan(path)?;
     scan.check(options.at)?;
-    if scan.gap_found_while_replaying(options.at) {
-        let mut v = BlameVisitor { gap: Some(GapFinder::default()), ..BlameVisitor::new(options.temporary_ms) };
-        let outcome = replay(path, &mut v)?;
-        if let Some(moment) = v.gap.as_ref().and_then(|finder| finder.moment(&scan)) {
-            return Ok(blame_replayed(v, &outcome, moment, options));
-        }
-    }
-    let Some(moment) = snapshots::resolve_scanned(path, &scan, options.at)? else { return Ok(None) };
-    let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
-    let outcome = replay(path, &mut v)?;
-    Ok(blame_replayed(v, &outcome, moment, options))
+    scan.replay_for(
+        path,
+        options.at,
+        || {
+            let mut v = BlameVisitor { gap: Some(GapFinder::default()), ..BlameVisitor::new(options.temporary_ms) };
+            let outcome = replay(path, &mut v)?;
+            let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
+            Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)))
+        },
+        |moment| {
+            let Some(moment) = moment else { return Ok(None) };
+            let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
+            let outcome = replay(path, &mut v)?;
+            Ok(blame_replayed(v, &outcome, moment, options))
+        },
+    )
 }
 
 /// Blame at `moment` once `v` has replayed the trace.

@@ -477,21 +477,21 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentErro
         state: Some(HeapState::default()),
         ..NumaVisitor::default()
     };
-    let mut found = None;
-    if scan.gap_found_while_replaying(options.at) {
-        let mut v = alone(None, Some(GapFinder::default()));
-        replay(path, &mut v)?;
-        found = v.gap.as_ref().and_then(|finder| finder.moment(&scan)).map(|moment| (v, moment));
-    }
-    let (v, moment) = match found {
-        Some((v, moment)) => (v, Some(moment)),
-        None => {
-            let moment = snapshots::resolve_scanned(path, &scan, options.at)?;
+    let (v, moment) = scan.replay_for(
+        path,
+        options.at,
+        || {
+            let mut v = alone(None, Some(GapFinder::default()));
+            replay(path, &mut v)?;
+            let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
+            Ok::<_, MomentError>(moment.map(|moment| (v, Some(moment))))
+        },
+        |moment| {
             let mut v = alone(moment.as_ref().map(|m| m.index), None);
             replay(path, &mut v)?;
-            (v, moment)
-        }
-    };
+            Ok((v, moment))
+        },
+    )?;
     let mut report = assemble(v, moment.as_ref().map(|m| m.seconds), options);
     report.moment = moment;
     match crate::ghc::report_of_trace(path)? {

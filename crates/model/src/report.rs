@@ -339,16 +339,15 @@ pub type ReportAndFacts = (Report, Option<crate::facts::Facts>);
 pub fn report_and_facts(path: &Path, at: At, full_names: bool, keep_facts: bool) -> Result<Option<ReportAndFacts>, MomentError> {
     let scan = snapshots::scan(path)?;
     scan.check(at)?;
-    // The largest gap is found in the report's own replay (the gap at each
-    // snapshot is known there), unless the gaps come from a runtime's own
-    // accounting.
-    if scan.gap_found_while_replaying(at)
-        && let Some(found) = replay_report(path, &scan, at, None, full_names, keep_facts)?
-    {
-        return Ok(Some(found));
-    }
-    let Some(moment) = snapshots::resolve_scanned(path, &scan, at)? else { return Ok(None) };
-    replay_report(path, &scan, at, Some(moment), full_names, keep_facts)
+    scan.replay_for(
+        path,
+        at,
+        || Ok(replay_report(path, &scan, at, None, full_names, keep_facts)?.map(Some)),
+        |moment| match moment {
+            Some(moment) => replay_report(path, &scan, at, Some(moment), full_names, keep_facts),
+            None => Ok(None),
+        },
+    )
 }
 
 /// The report from one replay, about `moment`, or about the largest gap

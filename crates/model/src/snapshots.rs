@@ -305,9 +305,28 @@ impl GapFinder {
 }
 
 impl Scan {
-    /// Whether `--at gap` can be found in the replay that computes the
-    /// ledger, with a [`GapFinder`].
-    pub(crate) fn gap_found_while_replaying(&self, at: At) -> bool {
+    /// One replay about the snapshot `at` names, where the largest gap is
+    /// found in the replay itself when it can be (the gap at each snapshot
+    /// is known there, unless a runtime's own accounting gives it):
+    /// `finding_gap` replays so, with a [`GapFinder`], and gives what it
+    /// computed, or `None` when its snapshots were not the scan's. Else the
+    /// moment is resolved first and `at_moment` replays for it.
+    pub(crate) fn replay_for<T, E: From<TraceError>>(
+        &self,
+        path: &Path,
+        at: At,
+        finding_gap: impl FnOnce() -> Result<Option<T>, E>,
+        at_moment: impl FnOnce(Option<Moment>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        if self.gap_found_while_replaying(at)
+            && let Some(found) = finding_gap()?
+        {
+            return Ok(found);
+        }
+        at_moment(resolve_scanned(path, self, at)?)
+    }
+
+    fn gap_found_while_replaying(&self, at: At) -> bool {
         at == At::Gap && self.snapshots.len() > 1 && !self.runtime_metrics
     }
 }
@@ -547,12 +566,12 @@ fn replay_ledgers(
 pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>, MomentError> {
     let scan = scan(path)?;
     scan.check(at)?;
-    if scan.gap_found_while_replaying(at)
-        && let Some(ledger) = ledger_at_largest_gap(path, &scan, want_pages)?
-    {
-        return Ok(Some(ledger));
-    }
-    Ok(ledger_at_resolved(path, &scan, at, want_pages)?)
+    Ok(scan.replay_for(
+        path,
+        at,
+        || Ok::<_, TraceError>(ledger_at_largest_gap(path, &scan, want_pages)?.map(Some)),
+        |moment| ledger_at_moment(path, moment, want_pages),
+    )?)
 }
 
 /// The ledger at the largest gap, found in the replay that computes it;
@@ -564,9 +583,9 @@ fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<O
     Ok(Some(ledger))
 }
 
-/// The ledger at the snapshot `at` names, resolved before the replay.
-fn ledger_at_resolved(path: &Path, scan: &Scan, at: At, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
-    let Some(moment) = resolve_scanned(path, scan, at)? else { return Ok(None) };
+/// The ledger at `moment`, resolved before the replay.
+fn ledger_at_moment(path: &Path, moment: Option<Moment>, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
+    let Some(moment) = moment else { return Ok(None) };
     let mut ledger = ledgers(path, &|i| i == moment.index, want_pages)?.pop();
     if let Some(ledger) = &mut ledger {
         ledger.moment = Some(moment);
@@ -590,12 +609,7 @@ pub struct Closing {
 
 pub fn closing(path: &Path) -> Result<Closing, TraceError> {
     let scan = scan(path)?;
-    if scan.gap_found_while_replaying(At::Gap)
-        && let Some(closing) = closing_at_largest_gap(path, &scan)?
-    {
-        return Ok(closing);
-    }
-    closing_resolved(path, &scan)
+    scan.replay_for(path, At::Gap, || closing_at_largest_gap(path, &scan), |moment| closing_resolved(path, &scan, moment))
 }
 
 /// [`closing`] in one replay that finds the largest gap; `None` when the
@@ -611,10 +625,9 @@ fn closing_at_largest_gap(path: &Path, scan: &Scan) -> Result<Option<Closing>, T
     Ok(Some(Closing { summary, moment: Some(at_gap), end }))
 }
 
-/// [`closing`], the largest gap resolved before the replay.
-fn closing_resolved(path: &Path, scan: &Scan) -> Result<Closing, TraceError> {
+/// [`closing`], the largest gap (`moment`) resolved before the replay.
+fn closing_resolved(path: &Path, scan: &Scan, moment: Option<Moment>) -> Result<Closing, TraceError> {
     let last = scan.snapshots.len().checked_sub(1);
-    let moment = resolve_scanned(path, scan, At::Gap)?;
     let wanted = |i: usize| Some(i) == moment.as_ref().map(|m| m.index) || Some(i) == last;
     let replayed = replay_ledgers(path, &wanted, false, Some(Builder::default()), false, false)?;
     let (mut ledgers, summary) = (replayed.ledgers, replayed.summary.expect("a summary was asked for"));
@@ -700,11 +713,12 @@ mod tests {
             }
             for pages in [false, true] {
                 let once = ledger_at_largest_gap(&path, &scan, pages).unwrap().expect("found while replaying");
-                let resolved = ledger_at_resolved(&path, &scan, At::Gap, pages).unwrap().unwrap();
+                let moment = resolve_scanned(&path, &scan, At::Gap).unwrap();
+                let resolved = ledger_at_moment(&path, moment, pages).unwrap().unwrap();
                 assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
             }
             let once = closing_at_largest_gap(&path, &scan).unwrap().expect("found while replaying");
-            let resolved = closing_resolved(&path, &scan).unwrap();
+            let resolved = closing_resolved(&path, &scan, resolve_scanned(&path, &scan, At::Gap).unwrap()).unwrap();
             assert_eq!(format!("{:?}", (once.moment, once.end)), format!("{:?}", (resolved.moment, resolved.end)), "{}", path.display());
             assert_eq!(serde_json::to_string(&once.summary).unwrap(), serde_json::to_string(&resolved.summary).unwrap());
             found += 1;
