@@ -158,6 +158,36 @@ fn rust_functions_are_demangled() {
     assert!(!frames.iter().any(|f| f.starts_with("_ZN")), "mangled names left: {frames:#?}");
 }
 
+/// Built with debug information, a Rust program's allocations pass through
+/// code inlined from the standard library (Vec, String, HashMap), whose
+/// frames carry short names only (`alloc`, `from_elem`, `do_alloc`): the
+/// site is still the program's own frame, in its own file.
+#[test]
+fn rust_sites_past_inlined_standard_library_code_are_the_programs_own() {
+    for debuginfo in ["-Cdebuginfo=2", "-Cdebuginfo=line-tables-only"] {
+        let (_tmp, dir) = tempdir();
+        let prog = common::compile_with(&dir, "rust_alloc.rs", &[debuginfo]);
+        let trace = dir.join("t.mgt");
+        let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog)]);
+        assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+        let timeline: Value = serde_json::from_slice(&memgap(&dir, &["timeline", arg(&trace), "--json"]).stdout).unwrap();
+        let snapshots = timeline["snapshots"].as_array().unwrap();
+        let program = snapshots.iter().rev().find(|l| l["snapshot_reason"] == "program").expect("a program snapshot");
+        let at = program["at_seconds"].to_string();
+        let out = memgap(&dir, &["blame", arg(&trace), "--json", "--at", &at, "--by", "live", "--top", "4"]);
+        let sites: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(sites.len() >= 3, "{debuginfo}: {sites:#?}");
+        for site in &sites[..3] {
+            let file = site["file"].as_str().unwrap_or("");
+            assert!(
+                file.ends_with("rust_alloc.rs"),
+                "{debuginfo}: a site outside the program, {:?} in {file:?}: {sites:#?}",
+                site["function"]
+            );
+        }
+    }
+}
+
 #[test]
 fn exports_read_by_pprof_folded_and_flamegraph() {
     let (_tmp, dir) = tempdir();

@@ -699,7 +699,22 @@ fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEnt
 
 pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
     ALLOCATOR_MODULES.iter().any(|m| frame.module.contains(m))
+        || frame.file.as_deref().is_some_and(is_standard_library_source)
         || frame.function.as_deref().map(without_return_type).is_some_and(|f| skip.iter().any(|prefix| f.starts_with(prefix)))
+}
+
+/// A source file of a language's standard library: Rust's, as rustc
+/// records it (`/rustc/COMMIT/library/alloc/src/…`, and the crates it is
+/// built with, such as its HashMap's: `/rust/deps/hashbrown-0.16.1/…`), or
+/// a C++ standard header (`…/include/c++/12/bits/…`). Code inlined from
+/// them carries its short name only (`alloc`, `from_elem`, `do_alloc`,
+/// `_M_realloc_insert`), which no name prefix tells from the program's own.
+fn is_standard_library_source(file: &str) -> bool {
+    let rust = file
+        .strip_prefix("/rustc/")
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(commit, rest)| commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit()) && rest.starts_with("library/"));
+    rust || file.starts_with("/rust/deps/") || file.contains("/include/c++/")
 }
 
 /// A demangled C++ function template's name starts with its return type
@@ -727,6 +742,37 @@ fn without_return_type(function: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_inlined_from_a_standard_library_is_the_librarys_whatever_its_name() {
+        let frame = |function: &str, file: &str| Frame {
+            function: Some(function.into()),
+            file: Some(file.into()),
+            line: Some(95),
+            module: "/usr/bin/prog".into(),
+            module_offset: 0,
+            inlined: true,
+            address: 0,
+        };
+        let rust = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+        for (function, file) in [
+            ("alloc", format!("{rust}/alloc/src/alloc.rs")),
+            ("<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem", format!("{rust}/alloc/src/vec/spec_from_elem.rs")),
+            ("grow_impl_runtime", format!("{rust}/alloc/src/alloc.rs")),
+            ("do_alloc<…>", "/rust/deps/hashbrown-0.16.1/src/raw/alloc.rs".to_string()),
+            ("_M_realloc_insert<int const&>", "/usr/include/c++/12/bits/vector.tcc".to_string()),
+        ] {
+            assert!(is_allocator_frame(&frame(function, &file), ALLOCATOR_FUNCTIONS), "{function} in {file}");
+        }
+        for (function, file) in [
+            ("rehash<…>", "/work/main/crates/replay/src/address_table.rs"),
+            ("rh::heap::build", "/tmp/rustc/library/heap.rs"),
+            ("build", "/rustc/notacommit/library/heap.rs"),
+            ("table::grow", "/home/me/include/table.h"),
+        ] {
+            assert!(!is_allocator_frame(&frame(function, file), ALLOCATOR_FUNCTIONS), "{function} in {file}");
+        }
+    }
 
     #[test]
     fn a_return_type_before_a_template_name_is_looked_past() {
