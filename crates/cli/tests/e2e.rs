@@ -79,7 +79,7 @@ fn the_trace_keeps_the_cpu_time_of_the_program_and_of_the_recorder() {
     assert!(recorder > 0.0 && recorder < program, "recorder CPU {recorder} s; {s:#}");
     let summary = memgap(&dir, &["summary", arg(&trace)]);
     let line = text(&summary.stdout).lines().find(|l| l.contains("recording CPU")).map(str::to_owned);
-    assert!(line.as_deref().is_some_and(|l| l.contains("in the program") && l.contains("recorder")), "{}", text(&summary.stdout));
+    assert!(line.as_deref().is_some_and(|l| l.contains("program (with its hooks)") && l.contains("recorder")), "{}", text(&summary.stdout));
 }
 
 /// `memgap run` writes trace format 3: every event in COMPACT_EVENTS

@@ -59,11 +59,7 @@ pub fn summary(s: &Summary) -> String {
     let recording_cpu = s.recording_cpu.map(|cpu| {
         (
             "recording CPU",
-            format!(
-                "{} in the program (its hooks included), {} in memgap's recorder",
-                seconds(cpu.program_seconds),
-                seconds(cpu.recorder_seconds)
-            ),
+            format!("{} program (with its hooks), {} memgap's recorder", seconds(cpu.program_seconds), seconds(cpu.recorder_seconds)),
         )
     });
     for (name, value) in rows.into_iter().chain(recording_cpu) {
