@@ -55,7 +55,8 @@ pub struct SeriesBuilder {
     /// Buckets kept at most; between half of it and all of it at the end.
     capacity: usize,
     origin: Option<u64>,
-    width: u64,
+    /// Each bucket spans 2^width_log2 clock units.
+    width_log2: u32,
     buckets: Vec<Option<Bucket>>,
     last: Option<(u64, u64)>,
 }
@@ -65,29 +66,44 @@ impl SeriesBuilder {
     /// holds between `buckets` and `2 * buckets` of them, each giving at
     /// most two points).
     pub fn new(buckets: usize) -> SeriesBuilder {
-        SeriesBuilder { capacity: 2 * buckets.max(1), origin: None, width: 1, buckets: Vec::new(), last: None }
+        SeriesBuilder { capacity: 2 * buckets.max(1), origin: None, width_log2: 0, buckets: Vec::new(), last: None }
     }
 
+    /// Called after every heap event: a shift, not a division, finds the bucket.
+    #[inline]
     pub fn push(&mut self, time: u64, value: u64) {
         let origin = *self.origin.get_or_insert(time);
         // A time before the first one (threads merged slightly out of order) joins the first bucket.
-        let mut index = time.saturating_sub(origin) / self.width;
+        let since = time.saturating_sub(origin);
+        let bucket_of = |width_log2: u32| since.checked_shr(width_log2).unwrap_or(0);
+        let mut index = bucket_of(self.width_log2);
         while index as usize >= self.capacity {
             self.halve();
-            index = time.saturating_sub(origin) / self.width;
+            index = bucket_of(self.width_log2);
         }
         let index = index as usize;
         if self.buckets.len() <= index {
             self.buckets.resize(index + 1, None);
         }
         let point = (time, value);
-        self.buckets[index] = Bucket::merge(self.buckets[index], Some(Bucket { low: point, high: point }));
+        match &mut self.buckets[index] {
+            Some(bucket) => {
+                if value < bucket.low.1 {
+                    bucket.low = point;
+                }
+                if value > bucket.high.1 {
+                    bucket.high = point;
+                }
+            }
+            empty => *empty = Some(Bucket { low: point, high: point }),
+        }
         self.last = Some(point);
     }
 
+    #[cold]
     fn halve(&mut self) {
         self.buckets = self.buckets.chunks(2).map(|pair| Bucket::merge(pair[0], pair.get(1).copied().flatten())).collect();
-        self.width = self.width.saturating_mul(2);
+        self.width_log2 += 1;
     }
 
     pub fn is_empty(&self) -> bool {
