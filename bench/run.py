@@ -518,14 +518,14 @@ def summarise(results):
             result["instructions"] = statistics.median(result["instructions_runs"])
         if name == "plain":
             continue
-        if all("program_cpu_s" in run for run in runs):
-            for metric in ("program_cpu_s", "recorder_cpu_s"):
+        for metric in ("program_cpu_s", "recorder_cpu_s"):
+            if all(metric in run for run in runs):
                 result[metric] = statistics.median(run[metric] for run in runs)
-        # program_cpu_s: the program's own CPU time under memgap against the plain run's, the recorder apart.
-        for metric, ratio_key in (("wall_s", "wall_ratio"), ("cpu_s", "cpu_ratio"), ("program_cpu_s", "program_cpu_ratio")):
-            ratios = [run[metric] / base["cpu_s" if metric == "program_cpu_s" else metric]
-                      for run, base in zip(runs, plain["runs"]) if metric in run and base["cpu_s"] > 0 and base["wall_s"] > 0]
-            if ratios and len(ratios) == len(runs):
+        # The program's own CPU time under memgap (the recorder apart) against the plain run's CPU time.
+        for metric, plain_metric, ratio_key in (("wall_s", "wall_s", "wall_ratio"), ("cpu_s", "cpu_s", "cpu_ratio"),
+                                                ("program_cpu_s", "cpu_s", "program_cpu_ratio")):
+            ratios = [run[metric] / base[plain_metric] for run, base in zip(runs, plain["runs"]) if metric in run and base[plain_metric] > 0]
+            if ratios:
                 result[ratio_key] = statistics.median(ratios)
                 result[ratio_key + "_range"] = [min(ratios), max(ratios)]
         if result.get("instructions") and plain.get("instructions"):
@@ -604,7 +604,7 @@ def check_targets(report):
                 continue
             paid = result.get("program_cpu_ratio")
             add(f"{tool_name}: the program's CPU ≤ {goal:.1f}× plain on churn", name,
-                (f"program {paid:.2f}× CPU, recorder {result['recorder_cpu_s']:.2f} s, total {result['cpu_ratio']:.2f}×"
+                (f"program {paid:.2f}× CPU, recorder {fmt(result.get('recorder_cpu_s'))} s, total {result['cpu_ratio']:.2f}×"
                  if paid is not None else f"total {result['cpu_ratio']:.2f}× CPU (the program's own not recorded)")
                 + f", wall {result['wall_ratio']:.2f}×", f"≤ {goal:.2f}×", (paid if paid is not None else result["cpu_ratio"]) <= goal)
         if "wall_ratio" in trim_only:
