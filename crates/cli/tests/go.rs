@@ -283,6 +283,10 @@ fn without_the_helper_the_ledger_comes_from_gctrace() {
     assert!(u(go, "last_gc_live_bytes") > 0 && u(&ledger["rows"], "live") > 0);
     assert!(ledger["residual_bytes"].as_i64().unwrap().unsigned_abs() <= u(&ledger, "rss_bytes") / 50);
     assert!(ledger["verdict"].as_str().unwrap().contains("memgap.dev/go/memgap"));
+    // What recording cost: the service's CPU time, reaped after SIGTERM, and memgap's own.
+    let cpu = &summary_json(&trace)["recording_cpu"];
+    let (program, recorder) = (cpu["program_seconds"].as_f64(), cpu["recorder_seconds"].as_f64());
+    assert!(program.is_some_and(|s| s > 0.0) && recorder.is_some_and(|s| s > 0.0), "{cpu:#}");
 }
 
 #[test]

@@ -33,7 +33,7 @@ use memgap_attach::residency::{self, monotonic_ns};
 use memgap_source_go::buildinfo::GoBinary;
 use memgap_source_go::{gctrace, helper};
 use memgap_trace::TraceWriter;
-use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, End, EndReason, Exit, Metrics, Process, Record, SnapshotReason};
+use memgap_trace::records::{CLOCK_MONOTONIC_NS, Clock, End, EndReason, Exit, Metrics, Process, Record, RecordingCost, SnapshotReason};
 use memgap_trace::vocabulary::{env, kind};
 
 use crate::signals::{child_started, forward_signals};
@@ -58,6 +58,8 @@ enum Message {
     Exited {
         exit_code: i32,
         signal: i32,
+        /// The program's CPU time (with the children it waited for), when it was reaped.
+        cpu_ns: Option<u64>,
     },
     NoExitSnapshot(String),
 }
@@ -137,6 +139,7 @@ pub fn record(recording: &GoRecording, go: &GoBinary, pattern: &Path, run_id: u6
     let start_ns = monotonic_ns();
     let start_realtime_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     forward_signals();
+    let cpu_before_start = crate::sys::own_cpu_ns();
     let child = match command.spawn() {
         Ok(child) => child,
         Err(error) => match reservation.spawn_failed(&error, |pid| trace_path(pattern, pid, true)) {
@@ -192,6 +195,7 @@ pub fn record(recording: &GoRecording, go: &GoBinary, pattern: &Path, run_id: u6
         vm_hwm: 0,
         helper: false,
         deferred: VecDeque::new(),
+        cpu_before_start,
     };
     recorder.pending.push(Record::Process(process));
     recorder.set_version(&go.version, "buildinfo");
@@ -214,6 +218,8 @@ struct Recorder<'w> {
     helper: bool,
     /// Messages that came while waiting for a fresh sample.
     deferred: VecDeque<Message>,
+    /// memgap's own CPU time when the program started.
+    cpu_before_start: u64,
 }
 
 impl Recorder<'_> {
@@ -275,7 +281,7 @@ impl Recorder<'_> {
         let snapshot_every = (recording.snapshot_interval_s > 0.0).then(|| Duration::from_secs_f64(recording.snapshot_interval_s));
         let started = Instant::now();
         let (mut next_rss, mut next_snapshot, mut next_flush) = (started, snapshot_every.map(|d| started + d), started + FLUSH_EVERY);
-        let mut exited: Option<(i32, i32)> = None;
+        let mut exited: Option<(i32, i32, Option<u64>)> = None;
         let mut open_streams = 2;
         let mut gc_seen = false;
         let mut drain_until = None;
@@ -355,8 +361,8 @@ impl Recorder<'_> {
                 Message::NoExitSnapshot(why) => {
                     self.pending.push(Record::Note { time: monotonic_ns(), text: format!("no snapshot at exit: {why}") })
                 }
-                Message::Exited { exit_code, signal } => {
-                    exited = Some((exit_code, signal));
+                Message::Exited { exit_code, signal, cpu_ns } => {
+                    exited = Some((exit_code, signal, cpu_ns));
                     // Lines still in the pipes; a grandchild holding stderr open is not waited for long.
                     drain_until = Some(Instant::now() + Duration::from_secs(2));
                     if open_streams == 0 {
@@ -371,7 +377,7 @@ impl Recorder<'_> {
                 }
             }
         }
-        let (exit_code, signal) = exited.unwrap_or((1, 0));
+        let (exit_code, signal, program_cpu_ns) = exited.unwrap_or((1, 0, None));
         if !gc_seen {
             self.pending.push(Record::Note {
                 time: monotonic_ns(),
@@ -385,7 +391,9 @@ impl Recorder<'_> {
             vm_hwm: self.vm_hwm,
             exit_code: Some(exit_code),
         }));
-        self.pending.push(Record::Exit(Exit { exit_code, signal, cost: None }));
+        let recorder_cpu_ns = crate::sys::own_cpu_ns().saturating_sub(self.cpu_before_start);
+        let cost = program_cpu_ns.map(|program_cpu_ns| RecordingCost { program_cpu_ns, recorder_cpu_ns });
+        self.pending.push(Record::Exit(Exit { exit_code, signal, cost }));
         self.flush()?;
         Ok((exit_code, signal))
     }
@@ -700,22 +708,25 @@ fn spawn_waiter(pid: u32, sender: Sender<Message>) {
         }
         loop {
             let mut status = 0;
-            // SAFETY: `status` is ours to write.
-            let got = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+            // SAFETY: rusage is plain data, valid all zero.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: `status` and `usage` are ours to write.
+            let got = unsafe { libc::wait4(pid, &mut status, libc::__WALL, &mut usage) };
             if got < 0 {
                 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                let _ = sender.send(Message::Exited { exit_code: 1, signal: 0 });
+                let _ = sender.send(Message::Exited { exit_code: 1, signal: 0, cpu_ns: None });
                 return;
             }
+            let cpu_ns = Some(crate::sys::cpu_ns(&usage));
             if libc::WIFEXITED(status) {
-                let _ = sender.send(Message::Exited { exit_code: libc::WEXITSTATUS(status), signal: 0 });
+                let _ = sender.send(Message::Exited { exit_code: libc::WEXITSTATUS(status), signal: 0, cpu_ns });
                 return;
             }
             if libc::WIFSIGNALED(status) {
                 let signal = libc::WTERMSIG(status);
-                let _ = sender.send(Message::Exited { exit_code: 128 + signal, signal });
+                let _ = sender.send(Message::Exited { exit_code: 128 + signal, signal, cpu_ns });
                 return;
             }
             if !libc::WIFSTOPPED(status) {

@@ -158,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
     };
     forward_signals();
-    let cpu_before_start = own_cpu_ns();
+    let cpu_before_start = memgap_record::sys::own_cpu_ns();
     let spawned = command.spawn();
     if let Some(sampling) = &sampling {
         sampling.spawned();
@@ -220,8 +220,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let samples = sampling.map(numa::Sampling::finish);
     if recorded {
         numa::write(samples, &traces, args.quiet);
-        let cost = program_cpu_ns
-            .map(|program_cpu_ns| RecordingCost { program_cpu_ns, recorder_cpu_ns: own_cpu_ns().saturating_sub(cpu_before_start) });
+        let cost = program_cpu_ns.map(|program_cpu_ns| RecordingCost {
+            program_cpu_ns,
+            recorder_cpu_ns: memgap_record::sys::own_cpu_ns().saturating_sub(cpu_before_start),
+        });
         // A full disk must not change the exit status memgap passes on.
         match traces.append(top_pid, [Record::Exit(Exit { exit_code, signal, cost })]) {
             Ok(true) => {}
@@ -459,27 +461,11 @@ fn reap(child: &mut std::process::Child) -> std::io::Result<(std::process::ExitS
         // SAFETY: wait4 fills the status and rusage we own.
         let reaped = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
         if reaped == child.id() as libc::pid_t {
-            return Ok((std::process::ExitStatus::from_raw(status), Some(cpu_ns(&usage))));
+            return Ok((std::process::ExitStatus::from_raw(status), Some(memgap_record::sys::cpu_ns(&usage))));
         }
         if reaped < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
             continue;
         }
         return Ok((child.wait()?, None));
     }
-}
-
-/// User and system CPU time of memgap's own process so far.
-fn own_cpu_ns() -> u64 {
-    // SAFETY: rusage is plain data, valid all zero.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the rusage we own.
-    match unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } {
-        0 => cpu_ns(&usage),
-        _ => 0,
-    }
-}
-
-fn cpu_ns(usage: &libc::rusage) -> u64 {
-    let ns = |time: libc::timeval| time.tv_sec.max(0) as u64 * 1_000_000_000 + time.tv_usec.max(0) as u64 * 1000;
-    ns(usage.ru_utime) + ns(usage.ru_stime)
 }
