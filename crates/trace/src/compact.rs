@@ -77,8 +77,7 @@ impl Recent {
     }
 
     fn push(&mut self, address: u64) {
-        self.addresses[self.pushed % RECENT] = address;
-        self.pushed += 1;
+        self.push_decoded(address);
         self.pushes_by_hash[index_slot(address)] = self.pushed as u32;
     }
 
