@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::accounting::Detail;
 use crate::heap_state::HeapState;
 use crate::ledger::{Ledger, Moment};
-use crate::snapshots::{self, At, GapFinder, MomentError};
+use crate::snapshots::{self, At, GapFinder, GapsSeen, MomentError};
 
 /// Frames that belong to memgap or to the allocator, not to the program:
 /// the allocation site is the first frame past them. Matched against the
@@ -365,11 +365,12 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Momen
     scan.replay_for(
         path,
         options.at,
+        GapsSeen::Malloc,
         || {
             let mut v = BlameVisitor { gap: Some(GapFinder::default()), ..BlameVisitor::new(options.temporary_ms) };
             let outcome = replay(path, &mut v)?;
             let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
-            Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)))
+            Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)).into())
         },
         |moment| {
             let Some(moment) = moment else { return Ok(None) };

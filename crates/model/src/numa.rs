@@ -32,7 +32,7 @@ pub use memgap_types::numa::{AccessLocality, DistanceCount, Node, PageNodes, Sam
 use crate::blame::{ALLOCATOR_FUNCTIONS, is_allocator_frame};
 use crate::heap_state::HeapState;
 use crate::ledger::Moment;
-use crate::snapshots::{self, At, GapFinder, MomentError};
+use crate::snapshots::{self, At, GapFinder, GapsSeen, MomentError};
 
 /// Live bytes by allocating thread's node × page's node.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -480,11 +480,12 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentErro
     let (v, moment) = scan.replay_for(
         path,
         options.at,
+        GapsSeen::Malloc,
         || {
             let mut v = alone(None, Some(GapFinder::default()));
             replay(path, &mut v)?;
             let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
-            Ok::<_, MomentError>(moment.map(|moment| (v, Some(moment))))
+            Ok::<_, MomentError>(moment.map(|moment| (v, Some(moment))).into())
         },
         |moment| {
             let mut v = alone(moment.as_ref().map(|m| m.index), None);

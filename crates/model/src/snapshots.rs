@@ -270,7 +270,8 @@ pub(crate) fn gap_at(snapshot: &Snapshot, live_bytes: u64) -> u64 {
 /// Finds the largest gap during the replay that uses it (one replay where
 /// two were needed): the gap at each snapshot, and whether it is the
 /// largest so far (the earliest of equals), whose ledger the replay keeps.
-/// Only for a trace whose live heap is malloc's (see [`GapVisitor`]).
+/// The gap is malloc's (see [`GapVisitor`]), or, where a runtime accounts
+/// for a heap of its own, the one of the ledger computed at the snapshot.
 #[derive(Debug, Default)]
 pub(crate) struct GapFinder {
     pub(crate) gaps: Vec<u64>,
@@ -281,14 +282,23 @@ impl GapFinder {
     /// Notes the gap at the next snapshot, with `live_bytes` in the live
     /// heap; true when it is the largest so far.
     pub(crate) fn note(&mut self, snapshot: &Snapshot, live_bytes: u64) -> bool {
-        let gap = gap_at(snapshot, live_bytes);
+        self.note_gap(gap_at(snapshot, live_bytes))
+    }
+
+    /// Notes the next snapshot's gap, computed by the caller; true when it is the largest so far.
+    pub(crate) fn note_gap(&mut self, gap: u64) -> bool {
         let index = self.gaps.len();
         self.gaps.push(gap);
-        let larger = self.largest.is_none_or(|(_, largest)| gap > largest);
+        let larger = self.could_be_larger(gap);
         if larger {
             self.largest = Some((index, gap));
         }
         larger
+    }
+
+    /// Whether a gap of `gap` would be the largest so far.
+    pub(crate) fn could_be_larger(&self, gap: u64) -> bool {
+        self.largest.is_none_or(|(_, largest)| gap > largest)
     }
 
     /// The snapshot with the largest gap so far.
@@ -304,41 +314,91 @@ impl GapFinder {
     }
 }
 
+/// What a replay that looked for the largest gap itself found.
+pub(crate) enum Found<T> {
+    /// The answer, about the largest gap.
+    Answer(T),
+    /// The largest gap, known only once the replay was over (from the
+    /// ledgers of a runtime's heap), is another snapshot than the one whose
+    /// detail the replay kept: replay again about it.
+    Elsewhere(Moment),
+    /// The replay's snapshots were not the scan's: resolve the moment first.
+    Unresolved,
+}
+
+impl<T> Found<T> {
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Found<U> {
+        match self {
+            Found::Answer(answer) => Found::Answer(f(answer)),
+            Found::Elsewhere(moment) => Found::Elsewhere(moment),
+            Found::Unresolved => Found::Unresolved,
+        }
+    }
+
+    /// The answer, when it was found.
+    pub(crate) fn answer(self) -> Option<T> {
+        match self {
+            Found::Answer(answer) => Some(answer),
+            Found::Elsewhere(_) | Found::Unresolved => None,
+        }
+    }
+}
+
+impl<T> From<Option<T>> for Found<T> {
+    fn from(answer: Option<T>) -> Found<T> {
+        answer.map_or(Found::Unresolved, Found::Answer)
+    }
+}
+
+/// Which gaps a replay finding the largest one while it runs can see.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GapsSeen {
+    /// malloc's alone, from the live heap.
+    Malloc,
+    /// Also a runtime's, from the ledger at every snapshot.
+    EveryOwner,
+}
+
 impl Scan {
     /// One replay about the snapshot `at` names, where the largest gap is
-    /// found in the replay itself when it can be (the gap at each snapshot
-    /// is known there, unless a runtime's own accounting gives it):
-    /// `finding_gap` replays so, with a [`GapFinder`], and gives what it
-    /// computed, or `None` when its snapshots were not the scan's. Else the
-    /// moment is resolved first and `at_moment` replays for it.
+    /// found in the replay itself when it can be (`seen` says whether the
+    /// replay sees a runtime's gaps): `finding_gap` replays so, with a
+    /// [`GapFinder`], and gives what it found. Else the moment is resolved
+    /// first and `at_moment` replays for it.
     pub(crate) fn replay_for<T, E: From<TraceError>>(
         &self,
         path: &Path,
         at: At,
-        finding_gap: impl FnOnce() -> Result<Option<T>, E>,
+        seen: GapsSeen,
+        finding_gap: impl FnOnce() -> Result<Found<T>, E>,
         at_moment: impl FnOnce(Option<Moment>) -> Result<T, E>,
     ) -> Result<T, E> {
-        if self.gap_found_while_replaying(at)
-            && let Some(found) = finding_gap()?
-        {
-            return Ok(found);
+        if self.gap_found_while_replaying(at, seen) {
+            match finding_gap()? {
+                Found::Answer(answer) => return Ok(answer),
+                Found::Elsewhere(moment) => return at_moment(Some(moment)),
+                Found::Unresolved => {}
+            }
         }
         at_moment(resolve_scanned(path, self, at)?)
     }
 
-    fn gap_found_while_replaying(&self, at: At) -> bool {
-        at == At::Gap && self.snapshots.len() > 1 && !self.runtime_metrics
+    fn gap_found_while_replaying(&self, at: At, seen: GapsSeen) -> bool {
+        at == At::Gap && self.snapshots.len() > 1 && (!self.runtime_metrics || seen == GapsSeen::EveryOwner)
     }
 }
 
 /// The gap at every snapshot, by index.
-fn gaps(path: &Path) -> Result<Vec<u64>, TraceError> {
-    let mut visitor = GapVisitor::default();
-    replay(path, &mut visitor)?;
-    if visitor.runtime_metrics {
-        return Ok(ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect());
+fn gaps(path: &Path, scan: &Scan) -> Result<Vec<u64>, TraceError> {
+    // A runtime's gaps are known only to the ledgers; the scan may have said so already.
+    if !scan.runtime_metrics {
+        let mut visitor = GapVisitor::default();
+        replay(path, &mut visitor)?;
+        if !visitor.runtime_metrics {
+            return Ok(visitor.gaps.gaps);
+        }
     }
-    Ok(visitor.gaps.gaps)
+    Ok(ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect())
 }
 
 impl Scan {
@@ -569,7 +629,8 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
     Ok(scan.replay_for(
         path,
         at,
-        || Ok::<_, TraceError>(ledger_at_largest_gap(path, &scan, want_pages)?.map(Some)),
+        GapsSeen::Malloc,
+        || Ok::<_, TraceError>(ledger_at_largest_gap(path, &scan, want_pages)?.map(Some).into()),
         |moment| ledger_at_moment(path, moment, want_pages),
     )?)
 }
@@ -594,7 +655,7 @@ fn ledger_at_moment(path: &Path, moment: Option<Moment>, want_pages: bool) -> Re
 }
 
 pub(crate) fn resolve_scanned(path: &Path, scan: &Scan, at: At) -> Result<Option<Moment>, TraceError> {
-    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { gaps(path)? } else { Vec::new() };
+    let gaps: Vec<u64> = if at == At::Gap && scan.snapshots.len() > 1 { gaps(path, scan)? } else { Vec::new() };
     Ok(scan.moment(at, &gaps))
 }
 
@@ -609,7 +670,13 @@ pub struct Closing {
 
 pub fn closing(path: &Path) -> Result<Closing, TraceError> {
     let scan = scan(path)?;
-    scan.replay_for(path, At::Gap, || closing_at_largest_gap(path, &scan), |moment| closing_resolved(path, &scan, moment))
+    scan.replay_for(
+        path,
+        At::Gap,
+        GapsSeen::Malloc,
+        || Ok(closing_at_largest_gap(path, &scan)?.into()),
+        |moment| closing_resolved(path, &scan, moment),
+    )
 }
 
 /// [`closing`] in one replay that finds the largest gap; `None` when the
@@ -708,7 +775,7 @@ mod tests {
                 continue;
             }
             let scan = scan(&path).unwrap();
-            if !scan.gap_found_while_replaying(At::Gap) {
+            if !scan.gap_found_while_replaying(At::Gap, GapsSeen::Malloc) {
                 continue;
             }
             for pages in [false, true] {
