@@ -13,13 +13,14 @@
 //! call stack.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use memgap_replay::{Change, Inherited, LiveSet, Outcome, ThreadEvent, Timeline, Visitor, replay};
 use memgap_symbolize::python::{PythonCodes, is_python};
 use memgap_symbolize::{Frame, Symbolizer, short_name};
 use memgap_trace::python::{PythonCode, is_python_frame};
 use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::accounting::Detail;
@@ -114,8 +115,9 @@ pub struct BlameEntry {
     pub file: Option<String>,
     pub line: Option<u32>,
     pub module: String,
-    /// The call stack, innermost first (for a site: its largest stack).
-    pub stack: Vec<Frame>,
+    /// The call stack, innermost first (for a site: its largest stack);
+    /// its frames shared with every other stack that passes through them.
+    pub stack: Vec<Arc<Frame>>,
     pub live_bytes: u64,
     pub objects: u64,
     pub fragmentation_bytes: u64,
@@ -399,8 +401,11 @@ fn blame_replayed(mut v: BlameVisitor, outcome: &Outcome, moment: Moment, option
 /// snapshot whose ledger is known needs no replay.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StackFacts {
-    /// Per call stack id: its frames, innermost first (Python's expanded).
-    frames: FxHashMap<u32, Vec<Frame>>,
+    /// Per call stack id: its frames, innermost first (Python's expanded),
+    /// each distinct frame held once: a Python program's stacks repeat the
+    /// interpreter's frames thousands of times.
+    #[serde(with = "shared_frames")]
+    frames: FxHashMap<u32, Vec<Arc<Frame>>>,
     /// Per stack, bytes live at the end, in the order the live set lists
     /// their first block (entries are ranked stably: the order counts).
     leaked: Vec<(u32, u64)>,
@@ -437,10 +442,14 @@ impl StackFacts {
         addresses.sort_unstable();
         addresses.dedup();
         let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
+        let mut distinct = FxHashSet::default();
         let frames = v
             .stacks
             .iter()
-            .map(|(&id, ips)| (id, v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default())))
+            .map(|(&id, ips)| {
+                let expanded = v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default());
+                (id, expanded.into_iter().map(|frame| shared_frames::share(&mut distinct, frame)).collect())
+            })
             .collect();
         let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe);
         StackFacts {
@@ -495,10 +504,10 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
 
     // Per stack: its frames and its allocation site.
     let mut site_of_stack = FxHashMap::default();
-    let stacks: Vec<(Vec<Frame>, Option<Frame>, Totals)> = totals
+    let stacks: Vec<StackSums> = totals
         .into_iter()
         .map(|(id, t)| {
-            let frames: Vec<Frame> = facts.frames.get(&id).cloned().unwrap_or_default();
+            let frames: Vec<Arc<Frame>> = facts.frames.get(&id).cloned().unwrap_or_default();
             // Under Python code, the line of Python that called into the interpreter's C.
             let site = frames
                 .iter()
@@ -510,14 +519,14 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
                 let label = if options.full_names || is_python(site) {
                     site_label(site)
                 } else {
-                    site_label(&Frame { function: site.function.as_deref().map(short_name), ..site.clone() })
+                    site_label(&Frame { function: site.function.as_deref().map(short_name), ..Frame::clone(site) })
                 };
                 site_of_stack.insert(id, label);
             }
             (frames, site, t)
         })
         .collect();
-    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_ref(), frames.clone(), 1)).collect();
+    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_deref(), frames.clone(), 1)).collect();
     // Sites are told apart by their whole names; only then shortened.
     let all_entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
     let mut churn = if options.per_stack {
@@ -527,9 +536,9 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
     };
     let mut entries = rank(all_entries, options.order, options.top);
     if !options.full_names {
-        let mut shortened = FxHashMap::default();
+        let mut shortened = ShortNames::default();
         for entry in entries.iter_mut().chain(&mut by_stack).chain(&mut churn) {
-            shorten_names(entry, &mut shortened);
+            shortened.shorten(entry);
         }
     }
     let main_module = facts.main_module.as_ref().map(|(path, base, size, build_id)| Module {
@@ -579,32 +588,115 @@ fn rank(mut entries: Vec<BlameEntry>, order: BlameOrder, top: usize) -> Vec<Blam
 /// The frames of `stack` from its allocation site outwards: memgap's and
 /// the allocator's frames dropped as blame drops them (all kept when no
 /// frame is the program's).
-pub fn program_frames(stack: &[Frame]) -> &[Frame] {
+pub fn program_frames(stack: &[Arc<Frame>]) -> &[Arc<Frame>] {
     match stack.iter().position(|frame| !is_allocator_frame(frame, ALLOCATOR_FUNCTIONS)) {
         Some(site) => &stack[site..],
         None => stack,
     }
 }
 
-/// The entry's function names in their short form (`cache`: each whole
-/// name's, computed once).
-fn shorten_names(entry: &mut BlameEntry, cache: &mut FxHashMap<String, String>) {
-    let mut short = |name: &mut String| {
-        if let Some(known) = cache.get(name.as_str()) {
+/// Function names in their short form, each whole name's and each
+/// shared frame's computed once.
+#[derive(Default)]
+struct ShortNames {
+    names: FxHashMap<String, String>,
+    /// By the address of the frame with the whole name: the same frame with the short one.
+    frames: FxHashMap<*const Frame, Arc<Frame>>,
+}
+
+impl ShortNames {
+    fn short(&mut self, name: &mut String) {
+        if let Some(known) = self.names.get(name.as_str()) {
             name.clone_from(known);
         } else {
             let s = short_name(name);
-            cache.insert(std::mem::replace(name, s.clone()), s);
+            self.names.insert(std::mem::replace(name, s.clone()), s);
         }
-    };
-    // Python frames (no module) keep their qualified names.
-    if let Some(function) = entry.function.as_mut().filter(|_| !entry.module.is_empty()) {
-        short(function);
     }
-    for frame in entry.stack.iter_mut().filter(|frame| !is_python(frame)) {
-        if let Some(function) = &mut frame.function {
-            short(function);
+
+    /// The entry's function names in their short form. Python frames (no
+    /// module) keep their qualified names.
+    fn shorten(&mut self, entry: &mut BlameEntry) {
+        if let Some(function) = entry.function.as_mut().filter(|_| !entry.module.is_empty()) {
+            self.short(function);
         }
+        for frame in entry.stack.iter_mut().filter(|frame| !is_python(frame) && frame.function.is_some()) {
+            // The whole-named frames stay alive in the stack facts while
+            // names are shortened, so an address names one frame throughout.
+            let short = match self.frames.get(&Arc::as_ptr(frame)) {
+                Some(short) => short.clone(),
+                None => {
+                    let mut short = Frame::clone(frame);
+                    if let Some(function) = &mut short.function {
+                        self.short(function);
+                    }
+                    let short = Arc::new(short);
+                    self.frames.insert(Arc::as_ptr(frame), short.clone());
+                    short
+                }
+            };
+            *frame = short;
+        }
+    }
+}
+
+/// The stacks' frames stored once each: a table of the distinct frames,
+/// and each stack as its frames' places in it.
+mod shared_frames {
+    use std::sync::Arc;
+
+    use memgap_symbolize::Frame;
+    use rustc_hash::{FxHashMap, FxHashSet};
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Table {
+        frames: Vec<Frame>,
+        stacks: Vec<(u32, Vec<u32>)>,
+    }
+
+    /// `frame`, or the equal one already shared.
+    pub(super) fn share(distinct: &mut FxHashSet<Arc<Frame>>, frame: Frame) -> Arc<Frame> {
+        if let Some(shared) = distinct.get(&frame) {
+            return shared.clone();
+        }
+        let shared = Arc::new(frame);
+        distinct.insert(shared.clone());
+        shared
+    }
+
+    pub(super) fn serialize<S: Serializer>(stacks: &FxHashMap<u32, Vec<Arc<Frame>>>, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut ids: Vec<u32> = stacks.keys().copied().collect();
+        ids.sort_unstable();
+        let mut places: FxHashMap<*const Frame, u32> = FxHashMap::default();
+        let mut table = Table { frames: Vec::new(), stacks: Vec::with_capacity(ids.len()) };
+        for id in ids {
+            let places = stacks[&id]
+                .iter()
+                .map(|frame| {
+                    *places.entry(Arc::as_ptr(frame)).or_insert_with(|| {
+                        table.frames.push(Frame::clone(frame));
+                        (table.frames.len() - 1) as u32
+                    })
+                })
+                .collect();
+            table.stacks.push((id, places));
+        }
+        table.serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FxHashMap<u32, Vec<Arc<Frame>>>, D::Error> {
+        let table = Table::deserialize(deserializer)?;
+        let frames: Vec<Arc<Frame>> = table.frames.into_iter().map(Arc::new).collect();
+        table
+            .stacks
+            .into_iter()
+            .map(|(id, places)| {
+                let stack = places.iter().map(|&place| frames.get(place as usize).cloned());
+                Ok((id, stack.collect::<Option<Vec<_>>>().ok_or_else(|| D::Error::custom("a stack names a frame past the table"))?))
+            })
+            .collect()
     }
 }
 
@@ -646,7 +738,7 @@ impl Totals {
         self.temporary_bytes += other.temporary_bytes;
     }
 
-    fn entry(&self, site: Option<&Frame>, stack: Vec<Frame>, stacks: u32) -> BlameEntry {
+    fn entry(&self, site: Option<&Frame>, stack: Vec<Arc<Frame>>, stacks: u32) -> BlameEntry {
         let dense_pages = (self.taken_bytes as f64 / 4096.0).ceil().max(1.0);
         BlameEntry {
             function: Some(site.map_or_else(|| "(no stack recorded)".to_string(), |f| f.function.clone().unwrap_or_else(|| f.label()))),
@@ -669,20 +761,23 @@ impl Totals {
     }
 }
 
+/// A stack's frames, its allocation site among them, and what its blocks add up to.
+type StackSums = (Vec<Arc<Frame>>, Option<Arc<Frame>>, Totals);
+
 type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
 
 /// One allocation site's sums, and the stack shown for it.
 struct SiteSums<'a> {
     totals: Totals,
     stacks: u32,
-    site: &'a Option<Frame>,
-    shown: &'a Vec<Frame>,
+    site: &'a Option<Arc<Frame>>,
+    shown: &'a Vec<Arc<Frame>>,
     /// The shown stack's (bytes held, bytes allocated).
     shown_weight: (u64, u64),
 }
 
 /// Sums the stacks that share an allocation site; shows the site's largest stack.
-fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEntry> {
+fn merge_by_site(stacks: &[StackSums]) -> Vec<BlameEntry> {
     let mut sites: FxHashMap<SiteKey, SiteSums> = FxHashMap::default();
     for (frames, site, t) in stacks {
         let key = site.as_ref().map(|f| (f.function.clone(), f.file.clone(), f.line, f.module.clone())).unwrap_or_default();
@@ -695,7 +790,7 @@ fn merge_by_site(stacks: &[(Vec<Frame>, Option<Frame>, Totals)]) -> Vec<BlameEnt
             (sums.shown, sums.shown_weight) = (frames, weight);
         }
     }
-    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_ref(), sums.shown.clone(), sums.stacks)).collect()
+    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_deref(), sums.shown.clone(), sums.stacks)).collect()
 }
 
 pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
@@ -803,5 +898,37 @@ mod tests {
         ] {
             assert!(!is_allocator_frame(&frame(program), ALLOCATOR_FUNCTIONS), "{program}");
         }
+    }
+
+    /// Stacks that pass through the same frames keep one copy of each, in
+    /// memory and in the index, and read back as they were.
+    #[test]
+    fn shared_frames_are_stored_once_and_read_back_as_they_were() {
+        let frame = |function: &str, address: u64| Frame {
+            function: Some(function.to_string()),
+            file: Some("/src/interpreter.c".to_string()),
+            line: Some(7),
+            module: "/usr/bin/python3.11".to_string(),
+            module_offset: address,
+            inlined: false,
+            address,
+        };
+        let mut distinct = FxHashSet::default();
+        let mut frames = FxHashMap::default();
+        for id in 1..=50u32 {
+            let stack = [frame(&format!("leaf_{id}"), u64::from(id)), frame("_PyEval_EvalFrameDefault", 1000), frame("main", 2000)];
+            frames.insert(id, stack.into_iter().map(|f| shared_frames::share(&mut distinct, f)).collect::<Vec<_>>());
+        }
+        assert!(Arc::ptr_eq(&frames[&1][1], &frames[&50][1]), "equal frames are one");
+        let facts = StackFacts { frames, ..StackFacts::default() };
+        let json = serde_json::to_string(&facts).unwrap();
+        assert_eq!(json.matches("_PyEval_EvalFrameDefault").count(), 1, "{json}");
+        let read: StackFacts = serde_json::from_str(&json).unwrap();
+        assert_eq!(read.frames, facts.frames);
+        assert!(Arc::ptr_eq(&read.frames[&7][2], &read.frames[&9][2]), "read back shared");
+
+        let past_the_table = json.replacen("[1,[", "[1,[99999,", 1);
+        assert_ne!(past_the_table, json);
+        assert!(serde_json::from_str::<StackFacts>(&past_the_table).is_err(), "a place past the table is refused");
     }
 }

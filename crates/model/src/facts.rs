@@ -30,7 +30,7 @@ use crate::trim_marks::TrimMark;
 pub const QUERY: &str = "facts";
 
 /// The facts' own layout; bytes of another are not read.
-const MAGIC: &[u8; 8] = b"MGFACTS1";
+const MAGIC: &[u8; 8] = b"MGFACTS2";
 /// Parts besides the ledgers: moments, stacks, timeline.
 const FIXED_PARTS: usize = 3;
 

@@ -100,7 +100,7 @@ fn weighted_stacks(
         .by_stack
         .into_iter()
         .map(|e| WeightedStack {
-            frames: memgap_model::blame::program_frames(&e.stack).to_vec(),
+            frames: memgap_model::blame::program_frames(&e.stack).iter().map(|frame| frame.as_ref().clone()).collect(),
             values: [
                 e.fragmentation_bytes,
                 e.live_bytes,
