@@ -448,7 +448,10 @@ impl StackFacts {
             .iter()
             .map(|(&id, ips)| {
                 let expanded = v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default());
-                (id, expanded.into_iter().map(|frame| shared_frames::share(&mut distinct, frame)).collect())
+                // A Vec of its own: collected in place, it would keep the expanded frames' room.
+                let mut shared = Vec::with_capacity(expanded.len());
+                shared.extend(expanded.into_iter().map(|frame| shared_frames::share(&mut distinct, frame)));
+                (id, shared)
             })
             .collect();
         let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe);
