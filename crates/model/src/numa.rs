@@ -62,51 +62,61 @@ impl AllocationLocality {
 /// The node positions each thread's events ran on, over the whole run.
 pub type ThreadNodes = FxHashMap<u32, BTreeSet<usize>>;
 
-/// Splits every live block over the pages it covers and tallies its bytes
-/// by (allocating thread's row, page's node).
-pub fn allocation_locality<'a>(
-    topology: &Topology,
-    blocks: impl IntoIterator<Item = (u64, &'a Block)>,
-    threads: &ThreadNodes,
-    pages: &dyn PageNodes,
-    page_size: u64,
-) -> AllocationLocality {
+/// The live blocks' bytes at a placement, split over the pages they cover
+/// and summed by what the locality needs of each: (allocating thread,
+/// call stack, CPU it allocated on, node of the page, `None` when not
+/// placed). Far fewer entries than blocks, and taken while the replay is at
+/// the placement, so no copy of the live set waits for the end.
+#[derive(Debug, Default)]
+pub struct PlacedBytes(FxHashMap<(u32, u32, u32, Option<u32>), u64>);
+
+impl PlacedBytes {
+    pub fn of<'a>(blocks: impl IntoIterator<Item = (u64, &'a Block)>, pages: &dyn PageNodes, page_size: u64) -> PlacedBytes {
+        let mut placed = PlacedBytes::default();
+        let page_size = page_size.max(1);
+        for (addr, block) in blocks {
+            let (mut at, end) = (addr, addr.saturating_add(block.size));
+            while at < end {
+                let piece_end = pages.same_node_until(at, page_size).min(end);
+                if piece_end <= at {
+                    break;
+                }
+                *placed.0.entry((block.thread, block.stack, block.cpu, pages.node_of(at))).or_default() += piece_end - at;
+                at = piece_end;
+            }
+        }
+        placed
+    }
+}
+
+/// Tallies the placed bytes by (allocating thread's row, page's node).
+pub fn allocation_locality(topology: &Topology, placed: &PlacedBytes, threads: &ThreadNodes) -> AllocationLocality {
     let n = topology.nodes.len();
     let mut rows: Vec<String> = topology.nodes.iter().map(|node| format!("node {}", node.id)).collect();
     rows.push("multi-node threads".into());
     let mut out = AllocationLocality { rows, matrix: vec![vec![0; n]; n + 1], ..AllocationLocality::default() };
-    let page_size = page_size.max(1);
-    for (addr, block) in blocks {
-        let allocated_on = topology.index_of_cpu(block.cpu);
-        let row = match threads.get(&block.thread) {
+    for (&(thread, stack, cpu, node), &bytes) in &placed.0 {
+        let allocated_on = topology.index_of_cpu(cpu);
+        let row = match threads.get(&thread) {
             Some(nodes) if nodes.len() > 1 => Some(n),
             Some(nodes) if nodes.len() == 1 => nodes.first().copied(),
             _ => allocated_on,
         };
-        let (mut at, end) = (addr, addr.saturating_add(block.size));
-        while at < end {
-            let piece_end = pages.same_node_until(at, page_size).min(end);
-            if piece_end <= at {
-                break;
-            }
-            let bytes = piece_end - at;
-            match pages.node_of(at).and_then(|id| topology.index_of_node(id)) {
-                Some(column) => {
-                    if let Some(row) = row {
-                        out.matrix[row][column] += bytes;
-                    }
-                    let stack = out.by_stack.entry(block.stack).or_default();
-                    stack.1 += bytes;
-                    if allocated_on == Some(column) {
-                        out.local_bytes += bytes;
-                    } else {
-                        out.remote_bytes += bytes;
-                        stack.0 += bytes;
-                    }
+        match node.and_then(|id| topology.index_of_node(id)) {
+            Some(column) => {
+                if let Some(row) = row {
+                    out.matrix[row][column] += bytes;
                 }
-                None => out.unplaced_bytes += bytes,
+                let stack = out.by_stack.entry(stack).or_default();
+                stack.1 += bytes;
+                if allocated_on == Some(column) {
+                    out.local_bytes += bytes;
+                } else {
+                    out.remote_bytes += bytes;
+                    stack.0 += bytes;
+                }
             }
-            at = piece_end;
+            None => out.unplaced_bytes += bytes,
         }
     }
     out
@@ -321,8 +331,6 @@ pub struct NumaOptions {
     pub top: usize,
 }
 
-/// Live blocks at a snapshot: (address, block).
-type LiveBlocks = Vec<(u64, Block)>;
 /// The agent's own memory: (start, length).
 type AgentRanges = Vec<(u64, u64)>;
 /// An allocation site: function, file, line, module.
@@ -330,7 +338,8 @@ type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
 
 /// Gathers what the NUMA report needs during a replay. On its own it keeps
 /// its own heap state; inside the HTML report's single replay the host
-/// hands it the live set at each snapshot ([`NumaVisitor::at_snapshot`]).
+/// tells it of each snapshot ([`NumaVisitor::at_snapshot`]) and hands it
+/// the live set with each placement ([`NumaVisitor::placed`]).
 #[derive(Default)]
 pub(crate) struct NumaVisitor {
     /// None when embedded: the host owns the heap state.
@@ -349,9 +358,9 @@ pub(crate) struct NumaVisitor {
     /// The last (thread, CPU) seen: most events repeat it, and the report
     /// replays tens of millions of events.
     last_thread_cpu: Option<(u32, u32)>,
-    /// The live blocks and agent ranges at the wanted snapshot, until its placement.
-    at_snapshot: Option<(u64, LiveBlocks, AgentRanges)>,
-    chosen: Option<(LiveBlocks, AgentRanges, Placement)>,
+    /// The wanted snapshot's time and agent ranges, until its placement.
+    at_snapshot: Option<(u64, AgentRanges)>,
+    chosen: Option<(PlacedBytes, AgentRanges, Placement)>,
     last_placement: Option<Placement>,
     samples: SampleBatch,
     stacks: FxHashMap<u32, Vec<u64>>,
@@ -371,13 +380,23 @@ impl NumaVisitor {
         self.chosen = None;
     }
 
-    /// A snapshot, with the live blocks at its instant.
-    pub(crate) fn at_snapshot(&mut self, snapshot: &Snapshot, live: &memgap_replay::LiveSet) {
+    /// A snapshot went by.
+    pub(crate) fn at_snapshot(&mut self, snapshot: &Snapshot) {
         if Some(self.seen) == self.wanted {
-            let blocks = live.blocks().map(|(addr, block)| (addr, *block)).collect();
-            self.at_snapshot = Some((snapshot.time, blocks, snapshot.agent_ranges.clone()));
+            self.at_snapshot = Some((snapshot.time, snapshot.agent_ranges.clone()));
         }
         self.seen += 1;
+    }
+
+    /// A placement, with the live blocks at its instant. The replay hands
+    /// it on right after the snapshot of the same time, before any later
+    /// event, so they are the snapshot's: the wanted snapshot's are placed here.
+    pub(crate) fn placed(&mut self, placement: &Placement, live: &memgap_replay::LiveSet) {
+        if let Some((_, agent_ranges)) = self.at_snapshot.take_if(|(time, _)| *time == placement.time) {
+            let placed = PlacedBytes::of(live.blocks(), &placement.index(), placement.page_size);
+            self.chosen = Some((placed, agent_ranges, placement.clone()));
+        }
+        self.last_placement = Some(placement.clone());
     }
 
     /// Whether the trace holds anything NUMA (a topology, placements or samples).
@@ -446,16 +465,16 @@ impl Visitor for NumaVisitor {
             if self.gap.as_mut().is_some_and(|finder| finder.note(snapshot, state.live.live_bytes())) {
                 self.want(self.seen);
             }
-            self.at_snapshot(snapshot, &state.live);
+            self.at_snapshot(snapshot);
             self.state = Some(state);
         }
     }
 
     fn placement(&mut self, placement: &Placement) {
-        if let Some((_, blocks, agent_ranges)) = self.at_snapshot.take_if(|(time, ..)| *time == placement.time) {
-            self.chosen = Some((blocks, agent_ranges, placement.clone()));
+        if let Some(state) = self.state.take() {
+            self.placed(placement, &state.live);
+            self.state = Some(state);
         }
-        self.last_placement = Some(placement.clone());
     }
 
     fn topology(&mut self, topology: &records::Topology) {
@@ -545,15 +564,14 @@ pub(crate) fn assemble(v: NumaVisitor, at_seconds: Option<f64>, options: &NumaOp
             report.placement_unavailable_reason =
                 Some(format!("move_pages failed in the traced process: {}", std::io::Error::from_raw_os_error(placement.error)));
         }
-        Some((blocks, agent_ranges, placement)) => {
+        Some((placed, agent_ranges, placement)) => {
             report.resident_bytes_by_node = resident_by_node(&topology, placement, agent_ranges);
             report.ghc_heap_bytes_by_node = resident_by_node_in(&topology, placement, GHC_HEAP_BASE..GHC_HEAP_BASE + GHC_HEAP_RESERVATION);
             if report.ghc_heap_bytes_by_node.iter().all(|&b| b == 0) {
                 report.ghc_heap_bytes_by_node.clear();
             }
             report.placement_cost_seconds = Some(placement.cost_ns as f64 / 1e9);
-            let locality =
-                allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &placement.index(), placement.page_size);
+            let locality = allocation_locality(&topology, placed, &threads);
             report.local_fraction = locality.local_fraction();
             report.allocation_local_bytes = locality.local_bytes;
             report.allocation_remote_bytes = locality.remote_bytes;

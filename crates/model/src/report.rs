@@ -197,7 +197,7 @@ impl Visitor for ReportVisitor {
                 map.place(placement);
             }
         }
-        self.numa.placement(placement);
+        self.numa.placed(placement, &self.blame.state.live);
     }
 
     fn memory_samples(&mut self, samples: &memgap_trace::numa::MemorySamples) {
@@ -248,7 +248,7 @@ impl Visitor for ReportVisitor {
             }
             self.numa.want(index);
         }
-        self.numa.at_snapshot(snapshot, &self.blame.state.live);
+        self.numa.at_snapshot(snapshot);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }

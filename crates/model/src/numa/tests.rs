@@ -50,7 +50,7 @@ fn allocation_matrix_splits_blocks_by_page_and_puts_wandering_threads_in_their_o
         (0x4100, block(60, 2, 0, 9)),   // node 1, allocated on node 0: remote, multi-node row
         (0x5000, block(50, 2, 0, 9)),   // not present
     ];
-    let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &threads, &pages, 4096);
+    let locality = allocation_locality(&topology, &PlacedBytes::of(blocks.iter().map(|(a, b)| (*a, b)), &pages, 4096), &threads);
     assert_eq!(locality.rows, ["node 0", "node 1", "multi-node threads"]);
     assert_eq!(locality.matrix, vec![vec![4096 + 2048, 2048], vec![0, 0], vec![0, 160]]);
     assert_eq!((locality.local_bytes, locality.remote_bytes, locality.unplaced_bytes), (4096 + 2048 + 100, 2048 + 60, 50));
@@ -65,7 +65,8 @@ fn allocation_matrix_splits_blocks_by_page_and_puts_wandering_threads_in_their_o
 fn a_thread_with_no_known_node_falls_back_to_its_cpu() {
     let topology = two_nodes();
     let blocks = [(0x3000u64, block(10, 5, 3, 0))];
-    let locality = allocation_locality(&topology, blocks.iter().map(|(a, b)| (*a, b)), &ThreadNodes::default(), &|_| Some(1), 4096);
+    let locality =
+        allocation_locality(&topology, &PlacedBytes::of(blocks.iter().map(|(a, b)| (*a, b)), &|_| Some(1), 4096), &ThreadNodes::default());
     assert_eq!(locality.matrix[1], vec![0, 10]);
     assert_eq!(locality.local_fraction(), Some(1.0));
 }
