@@ -207,7 +207,7 @@ pub(crate) struct BlameVisitor {
     /// in this replay, at the largest so far.
     ledger: Option<(u64, Ledger)>,
     gap: Option<GapFinder>,
-    stacks: FxHashMap<u32, Vec<u64>>,
+    pub(crate) stacks: FxHashMap<u32, Vec<u64>>,
     /// Per stack id (dense from 1, as the replay numbers them).
     churn: Vec<Churn>,
     /// A free at most this long after its allocation is temporary (ns).

@@ -363,7 +363,7 @@ pub(crate) struct NumaVisitor {
     chosen: Option<(PlacedBytes, AgentRanges, Placement)>,
     last_placement: Option<Placement>,
     samples: SampleBatch,
-    stacks: FxHashMap<u32, Vec<u64>>,
+    pub(crate) stacks: FxHashMap<u32, Vec<u64>>,
     modules: Vec<Module>,
 }
 

@@ -273,9 +273,9 @@ impl Visitor for ReportVisitor {
     }
 
     fn stack(&mut self, id: u32, frames: &[u64]) {
+        // The NUMA view's are blame's, handed over once blame is done with them.
         self.summary.stack(id, frames);
         self.blame.stack(id, frames);
-        self.numa.stack(id, frames);
     }
 
     fn python_code(&mut self, image: u32, code: &memgap_trace::python::PythonCode) {
@@ -460,6 +460,7 @@ fn replay_report(
     let trim_calls = v.trims.calls;
     let trim_marks = v.trims.finish();
     let summary = v.summary.finish(&outcome, path);
+    v.numa.stacks = std::mem::take(&mut v.blame.stacks);
     let numa = v.numa.saw_anything().then(|| {
         let options = NumaOptions { at, machine_topology: None, top: 20 };
         let mut numa = numa::assemble(v.numa, snapshots.get(moment.index).map(|l| l.at_seconds), &options);
