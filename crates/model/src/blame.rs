@@ -441,17 +441,27 @@ impl StackFacts {
             v.stacks.values().flatten().filter(|&&ip| !is_python_frame(ip)).map(|&ip| ip.saturating_sub(1)).collect();
         addresses.sort_unstable();
         addresses.dedup();
-        let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
+        // Each distinct frame once: an address's and a Python value's are shared by every stack through them.
         let mut distinct = FxHashSet::default();
+        let names: FxHashMap<u64, Vec<Arc<Frame>>> = addresses
+            .iter()
+            .copied()
+            .zip(symbolizer.symbolize_many(&addresses))
+            .map(|(address, frames)| (address, frames.into_iter().map(|frame| shared_frames::share(&mut distinct, frame)).collect()))
+            .collect();
+        let mut python_frames: FxHashMap<u64, Option<Arc<Frame>>> = FxHashMap::default();
         let frames = v
             .stacks
             .iter()
             .map(|(&id, ips)| {
-                let expanded = v.python.expand(ips, |ip| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default());
-                // A Vec of its own: collected in place, it would keep the expanded frames' room.
-                let mut shared = Vec::with_capacity(expanded.len());
-                shared.extend(expanded.into_iter().map(|frame| shared_frames::share(&mut distinct, frame)));
-                (id, shared)
+                let native = |ip: u64| names.get(&ip.saturating_sub(1)).cloned().unwrap_or_default();
+                let python = |value: u64| {
+                    let frame = python_frames
+                        .entry(value)
+                        .or_insert_with(|| v.python.frame(value).map(|frame| shared_frames::share(&mut distinct, frame)));
+                    frame.clone()
+                };
+                (id, v.python.expand_as(ips, native, python))
             })
             .collect();
         let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe);

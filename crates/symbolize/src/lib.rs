@@ -66,6 +66,12 @@ pub struct Frame {
     pub address: u64,
 }
 
+impl AsRef<Frame> for Frame {
+    fn as_ref(&self) -> &Frame {
+        self
+    }
+}
+
 impl Frame {
     /// A short name for stacks and flame graphs: the function, else
     /// `libfoo.so+0x1a2b` (module file name only), else the address.

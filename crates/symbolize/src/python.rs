@@ -55,7 +55,18 @@ impl PythonCodes {
     /// them, with each run of the eval loop replaced by the Python frames it
     /// ran. Python frames left over (a native stack cut at its depth) go
     /// outermost.
-    pub fn expand(&self, raw: &[u64], mut native: impl FnMut(u64) -> Vec<Frame>) -> Vec<Frame> {
+    pub fn expand(&self, raw: &[u64], native: impl FnMut(u64) -> Vec<Frame>) -> Vec<Frame> {
+        self.expand_as(raw, native, |value| self.frame(value))
+    }
+
+    /// [`Self::expand`] with frames of any form (shared ones, say):
+    /// `python_frame` gives the frame of a Python value, as [`Self::frame`] makes it.
+    pub fn expand_as<F: AsRef<Frame>>(
+        &self,
+        raw: &[u64],
+        mut native: impl FnMut(u64) -> Vec<F>,
+        mut python_frame: impl FnMut(u64) -> Option<F>,
+    ) -> Vec<F> {
         let split = raw.iter().position(|&value| is_python_frame(value)).unwrap_or(raw.len());
         let (addresses, python) = raw.split_at(split);
         // Runs of Python frames, innermost first; each ends at an entry frame.
@@ -64,10 +75,12 @@ impl PythonCodes {
         let mut frames = Vec::with_capacity(raw.len());
         for &address in addresses {
             let named = native(address);
-            let is_eval =
-                named.last().and_then(|frame| frame.function.as_deref()).is_some_and(|function| function.starts_with(EVAL_FUNCTION));
+            let is_eval = named
+                .last()
+                .and_then(|frame| frame.as_ref().function.as_deref())
+                .is_some_and(|function| function.starts_with(EVAL_FUNCTION));
             match runs.pop() {
-                Some(run) if is_eval => frames.extend(run.iter().filter_map(|&value| self.frame(value))),
+                Some(run) if is_eval => frames.extend(run.iter().filter_map(|&value| python_frame(value))),
                 other => {
                     if let Some(run) = other {
                         runs.push(run);
@@ -77,7 +90,7 @@ impl PythonCodes {
             }
         }
         while let Some(run) = runs.pop() {
-            frames.extend(run.iter().filter_map(|&value| self.frame(value)));
+            frames.extend(run.iter().filter_map(|&value| python_frame(value)));
         }
         frames
     }
