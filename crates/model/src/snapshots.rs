@@ -629,7 +629,7 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
     Ok(scan.replay_for(
         path,
         at,
-        GapsSeen::Malloc,
+        GapsSeen::EveryOwner,
         || Ok::<_, TraceError>(ledger_at_largest_gap(path, &scan, want_pages)?.map(Some).into()),
         |moment| ledger_at_moment(path, moment, want_pages),
     )?)
@@ -638,6 +638,15 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
 /// The ledger at the largest gap, found in the replay that computes it;
 /// `None` when the replay disagrees with the scan (then resolve first).
 fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
+    if scan.runtime_metrics {
+        // Page maps at every snapshot would cost more than a second replay.
+        let found = if want_pages { None } else { every_ledger(path, scan, None)? };
+        return Ok(found.map(|(mut replayed, moment)| {
+            let mut ledger = replayed.ledgers.swap_remove(moment.index);
+            ledger.moment = Some(moment);
+            ledger
+        }));
+    }
     let Some((finder, Some(mut ledger))) = replay_ledgers(path, &|_| false, want_pages, None, false, true)?.gap else { return Ok(None) };
     let Some(moment) = finder.moment(scan) else { return Ok(None) };
     ledger.moment = Some(moment);
@@ -673,7 +682,7 @@ pub fn closing(path: &Path) -> Result<Closing, TraceError> {
     scan.replay_for(
         path,
         At::Gap,
-        GapsSeen::Malloc,
+        GapsSeen::EveryOwner,
         || Ok(closing_at_largest_gap(path, &scan)?.into()),
         |moment| closing_resolved(path, &scan, moment),
     )
@@ -682,6 +691,9 @@ pub fn closing(path: &Path) -> Result<Closing, TraceError> {
 /// [`closing`] in one replay that finds the largest gap; `None` when the
 /// replay disagrees with the scan.
 fn closing_at_largest_gap(path: &Path, scan: &Scan) -> Result<Option<Closing>, TraceError> {
+    if scan.runtime_metrics {
+        return closing_from_every_ledger(path, scan);
+    }
     let last = scan.snapshots.len().checked_sub(1);
     let replayed = replay_ledgers(path, &|i| Some(i) == last, false, Some(Builder::default()), false, true)?;
     let summary = replayed.summary.expect("a summary was asked for");
@@ -690,6 +702,28 @@ fn closing_at_largest_gap(path: &Path, scan: &Scan) -> Result<Option<Closing>, T
     let end = if Some(moment.index) == last { None } else { replayed.ledgers.into_iter().next_back() };
     at_gap.moment = Some(moment);
     Ok(Some(Closing { summary, moment: Some(at_gap), end }))
+}
+
+/// [`closing`] of a trace whose gaps a runtime accounts for, in one replay (see [`every_ledger`]).
+fn closing_from_every_ledger(path: &Path, scan: &Scan) -> Result<Option<Closing>, TraceError> {
+    let Some((Replayed { mut ledgers, summary, .. }, moment)) = every_ledger(path, scan, Some(Builder::default()))? else {
+        return Ok(None);
+    };
+    let end = (moment.index + 1 < ledgers.len()).then(|| ledgers.pop()).flatten();
+    let mut at_moment = ledgers.swap_remove(moment.index);
+    at_moment.moment = Some(moment);
+    Ok(Some(Closing { summary: summary.expect("a summary was asked for"), moment: Some(at_moment), end }))
+}
+
+/// A trace whose gaps a runtime accounts for knows them only once the
+/// runtime's late figures are laid over the ledgers: one replay keeping
+/// every ledger (without page maps) gives them, and the largest gap among
+/// them, as [`gaps`] chooses it; `None` when its snapshots are not the scan's.
+fn every_ledger(path: &Path, scan: &Scan, summary: Option<Builder>) -> Result<Option<(Replayed, Moment)>, TraceError> {
+    let replayed = replay_ledgers(path, &|_| true, false, summary, false, false)?;
+    let gaps: Vec<u64> = replayed.ledgers.iter().map(gap_bytes).collect();
+    let moment = scan.moment(At::Gap, &gaps).filter(|_| gaps.len() == scan.snapshots.len());
+    Ok(moment.map(|moment| (replayed, moment)))
 }
 
 /// [`closing`], the largest gap (`moment`) resolved before the replay.
@@ -791,6 +825,34 @@ mod tests {
             found += 1;
         }
         assert!(found >= 4, "only {found} fixtures have several snapshots and malloc's live heap");
+    }
+
+    /// A trace whose gaps a runtime accounts for: the ledger and the
+    /// closing from one replay keeping every ledger are the ones resolved first.
+    #[test]
+    fn a_runtime_traces_ledger_and_closing_in_one_replay_are_the_resolved_ones() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
+        let mut compared = 0;
+        for entry in std::fs::read_dir(&fixtures).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "mgt") {
+                continue;
+            }
+            let scan = scan(&path).unwrap();
+            if !scan.runtime_metrics || !scan.gap_found_while_replaying(At::Gap, GapsSeen::EveryOwner) {
+                continue;
+            }
+            let once = ledger_at_largest_gap(&path, &scan, false).unwrap().expect("found in one replay");
+            let resolved = ledger_at_moment(&path, resolve_scanned(&path, &scan, At::Gap).unwrap(), false).unwrap().unwrap();
+            assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
+            assert!(ledger_at_largest_gap(&path, &scan, true).unwrap().is_none(), "page maps are asked of a replay that knows the moment");
+            let once = closing_at_largest_gap(&path, &scan).unwrap().expect("found in one replay");
+            let resolved = closing_resolved(&path, &scan, resolve_scanned(&path, &scan, At::Gap).unwrap()).unwrap();
+            assert_eq!(format!("{:?}", (once.moment, once.end)), format!("{:?}", (resolved.moment, resolved.end)), "{}", path.display());
+            assert_eq!(serde_json::to_string(&once.summary).unwrap(), serde_json::to_string(&resolved.summary).unwrap());
+            compared += 1;
+        }
+        assert!(compared >= 4, "only {compared} fixtures have several snapshots and a runtime's own heap");
     }
 
     #[test]
