@@ -372,7 +372,7 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Momen
             let mut v = BlameVisitor { gap: Some(GapFinder::default()), ..BlameVisitor::new(options.temporary_ms) };
             let outcome = replay(path, &mut v)?;
             let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
-            Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)).into())
+            Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)))
         },
         |moment| {
             let Some(moment) = moment else { return Ok(None) };

@@ -504,7 +504,7 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentErro
             let mut v = alone(None, Some(GapFinder::default()));
             replay(path, &mut v)?;
             let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
-            Ok::<_, MomentError>(moment.map(|moment| (v, Some(moment))).into())
+            Ok::<_, MomentError>(moment.map(|moment| (v, Some(moment))))
         },
         |moment| {
             let mut v = alone(moment.as_ref().map(|m| m.index), None);

@@ -15,7 +15,7 @@ use crate::ledger::{Ledger, Moment};
 use crate::numa::{self, NumaOptions, NumaReport, NumaVisitor};
 use crate::registry::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
-use crate::snapshots::{self, At, Found, GapFinder, GapsSeen, MomentError, SERIES_BUCKETS};
+use crate::snapshots::{self, At, GapFinder, GapsSeen, MomentError, SERIES_BUCKETS};
 use crate::summary::{Builder, Summary};
 use crate::trim_marks::{TrimMark, TrimMarks};
 
@@ -73,13 +73,9 @@ struct ReportVisitor {
     moment: Option<usize>,
     /// The gap at every snapshot and the largest so far.
     gaps: GapFinder,
-    /// The gaps are malloc's (no runtime accounts for its own heap), known
-    /// before each ledger; else they are the ledgers'.
+    /// The gaps are malloc's (no runtime accounts for its own heap).
     track_gap: bool,
     runtime_metrics: bool,
-    /// Finding the moment, the largest gap so far had no detail computed
-    /// (its ledger's gap was larger than malloc's alone).
-    moment_lacks_detail: bool,
     peak: usize,
     last: usize,
     with_pages: Vec<usize>,
@@ -124,9 +120,9 @@ impl ReportVisitor {
 /// spaced ones within the budget, in time order, as a replay that knew the
 /// moment from the start keeps them (when the moment was found during the
 /// replay, each snapshot that was the largest gap for a while got one).
-fn settle_page_maps(ledgers: &mut [Ledger], moment: usize, peak: usize, last: usize, with_pages: &[usize]) {
+fn settle_page_maps(ledgers: &mut [(u64, Ledger)], moment: usize, peak: usize, last: usize, with_pages: &[usize]) {
     let mut kept = 0;
-    for (index, ledger) in ledgers.iter_mut().enumerate() {
+    for (index, (_, ledger)) in ledgers.iter_mut().enumerate() {
         let always = index == moment || index == peak || index == last;
         if !always && with_pages.binary_search(&index).is_ok() && kept < PAGE_BUDGET {
             kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
@@ -214,41 +210,34 @@ impl Visitor for ReportVisitor {
     fn snapshot(&mut self, snapshot: &Snapshot) {
         let index = self.seen;
         self.seen += 1;
-        let finding = self.moment.is_none();
-        // Every snapshot's gap, for the facts too: malloc's before the
-        // ledger; a runtime's heap is known only to the ledger's owners.
+        // Every snapshot's gap, for the facts too.
         let previous = self.gaps.largest();
-        let live_bytes = self.blame.state.live.live_bytes();
-        let malloc_larger = self.track_gap.then(|| self.gaps.note(snapshot, live_bytes));
-        // The detail of the moment, where it is or may turn out to be. A
-        // runtime's live heap makes its ledger's gap smaller than malloc's
-        // alone; where it does not, the replay says so (`moment_lacks_detail`).
-        let moment_detail = match self.moment {
+        let larger = self.gaps.note(snapshot, self.blame.state.live.live_bytes());
+        let is_moment = match self.moment {
             Some(moment) => index == moment,
-            None => malloc_larger.unwrap_or_else(|| self.gaps.could_be_larger(snapshots::gap_at(snapshot, live_bytes))),
+            None => {
+                if larger {
+                    if let Some(previous) = previous {
+                        self.no_longer_the_moment(previous);
+                    }
+                    self.numa.want(index);
+                }
+                larger
+            }
         };
         // With another moment, the largest gap's detail is kept for the
         // facts too (`--at gap` is the question asked most).
-        let largest_gap = malloc_larger == Some(true) && !finding;
+        let largest_gap = larger && self.moment.is_some() && self.track_gap;
         if largest_gap && let Some(previous) = previous.filter(|&p| Some(p) != self.moment) {
             self.no_longer_the_largest_gap(previous);
         }
-        let always = moment_detail || largest_gap || index == self.peak || index == self.last;
+        self.numa.at_snapshot(snapshot);
+        let always = is_moment || largest_gap || index == self.peak || index == self.last;
         let spaced = !always && self.with_pages.binary_search(&index).is_ok() && self.pages_kept < PAGE_BUDGET;
         // Call stacks wherever pages: blame there is then in the facts.
-        let detail = Detail { pages: always || spaced, stacks: always || spaced, objects: moment_detail };
+        let detail = Detail { pages: always || spaced, stacks: always || spaced, objects: is_moment };
         self.owners.snapshot_seen(snapshot);
         let ledger = snapshots::ledger_of(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
-        let larger = malloc_larger.unwrap_or_else(|| self.gaps.note_gap(snapshots::gap_bytes(&ledger)));
-        let is_moment = if finding { larger } else { moment_detail };
-        if finding && larger {
-            self.moment_lacks_detail = !moment_detail;
-            if let Some(previous) = previous {
-                self.no_longer_the_moment(previous);
-            }
-            self.numa.want(index);
-        }
-        self.numa.at_snapshot(snapshot);
         if spaced {
             self.pages_kept += ledger.page_maps.iter().map(|m| m.pages.len()).sum::<usize>();
         }
@@ -256,9 +245,6 @@ impl Visitor for ReportVisitor {
             self.moment_ledger = Some(ledger.clone());
         }
         self.ledgers.push((snapshot.time, ledger));
-        if moment_detail && !is_moment {
-            self.no_longer_the_largest_gap(index);
-        }
     }
 
     fn thread(&mut self, thread: &Thread) {
@@ -334,8 +320,8 @@ fn downsample(samples: &[RssSample], points: usize) -> Vec<RssSample> {
 }
 
 /// The report's data, about the moment `at`, in one replay (and one more
-/// when a runtime's late figures move the largest gap to a snapshot whose
-/// detail that replay did not keep); `None` when the trace has no snapshot.
+/// to find the largest gap of a trace whose gaps a runtime accounts for);
+/// `None` when the trace has no snapshot.
 pub fn report(path: &Path, at: At) -> Result<Option<Report>, MomentError> {
     report_with_names(path, at, false)
 }
@@ -356,17 +342,18 @@ pub fn report_and_facts(path: &Path, at: At, full_names: bool, keep_facts: bool)
     scan.replay_for(
         path,
         at,
-        GapsSeen::EveryOwner,
+        GapsSeen::Malloc,
         || Ok(replay_report(path, &scan, at, None, full_names, keep_facts)?.map(Some)),
         |moment| match moment {
-            Some(moment) => Ok(replay_report(path, &scan, at, Some(moment), full_names, keep_facts)?.answer()),
+            Some(moment) => replay_report(path, &scan, at, Some(moment), full_names, keep_facts),
             None => Ok(None),
         },
     )
 }
 
 /// The report from one replay, about `moment`, or about the largest gap
-/// found in it when `moment` is `None`; with `keep_facts`, the facts too.
+/// found in it when `moment` is `None` (then `None` when the trace turned
+/// out to need it known beforehand); with `keep_facts`, the facts too.
 fn replay_report(
     path: &Path,
     scan: &snapshots::Scan,
@@ -374,7 +361,7 @@ fn replay_report(
     moment: Option<Moment>,
     full_names: bool,
     keep_facts: bool,
-) -> Result<Found<ReportAndFacts>, MomentError> {
+) -> Result<Option<ReportAndFacts>, MomentError> {
     let infos = &scan.snapshots;
     let peak = infos.iter().max_by_key(|s| (s.vm_rss, s.index)).map_or(0, |s| s.index);
     let known = moment.as_ref().map(|m| m.index);
@@ -385,7 +372,6 @@ fn replay_report(
         gaps: GapFinder::default(),
         track_gap: !scan.runtime_metrics,
         runtime_metrics: false,
-        moment_lacks_detail: false,
         peak,
         last: infos.len().saturating_sub(1),
         with_pages: page_map_indexes(infos.len(), known.unwrap_or(peak), peak),
@@ -402,6 +388,14 @@ fn replay_report(
         numa: NumaVisitor::embedded(known),
     };
     let outcome = replay(path, &mut v)?;
+    let moment = match moment {
+        Some(moment) => moment,
+        None => {
+            let Some(found) = v.gaps.moment(scan).filter(|_| !v.runtime_metrics) else { return Ok(None) };
+            settle_page_maps(&mut v.ledgers, found.index, peak, v.last, &v.with_pages);
+            found
+        }
+    };
     let timeline = &outcome.timeline;
     // A runtime with a heap of its own (Go, GHC): malloc's live heap is not the program's.
     let live_heap = if v.owners.summary().is_some() { Vec::new() } else { v.live_heap.finish(|time| timeline.seconds(time)) };
@@ -416,28 +410,6 @@ fn replay_report(
             ledger
         })
         .collect();
-    let moment = match moment {
-        Some(moment) => moment,
-        None if v.track_gap => {
-            let Some(found) = v.gaps.moment(scan).filter(|_| !v.runtime_metrics) else { return Ok(Found::Unresolved) };
-            found
-        }
-        None => {
-            // The runtimes' late layers are in the ledgers now: their gaps
-            // are final. The moment must be the snapshot whose detail was kept.
-            let gaps: Vec<u64> = snapshots.iter().map(snapshots::gap_bytes).collect();
-            let Some(found) = scan.moment(At::Gap, &gaps).filter(|_| gaps.len() == scan.snapshots.len()) else {
-                return Ok(Found::Unresolved);
-            };
-            if v.moment_lacks_detail || v.gaps.largest() != Some(found.index) {
-                return Ok(Found::Elsewhere(found));
-            }
-            found
-        }
-    };
-    if known.is_none() {
-        settle_page_maps(&mut snapshots, moment.index, peak, v.last, &v.with_pages);
-    }
     let stack_facts = blame::StackFacts::of(&v.blame);
     let blame = v.moment_ledger.as_ref().map(|ledger| {
         let options = BlameOptions {
@@ -518,7 +490,7 @@ fn replay_report(
         trim_marks,
         trim_calls,
     };
-    Ok(Found::Answer((report, facts)))
+    Ok(Some((report, facts)))
 }
 
 #[cfg(test)]
@@ -539,7 +511,7 @@ mod tests {
     #[test]
     fn finding_the_moment_while_replaying_reports_the_same() {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
-        let (mut found_while_replaying, mut runtimes_found) = (0, 0);
+        let mut found_while_replaying = 0;
         for entry in std::fs::read_dir(&fixtures).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_none_or(|e| e != "mgt") {
@@ -547,22 +519,15 @@ mod tests {
             }
             let scan = snapshots::scan(&path).unwrap();
             let Some(moment) = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap() else { continue };
-            let known = replay_report(&path, &scan, At::Gap, Some(moment.clone()), false, false).unwrap().answer().unwrap().0;
-            match replay_report(&path, &scan, At::Gap, None, false, false).unwrap() {
-                Found::Answer((found, _)) => {
-                    assert_eq!(format!("{found:?}"), format!("{known:?}"), "{}", path.display());
-                    found_while_replaying += 1;
-                    runtimes_found += usize::from(scan.runtime_metrics);
-                }
-                Found::Elsewhere(elsewhere) => assert_eq!(elsewhere, moment, "{}", path.display()),
-                Found::Unresolved => {}
+            let known = replay_report(&path, &scan, At::Gap, Some(moment), false, false).unwrap().unwrap().0;
+            if let Some((found, _)) = replay_report(&path, &scan, At::Gap, None, false, false).unwrap() {
+                assert_eq!(format!("{found:?}"), format!("{known:?}"), "{}", path.display());
+                found_while_replaying += 1;
             }
             let public = report(&path, At::Gap).unwrap().unwrap();
             assert_eq!(format!("{public:?}"), format!("{known:?}"), "{}", path.display());
         }
         assert!(found_while_replaying >= 3, "only {found_while_replaying} fixtures had their moment found while replaying");
-        // Go's late figures leave its gaps in order; Ruby's, Node's, GHC's and pymalloc's move them.
-        assert!(runtimes_found >= 1, "no fixture with a runtime's own heap had its moment found while replaying");
     }
 
     #[test]
@@ -570,9 +535,9 @@ mod tests {
         let map = |pages: usize| crate::ledger::PageMap { pages: vec![crate::ledger::PageClass::NotResident; pages], ..Default::default() };
         let ledger = |pages: usize| Ledger { page_maps: vec![map(pages)], ..Ledger::default() };
         // Snapshots 0..6: moment 2, peak 4, last 5; spaced 0, 1, 3 within a budget reached after 1.
-        let mut ledgers: Vec<Ledger> = (0..6).map(|i| ledger(if i == 1 { PAGE_BUDGET } else { 10 })).collect();
+        let mut ledgers: Vec<(u64, Ledger)> = (0..6).map(|i| (i as u64, ledger(if i == 1 { PAGE_BUDGET } else { 10 }))).collect();
         settle_page_maps(&mut ledgers, 2, 4, 5, &[0, 1, 3]);
-        let kept: Vec<bool> = ledgers.iter().map(|l| !l.page_maps.is_empty()).collect();
+        let kept: Vec<bool> = ledgers.iter().map(|(_, l)| !l.page_maps.is_empty()).collect();
         assert_eq!(kept, [true, true, true, false, true, true]);
     }
 

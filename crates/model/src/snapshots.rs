@@ -270,8 +270,7 @@ pub(crate) fn gap_at(snapshot: &Snapshot, live_bytes: u64) -> u64 {
 /// Finds the largest gap during the replay that uses it (one replay where
 /// two were needed): the gap at each snapshot, and whether it is the
 /// largest so far (the earliest of equals), whose ledger the replay keeps.
-/// The gap is malloc's (see [`GapVisitor`]), or, where a runtime accounts
-/// for a heap of its own, the one of the ledger computed at the snapshot.
+/// Only for a trace whose live heap is malloc's (see [`GapVisitor`]).
 #[derive(Debug, Default)]
 pub(crate) struct GapFinder {
     pub(crate) gaps: Vec<u64>,
@@ -282,23 +281,14 @@ impl GapFinder {
     /// Notes the gap at the next snapshot, with `live_bytes` in the live
     /// heap; true when it is the largest so far.
     pub(crate) fn note(&mut self, snapshot: &Snapshot, live_bytes: u64) -> bool {
-        self.note_gap(gap_at(snapshot, live_bytes))
-    }
-
-    /// Notes the next snapshot's gap, computed by the caller; true when it is the largest so far.
-    pub(crate) fn note_gap(&mut self, gap: u64) -> bool {
+        let gap = gap_at(snapshot, live_bytes);
         let index = self.gaps.len();
         self.gaps.push(gap);
-        let larger = self.could_be_larger(gap);
+        let larger = self.largest.is_none_or(|(_, largest)| gap > largest);
         if larger {
             self.largest = Some((index, gap));
         }
         larger
-    }
-
-    /// Whether a gap of `gap` would be the largest so far.
-    pub(crate) fn could_be_larger(&self, gap: u64) -> bool {
-        self.largest.is_none_or(|(_, largest)| gap > largest)
     }
 
     /// The snapshot with the largest gap so far.
@@ -314,71 +304,34 @@ impl GapFinder {
     }
 }
 
-/// What a replay that looked for the largest gap itself found.
-pub(crate) enum Found<T> {
-    /// The answer, about the largest gap.
-    Answer(T),
-    /// The largest gap, known only once the replay was over (from the
-    /// ledgers of a runtime's heap), is another snapshot than the one whose
-    /// detail the replay kept: replay again about it.
-    Elsewhere(Moment),
-    /// The replay's snapshots were not the scan's: resolve the moment first.
-    Unresolved,
-}
-
-impl<T> Found<T> {
-    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Found<U> {
-        match self {
-            Found::Answer(answer) => Found::Answer(f(answer)),
-            Found::Elsewhere(moment) => Found::Elsewhere(moment),
-            Found::Unresolved => Found::Unresolved,
-        }
-    }
-
-    /// The answer, when it was found.
-    pub(crate) fn answer(self) -> Option<T> {
-        match self {
-            Found::Answer(answer) => Some(answer),
-            Found::Elsewhere(_) | Found::Unresolved => None,
-        }
-    }
-}
-
-impl<T> From<Option<T>> for Found<T> {
-    fn from(answer: Option<T>) -> Found<T> {
-        answer.map_or(Found::Unresolved, Found::Answer)
-    }
-}
-
 /// Which gaps a replay finding the largest one while it runs can see.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GapsSeen {
     /// malloc's alone, from the live heap.
     Malloc,
-    /// Also a runtime's, from the ledger at every snapshot.
+    /// Also a runtime's: the replay keeps every ledger, and takes the gaps
+    /// from them once the runtime's late figures are laid over them.
     EveryOwner,
 }
 
 impl Scan {
     /// One replay about the snapshot `at` names, where the largest gap is
     /// found in the replay itself when it can be (`seen` says whether the
-    /// replay sees a runtime's gaps): `finding_gap` replays so, with a
-    /// [`GapFinder`], and gives what it found. Else the moment is resolved
-    /// first and `at_moment` replays for it.
+    /// replay sees a runtime's gaps): `finding_gap` replays so and gives
+    /// what it computed, or `None` when its snapshots were not the scan's.
+    /// Else the moment is resolved first and `at_moment` replays for it.
     pub(crate) fn replay_for<T, E: From<TraceError>>(
         &self,
         path: &Path,
         at: At,
         seen: GapsSeen,
-        finding_gap: impl FnOnce() -> Result<Found<T>, E>,
+        finding_gap: impl FnOnce() -> Result<Option<T>, E>,
         at_moment: impl FnOnce(Option<Moment>) -> Result<T, E>,
     ) -> Result<T, E> {
-        if self.gap_found_while_replaying(at, seen) {
-            match finding_gap()? {
-                Found::Answer(answer) => return Ok(answer),
-                Found::Elsewhere(moment) => return at_moment(Some(moment)),
-                Found::Unresolved => {}
-            }
+        if self.gap_found_while_replaying(at, seen)
+            && let Some(found) = finding_gap()?
+        {
+            return Ok(found);
         }
         at_moment(resolve_scanned(path, self, at)?)
     }
@@ -630,7 +583,7 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
         path,
         at,
         GapsSeen::EveryOwner,
-        || Ok::<_, TraceError>(ledger_at_largest_gap(path, &scan, want_pages)?.map(Some).into()),
+        || Ok::<_, TraceError>(ledger_at_largest_gap(path, &scan, want_pages)?.map(Some)),
         |moment| ledger_at_moment(path, moment, want_pages),
     )?)
 }
@@ -683,7 +636,7 @@ pub fn closing(path: &Path) -> Result<Closing, TraceError> {
         path,
         At::Gap,
         GapsSeen::EveryOwner,
-        || Ok(closing_at_largest_gap(path, &scan)?.into()),
+        || closing_at_largest_gap(path, &scan),
         |moment| closing_resolved(path, &scan, moment),
     )
 }
