@@ -32,6 +32,8 @@ pub mod accounting;
 pub mod blame;
 pub mod compare;
 pub mod facts;
+#[cfg(test)]
+mod fixtures;
 pub mod ghc;
 pub mod glibc_trim;
 pub mod go;

@@ -510,13 +510,8 @@ mod tests {
     /// report replayed knowing it, on every recorded fixture.
     #[test]
     fn finding_the_moment_while_replaying_reports_the_same() {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
         let mut found_while_replaying = 0;
-        for entry in std::fs::read_dir(&fixtures).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|e| e != "mgt") {
-                continue;
-            }
+        for path in crate::fixtures::traces() {
             let scan = snapshots::scan(&path).unwrap();
             let Some(moment) = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap() else { continue };
             let known = replay_report(&path, &scan, At::Gap, Some(moment), false, false).unwrap().unwrap().0;

@@ -749,63 +749,36 @@ mod tests {
         assert_eq!(Scan { snapshots: Vec::new(), end_seconds: 0.0, runtime_metrics: false }.moment(At::Gap, &[]), None);
     }
 
-    /// The largest gap found in the replay that computes its ledger: the
-    /// same ledger (and closing) as when it is resolved first, on every
-    /// recorded fixture where it applies.
+    /// The largest gap found in the replay that computes its ledger (for a
+    /// trace whose gaps a runtime accounts for, in one replay keeping every
+    /// ledger): the same ledger (and closing) as when it is resolved first,
+    /// on every recorded fixture where it applies.
     #[test]
     fn finding_the_largest_gap_while_replaying_gives_the_same_ledgers() {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
-        let mut found = 0;
-        for entry in std::fs::read_dir(&fixtures).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|e| e != "mgt") {
-                continue;
-            }
+        let (mut mallocs, mut runtimes) = (0, 0);
+        for path in crate::fixtures::traces() {
             let scan = scan(&path).unwrap();
-            if !scan.gap_found_while_replaying(At::Gap, GapsSeen::Malloc) {
+            if !scan.gap_found_while_replaying(At::Gap, GapsSeen::EveryOwner) {
                 continue;
             }
+            let moment = resolve_scanned(&path, &scan, At::Gap).unwrap();
             for pages in [false, true] {
-                let once = ledger_at_largest_gap(&path, &scan, pages).unwrap().expect("found while replaying");
-                let moment = resolve_scanned(&path, &scan, At::Gap).unwrap();
-                let resolved = ledger_at_moment(&path, moment, pages).unwrap().unwrap();
-                assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
+                let once = ledger_at_largest_gap(&path, &scan, pages).unwrap();
+                if scan.runtime_metrics && pages {
+                    assert!(once.is_none(), "page maps are asked of a replay that knows the moment");
+                    continue;
+                }
+                let resolved = ledger_at_moment(&path, moment.clone(), pages).unwrap().unwrap();
+                assert_eq!(format!("{:?}", once.expect("found while replaying")), format!("{resolved:?}"), "{}", path.display());
             }
             let once = closing_at_largest_gap(&path, &scan).unwrap().expect("found while replaying");
-            let resolved = closing_resolved(&path, &scan, resolve_scanned(&path, &scan, At::Gap).unwrap()).unwrap();
+            let resolved = closing_resolved(&path, &scan, moment).unwrap();
             assert_eq!(format!("{:?}", (once.moment, once.end)), format!("{:?}", (resolved.moment, resolved.end)), "{}", path.display());
             assert_eq!(serde_json::to_string(&once.summary).unwrap(), serde_json::to_string(&resolved.summary).unwrap());
-            found += 1;
+            *(if scan.runtime_metrics { &mut runtimes } else { &mut mallocs }) += 1;
         }
-        assert!(found >= 4, "only {found} fixtures have several snapshots and malloc's live heap");
-    }
-
-    /// A trace whose gaps a runtime accounts for: the ledger and the
-    /// closing from one replay keeping every ledger are the ones resolved first.
-    #[test]
-    fn a_runtime_traces_ledger_and_closing_in_one_replay_are_the_resolved_ones() {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
-        let mut compared = 0;
-        for entry in std::fs::read_dir(&fixtures).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|e| e != "mgt") {
-                continue;
-            }
-            let scan = scan(&path).unwrap();
-            if !scan.runtime_metrics || !scan.gap_found_while_replaying(At::Gap, GapsSeen::EveryOwner) {
-                continue;
-            }
-            let once = ledger_at_largest_gap(&path, &scan, false).unwrap().expect("found in one replay");
-            let resolved = ledger_at_moment(&path, resolve_scanned(&path, &scan, At::Gap).unwrap(), false).unwrap().unwrap();
-            assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
-            assert!(ledger_at_largest_gap(&path, &scan, true).unwrap().is_none(), "page maps are asked of a replay that knows the moment");
-            let once = closing_at_largest_gap(&path, &scan).unwrap().expect("found in one replay");
-            let resolved = closing_resolved(&path, &scan, resolve_scanned(&path, &scan, At::Gap).unwrap()).unwrap();
-            assert_eq!(format!("{:?}", (once.moment, once.end)), format!("{:?}", (resolved.moment, resolved.end)), "{}", path.display());
-            assert_eq!(serde_json::to_string(&once.summary).unwrap(), serde_json::to_string(&resolved.summary).unwrap());
-            compared += 1;
-        }
-        assert!(compared >= 4, "only {compared} fixtures have several snapshots and a runtime's own heap");
+        assert!(mallocs >= 4, "only {mallocs} fixtures have several snapshots and malloc's live heap");
+        assert!(runtimes >= 4, "only {runtimes} fixtures have several snapshots and a runtime's own heap");
     }
 
     #[test]

@@ -231,13 +231,8 @@ mod tests {
     /// maps and call stacks included (less the report's per-page blocks).
     #[test]
     fn the_fixtures_ledgers_come_back_whole() {
-        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
         let mut ledgers = 0;
-        for entry in std::fs::read_dir(&fixtures).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|e| e != "mgt") {
-                continue;
-            }
+        for path in crate::fixtures::traces() {
             let Some(report) = crate::report::report(&path, crate::At::Gap).unwrap() else { continue };
             for mut ledger in report.snapshots {
                 ledger.moment = report.blame.as_ref().and_then(|b| b.moment.clone());
