@@ -461,7 +461,7 @@ impl StackFacts {
                         .or_insert_with(|| v.python.frame(value).map(|frame| shared_frames::share(&mut distinct, frame)));
                     frame.clone()
                 };
-                (id, v.python.expand_as(ips, native, python))
+                (id, v.python.expand(ips, native, python))
             })
             .collect();
         let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe);

@@ -53,15 +53,10 @@ impl PythonCodes {
 
     /// A stack's frames, innermost first: the native ones as `native` names
     /// them, with each run of the eval loop replaced by the Python frames it
-    /// ran. Python frames left over (a native stack cut at its depth) go
-    /// outermost.
-    pub fn expand(&self, raw: &[u64], native: impl FnMut(u64) -> Vec<Frame>) -> Vec<Frame> {
-        self.expand_as(raw, native, |value| self.frame(value))
-    }
-
-    /// [`Self::expand`] with frames of any form (shared ones, say):
-    /// `python_frame` gives the frame of a Python value, as [`Self::frame`] makes it.
-    pub fn expand_as<F: AsRef<Frame>>(
+    /// ran, as `python_frame` gives them (from [`Self::frame`]). Python
+    /// frames left over (a native stack cut at its depth) go outermost.
+    /// Frames may be of any form that reads as one (shared ones, say).
+    pub fn expand<F: AsRef<Frame>>(
         &self,
         raw: &[u64],
         mut native: impl FnMut(u64) -> Vec<F>,
@@ -227,12 +222,12 @@ mod tests {
             0x30 => vec![native("PyObject_Call", 0x30)],
             _ => vec![native("main", address)],
         };
-        let frames = codes.expand(&raw, names);
+        let frames = codes.expand(&raw, names, |value| codes.frame(value));
         let labels: Vec<String> = frames.iter().map(|f| format!("{}:{}", f.label(), f.line.unwrap_or(0))).collect();
         assert_eq!(labels, ["PyList_Append:0", "grow:10", "main:20", "PyObject_Call:0", "<module>:1", "main:0"]);
         assert!(is_python(&frames[1]) && !is_python(&frames[0]));
         // No eval loop in the native stack (cut short): Python frames outermost.
-        let frames = codes.expand(&[0x10, encode_frame(1, None, true)], names);
+        let frames = codes.expand(&[0x10, encode_frame(1, None, true)], names, |value| codes.frame(value));
         assert_eq!(frames.iter().map(Frame::label).collect::<Vec<_>>(), ["PyList_Append", "grow"]);
     }
 }
