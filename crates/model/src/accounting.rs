@@ -343,7 +343,7 @@ impl SnapshotAccounting<'_> {
             state: self.state,
             heap: &mut heap,
             other: &mut ledger.other_breakdown,
-            python_arenas: self.state.python_census.as_ref().filter(|c| c.snapshot_time == self.snapshot.time),
+            python_arenas: self.state.python_census(self.snapshot.time),
         };
         let (pages, taken) = account_pages(&mut classifier, mapping_blocks, walked_pages);
         if allocator_owned {
@@ -502,7 +502,7 @@ type StackShares = rustc_hash::FxHashMap<u32, (StackShare, Option<(u64, u64)>)>;
 /// grows a structure fills the arenas it makes, and the survivors that keep
 /// them resident are mostly its own.
 fn python_arenas_to_stacks(state: &HeapState, snapshot_time: u64, page: u64, stacks: &mut StackShares) {
-    let Some(census) = state.python_census.as_ref().filter(|c| c.snapshot_time == snapshot_time) else { return };
+    let Some(census) = state.python_census(snapshot_time) else { return };
     for arena in &census.arena_rows {
         // Arenas without one (recorded with --no-stacks): with the blocks that have none.
         let stack = state.mapping_stack(arena.address).unwrap_or(memgap_trace::event::NO_STACK);

@@ -13,6 +13,9 @@ use rustc_hash::FxHashSet;
 /// Granularity of "this region held heap blocks": 2 MiB.
 const REGION_SHIFT: u32 = 21;
 const RECENT_REGIONS: usize = 32;
+/// pymalloc censuses kept for snapshots the replay still holds back (a
+/// replay that passes no snapshot to the state must not hoard them).
+const CENSUSES_KEPT: usize = 8;
 
 #[derive(Debug, Default)]
 pub struct HeapState {
@@ -24,9 +27,11 @@ pub struct HeapState {
     /// Mappings recorded with the call stack that made them (an allocator's
     /// own chunks of objects, pymalloc's arenas): start → (end, stack).
     mapping_stacks: BTreeMap<u64, (u64, u32)>,
-    /// pymalloc at the last snapshot the recorder counted it (its METRICS
-    /// record comes just before the snapshot).
-    pub python_census: Option<memgap_source_python::Census>,
+    /// pymalloc as the recorder counted it at snapshots not yet passed,
+    /// oldest first. Its METRICS record comes just before its snapshot, but
+    /// the replay holds a snapshot back until a clock passes it, so the
+    /// next snapshot's census can come first.
+    python_censuses: std::collections::VecDeque<memgap_source_python::Census>,
     block_regions: FxHashSet<u64>,
     /// Regions known to be in `block_regions`, direct-mapped (region + 1,
     /// 0 for none): inserting each allocation's region into the set cost
@@ -61,7 +66,10 @@ impl HeapState {
             let bytes = |name: &str| metrics.get(name).filter(|v| v.is_finite() && *v >= 0.0).map_or(0, |v| v as u64);
             self.glibc_trim.trim_called(bytes("rss_before:bytes"), bytes("rss_after:bytes"));
         } else if let Some(census) = memgap_source_python::Census::from_metrics(metrics) {
-            self.python_census = Some(census);
+            if self.python_censuses.len() == CENSUSES_KEPT {
+                self.python_censuses.pop_front();
+            }
+            self.python_censuses.push_back(census);
         } else if let Some(walk) = memgap_types::glibc_walk::WalkedHeap::from_metrics(metrics) {
             self.walks.push_back(walk);
         }
@@ -70,6 +78,9 @@ impl HeapState {
     /// The walk of glibc's state taken with `snapshot`, if the trace holds
     /// one: its in-use chunks are the live set replayed up to it.
     pub fn take_walk(&mut self, snapshot: &memgap_trace::records::Snapshot) -> Option<memgap_types::glibc_walk::WalkedHeap> {
+        while self.python_censuses.front().is_some_and(|c| c.snapshot_time < snapshot.time) {
+            self.python_censuses.pop_front();
+        }
         while self.walks.front().is_some_and(|&(time, _)| time < snapshot.time) {
             self.walks.pop_front();
         }
@@ -81,6 +92,11 @@ impl HeapState {
         walk.libc_path = self.allocator.clone();
         walk.snapshot = snapshot.clone();
         Some(walk)
+    }
+
+    /// pymalloc as the recorder counted it at the snapshot of `time`.
+    pub fn python_census(&self, time: u64) -> Option<&memgap_source_python::Census> {
+        self.python_censuses.iter().find(|c| c.snapshot_time == time)
     }
 
     /// The call stack that made the mapping starting at `start`, if it was
@@ -116,6 +132,9 @@ impl HeapState {
     pub fn pass_snapshot(&mut self, snapshot: &memgap_trace::records::Snapshot) {
         while self.walks.front().is_some_and(|&(time, _)| time <= snapshot.time) {
             self.walks.pop_front();
+        }
+        while self.python_censuses.front().is_some_and(|c| c.snapshot_time <= snapshot.time) {
+            self.python_censuses.pop_front();
         }
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
             let live: Vec<(u64, u64)> = self
@@ -272,6 +291,28 @@ mod tests {
         assert_eq!((state.mapping_stack(0x100000), state.mapping_stack(0x300000)), (Some(7), None));
         state.apply(&ev(EventKind::Munmap, 0x100000, 0x100000, 0, 0));
         assert_eq!(state.mapping_stack(0x100000), None);
+    }
+
+    /// The replay holds a snapshot back until a clock passes it; by then the
+    /// next snapshot's census may have come, and each snapshot still finds its own.
+    #[test]
+    fn each_snapshot_finds_its_own_pymalloc_census_when_the_next_came_first() {
+        let census = |snapshot_time: u64, arenas: u64| memgap_source_python::Census { snapshot_time, arenas, ..Default::default() };
+        let snapshot = |time: u64| memgap_trace::records::Snapshot { time, ..Default::default() };
+        let mut state = HeapState::default();
+        state.metrics(&census(927, 52).to_metrics(1));
+        state.metrics(&census(930, 53).to_metrics(2));
+        assert_eq!(state.take_walk(&snapshot(927)).map(|_| ()), None);
+        assert_eq!(state.python_census(927).map(|c| c.arenas), Some(52));
+        assert_eq!(state.python_census(930).map(|c| c.arenas), Some(53));
+        state.pass_snapshot(&snapshot(930));
+        assert!(state.python_census(927).is_none() && state.python_census(930).is_none());
+        // A replay that never passes its snapshots to the state keeps only the latest few.
+        for time in 0..100 {
+            state.metrics(&census(time, 1).to_metrics(time));
+        }
+        assert_eq!(state.python_censuses.len(), CENSUSES_KEPT);
+        assert!(state.python_census(99).is_some());
     }
 
     #[test]
