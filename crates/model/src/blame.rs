@@ -390,7 +390,9 @@ fn blame_replayed(mut v: BlameVisitor, outcome: &Outcome, moment: Moment, option
     // rows the header sums up.
     v.owners.replayed(&outcome.timeline);
     v.owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
-    let mut blame = assemble(&StackFacts::of(&v), outcome.timeline.seconds(time), &ledger, options);
+    // Freed before symbolizing, which needs memory of its own.
+    let leaked = StackFacts::leaked(&std::mem::take(&mut v.state.live));
+    let mut blame = assemble(&StackFacts::of(&v, leaked), outcome.timeline.seconds(time), &ledger, options);
     blame.moment = Some(moment);
     Some(blame)
 }
@@ -418,17 +420,25 @@ pub struct StackFacts {
 }
 
 impl StackFacts {
-    /// The facts of the replay `v` has seen, its stacks symbolized.
-    pub(crate) fn of(v: &BlameVisitor) -> StackFacts {
+    /// Per stack, the bytes of `live` (the live set at the end), in the
+    /// order the live set lists each stack's first block.
+    pub(crate) fn leaked(live: &LiveSet) -> Vec<(u32, u64)> {
         let mut leaked: Vec<(u32, u64)> = Vec::new();
         let mut position: FxHashMap<u32, usize> = FxHashMap::default();
-        for (_, block) in v.state.live.blocks() {
+        for (_, block) in live.blocks() {
             let at = *position.entry(block.stack).or_insert_with(|| {
                 leaked.push((block.stack, 0));
                 leaked.len() - 1
             });
             leaked[at].1 += block.size;
         }
+        leaked
+    }
+
+    /// The facts of the replay `v` has seen, its stacks symbolized, with
+    /// `leaked` taken from its live set at the end (the caller may free the
+    /// live set first: symbolizing needs memory of its own).
+    pub(crate) fn of(v: &BlameVisitor, leaked: Vec<(u32, u64)>) -> StackFacts {
         let churn = v
             .churn
             .iter()

@@ -410,7 +410,12 @@ fn replay_report(
             ledger
         })
         .collect();
-    let stack_facts = blame::StackFacts::of(&v.blame);
+    // The live set's last uses before symbolizing, which is the report's
+    // peak otherwise (debug sections decompressed beside the live set).
+    let leaked = blame::StackFacts::leaked(&v.blame.state.live);
+    v.summary.live = std::mem::take(&mut v.blame.state.live);
+    let summary = v.summary.finish(&outcome, path);
+    let stack_facts = blame::StackFacts::of(&v.blame, leaked);
     let blame = v.moment_ledger.as_ref().map(|ledger| {
         let options = BlameOptions {
             at,
@@ -427,11 +432,9 @@ fn replay_report(
     });
     let mut rss: Vec<RssSample> = v.rss.iter().map(|&(time, vm_rss)| RssSample { seconds: timeline.seconds(time), vm_rss }).collect();
     rss.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    v.summary.live = std::mem::take(&mut v.blame.state.live);
     let gc_marks = v.owners.gc_marks(2000);
     let trim_calls = v.trims.calls;
     let trim_marks = v.trims.finish();
-    let summary = v.summary.finish(&outcome, path);
     v.numa.stacks = std::mem::take(&mut v.blame.stacks);
     let numa = v.numa.saw_anything().then(|| {
         let options = NumaOptions { at, machine_topology: None, top: 20 };
