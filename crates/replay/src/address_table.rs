@@ -22,12 +22,12 @@ const EMPTY: u8 = 0x80;
 /// to reach a key further on.
 const DELETED: u8 = 0xfe;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct AddressTable<V> {
     /// One byte per slot, then the first GROUP bytes again, so that a group
     /// starting at any slot is one unaligned load.
     ctrl: Vec<u8>,
-    slots: Vec<(u64, V)>,
+    slots: Slots<V>,
     len: usize,
     /// Empty slots that may still be filled before the table must grow
     /// (deleted slots do not count: they lengthen probes like full ones).
@@ -38,7 +38,7 @@ pub(crate) struct AddressTable<V> {
 
 impl<V> Default for AddressTable<V> {
     fn default() -> Self {
-        AddressTable { ctrl: Vec::new(), slots: Vec::new(), len: 0, growth_left: 0, shift: 64 }
+        AddressTable { ctrl: Vec::new(), slots: Slots::default(), len: 0, growth_left: 0, shift: 64 }
     }
 }
 
@@ -49,7 +49,7 @@ fn hash(key: u64) -> u64 {
     key.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-impl<V: Copy + Default> AddressTable<V> {
+impl<V: Copy + ZeroIsValid> AddressTable<V> {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -193,12 +193,14 @@ impl<V: Copy + Default> AddressTable<V> {
     /// Moves every entry to a fresh table with room for as many again
     /// (or the same room, when deleted slots were what filled it): twice
     /// the slots when full, since the table is full at 5/8.
+    ///
+    /// The hash's top bits pick the home slot, so reading the old slots in
+    /// order fills the new ones in order too: the new table's pages are
+    /// touched as the old one's are handed back, and the table never holds
+    /// both in full.
     fn rehash(&mut self) {
         let count = (self.len * 16 / 5).next_power_of_two().max(MIN_SLOTS);
-        let mut slots = Vec::with_capacity(count);
-        advise_huge_pages(&slots);
-        slots.resize(count, (0, V::default()));
-        let old_slots = std::mem::replace(&mut self.slots, slots);
+        let old_slots = std::mem::replace(&mut self.slots, Slots::zeroed(count));
         let mut ctrl = Vec::with_capacity(count + GROUP);
         advise_huge_pages(&ctrl);
         ctrl.resize(count + GROUP, EMPTY);
@@ -206,12 +208,16 @@ impl<V: Copy + Default> AddressTable<V> {
         self.shift = 64 - count.trailing_zeros();
         self.growth_left = count * 5 / 8;
         self.len = 0;
-        for (entry, &byte) in old_slots.iter().zip(&old_ctrl) {
-            if byte < EMPTY {
-                self.insert(entry.0, entry.1);
+        let mut read = 0;
+        for (entries, bytes) in old_slots.chunks(REHASH_CHUNK).zip(old_ctrl.chunks(REHASH_CHUNK)) {
+            for (entry, &byte) in entries.iter().zip(bytes) {
+                if byte < EMPTY {
+                    self.insert(entry.0, entry.1);
+                }
             }
+            read += entries.len();
+            old_slots.release_before(read);
         }
-        release_pages(&old_slots);
         release_pages(&old_ctrl);
     }
 
@@ -280,6 +286,112 @@ impl Group {
 }
 
 const HUGE_PAGE: usize = 2 << 20;
+/// Old slots a rehash moves before it hands their pages back.
+const REHASH_CHUNK: usize = 1 << 15;
+
+/// A value whose bytes may all be zero: the slots of a fresh table are the
+/// zero pages of a new mapping, never written before an entry lands there.
+///
+/// # Safety
+/// Every field of the type must be valid with all its bytes zero.
+pub(crate) unsafe trait ZeroIsValid {}
+
+// SAFETY: integers.
+unsafe impl ZeroIsValid for u32 {}
+// SAFETY: integers.
+unsafe impl ZeroIsValid for u64 {}
+// SAFETY: integers.
+unsafe impl ZeroIsValid for usize {}
+
+/// A table's slots, in an anonymous mapping of their own: its pages stay
+/// untouched (zero, and not resident) until an entry lands on them, and
+/// are handed back to the kernel when the table moves on.
+struct Slots<V> {
+    ptr: std::ptr::NonNull<(u64, V)>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned as a Vec's buffer would be.
+unsafe impl<V: Send> Send for Slots<V> {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl<V: Sync> Sync for Slots<V> {}
+
+impl<V> Default for Slots<V> {
+    fn default() -> Self {
+        Slots { ptr: std::ptr::NonNull::dangling(), len: 0 }
+    }
+}
+
+impl<V> std::fmt::Debug for Slots<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slots({})", self.len)
+    }
+}
+
+impl<V: ZeroIsValid> Slots<V> {
+    /// `len` slots, every one zero.
+    fn zeroed(len: usize) -> Slots<V> {
+        let bytes = Self::bytes(len);
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let address = unsafe {
+            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if address == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(std::alloc::Layout::array::<(u64, V)>(len).expect("a table's size fits a layout"));
+        }
+        if bytes >= 2 * HUGE_PAGE {
+            // SAFETY: our own mapping; the advice changes no contents.
+            unsafe { libc::madvise(address, bytes, libc::MADV_HUGEPAGE) };
+        }
+        Slots { ptr: std::ptr::NonNull::new(address.cast()).expect("mmap succeeded"), len }
+    }
+}
+
+impl<V> Slots<V> {
+    fn bytes(len: usize) -> usize {
+        len.checked_mul(std::mem::size_of::<(u64, V)>()).expect("a table's size fits usize")
+    }
+
+    /// Hands back the whole pages of the first `count` slots, which are no
+    /// longer read (they read as zero after).
+    fn release_before(&self, count: usize) {
+        let page = page_size();
+        let end = Self::bytes(count.min(self.len)) / page * page;
+        if end > 0 {
+            // SAFETY: pages of our own mapping, whose slots the caller no longer reads.
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), end, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
+impl<V> std::ops::Deref for Slots<V> {
+    type Target = [(u64, V)];
+    fn deref(&self) -> &[(u64, V)] {
+        // SAFETY: `len` slots mapped at `ptr`, valid as zero or as written.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<V> std::ops::DerefMut for Slots<V> {
+    fn deref_mut(&mut self) -> &mut [(u64, V)] {
+        // SAFETY: as in deref, and `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<V> Drop for Slots<V> {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: the mapping made in `zeroed`, no longer referred to.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), Self::bytes(self.len)) };
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: no precondition.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize
+}
 
 /// Asks for transparent huge pages under a big table (where the kernel
 /// leaves that to madvise): lookups land anywhere in it, and with 4 KiB
@@ -412,6 +524,35 @@ mod tests {
         }
         assert_eq!(sizes, (10..=19).map(|bits| 1usize << bits).collect::<Vec<_>>());
         assert!((1..=200_000u64).all(|key| table.get(key * 16) == Some(&key)));
+    }
+
+    /// Resident pages of `slots`, by mincore.
+    fn resident_pages(slots: &Slots<u64>) -> usize {
+        let page = page_size();
+        let bytes = Slots::<u64>::bytes(slots.len);
+        let mut vec = vec![0u8; bytes.div_ceil(page)];
+        // SAFETY: our own page-aligned mapping of `bytes`, one byte per page in `vec`.
+        assert_eq!(unsafe { libc::mincore(slots.ptr.as_ptr().cast(), bytes, vec.as_mut_ptr()) }, 0);
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    /// A fresh table's slots cost no memory until entries land on them, and
+    /// the slots a rehash has read are handed back (they read as zero after).
+    #[test]
+    fn slots_are_resident_only_where_written_and_until_released() {
+        let page = page_size();
+        let per_page = page / std::mem::size_of::<(u64, u64)>();
+        let mut slots: Slots<u64> = Slots::zeroed(64 * per_page);
+        assert_eq!(resident_pages(&slots), 0);
+        assert!(slots.iter().step_by(per_page).all(|&slot| slot == (0, 0)));
+        for (i, slot) in slots.iter_mut().enumerate() {
+            *slot = (i as u64, !(i as u64));
+        }
+        assert_eq!(resident_pages(&slots), 64);
+        slots.release_before(10 * per_page + per_page / 2);
+        assert_eq!(resident_pages(&slots), 54);
+        assert!(slots[..10 * per_page].iter().all(|&slot| slot == (0, 0)));
+        assert!(slots[10 * per_page..].iter().enumerate().all(|(i, &(key, value))| key == (10 * per_page + i) as u64 && value == !key));
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Block {
 
 const _: () = assert!(std::mem::size_of::<Block>() == 32);
 
+// SAFETY: integers only.
+unsafe impl crate::address_table::ZeroIsValid for Block {}
+
 impl Block {
     /// Bytes the allocator reports usable (at least the requested ones).
     pub fn usable(&self) -> u64 {
