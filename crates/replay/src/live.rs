@@ -129,6 +129,8 @@ impl LiveSet {
         let ordered = &mut self.ordered;
         if ordered.stale || (ordered.blocks.is_empty() && !self.blocks.is_empty()) {
             ordered.blocks.clear();
+            // Grown by doubling, the copy would leave its smaller buffers freed behind it.
+            ordered.blocks.reserve_exact(self.blocks.len());
             ordered.blocks.extend(self.blocks.iter().map(|(addr, &block)| (addr, block)));
             ordered.blocks.sort_unstable_by_key(|&(addr, _)| addr);
         } else if !ordered.added.is_empty() || !ordered.removed.is_empty() {
