@@ -207,7 +207,7 @@ pub(crate) struct BlameVisitor {
     /// in this replay, at the largest so far.
     ledger: Option<(u64, Ledger)>,
     gap: Option<GapFinder>,
-    pub(crate) stacks: FxHashMap<u32, Vec<u64>>,
+    pub(crate) stacks: FxHashMap<u32, Arc<[u64]>>,
     /// Per stack id (dense from 1, as the replay numbers them).
     churn: Vec<Churn>,
     /// A free at most this long after its allocation is temporary (ns).
@@ -323,8 +323,8 @@ impl Visitor for BlameVisitor {
         self.state.thread(thread);
     }
 
-    fn stack(&mut self, id: u32, frames: &[u64]) {
-        self.stacks.insert(id, frames.to_vec());
+    fn stack(&mut self, id: u32, frames: &Arc<[u64]>) {
+        self.stacks.insert(id, Arc::clone(frames));
     }
 
     fn python_code(&mut self, image: u32, code: &PythonCode) {
@@ -447,8 +447,13 @@ impl StackFacts {
             .map(|(stack, churn)| (stack as u32, *churn))
             .collect();
         let mut symbolizer = Symbolizer::new(&v.modules);
-        let mut addresses: Vec<u64> =
-            v.stacks.values().flatten().filter(|&&ip| !is_python_frame(ip)).map(|&ip| ip.saturating_sub(1)).collect();
+        let mut addresses: Vec<u64> = v
+            .stacks
+            .values()
+            .flat_map(|frames| frames.iter())
+            .filter(|&&ip| !is_python_frame(ip))
+            .map(|&ip| ip.saturating_sub(1))
+            .collect();
         addresses.sort_unstable();
         addresses.dedup();
         // Each distinct frame once: an address's and a Python value's are shared by every stack through them.

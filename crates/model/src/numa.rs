@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use memgap_replay::{Block, Inherited, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
@@ -363,7 +364,7 @@ pub(crate) struct NumaVisitor {
     chosen: Option<(PlacedBytes, AgentRanges, Placement)>,
     last_placement: Option<Placement>,
     samples: SampleBatch,
-    pub(crate) stacks: FxHashMap<u32, Vec<u64>>,
+    pub(crate) stacks: FxHashMap<u32, Arc<[u64]>>,
     modules: Vec<Module>,
 }
 
@@ -438,8 +439,8 @@ impl Visitor for NumaVisitor {
         }
     }
 
-    fn stack(&mut self, id: u32, frames: &[u64]) {
-        self.stacks.insert(id, frames.to_vec());
+    fn stack(&mut self, id: u32, frames: &Arc<[u64]>) {
+        self.stacks.insert(id, Arc::clone(frames));
     }
 
     fn inherited(&mut self, item: Inherited<'_>) {
@@ -668,7 +669,8 @@ fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> V
         return Vec::new();
     }
     let mut symbolizer = Symbolizer::new(&v.modules);
-    let mut addresses: Vec<u64> = remote.iter().filter_map(|(id, _)| v.stacks.get(id)).flatten().map(|&ip| ip.saturating_sub(1)).collect();
+    let mut addresses: Vec<u64> =
+        remote.iter().filter_map(|(id, _)| v.stacks.get(id)).flat_map(|frames| frames.iter()).map(|&ip| ip.saturating_sub(1)).collect();
     addresses.sort_unstable();
     addresses.dedup();
     let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();

@@ -258,7 +258,7 @@ impl Visitor for ReportVisitor {
         self.owners.allocator(path);
     }
 
-    fn stack(&mut self, id: u32, frames: &[u64]) {
+    fn stack(&mut self, id: u32, frames: &std::sync::Arc<[u64]>) {
         // The NUMA view's are blame's, handed over once blame is done with them.
         self.summary.stack(id, frames);
         self.blame.stack(id, frames);

@@ -140,7 +140,7 @@ impl Visitor for Inheriting<'_> {
 
     /// Stack ids are shared with the child's replay: every one is told,
     /// whichever image defined it first.
-    fn stack(&mut self, id: u32, frames: &[u64]) {
+    fn stack(&mut self, id: u32, frames: &std::sync::Arc<[u64]>) {
         self.target.stack(id, frames);
     }
 

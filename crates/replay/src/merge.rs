@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::Arc;
 
 use memgap_trace::compact::{self, CompactState};
 use memgap_trace::event::{self, DeltaState, Event};
@@ -63,7 +64,8 @@ pub trait Visitor {
     fn memory_samples(&mut self, _samples: &MemorySamples) {}
     /// A call stack (return addresses, innermost first) under the id that
     /// events carry in `Event::stack`; always before the first such event.
-    fn stack(&mut self, _id: u32, _frames: &[u64]) {}
+    /// The frames are the replay's own, shared: a visitor keeping them keeps a clone of the `Arc`.
+    fn stack(&mut self, _id: u32, _frames: &Arc<[u64]>) {}
     /// A Python code object that the Python frames of image `image`'s
     /// stacks name (see [`memgap_trace::python`]); file order, not merged.
     fn python_code(&mut self, _image: u32, _code: &PythonCode) {}
@@ -144,11 +146,16 @@ impl StackIds {
                     *frame = memgap_trace::python::with_image(*frame, decoding.image);
                 }
             }
-            let next_id = decoding.stack_ids.len() as u32 + 1;
-            let id = *decoding.stack_ids.entry(decoding.frames.clone()).or_insert_with(|| {
-                visitor.stack(next_id, &decoding.frames);
-                next_id
-            });
+            let id = match decoding.stack_ids.get(decoding.frames.as_slice()) {
+                Some(&id) => id,
+                None => {
+                    let id = decoding.stack_ids.len() as u32 + 1;
+                    let frames: Arc<[u64]> = Arc::from(decoding.frames.as_slice());
+                    visitor.stack(id, &frames);
+                    decoding.stack_ids.insert(frames, id);
+                    id
+                }
+            };
             if local < MAX_THREAD_STACK_ID {
                 if self.0.len() <= local {
                     self.0.resize(local + 1, event::NO_STACK);
@@ -265,7 +272,7 @@ impl<'t> ChunkSource<'t> {
 #[derive(Default)]
 struct Decoding {
     /// Every distinct call stack → its id (ids start at 1; 0 is "none").
-    stack_ids: FxHashMap<Vec<u64>, u32>,
+    stack_ids: FxHashMap<Arc<[u64]>, u32>,
     frames: Vec<u64>,
     /// The current image's number (PROCESS `image`).
     image: u32,
@@ -1078,7 +1085,7 @@ mod tests {
         #[derive(Default)]
         struct Stacks(Vec<(u32, Vec<u64>)>, Vec<u32>);
         impl Visitor for Stacks {
-            fn stack(&mut self, id: u32, frames: &[u64]) {
+            fn stack(&mut self, id: u32, frames: &Arc<[u64]>) {
                 self.0.push((id, frames.to_vec()));
             }
             fn event(&mut self, e: &ThreadEvent) {
