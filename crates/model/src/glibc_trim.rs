@@ -522,6 +522,23 @@ impl TrimForecast {
     }
 }
 
+/// The extents (sorted by start) that overlap `[start, end)`.
+fn within(extents: &[(u64, u64)], start: u64, end: u64) -> &[(u64, u64)] {
+    let first = extents.partition_point(|&(_, extent_end)| extent_end <= start);
+    let last = extents.partition_point(|&(extent_start, _)| extent_start < end);
+    &extents[first..last.max(first)]
+}
+
+/// Two lists of extents sorted by start, as one list so sorted.
+fn merged<'a>(a: &'a [(u64, u64)], b: &'a [(u64, u64)]) -> impl Iterator<Item = (u64, u64)> + 'a {
+    let (mut a, mut b) = (a.iter().copied().peekable(), b.iter().copied().peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x > y => b.next(),
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
 /// The forecast for a glibc program's snapshot. `live` are the live blocks'
 /// extents (`[block − 8, block + usable)`) sorted by start; `countable`
 /// says which mappings are classified page by page.
@@ -578,19 +595,11 @@ pub fn forecast(
     let mut forecast = TrimForecast::default();
     for &(mapping, start, end) in &heaps {
         let role = if mapping.name == "[heap]" { HeapRole::MainArena } else { roles.get(&start).copied().unwrap_or(HeapRole::ArenaTop) };
-        let within = |extents: &[(u64, u64)]| {
-            let first = extents.partition_point(|&(_, extent_end)| extent_end <= start);
-            let last = extents.partition_point(|&(extent_start, _)| extent_start < end);
-            extents[first..last.max(first)].to_vec()
-        };
-        let (live_here, tcache_here) = (within(live), within(&tcache));
+        let (live_here, tcache_here) = (within(live, start, end), within(&tcache, start, end));
         if live_here.is_empty() && tcache_here.is_empty() && role == HeapRole::ArenaTop {
             continue;
         }
-        let mut in_use = live_here;
-        in_use.extend(tcache_here);
-        in_use.sort_unstable();
-        let ranges = trim_ranges(role, start, end, in_use, page).ranges;
+        let ranges = trim_ranges(role, start, end, merged(live_here, tcache_here), page).ranges;
         forecast.heaps.entry(mapping.start).or_default().ranges.extend(ranges);
     }
     if model.trim_pending() && model.trim_shown_by(snapshot.rss.vm_rss) {
