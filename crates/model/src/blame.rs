@@ -535,7 +535,7 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
     let stacks: Vec<StackSums> = totals
         .into_iter()
         .map(|(id, t)| {
-            let frames: Vec<Arc<Frame>> = facts.frames.get(&id).cloned().unwrap_or_default();
+            let frames: &[Arc<Frame>] = facts.frames.get(&id).map_or(&[], Vec::as_slice);
             // Under Python code, the line of Python that called into the interpreter's C.
             let site = frames
                 .iter()
@@ -554,7 +554,7 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
             (frames, site, t)
         })
         .collect();
-    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_deref(), frames.clone(), 1)).collect();
+    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_deref(), frames.to_vec(), 1)).collect();
     // Sites are told apart by their whole names; only then shortened.
     let all_entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
     let mut churn = if options.per_stack {
@@ -790,7 +790,8 @@ impl Totals {
 }
 
 /// A stack's frames, its allocation site among them, and what its blocks add up to.
-type StackSums = (Vec<Arc<Frame>>, Option<Arc<Frame>>, Totals);
+/// A stack's frames (the facts' own), its site and its sums.
+type StackSums<'a> = (&'a [Arc<Frame>], Option<Arc<Frame>>, Totals);
 
 type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
 
@@ -799,7 +800,7 @@ struct SiteSums<'a> {
     totals: Totals,
     stacks: u32,
     site: &'a Option<Arc<Frame>>,
-    shown: &'a Vec<Arc<Frame>>,
+    shown: &'a [Arc<Frame>],
     /// The shown stack's (bytes held, bytes allocated).
     shown_weight: (u64, u64),
 }
@@ -818,7 +819,7 @@ fn merge_by_site(stacks: &[StackSums]) -> Vec<BlameEntry> {
             (sums.shown, sums.shown_weight) = (frames, weight);
         }
     }
-    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_deref(), sums.shown.clone(), sums.stacks)).collect()
+    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_deref(), sums.shown.to_vec(), sums.stacks)).collect()
 }
 
 pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
