@@ -789,8 +789,7 @@ impl Totals {
     }
 }
 
-/// A stack's frames, its allocation site among them, and what its blocks add up to.
-/// A stack's frames (the facts' own), its site and its sums.
+/// A stack's frames (the facts' own), its allocation site among them, and what its blocks add up to.
 type StackSums<'a> = (&'a [Arc<Frame>], Option<Arc<Frame>>, Totals);
 
 type SiteKey = (Option<String>, Option<String>, Option<u32>, String);

@@ -339,10 +339,7 @@ impl<V: ZeroIsValid> Slots<V> {
         if address == libc::MAP_FAILED {
             std::alloc::handle_alloc_error(std::alloc::Layout::array::<(u64, V)>(len).expect("a table's size fits a layout"));
         }
-        if bytes >= 2 * HUGE_PAGE {
-            // SAFETY: our own mapping; the advice changes no contents.
-            unsafe { libc::madvise(address, bytes, libc::MADV_HUGEPAGE) };
-        }
+        advise(address as usize, bytes, libc::MADV_HUGEPAGE);
         Slots { ptr: std::ptr::NonNull::new(address.cast()).expect("mmap succeeded"), len }
     }
 }
@@ -393,11 +390,11 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize
 }
 
-/// Asks for transparent huge pages under a big table (where the kernel
-/// leaves that to madvise): lookups land anywhere in it, and with 4 KiB
-/// pages most of them would also miss the TLB.
-fn advise_huge_pages<T>(slots: &Vec<T>) {
-    advise(slots, libc::MADV_HUGEPAGE);
+/// Asks for transparent huge pages under a big table's array (where the
+/// kernel leaves that to madvise): lookups land anywhere in it, and with
+/// 4 KiB pages most of them would also miss the TLB.
+fn advise_huge_pages<T>(array: &Vec<T>) {
+    advise_allocation(array, libc::MADV_HUGEPAGE);
 }
 
 /// Gives the pages of an array about to be dropped back to the kernel.
@@ -405,23 +402,28 @@ fn advise_huge_pages<T>(slots: &Vec<T>) {
 /// a grown table's old arrays are smaller than anything the table asks for
 /// again: kept, they are a large share of the RSS of a report on a big heap.
 fn release_pages<T>(array: &Vec<T>) {
-    advise(array, libc::MADV_DONTNEED);
+    advise_allocation(array, libc::MADV_DONTNEED);
 }
 
-/// `advice` for the whole huge pages of `array`'s allocation (none below 4 MiB).
-fn advise<T>(array: &Vec<T>, advice: libc::c_int) {
-    let bytes = array.capacity() * std::mem::size_of::<T>();
+/// [`advise`] for `array`'s whole allocation.
+fn advise_allocation<T>(array: &Vec<T>, advice: libc::c_int) {
+    advise(array.as_ptr() as usize, array.capacity() * std::mem::size_of::<T>(), advice);
+}
+
+/// `advice` for the whole huge pages of the `bytes` at `address`, memory
+/// of our own (none below 4 MiB).
+fn advise(address: usize, bytes: usize, advice: libc::c_int) {
     if bytes < 2 * HUGE_PAGE {
         return;
     }
-    let start = (array.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
-    let end = (array.as_ptr() as usize + bytes) & !(HUGE_PAGE - 1);
+    let start = address.next_multiple_of(HUGE_PAGE);
+    let end = (address + bytes) & !(HUGE_PAGE - 1);
     if end > start {
-        // SAFETY: our own allocation's pages. MADV_HUGEPAGE changes no
-        // contents; MADV_DONTNEED zeroes them, and is only given for an
-        // array whose contents are no longer read (the allocator's own
-        // bookkeeping sits outside its whole pages, or is written by the
-        // free that follows).
+        // SAFETY: our own allocation's or mapping's pages. MADV_HUGEPAGE
+        // changes no contents; MADV_DONTNEED zeroes them, and is only given
+        // for an array whose contents are no longer read (the allocator's
+        // own bookkeeping sits outside its whole pages, or is written by
+        // the free that follows).
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
     }
 }
