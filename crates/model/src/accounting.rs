@@ -37,13 +37,29 @@ pub struct Detail {
     pub objects: bool,
 }
 
+/// A live block from its header to its usable end, with its requested bytes
+/// at the front of its usable ones: the address is where the requested and
+/// the slack bytes, counted back from the end, begin.
 #[derive(Clone, Copy)]
 struct BlockExtent {
     start: u64,
     end: u64,
-    addr: u64,
     size: u64,
+    slack: u32,
     stack: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<BlockExtent>() == 32);
+
+impl BlockExtent {
+    fn addr(&self) -> u64 {
+        self.end - u64::from(self.slack) - self.size
+    }
+
+    /// Where the requested bytes end.
+    fn requested_end(&self) -> u64 {
+        self.end - u64::from(self.slack)
+    }
 }
 
 /// How far `rows` lies outside VmRSS read before and after the snapshot
@@ -234,13 +250,7 @@ fn live_block_extents(state: &mut HeapState, header: u64, live: LiveBlocks) -> V
             .live
             .in_address_order()
             .iter()
-            .map(|&(addr, b)| BlockExtent {
-                start: addr.saturating_sub(header),
-                end: addr + b.usable(),
-                addr,
-                size: b.size,
-                stack: b.stack,
-            })
+            .map(|b| BlockExtent { start: b.addr.saturating_sub(header), end: b.end(), size: b.size, slack: b.slack, stack: b.stack })
             .collect(),
         // A walk knows no requested size: the usable bytes stand for it.
         LiveBlocks::Walked(blocks) => blocks
@@ -248,8 +258,8 @@ fn live_block_extents(state: &mut HeapState, header: u64, live: LiveBlocks) -> V
             .map(|&(addr, usable)| BlockExtent {
                 start: addr.saturating_sub(header),
                 end: addr + usable,
-                addr,
                 size: usable,
+                slack: 0,
                 stack: memgap_trace::event::NO_STACK,
             })
             .collect(),
@@ -615,7 +625,7 @@ fn bytes_taken_per_page(mapping: &Mapping, blocks: &[BlockExtent], page: u64, co
     for b in blocks {
         for (i, ps) in pages_of(mapping, b, page, count) {
             taken[i] += overlap(b.start, b.end, ps, ps + page) as u32;
-            requested[i] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
+            requested[i] += overlap(b.addr(), b.requested_end(), ps, ps + page) as u32;
         }
     }
     (taken, requested)
@@ -650,7 +660,7 @@ fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: &[BlockExtent
     let mut edges: Vec<u64> = Vec::new();
     let blocks_from = blocks.partition_point(|b| b.end <= tail);
     for b in &blocks[blocks_from..] {
-        edges.extend([b.start, b.addr, b.addr.saturating_add(b.size), b.end]);
+        edges.extend([b.start, b.addr(), b.requested_end(), b.end]);
     }
     let agents_from = agent_ranges
         .partition_point(|&(start, len)| start.saturating_add(len) <= tail)
@@ -689,7 +699,7 @@ fn page_taken(blocks: &[BlockExtent], start: u64, page: u64) -> (u64, u64) {
     let end = start + page;
     let first = blocks.partition_point(|b| b.end <= start);
     blocks[first..].iter().take_while(|b| b.start < end).fold((0, 0), |(taken, requested), b| {
-        (taken + overlap(b.start, b.end, start, end), requested + overlap(b.addr, b.addr.saturating_add(b.size), start, end))
+        (taken + overlap(b.start, b.end, start, end), requested + overlap(b.addr(), b.requested_end(), start, end))
     })
 }
 
@@ -759,9 +769,9 @@ fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usi
     for b in blocks {
         for (at, ps) in pages_of(mapping, b, page, count) {
             objects.blocks[at] += 1;
-            objects.live_bytes[at] += overlap(b.addr, b.addr + b.size, ps, ps + page) as u32;
+            objects.live_bytes[at] += overlap(b.addr(), b.requested_end(), ps, ps + page) as u32;
             if u64::from(objects.blocks[at]) <= per_page {
-                objects.listed.push(ListedBlock { page: at as u32, addr: b.addr, size: b.size, stack: b.stack });
+                objects.listed.push(ListedBlock { page: at as u32, addr: b.addr(), size: b.size, stack: b.stack });
             }
         }
     }
@@ -804,7 +814,7 @@ fn share_fragmentation(
                 continue;
             }
             share_page(i, u64::from(taken[i as usize]));
-            resident_live += overlap(b.addr, b.addr + b.size, ps, ps + page);
+            resident_live += overlap(b.addr(), b.requested_end(), ps, ps + page);
         }
         if last >= walked && matches!(mapping.residency, Residency::All) {
             // Pages past the walked ones, resident as a whole: only a
@@ -815,7 +825,7 @@ fn share_fragmentation(
             if last != from {
                 share_page(last, page_taken(blocks, mapping.start + last * page, page).0);
             }
-            resident_live += overlap(b.addr, b.addr + b.size, mapping.start + from * page, mapping.start + (last + 1) * page);
+            resident_live += overlap(b.addr(), b.requested_end(), mapping.start + from * page, mapping.start + (last + 1) * page);
         }
         visit(b, BlockShare { fragmentation, resident_live, first_page: first, last_page: last });
     }

@@ -85,7 +85,7 @@ impl HeapState {
             return None;
         }
         let (_, mut walk) = self.walks.pop_front()?;
-        walk.blocks = self.live.in_address_order().iter().map(|&(addr, block)| (addr, block.usable())).collect();
+        walk.blocks = self.live.in_address_order().iter().map(|b| (b.addr, b.usable())).collect();
         walk.libc_path = self.allocator.clone();
         walk.snapshot = snapshot.clone();
         Some(walk)
@@ -134,12 +134,8 @@ impl HeapState {
             self.python_censuses.pop_front();
         }
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
-            let live: Vec<(u64, u64)> = self
-                .live
-                .in_address_order()
-                .iter()
-                .map(|&(addr, block)| (addr.saturating_sub(crate::glibc_trim::GLIBC_HEADER), addr + block.usable()))
-                .collect();
+            let live: Vec<(u64, u64)> =
+                self.live.in_address_order().iter().map(|b| (b.addr.saturating_sub(crate::glibc_trim::GLIBC_HEADER), b.end())).collect();
             let page = crate::page_walks::plausible_page_size(snapshot.page_size);
             let walks = crate::page_walks::PageWalks::of(snapshot, page, false);
             crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| walks.by_page(m.start));

@@ -30,6 +30,6 @@ mod merge;
 mod timeline;
 
 pub use inherit::Inherited;
-pub use live::{Block, Change, LiveSet};
+pub use live::{Block, Change, LiveSet, PlacedBlock};
 pub use merge::{Outcome, Progress, ThreadEvent, Visitor, on_progress, replay};
 pub use timeline::Timeline;

@@ -32,6 +32,36 @@ impl Block {
     }
 }
 
+/// A live block as the address-ordered view holds it: where it lies and
+/// which stack made it, 24 bytes rather than the table's 40, for the
+/// millions of a big heap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlacedBlock {
+    pub addr: u64,
+    /// Bytes the program asked for.
+    pub size: u64,
+    /// Usable bytes past the requested ones.
+    pub slack: u32,
+    pub stack: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<PlacedBlock>() == 24);
+
+impl PlacedBlock {
+    fn of(addr: u64, block: &Block) -> PlacedBlock {
+        PlacedBlock { addr, size: block.size, slack: block.slack, stack: block.stack }
+    }
+
+    pub fn usable(&self) -> u64 {
+        self.size + u64::from(self.slack)
+    }
+
+    /// Where its usable bytes end.
+    pub fn end(&self) -> u64 {
+        self.addr + self.usable()
+    }
+}
+
 /// What one event did to the live set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
@@ -59,7 +89,7 @@ pub struct LiveSet {
 /// changes instead of sorting millions of blocks again.
 #[derive(Debug, Default)]
 struct Ordered {
-    blocks: Vec<(u64, Block)>,
+    blocks: Vec<PlacedBlock>,
     added: Vec<u64>,
     removed: Vec<u64>,
     /// The log grew past what a fresh sort costs: the next call sorts.
@@ -125,37 +155,37 @@ impl LiveSet {
     /// Every live block in address order. Between two calls it keeps a log
     /// of changes, so calling it at each snapshot costs a merge of what
     /// changed rather than a sort of everything.
-    pub fn in_address_order(&mut self) -> &[(u64, Block)] {
+    pub fn in_address_order(&mut self) -> &[PlacedBlock] {
         let ordered = &mut self.ordered;
         if ordered.stale || (ordered.blocks.is_empty() && !self.blocks.is_empty()) {
             ordered.blocks.clear();
             // Grown by doubling, the copy would leave its smaller buffers freed behind it.
             ordered.blocks.reserve_exact(self.blocks.len());
-            ordered.blocks.extend(self.blocks.iter().map(|(addr, &block)| (addr, block)));
-            ordered.blocks.sort_unstable_by_key(|&(addr, _)| addr);
+            ordered.blocks.extend(self.blocks.iter().map(|(addr, block)| PlacedBlock::of(addr, block)));
+            ordered.blocks.sort_unstable_by_key(|b| b.addr);
         } else if !ordered.added.is_empty() || !ordered.removed.is_empty() {
             ordered.removed.sort_unstable();
             ordered.removed.dedup();
             let removed = &ordered.removed;
             if !removed.is_empty() {
-                ordered.blocks.retain(|(addr, _)| removed.binary_search(addr).is_err());
+                ordered.blocks.retain(|b| removed.binary_search(&b.addr).is_err());
             }
             ordered.added.sort_unstable();
             ordered.added.dedup();
-            let added: Vec<(u64, Block)> =
-                ordered.added.iter().filter_map(|addr| self.blocks.get(*addr).map(|&block| (*addr, block))).collect();
+            let added: Vec<PlacedBlock> =
+                ordered.added.iter().filter_map(|&addr| self.blocks.get(addr).map(|block| PlacedBlock::of(addr, block))).collect();
             if !added.is_empty() {
                 // Merged from the back into the grown vector, in place: a
                 // second vector as long would double the report's peak
                 // memory on a heap of millions of blocks.
                 let blocks = &mut ordered.blocks;
                 let (mut old, mut new) = (blocks.len(), added.len());
-                blocks.resize(old + new, (0, Block::default()));
+                blocks.resize(old + new, PlacedBlock::default());
                 for at in (0..blocks.len()).rev() {
                     if new == 0 {
                         break;
                     }
-                    blocks[at] = if old > 0 && blocks[old - 1].0 > added[new - 1].0 {
+                    blocks[at] = if old > 0 && blocks[old - 1].addr > added[new - 1].addr {
                         old -= 1;
                         blocks[old]
                     } else {
@@ -319,7 +349,7 @@ mod tests {
                             all.sort_unstable();
                             all
                         };
-                        let ordered: Vec<(u64, u64)> = live.in_address_order().iter().map(|(a, b)| (*a, b.size)).collect();
+                        let ordered: Vec<(u64, u64)> = live.in_address_order().iter().map(|b| (b.addr, b.size)).collect();
                         prop_assert_eq!(ordered, expected);
                     }
                 }
