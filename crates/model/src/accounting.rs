@@ -11,6 +11,7 @@
 
 use memgap_trace::records::{Mapping, Residency, Snapshot};
 
+use crate::extents::{BlockExtent, Extents};
 use crate::glibc_trim::TrimForecast;
 use crate::heap_state::HeapState;
 use crate::ledger::{
@@ -35,31 +36,6 @@ pub struct Detail {
     pub stacks: bool,
     /// The blocks on each page of the page maps (with `pages`).
     pub objects: bool,
-}
-
-/// A live block from its header to its usable end, with its requested bytes
-/// at the front of its usable ones: the address is where the requested and
-/// the slack bytes, counted back from the end, begin.
-#[derive(Clone, Copy)]
-struct BlockExtent {
-    start: u64,
-    end: u64,
-    size: u64,
-    slack: u32,
-    stack: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<BlockExtent>() == 32);
-
-impl BlockExtent {
-    fn addr(&self) -> u64 {
-        self.end - u64::from(self.slack) - self.size
-    }
-
-    /// Where the requested bytes end.
-    fn requested_end(&self) -> u64 {
-        self.end - u64::from(self.slack)
-    }
 }
 
 /// How far `rows` lies outside VmRSS read before and after the snapshot
@@ -127,15 +103,25 @@ fn compute_walking(
     let claimed = claim_owned_mappings(owners, snapshot, &mut ledger);
     let owners = &*owners;
     let malloc = MallocInUse::of(owners, state, live);
-    let extents = live_block_extents(state, malloc.layout.block_header(), live);
+    let header = malloc.layout.block_header();
+    let extents = match live {
+        LiveBlocks::Replayed => {
+            state.live.order_by_address();
+            Extents::placed(state.live.in_address_order(), header)
+        }
+        LiveBlocks::Walked(blocks) => Extents::walked(blocks, header),
+    };
     ledger.live_blocks = extents.len() as u64;
     // Which free pages the allocator's trim would release.
-    let trim = {
-        let live: Vec<(u64, u64)> = extents.iter().map(|b| (b.start, b.end)).collect();
-        malloc.layout.trim_forecast(state, snapshot, &live, page)
-    };
+    let trim = malloc.layout.trim_forecast(&mut state.glibc_trim, snapshot, extents, page);
     let state = &*state;
-    let blocks = walked_once(extents);
+    let walked_once;
+    let blocks = if extents.walked_as_they_are() {
+        extents
+    } else {
+        walked_once = extents.walked_once();
+        Extents::made(&walked_once)
+    };
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
     let listed_per_page = if detail.pages && detail.objects {
@@ -151,7 +137,7 @@ fn compute_walking(
         page,
         walks: &walks,
         malloc: &malloc,
-        blocks: &blocks,
+        blocks,
         trim: &trim,
         agent_ranges: &agent_ranges,
         listed_per_page,
@@ -243,46 +229,6 @@ impl<'a> MallocInUse<'a> {
     }
 }
 
-/// The live blocks in address order, each from its header to its usable end.
-fn live_block_extents(state: &mut HeapState, header: u64, live: LiveBlocks) -> Vec<BlockExtent> {
-    match live {
-        LiveBlocks::Replayed => state
-            .live
-            .in_address_order()
-            .iter()
-            .map(|b| BlockExtent { start: b.addr.saturating_sub(header), end: b.end(), size: b.size, slack: b.slack, stack: b.stack })
-            .collect(),
-        // A walk knows no requested size: the usable bytes stand for it.
-        LiveBlocks::Walked(blocks) => blocks
-            .iter()
-            .map(|&(addr, usable)| BlockExtent {
-                start: addr.saturating_sub(header),
-                end: addr + usable,
-                size: usable,
-                slack: 0,
-                stack: memgap_trace::event::NO_STACK,
-            })
-            .collect(),
-    }
-}
-
-/// The page walks go over each block's pages: blocks of a corrupt trace
-/// that overlap are walked from where the previous one ended, so that pages
-/// are walked once however many blocks claim them.
-fn walked_once(mut extents: Vec<BlockExtent>) -> Vec<BlockExtent> {
-    // In place: a heap of millions of blocks is not held twice.
-    let mut covered = 0;
-    extents.retain_mut(|b| {
-        b.start = b.start.max(covered);
-        let walked = b.start < b.end;
-        if walked {
-            covered = b.end;
-        }
-        walked
-    });
-    extents
-}
-
 /// What every mapping of one snapshot is accounted against, and the sums
 /// that run over all of them.
 struct SnapshotAccounting<'a> {
@@ -293,7 +239,7 @@ struct SnapshotAccounting<'a> {
     walks: &'a PageWalks,
     malloc: &'a MallocInUse<'a>,
     /// Live block extents in address order, not overlapping.
-    blocks: &'a [BlockExtent],
+    blocks: Extents<'a>,
     trim: &'a TrimForecast,
     /// memgap's own ranges, sorted.
     agent_ranges: &'a [(u64, u64)],
@@ -328,9 +274,7 @@ impl SnapshotAccounting<'_> {
     /// static data, unclassified). Returns its class.
     fn account_anonymous(&mut self, ledger: &mut Ledger, mapping: &Mapping, walked_pages: u64, bss_of: Option<&str>) -> MappingClass {
         let (page, layout, blocks) = (self.page, self.malloc.layout, self.blocks);
-        let first = blocks.partition_point(|b| b.end <= mapping.start);
-        let last = blocks.partition_point(|b| b.start < mapping.end);
-        let mapping_blocks = &blocks[first..last.max(first)];
+        let mapping_blocks = blocks.within(mapping.start, mapping.end);
         let allocator_owned = self.malloc.present
             && (mapping.name == "[heap]"
                 || !mapping_blocks.is_empty()
@@ -597,7 +541,7 @@ fn in_ranges(ranges: &[(u64, u64)], addr: u64) -> bool {
 /// places where anything changes (a block's edge, memgap's or the
 /// program's own range, a trim range) are alike, so the work is bounded by
 /// what the snapshot and the live set hold, not by the pages a mapping claims.
-fn account_pages(classify: &mut PageClassifier, blocks: &[BlockExtent], walked: u64) -> (Vec<PageClass>, Vec<u32>) {
+fn account_pages(classify: &mut PageClassifier, blocks: Extents, walked: u64) -> (Vec<PageClass>, Vec<u32>) {
     let (mapping, page) = (classify.mapping, classify.page);
     let all_pages = (mapping.end - mapping.start) / page;
     let count = walked.min(all_pages) as usize;
@@ -619,11 +563,11 @@ fn account_pages(classify: &mut PageClassifier, blocks: &[BlockExtent], walked: 
 
 /// Bytes of each of the first `count` pages of `mapping` taken by block
 /// extents, and by requested bytes.
-fn bytes_taken_per_page(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usize) -> (Vec<u32>, Vec<u32>) {
+fn bytes_taken_per_page(mapping: &Mapping, blocks: Extents, page: u64, count: usize) -> (Vec<u32>, Vec<u32>) {
     let mut taken = vec![0u32; count];
     let mut requested = vec![0u32; count];
-    for b in blocks {
-        for (i, ps) in pages_of(mapping, b, page, count) {
+    for b in blocks.iter() {
+        for (i, ps) in pages_of(mapping, &b, page, count) {
             taken[i] += overlap(b.start, b.end, ps, ps + page) as u32;
             requested[i] += overlap(b.addr(), b.requested_end(), ps, ps + page) as u32;
         }
@@ -651,7 +595,7 @@ fn pages_of(mapping: &Mapping, b: &BlockExtent, page: u64, count: usize) -> impl
 /// resident as a whole (claimed) or not at all. The pages holding an edge
 /// (of a block, of memgap's or the program's own ranges, of a trim range)
 /// are classified alone; the pages between two of them are alike.
-fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: &[BlockExtent], from: u64) {
+fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: Extents, from: u64) {
     let (mapping, page, agent_ranges, state) = (classify.mapping, classify.page, classify.agent_ranges, classify.state);
     let all_pages = (mapping.end - mapping.start) / page;
     let page_start = |i: u64| mapping.start + i * page;
@@ -659,7 +603,7 @@ fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: &[BlockExtent
     let tail = page_start(from);
     let mut edges: Vec<u64> = Vec::new();
     let blocks_from = blocks.partition_point(|b| b.end <= tail);
-    for b in &blocks[blocks_from..] {
+    for b in blocks.from(blocks_from).iter() {
         edges.extend([b.start, b.addr(), b.requested_end(), b.end]);
     }
     let agents_from = agent_ranges
@@ -695,10 +639,10 @@ fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: &[BlockExtent
 
 /// Bytes of the page at `start` taken by block extents and by requested
 /// bytes (`blocks` in address order, not overlapping).
-fn page_taken(blocks: &[BlockExtent], start: u64, page: u64) -> (u64, u64) {
+fn page_taken(blocks: Extents, start: u64, page: u64) -> (u64, u64) {
     let end = start + page;
     let first = blocks.partition_point(|b| b.end <= start);
-    blocks[first..].iter().take_while(|b| b.start < end).fold((0, 0), |(taken, requested), b| {
+    blocks.from(first).iter().take_while(|b| b.start < end).fold((0, 0), |(taken, requested), b| {
         (taken + overlap(b.start, b.end, start, end), requested + overlap(b.addr(), b.requested_end(), start, end))
     })
 }
@@ -764,10 +708,10 @@ impl PageClassifier<'_> {
 
 /// The live blocks on the first `count` pages of `mapping` (`blocks` in
 /// address order), listing at most `per_page` of them per page.
-fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usize, per_page: u64) -> PageObjects {
+fn page_objects(mapping: &Mapping, blocks: Extents, page: u64, count: usize, per_page: u64) -> PageObjects {
     let mut objects = PageObjects { live_bytes: vec![0; count], blocks: vec![0; count], listed: Vec::new() };
-    for b in blocks {
-        for (at, ps) in pages_of(mapping, b, page, count) {
+    for b in blocks.iter() {
+        for (at, ps) in pages_of(mapping, &b, page, count) {
             objects.blocks[at] += 1;
             objects.live_bytes[at] += overlap(b.addr(), b.requested_end(), ps, ps + page) as u32;
             if u64::from(objects.blocks[at]) <= per_page {
@@ -784,14 +728,8 @@ fn page_objects(mapping: &Mapping, blocks: &[BlockExtent], page: u64, count: usi
 
 /// Shares each used page's free bytes among its blocks by the bytes each
 /// takes there; calls `visit` with each block and what it holds.
-fn share_fragmentation(
-    mapping: &Mapping,
-    blocks: &[BlockExtent],
-    page: u64,
-    taken: &[u32],
-    mut visit: impl FnMut(&BlockExtent, BlockShare),
-) {
-    for b in blocks {
+fn share_fragmentation(mapping: &Mapping, blocks: Extents, page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, BlockShare)) {
+    for b in blocks.iter() {
         // Blocks of a corrupt trace may lie outside the mapping: the pages
         // walked are the mapping's classified ones (the rest are not
         // resident), never more.
@@ -827,7 +765,7 @@ fn share_fragmentation(
             }
             resident_live += overlap(b.addr(), b.requested_end(), mapping.start + from * page, mapping.start + (last + 1) * page);
         }
-        visit(b, BlockShare { fragmentation, resident_live, first_page: first, last_page: last });
+        visit(&b, BlockShare { fragmentation, resident_live, first_page: first, last_page: last });
     }
 }
 

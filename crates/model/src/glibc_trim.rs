@@ -26,6 +26,7 @@
 //! Not modelled: chunks `_int_malloc` moves from a bin into the tcache
 //! ("stashing"), and thread exits (glibc then frees the thread's tcache).
 
+use crate::extents::{BlockExtent, Extents};
 use memgap_replay::{Block, Change, ThreadEvent};
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -308,16 +309,16 @@ impl GlibcTrimModel {
 
     /// The chunks in some thread's tcache, as block extents sorted by
     /// start, leaving out any a live block overlaps (the model lost track).
-    pub fn tcache_extents(&self, live: &[(u64, u64)]) -> Vec<(u64, u64)> {
-        let mut extents: Vec<(u64, u64)> = self
+    pub fn tcache_extents(&self, live: Extents) -> Vec<BlockExtent> {
+        let mut extents: Vec<BlockExtent> = self
             .tcache_chunks
             .iter()
-            .map(|(&addr, &(_, size))| (addr - EXTENT_TO_CHUNK, addr - 2 * EXTENT_TO_CHUNK + size + EXTENT_TO_CHUNK))
+            .map(|(&addr, &(_, size))| BlockExtent::spanning(addr - EXTENT_TO_CHUNK, addr - 2 * EXTENT_TO_CHUNK + size + EXTENT_TO_CHUNK))
             .collect();
-        extents.sort_unstable();
-        extents.retain(|&(start, end)| {
-            let i = live.partition_point(|&(_, live_end)| live_end <= start);
-            live.get(i).is_none_or(|&(live_start, _)| live_start >= end)
+        extents.sort_unstable_by_key(|e| (e.start, e.end));
+        extents.retain(|chunk| {
+            let i = live.partition_point(|b| b.end <= chunk.start);
+            i == live.len() || live.get(i).start >= chunk.end
         });
         extents
     }
@@ -522,16 +523,20 @@ impl TrimForecast {
     }
 }
 
-/// The extents (sorted by start) that overlap `[start, end)`.
-fn within(extents: &[(u64, u64)], start: u64, end: u64) -> &[(u64, u64)] {
-    let first = extents.partition_point(|&(_, extent_end)| extent_end <= start);
-    let last = extents.partition_point(|&(extent_start, _)| extent_start < end);
-    &extents[first..last.max(first)]
+/// The 64 MiB-aligned heaps of `mapping` where `extents` start and end: a
+/// heap inside one chunk releases nothing, the heaps where chunks start and
+/// end are the ones that can.
+fn edge_heaps(extents: Extents, mapping: &memgap_trace::records::Mapping) -> impl Iterator<Item = u64> {
+    extents
+        .within(mapping.start, mapping.end)
+        .iter()
+        .flat_map(|e| [e.start.max(mapping.start) >> HEAP_ALIGN_SHIFT, e.end.saturating_sub(1).min(mapping.end - 1) >> HEAP_ALIGN_SHIFT])
 }
 
 /// Two lists of extents sorted by start, as one list so sorted.
-fn merged<'a>(a: &'a [(u64, u64)], b: &'a [(u64, u64)]) -> impl Iterator<Item = (u64, u64)> + 'a {
-    let (mut a, mut b) = (a.iter().copied().peekable(), b.iter().copied().peekable());
+fn merged<'a>(a: Extents<'a>, b: Extents<'a>) -> impl Iterator<Item = (u64, u64)> + 'a {
+    let spans = |extents: Extents<'a>| extents.iter().map(|e| (e.start, e.end)).peekable();
+    let (mut a, mut b) = (spans(a), spans(b));
     std::iter::from_fn(move || match (a.peek(), b.peek()) {
         (Some(x), Some(y)) if x > y => b.next(),
         (Some(_), _) => a.next(),
@@ -545,7 +550,7 @@ fn merged<'a>(a: &'a [(u64, u64)], b: &'a [(u64, u64)]) -> impl Iterator<Item = 
 pub fn forecast(
     model: &mut GlibcTrimModel,
     snapshot: &memgap_trace::records::Snapshot,
-    live: &[(u64, u64)],
+    live: Extents,
     page: u64,
     countable: impl Fn(&memgap_trace::records::Mapping) -> bool,
 ) -> TrimForecast {
@@ -554,6 +559,7 @@ pub fn forecast(
     let heap_mappings: Vec<&memgap_trace::records::Mapping> =
         mappings.iter().filter(|m| m.is_private_writable_anonymous() && countable(m)).collect();
     let tcache = model.tcache_extents(live);
+    let tcache = Extents::made(&tcache);
     // An arena's heaps (64 MiB-aligned) mapped next to each other show up as
     // one mapping: each is a heap of its own. Only heaps holding chunks or
     // born of a thread's block can release anything (the others are arena
@@ -568,20 +574,8 @@ pub fn forecast(
             continue;
         }
         let (first_slot, end_slot) = (mapping.start >> HEAP_ALIGN_SHIFT, mapping.end.div_ceil(HEAP_MAX));
-        let in_mapping = |extents: &[(u64, u64)]| -> Vec<u64> {
-            let first = extents.partition_point(|&(_, extent_end)| extent_end <= mapping.start);
-            let last = extents.partition_point(|&(extent_start, _)| extent_start < mapping.end);
-            // A heap inside one chunk releases nothing: the heaps where
-            // chunks start and end are the ones that can.
-            extents[first..last.max(first)]
-                .iter()
-                .flat_map(|&(start, end)| {
-                    [start.max(mapping.start) >> HEAP_ALIGN_SHIFT, end.saturating_sub(1).min(mapping.end - 1) >> HEAP_ALIGN_SHIFT]
-                })
-                .collect()
-        };
         let born = &births[births.partition_point(|&slot| slot < first_slot)..births.partition_point(|&slot| slot < end_slot)];
-        let mut slots: Vec<u64> = born.iter().copied().chain(in_mapping(live)).chain(in_mapping(&tcache)).collect();
+        let mut slots: Vec<u64> = born.iter().copied().chain(edge_heaps(live, mapping)).chain(edge_heaps(tcache, mapping)).collect();
         slots.sort_unstable();
         slots.dedup();
         for slot in slots {
@@ -595,7 +589,7 @@ pub fn forecast(
     let mut forecast = TrimForecast::default();
     for &(mapping, start, end) in &heaps {
         let role = if mapping.name == "[heap]" { HeapRole::MainArena } else { roles.get(&start).copied().unwrap_or(HeapRole::ArenaTop) };
-        let (live_here, tcache_here) = (within(live, start, end), within(&tcache, start, end));
+        let (live_here, tcache_here) = (live.within(start, end), tcache.within(start, end));
         if live_here.is_empty() && tcache_here.is_empty() && role == HeapRole::ArenaTop {
             continue;
         }
@@ -683,18 +677,18 @@ mod tests {
         for &addr in blocks.iter().rev() {
             model.observe(&event(1, EventKind::Free, addr, 0), Change::Freed(block(1000)));
         }
-        let tcache = model.tcache_extents(&[]);
+        let tcache = model.tcache_extents(Extents::default());
         assert_eq!(tcache.len(), 7);
-        assert_eq!(tcache[0].0, blocks[57] - 8);
-        let ranges = trim_ranges(HeapRole::ArenaTop, ARENA, ARENA + 64 * PAGE, tcache.iter().copied(), PAGE);
+        assert_eq!(tcache[0].start, blocks[57] - 8);
+        let ranges = trim_ranges(HeapRole::ArenaTop, ARENA, ARENA + 64 * PAGE, tcache.iter().map(|e| (e.start, e.end)), PAGE);
         // Free from the arena's first chunk to blocks[57]'s chunk: 57 KiB.
         assert_eq!(ranges.ranges(), &[(ARENA + PAGE, (blocks[57] - 16) & !(PAGE - 1))]);
         // Allocating a tcache chunk again takes it out.
         model.observe(&event(1, EventKind::Malloc, blocks[57], 1000), Change::Allocated(block(1000)));
-        assert_eq!(model.tcache_extents(&[]).len(), 6);
+        assert_eq!(model.tcache_extents(Extents::default()).len(), 6);
         // A chunk larger than 1040 bytes never goes to the tcache.
         model.observe(&event(1, EventKind::Free, ARENA + 0x100000, 0), Change::Freed(block(2000)));
-        assert_eq!(model.tcache_extents(&[]).len(), 6);
+        assert_eq!(model.tcache_extents(Extents::default()).len(), 6);
     }
 
     #[test]

@@ -85,6 +85,7 @@ impl HeapState {
             return None;
         }
         let (_, mut walk) = self.walks.pop_front()?;
+        self.live.order_by_address();
         walk.blocks = self.live.in_address_order().iter().map(|b| (b.addr, b.usable())).collect();
         walk.libc_path = self.allocator.clone();
         walk.snapshot = snapshot.clone();
@@ -134,11 +135,11 @@ impl HeapState {
             self.python_censuses.pop_front();
         }
         if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
-            let live: Vec<(u64, u64)> =
-                self.live.in_address_order().iter().map(|b| (b.addr.saturating_sub(crate::glibc_trim::GLIBC_HEADER), b.end())).collect();
+            self.live.order_by_address();
+            let live = crate::extents::Extents::placed(self.live.in_address_order(), crate::glibc_trim::GLIBC_HEADER);
             let page = crate::page_walks::plausible_page_size(snapshot.page_size);
             let walks = crate::page_walks::PageWalks::of(snapshot, page, false);
-            crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, &live, page, |m| walks.by_page(m.start));
+            crate::glibc_trim::forecast(&mut self.glibc_trim, snapshot, live, page, |m| walks.by_page(m.start));
         }
     }
 

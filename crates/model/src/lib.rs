@@ -31,6 +31,7 @@
 pub mod accounting;
 pub mod blame;
 pub mod compare;
+pub mod extents;
 pub mod facts;
 #[cfg(test)]
 mod fixtures;

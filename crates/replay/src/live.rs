@@ -152,10 +152,11 @@ impl LiveSet {
         self.ordered = Ordered::default();
     }
 
-    /// Every live block in address order. Between two calls it keeps a log
-    /// of changes, so calling it at each snapshot costs a merge of what
-    /// changed rather than a sort of everything.
-    pub fn in_address_order(&mut self) -> &[PlacedBlock] {
+    /// Puts the address-ordered view ([`LiveSet::in_address_order`]) up to
+    /// date. Between two calls it keeps a log of changes, so calling it at
+    /// each snapshot costs a merge of what changed rather than a sort of
+    /// everything.
+    pub fn order_by_address(&mut self) {
         let ordered = &mut self.ordered;
         if ordered.stale || (ordered.blocks.is_empty() && !self.blocks.is_empty()) {
             ordered.blocks.clear();
@@ -198,6 +199,16 @@ impl LiveSet {
         ordered.added.clear();
         ordered.removed.clear();
         ordered.stale = false;
+    }
+
+    /// Every live block in address order, as of the last
+    /// [`LiveSet::order_by_address`]; the live set must not have changed since.
+    pub fn in_address_order(&self) -> &[PlacedBlock] {
+        let ordered = &self.ordered;
+        assert!(
+            !ordered.stale && ordered.added.is_empty() && ordered.removed.is_empty() && ordered.blocks.len() == self.blocks.len(),
+            "the live set changed since it was last ordered by address"
+        );
         &ordered.blocks
     }
 
@@ -349,6 +360,7 @@ mod tests {
                             all.sort_unstable();
                             all
                         };
+                        live.order_by_address();
                         let ordered: Vec<(u64, u64)> = live.in_address_order().iter().map(|b| (b.addr, b.size)).collect();
                         prop_assert_eq!(ordered, expected);
                     }

@@ -116,9 +116,9 @@ pub trait MallocLayout {
     /// order. Allocators without a trim release none.
     fn trim_forecast(
         &self,
-        _state: &mut crate::HeapState,
+        _trim: &mut crate::glibc_trim::GlibcTrimModel,
         _snapshot: &Snapshot,
-        _live: &[(u64, u64)],
+        _live: crate::extents::Extents,
         _page: u64,
     ) -> crate::glibc_trim::TrimForecast {
         crate::glibc_trim::TrimForecast::default()

@@ -38,13 +38,13 @@ impl MallocLayout for GlibcMalloc {
 
     fn trim_forecast(
         &self,
-        state: &mut crate::HeapState,
+        trim: &mut crate::glibc_trim::GlibcTrimModel,
         snapshot: &memgap_trace::records::Snapshot,
-        live: &[(u64, u64)],
+        live: crate::extents::Extents,
         page: u64,
     ) -> crate::glibc_trim::TrimForecast {
         let walks = crate::page_walks::PageWalks::of(snapshot, page, false);
-        crate::glibc_trim::forecast(&mut state.glibc_trim, snapshot, live, page, |m| walks.by_page(m.start))
+        crate::glibc_trim::forecast(trim, snapshot, live, page, |m| walks.by_page(m.start))
     }
 
     fn arenas(&self, heaps: &[HeapLedger]) -> u32 {
