@@ -109,6 +109,10 @@ impl std::str::FromStr for BlameOrder {
     }
 }
 
+/// A call stack's frames, innermost first, each shared with every other
+/// stack through it, the whole held once however many entries show it.
+pub type Frames = Arc<[Arc<Frame>]>;
+
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct BlameEntry {
     pub function: Option<String>,
@@ -116,8 +120,10 @@ pub struct BlameEntry {
     pub line: Option<u32>,
     pub module: String,
     /// The call stack, innermost first (for a site: its largest stack);
-    /// its frames shared with every other stack that passes through them.
-    pub stack: Vec<Arc<Frame>>,
+    /// its frames shared with every other stack that passes through them,
+    /// and the whole stack with the facts it came from while no frame's
+    /// name is shortened.
+    pub stack: Frames,
     pub live_bytes: u64,
     pub objects: u64,
     pub fragmentation_bytes: u64,
@@ -407,7 +413,7 @@ pub struct StackFacts {
     /// each distinct frame held once: a Python program's stacks repeat the
     /// interpreter's frames thousands of times.
     #[serde(with = "shared_frames")]
-    frames: FxHashMap<u32, Vec<Arc<Frame>>>,
+    frames: FxHashMap<u32, Frames>,
     /// Per stack, bytes live at the end, in the order the live set lists
     /// their first block (entries are ranked stably: the order counts).
     leaked: Vec<(u32, u64)>,
@@ -447,15 +453,7 @@ impl StackFacts {
             .map(|(stack, churn)| (stack as u32, *churn))
             .collect();
         let mut symbolizer = Symbolizer::new(&v.modules);
-        let mut addresses: Vec<u64> = v
-            .stacks
-            .values()
-            .flat_map(|frames| frames.iter())
-            .filter(|&&ip| !is_python_frame(ip))
-            .map(|&ip| ip.saturating_sub(1))
-            .collect();
-        addresses.sort_unstable();
-        addresses.dedup();
+        let addresses = call_sites(v.stacks.values().flat_map(|frames| frames.iter().copied()).filter(|&ip| !is_python_frame(ip)));
         // Each distinct frame once: an address's and a Python value's are shared by every stack through them.
         let mut distinct = FxHashSet::default();
         let names: FxHashMap<u64, Vec<Arc<Frame>>> = addresses
@@ -476,7 +474,7 @@ impl StackFacts {
                         .or_insert_with(|| v.python.frame(value).map(|frame| shared_frames::share(&mut distinct, frame)));
                     frame.clone()
                 };
-                (id, v.python.expand(ips, native, python))
+                (id, Arc::from(v.python.expand(ips, native, python)))
             })
             .collect();
         let main_module = v.modules.iter().rev().find(|m| !v.exe.is_empty() && m.path == v.exe);
@@ -532,10 +530,11 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
 
     // Per stack: its frames and its allocation site.
     let mut site_of_stack = FxHashMap::default();
+    let no_frames: Frames = Arc::from([]);
     let stacks: Vec<StackSums> = totals
         .into_iter()
         .map(|(id, t)| {
-            let frames: &[Arc<Frame>] = facts.frames.get(&id).map_or(&[], Vec::as_slice);
+            let frames = facts.frames.get(&id).unwrap_or(&no_frames);
             // Under Python code, the line of Python that called into the interpreter's C.
             let site = frames
                 .iter()
@@ -554,7 +553,7 @@ pub fn assemble(facts: &StackFacts, at_seconds: f64, ledger: &Ledger, options: &
             (frames, site, t)
         })
         .collect();
-    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_deref(), frames.to_vec(), 1)).collect();
+    let mut by_stack: Vec<BlameEntry> = stacks.iter().map(|(frames, site, t)| t.entry(site.as_deref(), Arc::clone(frames), 1)).collect();
     // Sites are told apart by their whole names; only then shortened.
     let all_entries = if options.per_stack { by_stack.clone() } else { merge_by_site(&stacks) };
     let mut churn = if options.per_stack {
@@ -648,23 +647,31 @@ impl ShortNames {
         if let Some(function) = entry.function.as_mut().filter(|_| !entry.module.is_empty()) {
             self.short(function);
         }
-        for frame in entry.stack.iter_mut().filter(|frame| !is_python(frame) && frame.function.is_some()) {
-            // The whole-named frames stay alive in the stack facts while
-            // names are shortened, so an address names one frame throughout.
-            let short = match self.frames.get(&Arc::as_ptr(frame)) {
-                Some(short) => short.clone(),
-                None => {
-                    let mut short = Frame::clone(frame);
-                    if let Some(function) = &mut short.function {
-                        self.short(function);
-                    }
-                    let short = Arc::new(short);
-                    self.frames.insert(Arc::as_ptr(frame), short.clone());
-                    short
-                }
-            };
-            *frame = short;
+        let shortened: Vec<Arc<Frame>> = entry.stack.iter().map(|frame| self.frame(frame)).collect();
+        // A stack whose names are all short already stays the facts' own.
+        if shortened.iter().zip(entry.stack.iter()).any(|(short, frame)| !Arc::ptr_eq(short, frame)) {
+            entry.stack = shortened.into();
         }
+    }
+
+    /// `frame` with its function's short name: itself when that is its
+    /// name already, or a Python frame's (qualified names are kept).
+    fn frame(&mut self, frame: &Arc<Frame>) -> Arc<Frame> {
+        if is_python(frame) || frame.function.is_none() {
+            return frame.clone();
+        }
+        // The whole-named frames stay alive in the stack facts while
+        // names are shortened, so an address names one frame throughout.
+        if let Some(short) = self.frames.get(&Arc::as_ptr(frame)) {
+            return short.clone();
+        }
+        let mut short = Frame::clone(frame);
+        if let Some(function) = &mut short.function {
+            self.short(function);
+        }
+        let short = if short.function == frame.function { frame.clone() } else { Arc::new(short) };
+        self.frames.insert(Arc::as_ptr(frame), short.clone());
+        short
     }
 }
 
@@ -677,6 +684,8 @@ mod shared_frames {
     use rustc_hash::{FxHashMap, FxHashSet};
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Frames;
 
     #[derive(Serialize, Deserialize)]
     struct Table {
@@ -694,7 +703,7 @@ mod shared_frames {
         shared
     }
 
-    pub(super) fn serialize<S: Serializer>(stacks: &FxHashMap<u32, Vec<Arc<Frame>>>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(stacks: &FxHashMap<u32, Frames>, serializer: S) -> Result<S::Ok, S::Error> {
         let mut ids: Vec<u32> = stacks.keys().copied().collect();
         ids.sort_unstable();
         let mut places: FxHashMap<*const Frame, u32> = FxHashMap::default();
@@ -714,7 +723,7 @@ mod shared_frames {
         table.serialize(serializer)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FxHashMap<u32, Vec<Arc<Frame>>>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FxHashMap<u32, Frames>, D::Error> {
         let table = Table::deserialize(deserializer)?;
         let frames: Vec<Arc<Frame>> = table.frames.into_iter().map(Arc::new).collect();
         table
@@ -722,7 +731,7 @@ mod shared_frames {
             .into_iter()
             .map(|(id, places)| {
                 let stack = places.iter().map(|&place| frames.get(place as usize).cloned());
-                Ok((id, stack.collect::<Option<Vec<_>>>().ok_or_else(|| D::Error::custom("a stack names a frame past the table"))?))
+                Ok((id, stack.collect::<Option<Arc<[_]>>>().ok_or_else(|| D::Error::custom("a stack names a frame past the table"))?))
             })
             .collect()
     }
@@ -766,7 +775,7 @@ impl Totals {
         self.temporary_bytes += other.temporary_bytes;
     }
 
-    fn entry(&self, site: Option<&Frame>, stack: Vec<Arc<Frame>>, stacks: u32) -> BlameEntry {
+    fn entry(&self, site: Option<&Frame>, stack: Frames, stacks: u32) -> BlameEntry {
         let dense_pages = (self.taken_bytes as f64 / 4096.0).ceil().max(1.0);
         BlameEntry {
             function: Some(site.map_or_else(|| "(no stack recorded)".to_string(), |f| f.function.clone().unwrap_or_else(|| f.label()))),
@@ -790,7 +799,7 @@ impl Totals {
 }
 
 /// A stack's frames (the facts' own), its allocation site among them, and what its blocks add up to.
-type StackSums<'a> = (&'a [Arc<Frame>], Option<Arc<Frame>>, Totals);
+type StackSums<'a> = (&'a Frames, Option<Arc<Frame>>, Totals);
 
 type SiteKey = (Option<String>, Option<String>, Option<u32>, String);
 
@@ -799,7 +808,7 @@ struct SiteSums<'a> {
     totals: Totals,
     stacks: u32,
     site: &'a Option<Arc<Frame>>,
-    shown: &'a [Arc<Frame>],
+    shown: &'a Frames,
     /// The shown stack's (bytes held, bytes allocated).
     shown_weight: (u64, u64),
 }
@@ -818,7 +827,17 @@ fn merge_by_site(stacks: &[StackSums]) -> Vec<BlameEntry> {
             (sums.shown, sums.shown_weight) = (frames, weight);
         }
     }
-    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_deref(), sums.shown.to_vec(), sums.stacks)).collect()
+    sites.into_values().map(|sums| sums.totals.entry(sums.site.as_deref(), Arc::clone(sums.shown), sums.stacks)).collect()
+}
+
+/// The distinct addresses to symbolize for `return_addresses`, sorted: each
+/// one less, inside the call that returns there. Gathered distinct as they
+/// come: a program's stacks repeat the same few thousand many times.
+pub(crate) fn call_sites(return_addresses: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    let distinct: FxHashSet<u64> = return_addresses.into_iter().map(|ip| ip.saturating_sub(1)).collect();
+    let mut addresses: Vec<u64> = distinct.into_iter().collect();
+    addresses.sort_unstable();
+    addresses
 }
 
 pub(crate) fn is_allocator_frame(frame: &Frame, skip: &[&str]) -> bool {
@@ -945,7 +964,7 @@ mod tests {
         let mut frames = FxHashMap::default();
         for id in 1..=50u32 {
             let stack = [frame(&format!("leaf_{id}"), u64::from(id)), frame("_PyEval_EvalFrameDefault", 1000), frame("main", 2000)];
-            frames.insert(id, stack.into_iter().map(|f| shared_frames::share(&mut distinct, f)).collect::<Vec<_>>());
+            frames.insert(id, stack.into_iter().map(|f| shared_frames::share(&mut distinct, f)).collect::<Arc<[_]>>());
         }
         assert!(Arc::ptr_eq(&frames[&1][1], &frames[&50][1]), "equal frames are one");
         let facts = StackFacts { frames, ..StackFacts::default() };

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 pub use memgap_types::numa::{AccessLocality, DistanceCount, Node, PageNodes, SampleBatch, Topology, access_locality, numa_access_rate};
 
-use crate::blame::{ALLOCATOR_FUNCTIONS, is_allocator_frame};
+use crate::blame::{ALLOCATOR_FUNCTIONS, call_sites, is_allocator_frame};
 use crate::heap_state::HeapState;
 use crate::ledger::Moment;
 use crate::snapshots::{self, At, GapFinder, GapsSeen, MomentError};
@@ -669,10 +669,7 @@ fn remote_sites(v: &NumaVisitor, locality: &AllocationLocality, top: usize) -> V
         return Vec::new();
     }
     let mut symbolizer = Symbolizer::new(&v.modules);
-    let mut addresses: Vec<u64> =
-        remote.iter().filter_map(|(id, _)| v.stacks.get(id)).flat_map(|frames| frames.iter()).map(|&ip| ip.saturating_sub(1)).collect();
-    addresses.sort_unstable();
-    addresses.dedup();
+    let addresses = call_sites(remote.iter().filter_map(|(id, _)| v.stacks.get(id)).flat_map(|frames| frames.iter().copied()));
     let names: FxHashMap<u64, Vec<Frame>> = addresses.iter().copied().zip(symbolizer.symbolize_many(&addresses)).collect();
     let mut sites: BTreeMap<SiteKey, (u64, u64)> = BTreeMap::new();
     for (id, (remote, placed)) in remote {
