@@ -113,7 +113,8 @@ pub trait MallocLayout {
     }
     /// Which resident pages holding no block the allocator's trim would
     /// release now, given the live block extents (`live`) in address
-    /// order. Allocators without a trim release none.
+    /// order and what the replay has learned of the heaps and trims
+    /// (`trim`). Allocators without a trim release none.
     fn trim_forecast(
         &self,
         _trim: &mut crate::glibc_trim::GlibcTrimModel,
