@@ -115,13 +115,8 @@ fn compute_walking(
     // Which free pages the allocator's trim would release.
     let trim = malloc.layout.trim_forecast(&mut state.glibc_trim, snapshot, extents, page);
     let state = &*state;
-    let walked_once;
-    let blocks = if extents.walked_as_they_are() {
-        extents
-    } else {
-        walked_once = extents.walked_once();
-        Extents::made(&walked_once)
-    };
+    let mut walked_copy = Vec::new();
+    let blocks = extents.walked_once(&mut walked_copy);
     let mut agent_ranges = snapshot.agent_ranges.clone();
     agent_ranges.sort_unstable();
     let listed_per_page = if detail.pages && detail.objects {

@@ -152,31 +152,30 @@ impl<'a> Extents<'a> {
         self.between(first, last.max(first))
     }
 
-    /// Whether each extent is walked as it is: none empty, none
-    /// overlapping the one before (true of any trace but a corrupt one).
-    pub fn walked_as_they_are(&self) -> bool {
-        let mut covered = 0;
-        self.iter().all(|b| {
-            let clear = covered <= b.start && b.start < b.end;
-            covered = b.end;
-            clear
-        })
-    }
-
     /// The extents as page walks go over them: blocks of a corrupt trace
     /// that overlap walked from where the previous one ended, so that pages
     /// are walked once however many blocks claim them; empty ones left out.
-    pub fn walked_once(&self) -> Vec<BlockExtent> {
+    /// These extents themselves when none needs that (any trace but a
+    /// corrupt one), else a copy made in `copy`.
+    pub fn walked_once(self, copy: &'a mut Vec<BlockExtent>) -> Extents<'a> {
+        if self.clipped().zip(self.iter()).all(|(walked, extent)| walked == Some(extent)) {
+            return self;
+        }
+        copy.extend(self.clipped().flatten());
+        Extents::made(copy)
+    }
+
+    /// Each extent from where the one walked before it ended; none for an
+    /// extent left with nothing.
+    fn clipped(self) -> impl Iterator<Item = Option<BlockExtent>> + 'a {
         let mut covered = 0;
-        self.iter()
-            .filter_map(|mut b| {
-                b.start = b.start.max(covered);
-                (b.start < b.end).then(|| {
-                    covered = b.end;
-                    b
-                })
+        self.iter().map(move |mut b| {
+            b.start = b.start.max(covered);
+            (b.start < b.end).then(|| {
+                covered = b.end;
+                b
             })
-            .collect()
+        })
     }
 }
 
@@ -212,12 +211,12 @@ mod tests {
     #[test]
     fn overlapping_or_empty_extents_are_walked_once() {
         let clean = [placed(0x1000, 16, 0), placed(0x1010, 16, 0)];
-        assert!(Extents::placed(&clean, 0).walked_as_they_are());
+        let mut copy = Vec::new();
+        assert!(matches!(Extents::placed(&clean, 0).walked_once(&mut copy).held, Held::Placed(_)), "no copy of a clean heap");
+        assert!(copy.is_empty());
         // The second starts inside the first; the third lies inside the second; the fourth is empty.
         let corrupt = [placed(0x1000, 32, 0), placed(0x1010, 64, 0), placed(0x1020, 16, 0), placed(0x2000, 0, 0)];
-        let extents = Extents::placed(&corrupt, 0);
-        assert!(!extents.walked_as_they_are());
-        let walked: Vec<(u64, u64)> = extents.walked_once().iter().map(|b| (b.start, b.end)).collect();
+        let walked: Vec<(u64, u64)> = Extents::placed(&corrupt, 0).walked_once(&mut copy).iter().map(|b| (b.start, b.end)).collect();
         assert_eq!(walked, [(0x1000, 0x1020), (0x1020, 0x1050)]);
     }
 }
