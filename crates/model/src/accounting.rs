@@ -596,26 +596,35 @@ fn account_pages_run_by_run(classify: &mut PageClassifier, blocks: Extents, from
     let page_start = |i: u64| mapping.start + i * page;
     let resident = matches!(mapping.residency, Residency::All);
     let tail = page_start(from);
-    let mut edges: Vec<u64> = Vec::new();
+    // The pages holding an edge, each kept once as it comes: the blocks' edges
+    // come in address order, so this holds at most a number per page rather
+    // than four per block.
+    let mut special: Vec<u64> = Vec::new();
+    let mut edge = |at: u64| {
+        if at >= tail && at < mapping.end {
+            let index = (at - mapping.start) / page;
+            if special.last() != Some(&index) {
+                special.push(index);
+            }
+        }
+    };
     let blocks_from = blocks.partition_point(|b| b.end <= tail);
     for b in blocks.from(blocks_from).iter() {
-        edges.extend([b.start, b.addr(), b.requested_end(), b.end]);
+        [b.start, b.addr(), b.requested_end(), b.end].into_iter().for_each(&mut edge);
     }
     let agents_from = agent_ranges
         .partition_point(|&(start, len)| start.saturating_add(len) <= tail)
         .min(agent_ranges.partition_point(|&(start, _)| start < mapping.end));
     for &(start, len) in &agent_ranges[agents_from..] {
-        edges.extend([start, start.saturating_add(len)]);
+        [start, start.saturating_add(len)].into_iter().for_each(&mut edge);
     }
     for (start, end) in state.program_mappings_in(tail, mapping.end) {
-        edges.extend([start, end]);
+        [start, end].into_iter().for_each(&mut edge);
     }
     for &(start, end) in classify.trim.ranges_of(mapping.start) {
-        edges.extend([start, end]);
+        [start, end].into_iter().for_each(&mut edge);
     }
-    edges.extend(state.glibc_trim.left_by_last_trim_edges(tail, mapping.end));
-    let mut special: Vec<u64> =
-        edges.into_iter().filter(|&at| at >= tail && at < mapping.end).map(|at| (at - mapping.start) / page).collect();
+    state.glibc_trim.left_by_last_trim_edges(tail, mapping.end).into_iter().for_each(&mut edge);
     special.sort_unstable();
     special.dedup();
     let mut at = from;
