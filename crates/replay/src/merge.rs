@@ -213,7 +213,7 @@ impl PieceBytes {
 }
 
 /// Encoded bytes the queues keep in memory before pieces are left in the file.
-const HELD_BYTES: usize = 24 << 20;
+const HELD_BYTES: usize = 8 << 20;
 /// Chunks read back kept at hand: the pieces of one round, from every
 /// thread, lie in a few neighbouring chunks.
 const CACHED_CHUNKS: usize = 8;
