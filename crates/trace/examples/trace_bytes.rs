@@ -1,7 +1,8 @@
 //! Where a trace's bytes go: per record tag, per stream of the heap events'
 //! pieces, and per event field (each field made constant in turn, the
 //! events re-encoded and compressed as the recorder does; what a field
-//! costs is what the trace saves without it).
+//! costs is what the trace saves without it), and what a compression
+//! context reaching across chunks would save.
 //!
 //! `cargo run --release -p memgap-trace --example trace_bytes -- T.mgt [zstd level]`
 
@@ -54,8 +55,10 @@ fn main() {
     let trace = TraceFile::open(path.as_ref()).expect("the trace opens");
     let (mut by_tag, mut by_stream) = (BTreeMap::<String, (usize, usize)>::new(), [(0usize, 0usize); STREAMS.len()]);
     let mut chunks: Vec<Vec<Piece>> = Vec::new();
+    let mut raw_chunks: Vec<Vec<u8>> = Vec::new();
     trace
         .for_each_chunk(|_, chunk| {
+            raw_chunks.push(chunk.to_vec());
             let mut per_tag = BTreeMap::<String, Vec<u8>>::new();
             let mut per_stream: [Vec<u8>; STREAMS.len()] = Default::default();
             let mut pieces = Vec::new();
@@ -94,6 +97,25 @@ fn main() {
         println!("  {name:<16} raw {:>7.3}  compressed {:>7.3}", raw as f64 / events, compressed as f64 / events);
     }
     fields(&chunks, level, events);
+    across_chunks(&raw_chunks, level, events);
+}
+
+/// Each chunk is compressed on its own, so any chunk reads back alone. One
+/// zstd stream over all of them, flushed after each, keeps its history from
+/// chunk to chunk: the most a context shared across chunks could save.
+fn across_chunks(raw_chunks: &[Vec<u8>], level: i32, events: f64) {
+    use std::io::Write;
+    let alone: usize = raw_chunks.iter().map(|raw| zstd_len(raw, level)).sum();
+    let mut stream = zstd::stream::Encoder::new(Vec::new(), level).expect("a zstd stream");
+    stream.set_parameter(zstd::zstd_safe::CParameter::WindowLog(23)).expect("an 8 MiB window");
+    for raw in raw_chunks {
+        stream.write_all(raw).expect("zstd compresses");
+        stream.flush().expect("zstd flushes");
+    }
+    let streamed = stream.finish().expect("zstd finishes").len();
+    println!("the chunks (zstd {level}), B/event:");
+    println!("  each on its own  {:.3}", alone as f64 / events);
+    println!("  one stream       {:.3}  (flushed after each chunk, 8 MiB window)", streamed as f64 / events);
 }
 
 /// What each field costs: the pieces re-encoded without it, compressed per chunk.
