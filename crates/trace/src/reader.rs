@@ -73,11 +73,11 @@ impl TraceFile {
     }
 
     /// Lets the kernel take back the mapped pages of the file below
-    /// `offset`, a few MiB at a time from `dropped` on: a reader's memory
+    /// `offset`, a MiB at a time from `dropped` on: a reader's memory
     /// then follows what it keeps, not the length of the trace. Returns
     /// the new start of what is still mapped in.
     fn drop_pages_before(&self, offset: usize, dropped: usize) -> usize {
-        const STEP: usize = 8 << 20;
+        const STEP: usize = 1 << 20;
         let end = offset & !(STEP - 1);
         if end <= dropped {
             return dropped;
