@@ -113,7 +113,11 @@ fn compute_walking(
     };
     ledger.live_blocks = extents.len() as u64;
     // Which free pages the allocator's trim would release.
-    let trim = malloc.layout.trim_forecast(&mut state.glibc_trim, snapshot, extents, page);
+    let trim = if state.rows_only() {
+        TrimForecast::default()
+    } else {
+        malloc.layout.trim_forecast(&mut state.glibc_trim, snapshot, extents, page)
+    };
     let state = &*state;
     let mut walked_copy = Vec::new();
     let blocks = extents.walked_once(&mut walked_copy);
@@ -295,7 +299,7 @@ impl SnapshotAccounting<'_> {
             python_arenas: self.state.python_census(self.snapshot.time),
         };
         let (pages, taken) = account_pages(&mut classifier, mapping_blocks, walked_pages);
-        if allocator_owned {
+        if allocator_owned && !self.state.rows_only() {
             let (buckets, stacks, by_stack) = (&mut self.buckets, &mut self.stacks, self.detail.stacks);
             share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share| {
                 add_to_size_bucket(buckets, block, &share);

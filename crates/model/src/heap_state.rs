@@ -40,6 +40,10 @@ pub struct HeapState {
     /// What glibc's malloc_trim would find: tcaches, arenas' heaps, the
     /// program's own trims.
     pub glibc_trim: crate::glibc_trim::GlibcTrimModel,
+    /// Replayed only for the ledger's rows (the gap at every snapshot): no
+    /// model of malloc_trim is kept, and its ledgers forecast no trim and
+    /// share no fragmentation by size or stack.
+    rows_only: bool,
     /// `is_glibc()` for the allocator string at this address and length:
     /// asked on every event, compared once per string.
     glibc_for: Option<(usize, usize, bool)>,
@@ -51,9 +55,18 @@ pub struct HeapState {
 impl HeapState {
     /// A new program image (exec): the old address space is gone. The
     /// allocator is kept until the new image's ALLOCATOR record replaces it.
+    /// A state for ledgers whose rows alone are wanted (see `rows_only`).
+    pub(crate) fn for_rows_only() -> HeapState {
+        HeapState { rows_only: true, ..HeapState::default() }
+    }
+
+    pub(crate) fn rows_only(&self) -> bool {
+        self.rows_only
+    }
+
     pub fn start_image(&mut self) {
         let allocator = std::mem::take(&mut self.allocator);
-        *self = HeapState { allocator, ..HeapState::default() };
+        *self = HeapState { allocator, rows_only: self.rows_only, ..HeapState::default() };
     }
 
     pub fn is_glibc(&self) -> bool {
@@ -134,7 +147,7 @@ impl HeapState {
         while self.python_censuses.front().is_some_and(|c| c.snapshot_time <= snapshot.time) {
             self.python_censuses.pop_front();
         }
-        if self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
+        if !self.rows_only && self.glibc_trim.trim_pending() && self.glibc_trim.trim_shown_by(snapshot.rss.vm_rss) && self.is_glibc() {
             self.live.order_by_address();
             let live = crate::extents::Extents::placed(self.live.in_address_order(), crate::glibc_trim::GLIBC_HEADER);
             let page = crate::page_walks::plausible_page_size(snapshot.page_size);
@@ -175,7 +188,7 @@ impl HeapState {
                         glibc
                     }
                 };
-                if glibc {
+                if glibc && !self.rows_only {
                     self.glibc_trim.observe(event, change);
                 }
                 if e.addr != 0 && e.kind().is_allocation() {

@@ -351,7 +351,7 @@ fn gaps(path: &Path, scan: &Scan) -> Result<Vec<u64>, TraceError> {
             return Ok(visitor.gaps.gaps);
         }
     }
-    Ok(ledgers(path, &|_| true, false)?.iter().map(gap_bytes).collect())
+    Ok(ledgers(path, &|_| true, Depth::Rows)?.iter().map(gap_bytes).collect())
 }
 
 impl Scan {
@@ -395,6 +395,16 @@ impl Scan {
 }
 
 /// Replays the trace and computes the ledger at the chosen snapshots.
+/// How much of each wanted ledger a replay computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    /// The rows alone, which the gap needs: no trim forecast, no
+    /// fragmentation by size.
+    Rows,
+    /// The whole ledger, with its page maps or not.
+    Whole { pages: bool },
+}
+
 struct LedgerVisitor<'a> {
     state: HeapState,
     wanted: &'a dyn Fn(usize) -> bool,
@@ -517,8 +527,8 @@ impl Visitor for LedgerVisitor<'_> {
     }
 }
 
-fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, want_pages: bool) -> Result<Vec<Ledger>, TraceError> {
-    Ok(replay_ledgers(path, wanted, want_pages, None, false, false)?.ledgers)
+fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, depth: Depth) -> Result<Vec<Ledger>, TraceError> {
+    Ok(replay_ledgers(path, wanted, depth, None, false, false)?.ledgers)
 }
 
 struct Replayed {
@@ -533,16 +543,16 @@ struct Replayed {
 fn replay_ledgers(
     path: &Path,
     wanted: &dyn Fn(usize) -> bool,
-    want_pages: bool,
+    depth: Depth,
     summary: Option<Builder>,
     want_series: bool,
     find_gap: bool,
 ) -> Result<Replayed, TraceError> {
     let series = want_series.then(|| Series { live: SeriesBuilder::new(SERIES_BUCKETS), vm_rss: SeriesBuilder::new(SERIES_BUCKETS) });
     let mut visitor = LedgerVisitor {
-        state: HeapState::default(),
+        state: if depth == Depth::Rows { HeapState::for_rows_only() } else { HeapState::default() },
         wanted,
-        want_pages,
+        want_pages: depth == Depth::Whole { pages: true },
         seen: 0,
         ledgers: Vec::new(),
         gap: find_gap.then(|| (GapFinder::default(), None)),
@@ -600,7 +610,10 @@ fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<O
             ledger
         }));
     }
-    let Some((finder, Some(mut ledger))) = replay_ledgers(path, &|_| false, want_pages, None, false, true)?.gap else { return Ok(None) };
+    let Some((finder, Some(mut ledger))) = replay_ledgers(path, &|_| false, Depth::Whole { pages: want_pages }, None, false, true)?.gap
+    else {
+        return Ok(None);
+    };
     let Some(moment) = finder.moment(scan) else { return Ok(None) };
     ledger.moment = Some(moment);
     Ok(Some(ledger))
@@ -609,7 +622,7 @@ fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<O
 /// The ledger at `moment`, resolved before the replay.
 fn ledger_at_moment(path: &Path, moment: Option<Moment>, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
     let Some(moment) = moment else { return Ok(None) };
-    let mut ledger = ledgers(path, &|i| i == moment.index, want_pages)?.pop();
+    let mut ledger = ledgers(path, &|i| i == moment.index, Depth::Whole { pages: want_pages })?.pop();
     if let Some(ledger) = &mut ledger {
         ledger.moment = Some(moment);
     }
@@ -648,7 +661,7 @@ fn closing_at_largest_gap(path: &Path, scan: &Scan) -> Result<Option<Closing>, T
         return closing_from_every_ledger(path, scan);
     }
     let last = scan.snapshots.len().checked_sub(1);
-    let replayed = replay_ledgers(path, &|i| Some(i) == last, false, Some(Builder::default()), false, true)?;
+    let replayed = replay_ledgers(path, &|i| Some(i) == last, Depth::Whole { pages: false }, Some(Builder::default()), false, true)?;
     let summary = replayed.summary.expect("a summary was asked for");
     let Some((finder, Some(mut at_gap))) = replayed.gap else { return Ok(None) };
     let Some(moment) = finder.moment(scan) else { return Ok(None) };
@@ -673,7 +686,7 @@ fn closing_from_every_ledger(path: &Path, scan: &Scan) -> Result<Option<Closing>
 /// every ledger (without page maps) gives them, and the largest gap among
 /// them, as [`gaps`] chooses it; `None` when its snapshots are not the scan's.
 fn every_ledger(path: &Path, scan: &Scan, summary: Option<Builder>) -> Result<Option<(Replayed, Moment)>, TraceError> {
-    let replayed = replay_ledgers(path, &|_| true, false, summary, false, false)?;
+    let replayed = replay_ledgers(path, &|_| true, Depth::Whole { pages: false }, summary, false, false)?;
     let gaps: Vec<u64> = replayed.ledgers.iter().map(gap_bytes).collect();
     let moment = scan.moment(At::Gap, &gaps).filter(|_| gaps.len() == scan.snapshots.len());
     Ok(moment.map(|moment| (replayed, moment)))
@@ -683,7 +696,7 @@ fn every_ledger(path: &Path, scan: &Scan, summary: Option<Builder>) -> Result<Op
 fn closing_resolved(path: &Path, scan: &Scan, moment: Option<Moment>) -> Result<Closing, TraceError> {
     let last = scan.snapshots.len().checked_sub(1);
     let wanted = |i: usize| Some(i) == moment.as_ref().map(|m| m.index) || Some(i) == last;
-    let replayed = replay_ledgers(path, &wanted, false, Some(Builder::default()), false, false)?;
+    let replayed = replay_ledgers(path, &wanted, Depth::Whole { pages: false }, Some(Builder::default()), false, false)?;
     let (mut ledgers, summary) = (replayed.ledgers, replayed.summary.expect("a summary was asked for"));
     let Some(moment) = moment else { return Ok(Closing { summary, moment: None, end: None }) };
     // In time order: the moment's ledger, then the last one when it is another.
@@ -711,7 +724,7 @@ pub struct Timeline {
 
 /// The ledger at every snapshot, the live heap and VmRSS, in one replay.
 pub fn timeline(path: &Path) -> Result<Timeline, TraceError> {
-    let replayed = replay_ledgers(path, &|_| true, false, None, true, false)?;
+    let replayed = replay_ledgers(path, &|_| true, Depth::Whole { pages: false }, None, true, false)?;
     let (live_bytes, vm_rss) = replayed.series.unwrap_or_default();
     Ok(Timeline { snapshots: replayed.ledgers, live_bytes, vm_rss })
 }
@@ -790,5 +803,26 @@ mod tests {
         let refused = scan.check(At::Seconds(99.0)).unwrap_err();
         assert_eq!(refused.to_string(), "--at 99 is past the end of the trace (2.41 s); ask for 0 to 2.41, or gap, peak or end");
         assert!(scan.check(At::End).is_ok() && scan.check(At::Gap).is_ok());
+    }
+
+    /// A replay for the rows alone gives every snapshot the rows, and so
+    /// the gap, of the whole ledger, without its trim forecast or its
+    /// fragmentation by size.
+    #[test]
+    fn ledgers_of_rows_alone_have_the_whole_ledgers_rows() {
+        let mut forecast_skipped = 0;
+        for path in crate::fixtures::traces() {
+            let whole = ledgers(&path, &|_| true, Depth::Whole { pages: false }).unwrap();
+            let rows = ledgers(&path, &|_| true, Depth::Rows).unwrap();
+            assert_eq!(rows.len(), whole.len(), "{}", path.display());
+            for (rows, whole) in rows.iter().zip(&whole) {
+                assert_eq!(format!("{:?}", rows.rows), format!("{:?}", whole.rows), "{}", path.display());
+                assert_eq!(format!("{:?}", rows.owners), format!("{:?}", whole.owners), "{}", path.display());
+                assert_eq!(gap_bytes(rows), gap_bytes(whole));
+                assert!(rows.fragmentation_by_size.is_empty() && rows.heaps.iter().all(|h| h.trimmable == 0));
+                forecast_skipped += usize::from(whole.heaps.iter().any(|h| h.trimmable > 0));
+            }
+        }
+        assert!(forecast_skipped > 0, "no fixture has trimmable pages: the test shows nothing");
     }
 }
