@@ -12,6 +12,7 @@
 //! snapshot. Counted during the same replay, with one set of counters per
 //! call stack.
 
+use crate::ledger::owner::Taken;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -395,7 +396,7 @@ fn blame_replayed(mut v: BlameVisitor, outcome: &Outcome, moment: Moment, option
     // The layers owners lay after the replay (pymalloc's arenas): in the
     // rows the header sums up.
     v.owners.replayed(&outcome.timeline);
-    v.owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
+    v.owners.annotate(&mut ledger, Taken { time, monotonic_ns: Some(outcome.timeline.monotonic_ns(time)) });
     // Freed before symbolizing, which needs memory of its own.
     let leaked = StackFacts::leaked(&std::mem::take(&mut v.state.live));
     let mut blame = assemble(&StackFacts::of(&v, leaked), outcome.timeline.seconds(time), &ledger, options);

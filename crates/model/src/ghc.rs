@@ -525,8 +525,8 @@ impl crate::ledger::HeapOwner for GhcOwner {
             .collect()
     }
 
-    fn annotate(&self, ledger: &mut crate::ledger::Ledger, monotonic_ns: u64) {
-        let Some(report) = &self.report else { return };
+    fn annotate(&self, ledger: &mut crate::ledger::Ledger, taken: crate::ledger::owner::Taken) {
+        let (Some(report), Some(monotonic_ns)) = (&self.report, taken.monotonic_ns) else { return };
         ledger.set_section(NAME, report);
         let seconds = monotonic_ns.saturating_sub(self.origin_ns.unwrap_or(0)) as f64 / 1e9;
         // The GC before the snapshot (the heap's state until the next one).

@@ -73,9 +73,9 @@ impl Owners {
     }
 
     /// Lays every owner's late layer over a ledger, then sums it up again.
-    pub fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
+    pub fn annotate(&self, ledger: &mut Ledger, taken: crate::ledger::owner::Taken) {
         for owner in self.list.iter().filter(|o| o.present()) {
-            owner.annotate(ledger, monotonic_ns);
+            owner.annotate(ledger, taken);
         }
         ledger.measured_remedies = self.measured_remedies.clone();
         crate::accounting::finish(ledger, &self.list);

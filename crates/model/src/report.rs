@@ -4,6 +4,7 @@
 //! RSS samples, the runtime's collections and the program's malloc_trim
 //! calls, and blame at the chosen moment.
 
+use crate::ledger::owner::Taken;
 use std::path::Path;
 
 use memgap_replay::{Inherited, ThreadEvent, Visitor, replay};
@@ -406,7 +407,7 @@ fn replay_report(
         .drain(..)
         .map(|(time, mut ledger)| {
             ledger.at_seconds = timeline.seconds(time);
-            v.owners.annotate(&mut ledger, timeline.monotonic_ns(time));
+            v.owners.annotate(&mut ledger, Taken { time, monotonic_ns: Some(timeline.monotonic_ns(time)) });
             ledger
         })
         .collect();

@@ -137,7 +137,8 @@ impl HeapOwner for RubyOwner {
             .collect()
     }
 
-    fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
+    fn annotate(&self, ledger: &mut Ledger, taken: crate::ledger::owner::Taken) {
+        let Some(monotonic_ns) = taken.monotonic_ns else { return };
         let refs: Vec<&Metrics> = self.metrics.iter().collect();
         let Some(layer) = layer_at(&refs, self.version.as_deref().unwrap_or(""), self.start_monotonic_ns.unwrap_or(0), monotonic_ns) else {
             return;

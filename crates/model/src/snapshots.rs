@@ -1,5 +1,6 @@
 //! Choosing snapshots and computing the ledger at them.
 
+use crate::ledger::owner::Taken;
 use std::path::Path;
 
 use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline as EventClock, Visitor, replay};
@@ -576,7 +577,7 @@ fn replay_ledgers(
     owners.measured_remedies = crate::ledger::measured::read_beside(path).map(std::sync::Arc::new);
     let finish = |(time, mut ledger): (u64, Ledger)| {
         ledger.at_seconds = outcome.timeline.seconds(time);
-        owners.annotate(&mut ledger, outcome.timeline.monotonic_ns(time));
+        owners.annotate(&mut ledger, Taken { time, monotonic_ns: Some(outcome.timeline.monotonic_ns(time)) });
         ledger
     };
     let ledgers = visitor.ledgers.into_iter().map(finish).collect();

@@ -79,6 +79,14 @@ impl Remedy {
     }
 }
 
+/// When a snapshot was taken: its time in the trace, and on CLOCK_MONOTONIC
+/// once the replay is over (`None` while it runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub time: u64,
+    pub monotonic_ns: Option<u64>,
+}
+
 /// An owner's part of the rows (the headline rows are the sum of every
 /// owner's part, plus thread stacks and `other`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -162,9 +170,11 @@ pub trait HeapOwner {
         Vec::new()
     }
 
-    /// After the replay, with every figure of the trace in: lays its layer
-    /// over the ledger of a snapshot taken at `monotonic_ns`.
-    fn annotate(&self, _ledger: &mut Ledger, _monotonic_ns: u64) {}
+    /// Lays its layer over the ledger of a snapshot `taken` then. Figures
+    /// that describe a snapshot (written just before it) find it by its
+    /// trace time, and are in by the time the replay reaches it; the others
+    /// come later and find it by CLOCK_MONOTONIC, known after the replay.
+    fn annotate(&self, _ledger: &mut Ledger, _taken: Taken) {}
 
     /// Its collections, `start_ns` being the process start.
     fn gc_marks(&self, _start_ns: u64) -> Vec<GcMark> {

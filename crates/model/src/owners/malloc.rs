@@ -7,7 +7,7 @@
 use memgap_trace::records::Metrics;
 
 use super::allocator_stats::AllocatorStats;
-use crate::ledger::owner::share;
+use crate::ledger::owner::{Taken, share};
 use crate::ledger::{Finding, HeapOwner, Ledger, MallocLayout, Remedy};
 
 /// The owner name of the malloc nobody recognised.
@@ -33,10 +33,8 @@ pub struct MallocOwner<A: Allocator> {
     allocator: A,
     present: bool,
     /// Its own figures at each snapshot (linked into the program, where no
-    /// hook sees its calls, or mimalloc's committed bytes), and each one's
-    /// snapshot in CLOCK_MONOTONIC nanoseconds once replayed.
+    /// hook sees its calls, or mimalloc's committed bytes).
     stats: Vec<AllocatorStats>,
-    stats_ns: Vec<u64>,
 }
 
 impl<A: Allocator> HeapOwner for MallocOwner<A> {
@@ -58,12 +56,8 @@ impl<A: Allocator> HeapOwner for MallocOwner<A> {
         }
     }
 
-    fn replayed(&mut self, timeline: &memgap_replay::Timeline) {
-        self.stats_ns = self.stats.iter().map(|s| timeline.monotonic_ns(s.snapshot_time)).collect();
-    }
-
-    fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
-        let Some(at) = self.stats_ns.iter().rposition(|&ns| ns == monotonic_ns) else { return };
+    fn annotate(&self, ledger: &mut Ledger, taken: Taken) {
+        let Some(at) = self.stats.iter().rposition(|s| s.snapshot_time == taken.time) else { return };
         if self.present {
             // Hooked: its blocks give the rows; its own figures go beside them.
             ledger.set_section(A::NAME, &self.stats[at]);

@@ -21,7 +21,7 @@ use memgap_trace::vocabulary::kind;
 use serde::{Deserialize, Serialize};
 
 use crate::human_bytes;
-use crate::ledger::owner::share;
+use crate::ledger::owner::{Taken, share};
 use crate::ledger::{Finding, GcMark, HeapOwner, Ledger, MappingClass, OwnerShare, Remedy, Rows};
 
 /// The owner is named as its source.
@@ -277,8 +277,8 @@ impl HeapOwner for NodeOwner {
             .collect()
     }
 
-    fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
-        if let Some(layer) = self.layer_at(monotonic_ns) {
+    fn annotate(&self, ledger: &mut Ledger, taken: Taken) {
+        if let Some(layer) = taken.monotonic_ns.and_then(|ns| self.layer_at(ns)) {
             attach(ledger, layer);
         }
     }
@@ -503,7 +503,7 @@ mod tests {
     fn claims_v8_chunks_out_of_other_and_splits_them() {
         let owner = owner();
         let mut ledger = ledger_with_mappings();
-        owner.annotate(&mut ledger, 260);
+        owner.annotate(&mut ledger, Taken { time: 0, monotonic_ns: Some(260) });
         let part = ledger.share(NAME).unwrap();
         assert_eq!(part.rows.total(), 40 << 20);
         // Used: 2 MiB new + 10 MiB old; old space's 3 MiB available is
@@ -527,7 +527,7 @@ mod tests {
             rows: Rows { live: 2 << 20, fragmented: 20 << 20, retained: 10 << 20, ..Rows::default() },
             ..OwnerShare::default()
         });
-        owner.annotate(&mut ledger, 300);
+        owner.annotate(&mut ledger, Taken { time: 0, monotonic_ns: Some(300) });
         let findings = owner.findings(&ledger);
         let kinds: Vec<&str> = findings.iter().map(|f| f.kind).collect();
         assert!(kinds.contains(&"semi_space") && kinds.contains(&"buffer_churn"), "{kinds:?}");

@@ -13,6 +13,7 @@ use memgap_source_python::Census;
 use serde::{Deserialize, Serialize};
 
 use super::malloc::{finding_bytes, row_findings};
+use crate::ledger::owner::Taken;
 use crate::ledger::{Finding, HeapOwner, Ledger, MappingClass, OwnerShare, Remedy, Rows};
 
 /// The owner is named as its source.
@@ -62,8 +63,6 @@ pub struct PythonOwner {
     version: Option<String>,
     allocator_name: Option<String>,
     censuses: Vec<Census>,
-    /// Each census's snapshot in CLOCK_MONOTONIC nanoseconds, once replayed.
-    census_ns: Vec<u64>,
 }
 
 impl PythonOwner {
@@ -130,12 +129,8 @@ impl HeapOwner for PythonOwner {
         }
     }
 
-    fn replayed(&mut self, timeline: &memgap_replay::Timeline) {
-        self.census_ns = self.censuses.iter().map(|c| timeline.monotonic_ns(c.snapshot_time)).collect();
-    }
-
-    fn annotate(&self, ledger: &mut Ledger, monotonic_ns: u64) {
-        let census = self.census_ns.iter().rposition(|&ns| ns == monotonic_ns).map(|i| &self.censuses[i]);
+    fn annotate(&self, ledger: &mut Ledger, taken: Taken) {
+        let census = self.censuses.iter().rev().find(|c| c.snapshot_time == taken.time);
         if let Some(c) = census.filter(|c| c.arenas > 0) {
             attach(ledger, c);
         }
@@ -242,9 +237,9 @@ mod tests {
         let mut owner = PythonOwner::default();
         owner.note("python 3.11.2");
         owner.note("python allocator pymalloc");
-        owner.censuses.push(census());
-        owner.census_ns.push(5);
-        owner.annotate(&mut ledger, 5);
+        owner.censuses.push(Census { snapshot_time: 5, ..census() });
+        // During the replay: CLOCK_MONOTONIC is not known yet, the census is.
+        owner.annotate(&mut ledger, Taken { time: 5, monotonic_ns: None });
         let owners: Vec<Box<dyn HeapOwner>> = vec![Box::new(owner)];
         crate::accounting::finish(&mut ledger, &owners);
         let part = ledger.share(NAME).unwrap();
@@ -265,7 +260,7 @@ mod tests {
         owner.note("python 3.11.2");
         owner.note("python allocator malloc");
         let mut ledger = Ledger { rss_bytes: 4 << 20, ..Ledger::default() };
-        owner.annotate(&mut ledger, 5);
+        owner.annotate(&mut ledger, Taken { time: 5, monotonic_ns: Some(5) });
         assert!(ledger.share(NAME).is_none());
         assert_eq!(ledger.section::<PythonSection>(NAME).unwrap().allocator, "malloc");
         owner.note("python allocator pymalloc_debug");
