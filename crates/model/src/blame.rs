@@ -12,7 +12,6 @@
 //! snapshot. Counted during the same replay, with one set of counters per
 //! call stack.
 
-use crate::ledger::owner::Taken;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounting::Detail;
 use crate::heap_state::HeapState;
+use crate::ledger::owner::Taken;
 use crate::ledger::{Ledger, Moment};
 use crate::snapshots::{self, At, GapFinder, GapsSeen, MomentError};
 

@@ -81,6 +81,19 @@ impl Owners {
         crate::accounting::finish(ledger, &self.list);
     }
 
+    /// `ledger` with the figures that describe its snapshot (taken at trace
+    /// time `time`) laid over, as a replay can before its end; without its
+    /// page maps and stacks, which the layers do not change (`ledger` is
+    /// left as it was). Its gap is a runtime's there when none of its
+    /// figures come late (see `snapshots::laid_over_late`).
+    pub fn laid_over_in_time(&self, ledger: &mut Ledger, time: u64) -> Ledger {
+        let (page_maps, by_stack) = (std::mem::take(&mut ledger.page_maps), std::mem::take(&mut ledger.by_stack));
+        let mut laid = ledger.clone();
+        (ledger.page_maps, ledger.by_stack) = (page_maps, by_stack);
+        self.annotate(&mut laid, crate::ledger::owner::Taken { time, monotonic_ns: None });
+        laid
+    }
+
     /// The runtimes' collections, for the timeline. More than `limit` keeps
     /// the major ones and every k-th minor one.
     pub fn gc_marks(&self, limit: usize) -> Vec<GcMark> {

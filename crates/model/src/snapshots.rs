@@ -1,6 +1,5 @@
 //! Choosing snapshots and computing the ledger at them.
 
-use crate::ledger::owner::Taken;
 use std::path::Path;
 
 use memgap_replay::{Inherited, LiveSet, ThreadEvent, Timeline as EventClock, Visitor, replay};
@@ -10,6 +9,7 @@ use memgap_trace::records::{End, Exit, Metrics, Process, Record, Records, Rss, S
 
 use crate::accounting::{self, Detail};
 use crate::heap_state::HeapState;
+use crate::ledger::owner::Taken;
 use crate::ledger::{HeapOwner, Ledger, Moment};
 use crate::registry::Owners;
 use crate::series::{SeriesBuilder, SeriesPoint};
@@ -117,6 +117,20 @@ pub(crate) struct Scan {
     end_seconds: f64,
     /// The trace holds a runtime's own metrics: its gaps come from the ledgers' owners.
     pub(crate) runtime_metrics: bool,
+    /// Some of them are laid over only after the replay (see [`laid_over_late`]).
+    #[serde(default)]
+    pub(crate) late_figures: bool,
+}
+
+/// Whether a METRICS record holds a runtime's figures that its owner lays
+/// over the ledgers only once the replay is over (they may come after the
+/// snapshot they concern: Node's, Ruby's, GHC's, Go's), rather than figures
+/// written just before the snapshot they describe (the pymalloc census, an
+/// allocator's own statistics), which a replay lays over as it reaches it.
+pub(crate) fn laid_over_late(metrics: &Metrics) -> bool {
+    metrics.source != crate::trim_marks::SOURCE
+        && memgap_source_python::Census::from_metrics(metrics).is_none()
+        && memgap_types::allocator_stats::AllocatorStats::from_metrics(metrics, &metrics.source).is_none()
 }
 
 /// Lists the snapshots without replaying events (chunks are decompressed,
@@ -131,7 +145,7 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, TraceError> {
     let mut found = Vec::new();
     let mut started = false;
     let mut last_time = 0;
-    let mut runtime_metrics = false;
+    let (mut runtime_metrics, mut late_figures) = (false, false);
     trace.for_each_chunk(|_, chunk| {
         for record in Records::new(chunk).flatten() {
             match record {
@@ -146,7 +160,10 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, TraceError> {
                 }
                 Record::Rss(r) => last_time = last_time.max(r.time),
                 Record::End(e) => last_time = last_time.max(e.time),
-                Record::Metrics(m) if m.source != crate::trim_marks::SOURCE => runtime_metrics = true,
+                Record::Metrics(m) if m.source != crate::trim_marks::SOURCE => {
+                    runtime_metrics = true;
+                    late_figures |= laid_over_late(&m);
+                }
                 _ => {}
             }
         }
@@ -158,7 +175,7 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, TraceError> {
         .enumerate()
         .map(|(index, (time, vm_rss))| SnapshotInfo { index, seconds: timeline.seconds(time), vm_rss })
         .collect();
-    Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time), runtime_metrics })
+    Ok(Scan { snapshots, end_seconds: timeline.seconds(last_time), runtime_metrics, late_figures })
 }
 
 /// The ledger at `snapshot` of a replay, given the heap as replayed up to
@@ -271,7 +288,8 @@ pub(crate) fn gap_at(snapshot: &Snapshot, live_bytes: u64) -> u64 {
 /// Finds the largest gap during the replay that uses it (one replay where
 /// two were needed): the gap at each snapshot, and whether it is the
 /// largest so far (the earliest of equals), whose ledger the replay keeps.
-/// Only for a trace whose live heap is malloc's (see [`GapVisitor`]).
+/// malloc's gap from the live heap (see [`GapVisitor`]), or a runtime's
+/// from each ledger when its figures come in time ([`GapFinder::note_gap`]).
 #[derive(Debug, Default)]
 pub(crate) struct GapFinder {
     pub(crate) gaps: Vec<u64>,
@@ -282,7 +300,12 @@ impl GapFinder {
     /// Notes the gap at the next snapshot, with `live_bytes` in the live
     /// heap; true when it is the largest so far.
     pub(crate) fn note(&mut self, snapshot: &Snapshot, live_bytes: u64) -> bool {
-        let gap = gap_at(snapshot, live_bytes);
+        self.note_gap(gap_at(snapshot, live_bytes))
+    }
+
+    /// Notes `gap` at the next snapshot, computed elsewhere (a runtime's,
+    /// from its ledger); true when it is the largest so far.
+    pub(crate) fn note_gap(&mut self, gap: u64) -> bool {
         let index = self.gaps.len();
         self.gaps.push(gap);
         let larger = self.largest.is_none_or(|(_, largest)| gap > largest);
@@ -310,6 +333,10 @@ impl GapFinder {
 pub(crate) enum GapsSeen {
     /// malloc's alone, from the live heap.
     Malloc,
+    /// Also a runtime's, where the replay computes every snapshot's rows
+    /// and lays over the figures that come before their snapshot; the
+    /// others come late (see [`laid_over_late`]).
+    InTime,
     /// Also a runtime's: the replay keeps every ledger, and takes the gaps
     /// from them once the runtime's late figures are laid over them.
     EveryOwner,
@@ -338,7 +365,9 @@ impl Scan {
     }
 
     fn gap_found_while_replaying(&self, at: At, seen: GapsSeen) -> bool {
-        at == At::Gap && self.snapshots.len() > 1 && (!self.runtime_metrics || seen == GapsSeen::EveryOwner)
+        at == At::Gap
+            && self.snapshots.len() > 1
+            && (!self.runtime_metrics || seen == GapsSeen::EveryOwner || (seen == GapsSeen::InTime && !self.late_figures))
     }
 }
 
@@ -750,7 +779,7 @@ mod tests {
             .enumerate()
             .map(|(index, &(seconds, vm_rss))| SnapshotInfo { index, seconds, vm_rss })
             .collect::<Vec<_>>();
-        let scan = Scan { snapshots, end_seconds: 3.2, runtime_metrics: false };
+        let scan = Scan { snapshots, end_seconds: 3.2, runtime_metrics: false, late_figures: false };
         let index = |at: At, gaps: &[u64]| scan.moment(at, gaps).map(|m| m.index);
         assert_eq!(index(At::Peak, &[]), Some(1));
         assert_eq!(index(At::End, &[]), Some(3));
@@ -760,7 +789,10 @@ mod tests {
         assert_eq!(index(At::Gap, &[1, 5]), Some(1));
         let moment = scan.moment(At::Gap, &[1, 5, 9, 2]).unwrap();
         assert_eq!(moment.line(), "at 2.00 s, the largest gap between RSS and the live heap; --at peak|end|SECONDS for others");
-        assert_eq!(Scan { snapshots: Vec::new(), end_seconds: 0.0, runtime_metrics: false }.moment(At::Gap, &[]), None);
+        assert_eq!(
+            Scan { snapshots: Vec::new(), end_seconds: 0.0, runtime_metrics: false, late_figures: false }.moment(At::Gap, &[]),
+            None
+        );
     }
 
     /// The largest gap found in the replay that computes its ledger (for a
@@ -798,7 +830,7 @@ mod tests {
     #[test]
     fn a_time_past_the_end_is_refused() {
         let snapshots = vec![SnapshotInfo { index: 0, seconds: 0.5, vm_rss: 1 }, SnapshotInfo { index: 1, seconds: 2.0, vm_rss: 1 }];
-        let scan = Scan { snapshots, end_seconds: 2.414, runtime_metrics: false };
+        let scan = Scan { snapshots, end_seconds: 2.414, runtime_metrics: false, late_figures: false };
         assert!(scan.check(At::Seconds(2.414)).is_ok());
         assert!(scan.check(At::Seconds(2.418)).is_ok(), "2.42 as printed is the end");
         let refused = scan.check(At::Seconds(99.0)).unwrap_err();
