@@ -53,8 +53,6 @@ pub struct HeapState {
 }
 
 impl HeapState {
-    /// A new program image (exec): the old address space is gone. The
-    /// allocator is kept until the new image's ALLOCATOR record replaces it.
     /// A state for ledgers whose rows alone are wanted (see `rows_only`).
     pub(crate) fn for_rows_only() -> HeapState {
         HeapState { rows_only: true, ..HeapState::default() }
@@ -64,6 +62,8 @@ impl HeapState {
         self.rows_only
     }
 
+    /// A new program image (exec): the old address space is gone. The
+    /// allocator is kept until the new image's ALLOCATOR record replaces it.
     pub fn start_image(&mut self) {
         let allocator = std::mem::take(&mut self.allocator);
         *self = HeapState { allocator, rows_only: self.rows_only, ..HeapState::default() };

@@ -424,7 +424,6 @@ impl Scan {
     }
 }
 
-/// Replays the trace and computes the ledger at the chosen snapshots.
 /// How much of each wanted ledger a replay computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Depth {
@@ -435,6 +434,7 @@ enum Depth {
     Whole { pages: bool },
 }
 
+/// Replays the trace and computes the ledger at the chosen snapshots.
 struct LedgerVisitor<'a> {
     state: HeapState,
     wanted: &'a dyn Fn(usize) -> bool,
@@ -857,5 +857,19 @@ mod tests {
             }
         }
         assert!(forecast_skipped > 0, "no fixture has trimmable pages: the test shows nothing");
+    }
+
+    /// The pymalloc census and an allocator's own statistics describe the
+    /// snapshot they come before; a runtime's other figures and a heap walk
+    /// are laid over after the replay; malloc_trim marks are no runtime's.
+    #[test]
+    fn figures_written_before_their_snapshot_are_not_late() {
+        let census = memgap_source_python::Census { snapshot_time: 7, arenas: 2, ..Default::default() }.to_metrics(5);
+        let stats = memgap_types::allocator_stats::AllocatorStats { allocator: "jemalloc".into(), snapshot_time: 7, ..Default::default() };
+        assert!(!laid_over_late(&census) && !laid_over_late(&stats.to_metrics(5)));
+        let figures = |source: &str, kind: &str| Metrics { source: source.into(), kind: kind.into(), ..Metrics::default() };
+        assert!(laid_over_late(&figures("node", "heap_space")) && laid_over_late(&figures("ruby", "gc_stat")));
+        assert!(laid_over_late(&figures(memgap_types::glibc_walk::WALK_SOURCE, memgap_types::glibc_walk::WALK_KIND)));
+        assert!(!laid_over_late(&figures(crate::trim_marks::SOURCE, crate::trim_marks::KIND)));
     }
 }
