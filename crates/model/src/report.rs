@@ -74,10 +74,9 @@ struct ReportVisitor {
     moment: Option<usize>,
     /// The gap at every snapshot and the largest so far.
     gaps: GapFinder,
-    /// The gaps are malloc's (no runtime accounts for its own heap).
-    track_gap: bool,
-    /// While the moment is looked for: each snapshot's gap is its ledger's,
-    /// a runtime's figures laid over (none of which come late).
+    /// A runtime accounts for its own heap: each snapshot's gap is its
+    /// ledger's (while the moment is looked for, with the runtime's figures
+    /// laid over, none of which come late), not malloc's from the live heap.
     gaps_in_ledgers: bool,
     /// Figures laid over only after the replay were seen.
     late_figures: bool,
@@ -246,7 +245,7 @@ impl Visitor for ReportVisitor {
         };
         // With another moment, the largest gap's detail is kept for the
         // facts too (`--at gap` is the question asked most).
-        let largest_gap = larger && self.moment.is_some() && self.track_gap;
+        let largest_gap = larger && self.moment.is_some() && !self.gaps_in_ledgers;
         if largest_gap && let Some(previous) = previous.filter(|&p| Some(p) != self.moment) {
             self.no_longer_the_largest_gap(previous);
         }
@@ -394,7 +393,6 @@ fn replay_report(
         blame: BlameVisitor::new(blame::DEFAULT_TEMPORARY_MS),
         moment: known,
         gaps: GapFinder::default(),
-        track_gap: !scan.runtime_metrics,
         gaps_in_ledgers: scan.runtime_metrics,
         late_figures: false,
         peak,
@@ -484,7 +482,7 @@ fn replay_report(
     let last = snapshots.len().saturating_sub(1);
     let moment = Moment { index: moment.index.min(last), ..moment };
     // The largest gap's page maps, when the moment is another: only for the facts.
-    let largest_gap = v.gaps.largest().filter(|&index| v.track_gap && index != moment.index && index != peak && index != last);
+    let largest_gap = v.gaps.largest().filter(|&index| !v.gaps_in_ledgers && index != moment.index && index != peak && index != last);
     let facts = keep_facts.then(|| {
         // What was computed at each: always at the moment, the largest gap,
         // the peak and the last; elsewhere, what the page budget kept.
