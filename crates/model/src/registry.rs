@@ -81,11 +81,20 @@ impl Owners {
         crate::accounting::finish(ledger, &self.list);
     }
 
+    /// Whether `metrics` holds a runtime's figures that its owner lays over
+    /// the ledgers only once the replay is over (they may come after the
+    /// snapshot they concern: Node's, Ruby's, GHC's, Go's, a heap walk),
+    /// rather than figures written just before the snapshot they describe
+    /// (the pymalloc census, an allocator's own statistics).
+    pub fn laid_over_late(&self, metrics: &Metrics) -> bool {
+        metrics.source != crate::trim_marks::SOURCE && !self.list.iter().any(|o| o.describes_its_snapshot(metrics))
+    }
+
     /// `ledger` with the figures that describe its snapshot (taken at trace
     /// time `time`) laid over, as a replay can before its end; without its
     /// page maps and stacks, which the layers do not change (`ledger` is
     /// left as it was). Its gap is a runtime's there when none of its
-    /// figures come late (see `snapshots::laid_over_late`).
+    /// figures come late (see [`Owners::laid_over_late`]).
     pub fn laid_over_in_time(&self, ledger: &mut Ledger, time: u64) -> Ledger {
         let (page_maps, by_stack) = (std::mem::take(&mut ledger.page_maps), std::mem::take(&mut ledger.by_stack));
         let mut laid = ledger.clone();
@@ -155,5 +164,20 @@ mod tests {
         let thinned = many.gc_marks(110);
         assert!(thinned.len() <= 110, "{}", thinned.len());
         assert_eq!(thinned.iter().filter(|m| m.major).count(), 10);
+    }
+
+    /// The pymalloc census and an allocator's own statistics describe the
+    /// snapshot they come before; a runtime's other figures and a heap walk
+    /// are laid over after the replay; malloc_trim marks are no runtime's.
+    #[test]
+    fn figures_written_before_their_snapshot_are_not_late() {
+        let owners = Owners::default();
+        let census = memgap_source_python::Census { snapshot_time: 7, arenas: 2, ..Default::default() }.to_metrics(5);
+        let stats = memgap_types::allocator_stats::AllocatorStats { allocator: "jemalloc".into(), snapshot_time: 7, ..Default::default() };
+        assert!(!owners.laid_over_late(&census) && !owners.laid_over_late(&stats.to_metrics(5)));
+        let figures = |source: &str, kind: &str| Metrics { source: source.into(), kind: kind.into(), ..Metrics::default() };
+        assert!(owners.laid_over_late(&figures("node", "heap_space")) && owners.laid_over_late(&figures("ruby", "gc_stat")));
+        assert!(owners.laid_over_late(&figures(memgap_types::glibc_walk::WALK_SOURCE, memgap_types::glibc_walk::WALK_KIND)));
+        assert!(!owners.laid_over_late(&figures(crate::trim_marks::SOURCE, crate::trim_marks::KIND)));
     }
 }

@@ -144,7 +144,7 @@ impl Visitor for ReportVisitor {
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
-        self.late_figures |= snapshots::laid_over_late(metrics);
+        self.late_figures |= self.owners.laid_over_late(metrics);
         self.owners.metrics(metrics);
         self.summary.metrics(metrics);
         self.trims.metrics(metrics);

@@ -117,20 +117,9 @@ pub(crate) struct Scan {
     end_seconds: f64,
     /// The trace holds a runtime's own metrics: its gaps come from the ledgers' owners.
     pub(crate) runtime_metrics: bool,
-    /// Some of them are laid over only after the replay (see [`laid_over_late`]).
+    /// Some of them are laid over only after the replay (see [`Owners::laid_over_late`]).
     #[serde(default)]
     pub(crate) late_figures: bool,
-}
-
-/// Whether a METRICS record holds a runtime's figures that its owner lays
-/// over the ledgers only once the replay is over (they may come after the
-/// snapshot they concern: Node's, Ruby's, GHC's, Go's), rather than figures
-/// written just before the snapshot they describe (the pymalloc census, an
-/// allocator's own statistics), which a replay lays over as it reaches it.
-pub(crate) fn laid_over_late(metrics: &Metrics) -> bool {
-    metrics.source != crate::trim_marks::SOURCE
-        && memgap_source_python::Census::from_metrics(metrics).is_none()
-        && memgap_types::allocator_stats::AllocatorStats::from_metrics(metrics, &metrics.source).is_none()
 }
 
 /// Lists the snapshots without replaying events (chunks are decompressed,
@@ -146,6 +135,7 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, TraceError> {
     let mut started = false;
     let mut last_time = 0;
     let (mut runtime_metrics, mut late_figures) = (false, false);
+    let owners = Owners::default();
     trace.for_each_chunk(|_, chunk| {
         for record in Records::new(chunk).flatten() {
             match record {
@@ -162,7 +152,7 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, TraceError> {
                 Record::End(e) => last_time = last_time.max(e.time),
                 Record::Metrics(m) if m.source != crate::trim_marks::SOURCE => {
                     runtime_metrics = true;
-                    late_figures |= laid_over_late(&m);
+                    late_figures |= owners.laid_over_late(&m);
                 }
                 _ => {}
             }
@@ -335,7 +325,7 @@ pub(crate) enum GapsSeen {
     Malloc,
     /// Also a runtime's, where the replay computes every snapshot's rows
     /// and lays over the figures that come before their snapshot; the
-    /// others come late (see [`laid_over_late`]).
+    /// others come late (see [`Owners::laid_over_late`]).
     InTime,
     /// Also a runtime's: the replay keeps every ledger, and takes the gaps
     /// from them once the runtime's late figures are laid over them.
@@ -857,19 +847,5 @@ mod tests {
             }
         }
         assert!(forecast_skipped > 0, "no fixture has trimmable pages: the test shows nothing");
-    }
-
-    /// The pymalloc census and an allocator's own statistics describe the
-    /// snapshot they come before; a runtime's other figures and a heap walk
-    /// are laid over after the replay; malloc_trim marks are no runtime's.
-    #[test]
-    fn figures_written_before_their_snapshot_are_not_late() {
-        let census = memgap_source_python::Census { snapshot_time: 7, arenas: 2, ..Default::default() }.to_metrics(5);
-        let stats = memgap_types::allocator_stats::AllocatorStats { allocator: "jemalloc".into(), snapshot_time: 7, ..Default::default() };
-        assert!(!laid_over_late(&census) && !laid_over_late(&stats.to_metrics(5)));
-        let figures = |source: &str, kind: &str| Metrics { source: source.into(), kind: kind.into(), ..Metrics::default() };
-        assert!(laid_over_late(&figures("node", "heap_space")) && laid_over_late(&figures("ruby", "gc_stat")));
-        assert!(laid_over_late(&figures(memgap_types::glibc_walk::WALK_SOURCE, memgap_types::glibc_walk::WALK_KIND)));
-        assert!(!laid_over_late(&figures(crate::trim_marks::SOURCE, crate::trim_marks::KIND)));
     }
 }

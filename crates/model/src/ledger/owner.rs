@@ -176,6 +176,13 @@ pub trait HeapOwner {
     /// come later and find it by CLOCK_MONOTONIC, known after the replay.
     fn annotate(&self, _ledger: &mut Ledger, _taken: Taken) {}
 
+    /// `metrics` holds its figures about the snapshot written just after
+    /// it, which it lays over by that snapshot's trace time (so during the
+    /// replay, as it reaches the snapshot).
+    fn describes_its_snapshot(&self, _metrics: &Metrics) -> bool {
+        false
+    }
+
     /// Its collections, `start_ns` being the process start.
     fn gc_marks(&self, _start_ns: u64) -> Vec<GcMark> {
         Vec::new()

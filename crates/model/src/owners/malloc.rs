@@ -56,6 +56,10 @@ impl<A: Allocator> HeapOwner for MallocOwner<A> {
         }
     }
 
+    fn describes_its_snapshot(&self, metrics: &Metrics) -> bool {
+        AllocatorStats::from_metrics(metrics, A::NAME).is_some()
+    }
+
     fn annotate(&self, ledger: &mut Ledger, taken: Taken) {
         let Some(at) = self.stats.iter().rposition(|s| s.snapshot_time == taken.time) else { return };
         if self.present {

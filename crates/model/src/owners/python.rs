@@ -129,6 +129,10 @@ impl HeapOwner for PythonOwner {
         }
     }
 
+    fn describes_its_snapshot(&self, metrics: &memgap_trace::records::Metrics) -> bool {
+        Census::from_metrics(metrics).is_some()
+    }
+
     fn annotate(&self, ledger: &mut Ledger, taken: Taken) {
         let census = self.censuses.iter().rev().find(|c| c.snapshot_time == taken.time);
         if let Some(c) = census.filter(|c| c.arenas > 0) {
