@@ -36,6 +36,13 @@ pub struct Detail {
     pub stacks: bool,
     /// The blocks on each page of the page maps (with `pages`).
     pub objects: bool,
+    /// The rows alone, which the gap needs: no trim forecast and no
+    /// fragmentation shared by size or stack, whatever else is asked.
+    pub rows_alone: bool,
+}
+
+impl Detail {
+    pub(crate) const ROWS_ALONE: Detail = Detail { pages: false, stacks: false, objects: false, rows_alone: true };
 }
 
 /// How far `rows` lies outside VmRSS read before and after the snapshot
@@ -113,7 +120,7 @@ fn compute_walking(
     };
     ledger.live_blocks = extents.len() as u64;
     // Which free pages the allocator's trim would release.
-    let trim = if state.rows_only() {
+    let trim = if detail.rows_alone {
         TrimForecast::default()
     } else {
         malloc.layout.trim_forecast(&mut state.glibc_trim, snapshot, extents, page)
@@ -299,7 +306,7 @@ impl SnapshotAccounting<'_> {
             python_arenas: self.state.python_census(self.snapshot.time),
         };
         let (pages, taken) = account_pages(&mut classifier, mapping_blocks, walked_pages);
-        if allocator_owned && !self.state.rows_only() {
+        if allocator_owned && !self.detail.rows_alone {
             let (buckets, stacks, by_stack) = (&mut self.buckets, &mut self.stacks, self.detail.stacks);
             share_fragmentation(mapping, mapping_blocks, page, &taken, |block, share| {
                 add_to_size_bucket(buckets, block, &share);
@@ -877,7 +884,7 @@ mod tests {
         let ledger = compute(
             &mut state_with(&blocks),
             &snapshot(16, Residency::All, 16 * PAGE),
-            Detail { pages: true, stacks: true, objects: true },
+            Detail { pages: true, stacks: true, objects: true, rows_alone: false },
             &mut glibc(),
         );
         assert_eq!(ledger.rows.live, 16 * 64);
@@ -948,7 +955,12 @@ mod tests {
         let pages = MAX_PAGES_PER_MAPPING;
         let blocks = [(HEAP + 16, 64)];
         let snapshot = snapshot(pages, Residency::Bitmap(vec![0b0000_0011]), 2 * PAGE);
-        let ledger = compute(&mut state_with(&blocks), &snapshot, Detail { pages: true, stacks: true, objects: true }, &mut glibc());
+        let ledger = compute(
+            &mut state_with(&blocks),
+            &snapshot,
+            Detail { pages: true, stacks: true, objects: true, rows_alone: false },
+            &mut glibc(),
+        );
         let walked = ledger.page_maps[0].pages.len() as u64;
         assert_eq!(walked, 8 + UNLISTED_PAGES_PER_SNAPSHOT);
         assert_eq!(ledger.page_maps[0].objects.as_ref().unwrap().blocks.len() as u64, walked);
@@ -1010,7 +1022,7 @@ mod tests {
         let ledger = compute(
             &mut state_with(&blocks),
             &snapshot(64, Residency::All, 64 * PAGE),
-            Detail { pages: true, stacks: true, objects: true },
+            Detail { pages: true, stacks: true, objects: true, rows_alone: false },
             &mut glibc(),
         );
         assert_eq!(ledger.live_blocks, 1000);

@@ -19,7 +19,7 @@ use memgap_replay::{Change, Inherited, LiveSet, Outcome, ThreadEvent, Timeline, 
 use memgap_symbolize::python::{PythonCodes, is_python};
 use memgap_symbolize::{Frame, Symbolizer, short_name};
 use memgap_trace::python::{PythonCode, is_python_frame};
-use memgap_trace::records::{Clock, Metrics, Module, Process, Snapshot, Thread};
+use memgap_trace::records::{Clock, Metrics, Module, Process, Rss, Snapshot, Thread};
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
@@ -297,6 +297,7 @@ impl Visitor for BlameVisitor {
 
     fn process(&mut self, process: &Process) {
         self.state.start_image();
+        self.owners.process(process);
         if process.image == 0 || !self.timeline_started {
             self.timeline.start(process);
             self.timeline_started = true;
@@ -326,6 +327,14 @@ impl Visitor for BlameVisitor {
         self.owners.metrics(metrics);
     }
 
+    fn note(&mut self, _time: u64, text: &str) {
+        self.owners.note(text);
+    }
+
+    fn rss(&mut self, rss: &Rss) {
+        self.owners.rss(rss);
+    }
+
     fn thread(&mut self, thread: &Thread) {
         self.state.thread(thread);
     }
@@ -351,9 +360,9 @@ impl Visitor for BlameVisitor {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
-        let live_bytes = self.state.live.live_bytes();
+        self.owners.snapshot_seen(snapshot);
         let wanted = match &mut self.gap {
-            Some(finder) => finder.note(snapshot, live_bytes),
+            Some(finder) => finder.note_at(&mut self.state, snapshot, &mut self.owners),
             None => self.seen == self.wanted,
         };
         if wanted {
@@ -374,28 +383,39 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Momen
     scan.replay_for(
         path,
         options.at,
-        GapsSeen::Malloc,
-        || {
-            let mut v = BlameVisitor { gap: Some(GapFinder::default()), ..BlameVisitor::new(options.temporary_ms) };
-            let outcome = replay(path, &mut v)?;
-            let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
-            Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)))
-        },
-        |moment| {
-            let Some(moment) = moment else { return Ok(None) };
-            let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
-            let outcome = replay(path, &mut v)?;
-            Ok(blame_replayed(v, &outcome, moment, options))
-        },
+        GapsSeen::InTime,
+        || blame_at_largest_gap(path, &scan, options),
+        |moment| blame_at_moment(path, moment, options),
     )
 }
 
-/// Blame at `moment` once `v` has replayed the trace.
+/// Blame at the largest gap, found in the replay that computes it; `None`
+/// when the replay disagrees with the scan (then resolve first).
+fn blame_at_largest_gap(path: &Path, scan: &snapshots::Scan, options: &BlameOptions) -> Result<Option<Option<Blame>>, MomentError> {
+    let mut v = BlameVisitor { gap: Some(GapFinder::for_scan(scan)), ..BlameVisitor::new(options.temporary_ms) };
+    let outcome = replay(path, &mut v)?;
+    v.owners.replayed(&outcome.timeline);
+    let moment = v.gap.as_mut().and_then(|finder| {
+        finder.settle(&v.owners, &outcome.timeline);
+        finder.moment(scan)
+    });
+    Ok(moment.map(|moment| blame_replayed(v, &outcome, moment, options)))
+}
+
+/// Blame at `moment`, resolved before the replay.
+fn blame_at_moment(path: &Path, moment: Option<Moment>, options: &BlameOptions) -> Result<Option<Blame>, MomentError> {
+    let Some(moment) = moment else { return Ok(None) };
+    let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
+    let outcome = replay(path, &mut v)?;
+    v.owners.replayed(&outcome.timeline);
+    Ok(blame_replayed(v, &outcome, moment, options))
+}
+
+/// Blame at `moment` once `v` has replayed the trace (its owners told so).
 fn blame_replayed(mut v: BlameVisitor, outcome: &Outcome, moment: Moment, options: &BlameOptions) -> Option<Blame> {
     let (time, mut ledger) = v.ledger.take()?;
     // The layers owners lay after the replay (pymalloc's arenas): in the
     // rows the header sums up.
-    v.owners.replayed(&outcome.timeline);
     v.owners.annotate(&mut ledger, Taken { time, monotonic_ns: Some(outcome.timeline.monotonic_ns(time)) });
     // Freed before symbolizing, which needs memory of its own.
     let leaked = StackFacts::leaked(&std::mem::take(&mut v.state.live));
@@ -886,6 +906,37 @@ fn without_return_type(function: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The largest gap found in blame's own replay (a runtime's too, where
+    /// its figures come in time): the same blame as when the moment is
+    /// resolved first, on every recorded fixture where it applies.
+    #[test]
+    fn finding_the_largest_gap_while_replaying_blames_the_same() {
+        let (mut found, mut runtimes) = (0, 0);
+        for path in crate::fixtures::traces() {
+            let scan = snapshots::scan(&path).unwrap();
+            if !scan.gap_found_while_replaying(At::Gap, GapsSeen::InTime) {
+                continue;
+            }
+            let options = BlameOptions {
+                at: At::Gap,
+                order: BlameOrder::Fragmentation,
+                top: usize::MAX,
+                per_stack: false,
+                skip: Vec::new(),
+                temporary_ms: DEFAULT_TEMPORARY_MS,
+                full_names: false,
+            };
+            let once = blame_at_largest_gap(&path, &scan, &options).unwrap().expect("found while replaying");
+            let moment = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap();
+            let resolved = blame_at_moment(&path, moment, &options).unwrap();
+            assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
+            found += 1;
+            runtimes += usize::from(scan.runtime_metrics);
+        }
+        assert!(found >= 4, "only {found} fixtures have several snapshots");
+        assert!(runtimes >= 1, "no fixture has several snapshots and a runtime's figures in time (Python's)");
+    }
 
     #[test]
     fn code_inlined_from_a_standard_library_is_the_librarys_whatever_its_name() {

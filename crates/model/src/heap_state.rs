@@ -41,8 +41,8 @@ pub struct HeapState {
     /// program's own trims.
     pub glibc_trim: crate::glibc_trim::GlibcTrimModel,
     /// Replayed only for the ledger's rows (the gap at every snapshot): no
-    /// model of malloc_trim is kept, and its ledgers forecast no trim and
-    /// share no fragmentation by size or stack.
+    /// model of malloc_trim is kept, so its ledgers are computed with
+    /// `Detail::rows_alone`.
     rows_only: bool,
     /// `is_glibc()` for the allocator string at this address and length:
     /// asked on every event, compared once per string.
@@ -56,10 +56,6 @@ impl HeapState {
     /// A state for ledgers whose rows alone are wanted (see `rows_only`).
     pub(crate) fn for_rows_only() -> HeapState {
         HeapState { rows_only: true, ..HeapState::default() }
-    }
-
-    pub(crate) fn rows_only(&self) -> bool {
-        self.rows_only
     }
 
     /// A new program image (exec): the old address space is gone. The

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use memgap_replay::{Block, Inherited, ThreadEvent, Visitor, replay};
 use memgap_symbolize::{Frame, Symbolizer};
 use memgap_trace::numa::{self as records, MemorySamples, Placement};
-use memgap_trace::records::{Module, Process, Snapshot, Thread};
+use memgap_trace::records::{Metrics, Module, Process, Rss, Snapshot, Thread};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -33,6 +33,7 @@ pub use memgap_types::numa::{AccessLocality, DistanceCount, Node, PageNodes, Sam
 use crate::blame::{ALLOCATOR_FUNCTIONS, call_sites, is_allocator_frame};
 use crate::heap_state::HeapState;
 use crate::ledger::Moment;
+use crate::registry::Owners;
 use crate::snapshots::{self, At, GapFinder, GapsSeen, MomentError};
 
 /// Live bytes by allocating thread's node × page's node.
@@ -350,9 +351,10 @@ pub(crate) struct NumaVisitor {
     argv: Vec<String>,
     wanted: Option<usize>,
     seen: usize,
-    /// On its own, finding the largest gap in its replay: the snapshot with
-    /// the largest gap so far is the wanted one.
-    gap: Option<GapFinder>,
+    /// On its own, finding the largest gap in its replay (the snapshot with
+    /// the largest gap so far is the wanted one): the finder, and the heap
+    /// owners a runtime's gaps need.
+    gap: Option<(GapFinder, Owners)>,
     topology: Option<Topology>,
     /// Per thread: the CPUs its events ran on.
     thread_cpus: FxHashMap<u32, BTreeSet<u32>>,
@@ -415,6 +417,9 @@ impl Visitor for NumaVisitor {
         if let Some(state) = &mut self.state {
             state.start_image();
         }
+        if let Some((_, owners)) = &mut self.gap {
+            owners.process(process);
+        }
         self.pid.get_or_insert(process.pid);
         self.argv = process.argv.clone();
     }
@@ -430,6 +435,30 @@ impl Visitor for NumaVisitor {
     fn allocator(&mut self, path: &str) {
         if let Some(state) = &mut self.state {
             state.allocator = path.to_string();
+        }
+        if let Some((_, owners)) = &mut self.gap {
+            owners.allocator(path);
+        }
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        if let Some(state) = &mut self.state {
+            state.metrics(metrics);
+        }
+        if let Some((_, owners)) = &mut self.gap {
+            owners.metrics(metrics);
+        }
+    }
+
+    fn note(&mut self, _time: u64, text: &str) {
+        if let Some((_, owners)) = &mut self.gap {
+            owners.note(text);
+        }
+    }
+
+    fn rss(&mut self, rss: &Rss) {
+        if let Some((_, owners)) = &mut self.gap {
+            owners.rss(rss);
         }
     }
 
@@ -462,8 +491,12 @@ impl Visitor for NumaVisitor {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
-        if let Some(state) = self.state.take() {
-            if self.gap.as_mut().is_some_and(|finder| finder.note(snapshot, state.live.live_bytes())) {
+        if let Some(mut state) = self.state.take() {
+            let largest = self.gap.as_mut().is_some_and(|(finder, owners)| {
+                owners.snapshot_seen(snapshot);
+                finder.note_at(&mut state, snapshot, owners)
+            });
+            if largest {
                 self.want(self.seen);
             }
             self.at_snapshot(snapshot);
@@ -491,27 +524,12 @@ impl Visitor for NumaVisitor {
 pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentError> {
     let scan = snapshots::scan(path)?;
     scan.check(options.at)?;
-    let alone = |wanted: Option<usize>, gap: Option<GapFinder>| NumaVisitor {
-        wanted,
-        gap,
-        state: Some(HeapState::default()),
-        ..NumaVisitor::default()
-    };
     let (v, moment) = scan.replay_for(
         path,
         options.at,
-        GapsSeen::Malloc,
-        || {
-            let mut v = alone(None, Some(GapFinder::default()));
-            replay(path, &mut v)?;
-            let moment = v.gap.as_ref().and_then(|finder| finder.moment(&scan));
-            Ok::<_, MomentError>(moment.map(|moment| (v, Some(moment))))
-        },
-        |moment| {
-            let mut v = alone(moment.as_ref().map(|m| m.index), None);
-            replay(path, &mut v)?;
-            Ok((v, moment))
-        },
+        GapsSeen::InTime,
+        || replayed_at_largest_gap(path, &scan),
+        |moment| replayed_at_moment(path, moment),
     )?;
     let mut report = assemble(v, moment.as_ref().map(|m| m.seconds), options);
     report.moment = moment;
@@ -520,6 +538,37 @@ pub fn numa(path: &Path, options: &NumaOptions) -> Result<NumaReport, MomentErro
         None => report.ghc_heap_bytes_by_node.clear(),
     }
     Ok(report)
+}
+
+/// A visitor on its own, wanting snapshot `wanted` or finding the largest gap with `gap`.
+fn alone(wanted: Option<usize>, gap: Option<GapFinder>) -> NumaVisitor {
+    NumaVisitor {
+        wanted,
+        gap: gap.map(|finder| (finder, Owners::default())),
+        // No ledger but the rows of one, for a runtime's gaps.
+        state: Some(HeapState::for_rows_only()),
+        ..NumaVisitor::default()
+    }
+}
+
+/// The replay at the largest gap, found in it; `None` when the replay
+/// disagrees with the scan (then resolve first).
+fn replayed_at_largest_gap(path: &Path, scan: &snapshots::Scan) -> Result<Option<(NumaVisitor, Option<Moment>)>, MomentError> {
+    let mut v = alone(None, Some(GapFinder::for_scan(scan)));
+    let outcome = replay(path, &mut v)?;
+    let moment = v.gap.as_mut().and_then(|(finder, owners)| {
+        owners.replayed(&outcome.timeline);
+        finder.settle(owners, &outcome.timeline);
+        finder.moment(scan)
+    });
+    Ok(moment.map(|moment| (v, Some(moment))))
+}
+
+/// The replay at `moment`, resolved before it.
+fn replayed_at_moment(path: &Path, moment: Option<Moment>) -> Result<(NumaVisitor, Option<Moment>), MomentError> {
+    let mut v = alone(moment.as_ref().map(|m| m.index), None);
+    replay(path, &mut v)?;
+    Ok((v, moment))
 }
 
 /// A GHC program's collections per capability and per node, by the rule its

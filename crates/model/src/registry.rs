@@ -29,11 +29,13 @@ pub struct Owners {
     start_monotonic_ns: Option<u64>,
     /// What `memgap compare --remedies` measured beside the trace.
     pub measured_remedies: Option<std::sync::Arc<crate::ledger::measured::RemedyMeasurements>>,
+    /// Figures laid over only after the replay were seen (see [`Owners::laid_over_late`]).
+    late_figures: bool,
 }
 
 impl Default for Owners {
     fn default() -> Owners {
-        Owners { list: registered(), start_monotonic_ns: None, measured_remedies: None }
+        Owners { list: registered(), start_monotonic_ns: None, measured_remedies: None, late_figures: false }
     }
 }
 
@@ -48,7 +50,14 @@ impl Owners {
     }
 
     pub fn metrics(&mut self, metrics: &Metrics) {
+        self.late_figures |= self.laid_over_late(metrics);
         self.list.iter_mut().for_each(|o| o.metrics(metrics));
+    }
+
+    /// Whether figures laid over only after the replay were seen: until it
+    /// is over, no ledger knows a runtime's gap.
+    pub fn saw_late_figures(&self) -> bool {
+        self.late_figures
     }
 
     pub fn note(&mut self, text: &str) {

@@ -78,8 +78,6 @@ struct ReportVisitor {
     /// ledger's (while the moment is looked for, with the runtime's figures
     /// laid over, none of which come late), not malloc's from the live heap.
     gaps_in_ledgers: bool,
-    /// Figures laid over only after the replay were seen.
-    late_figures: bool,
     peak: usize,
     last: usize,
     with_pages: Vec<usize>,
@@ -144,7 +142,6 @@ impl Visitor for ReportVisitor {
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
-        self.late_figures |= self.owners.laid_over_late(metrics);
         self.owners.metrics(metrics);
         self.summary.metrics(metrics);
         self.trims.metrics(metrics);
@@ -225,7 +222,7 @@ impl Visitor for ReportVisitor {
         let previous = self.gaps.largest();
         let (larger, computed) = if self.moment.is_none() && self.gaps_in_ledgers {
             let pages = kept || spaced_wanted;
-            let detail = Detail { pages, stacks: pages, objects: false };
+            let detail = Detail { pages, stacks: pages, ..Detail::default() };
             let mut ledger = snapshots::ledger_of(&mut self.blame.state, snapshot, detail, &mut self.owners.list);
             (self.gaps.note_gap(snapshots::gap_bytes(&self.owners.laid_over_in_time(&mut ledger, snapshot.time))), Some(ledger))
         } else {
@@ -253,7 +250,7 @@ impl Visitor for ReportVisitor {
         let always = is_moment || largest_gap || kept;
         let spaced = !always && spaced_wanted;
         // Call stacks wherever pages: blame there is then in the facts.
-        let detail = Detail { pages: always || spaced, stacks: always || spaced, objects: is_moment };
+        let detail = Detail { pages: always || spaced, stacks: always || spaced, objects: is_moment, rows_alone: false };
         let ledger = match computed {
             Some(ledger) if !is_moment => ledger,
             computed => {
@@ -394,7 +391,6 @@ fn replay_report(
         moment: known,
         gaps: GapFinder::default(),
         gaps_in_ledgers: scan.runtime_metrics,
-        late_figures: false,
         peak,
         last: infos.len().saturating_sub(1),
         with_pages: page_map_indexes(infos.len(), known.unwrap_or(peak), peak),
@@ -415,7 +411,7 @@ fn replay_report(
     let moment = match moment {
         Some(moment) => moment,
         None => {
-            let Some(found) = v.gaps.moment(scan).filter(|_| !v.late_figures) else { return Ok(None) };
+            let Some(found) = v.gaps.moment(scan).filter(|_| !v.owners.saw_late_figures()) else { return Ok(None) };
             settle_page_maps(&mut v.ledgers, found.index, peak, v.last, &v.with_pages);
             found
         }

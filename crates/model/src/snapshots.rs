@@ -279,14 +279,56 @@ pub(crate) fn gap_at(snapshot: &Snapshot, live_bytes: u64) -> u64 {
 /// two were needed): the gap at each snapshot, and whether it is the
 /// largest so far (the earliest of equals), whose ledger the replay keeps.
 /// malloc's gap from the live heap (see [`GapVisitor`]), or a runtime's
-/// from each ledger when its figures come in time ([`GapFinder::note_gap`]).
+/// from each snapshot's ledger when its figures come in time
+/// ([`GapFinder::note_at`], [`GapFinder::note_gap`]).
 #[derive(Debug, Default)]
 pub(crate) struct GapFinder {
     pub(crate) gaps: Vec<u64>,
     largest: Option<(usize, u64)>,
+    /// A runtime's gaps, noted by [`GapFinder::note_at`]: each snapshot's
+    /// rows, by trace time, until [`GapFinder::settle`] checks the gaps
+    /// against them with every figure laid over.
+    rows: Option<Vec<(u64, Ledger)>>,
+    /// The gaps noted may not be the final ledgers' (a runtime's, not yet
+    /// settled, or settled and found different): [`GapFinder::moment`] then
+    /// gives none.
+    unconfirmed: bool,
 }
 
 impl GapFinder {
+    /// A finder for [`GapFinder::note_at`] in a replay of the trace `scan`
+    /// describes: a runtime's gaps where it has some, else malloc's.
+    pub(crate) fn for_scan(scan: &Scan) -> GapFinder {
+        GapFinder { rows: scan.runtime_metrics.then(Vec::new), unconfirmed: scan.runtime_metrics, ..GapFinder::default() }
+    }
+
+    /// Notes the gap at `snapshot`, the next one, as the replay's `state`
+    /// and `owners` have it there: malloc's from the live heap, or a
+    /// runtime's from the snapshot's rows with the figures that came in time
+    /// laid over; true when it is the largest so far.
+    pub(crate) fn note_at(&mut self, state: &mut HeapState, snapshot: &Snapshot, owners: &mut Owners) -> bool {
+        let Some(rows) = &mut self.rows else { return self.note(snapshot, state.live.live_bytes()) };
+        // Not `ledger_of`: a heap walk is a late figure, and the walk stays
+        // for the ledger the replay may compute next.
+        let mut ledger = accounting::compute(state, snapshot, Detail::ROWS_ALONE, &mut owners.list);
+        let gap = gap_bytes(&owners.laid_over_in_time(&mut ledger, snapshot.time));
+        rows.push((snapshot.time, ledger));
+        self.note_gap(gap)
+    }
+
+    /// Once the replay is over, with the `owners` it fed (replayed) and its
+    /// `clock`: a runtime's gaps noted while replaying are confirmed when no
+    /// figure came late and every snapshot's ledger, all its figures laid
+    /// over, has the gap noted.
+    pub(crate) fn settle(&mut self, owners: &Owners, clock: &EventClock) {
+        let Some(rows) = self.rows.take() else { return };
+        let final_gaps = rows.into_iter().map(|(time, mut ledger)| {
+            owners.annotate(&mut ledger, Taken { time, monotonic_ns: Some(clock.monotonic_ns(time)) });
+            gap_bytes(&ledger)
+        });
+        self.unconfirmed = owners.saw_late_figures() || !final_gaps.eq(self.gaps.iter().copied());
+    }
+
     /// Notes the gap at the next snapshot, with `live_bytes` in the live
     /// heap; true when it is the largest so far.
     pub(crate) fn note(&mut self, snapshot: &Snapshot, live_bytes: u64) -> bool {
@@ -310,22 +352,22 @@ impl GapFinder {
         self.largest.map(|(index, _)| index)
     }
 
-    /// The moment `--at gap` names, once the replay is over: `None` when
-    /// the snapshots seen are not the scan's (then resolve it first, with `resolve_scanned`).
+    /// The moment `--at gap` names, once the replay is over (and settled):
+    /// `None` when the snapshots seen are not the scan's or the gaps are not
+    /// confirmed (then resolve it first, with `resolve_scanned`).
     pub(crate) fn moment(&self, scan: &Scan) -> Option<Moment> {
         let found = scan.moment(At::Gap, &self.gaps)?;
-        (self.gaps.len() == scan.snapshots.len() && Some(found.index) == self.largest()).then_some(found)
+        (!self.unconfirmed && self.gaps.len() == scan.snapshots.len() && Some(found.index) == self.largest()).then_some(found)
     }
 }
 
 /// Which gaps a replay finding the largest one while it runs can see.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GapsSeen {
-    /// malloc's alone, from the live heap.
-    Malloc,
-    /// Also a runtime's, where the replay computes every snapshot's rows
-    /// and lays over the figures that come before their snapshot; the
-    /// others come late (see [`Owners::laid_over_late`]).
+    /// malloc's, from the live heap, and a runtime's where the replay
+    /// computes every snapshot's rows and lays over the figures that come
+    /// before their snapshot ([`GapFinder::note_at`]); the others come late
+    /// (see [`Owners::laid_over_late`]).
     InTime,
     /// Also a runtime's: the replay keeps every ledger, and takes the gaps
     /// from them once the runtime's late figures are laid over them.
@@ -354,10 +396,8 @@ impl Scan {
         at_moment(resolve_scanned(path, self, at)?)
     }
 
-    fn gap_found_while_replaying(&self, at: At, seen: GapsSeen) -> bool {
-        at == At::Gap
-            && self.snapshots.len() > 1
-            && (!self.runtime_metrics || seen == GapsSeen::EveryOwner || (seen == GapsSeen::InTime && !self.late_figures))
+    pub(crate) fn gap_found_while_replaying(&self, at: At, seen: GapsSeen) -> bool {
+        at == At::Gap && self.snapshots.len() > 1 && (seen == GapsSeen::EveryOwner || !self.late_figures)
     }
 }
 
@@ -428,7 +468,7 @@ enum Depth {
 struct LedgerVisitor<'a> {
     state: HeapState,
     wanted: &'a dyn Fn(usize) -> bool,
-    want_pages: bool,
+    depth: Depth,
     seen: usize,
     ledgers: Vec<(u64, Ledger)>,
     /// When finding the largest gap in this replay: the gaps, and the
@@ -525,11 +565,13 @@ impl Visitor for LedgerVisitor<'_> {
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
         self.owners.snapshot_seen(snapshot);
-        let live_bytes = self.state.live.live_bytes();
-        let largest_gap = self.gap.as_mut().is_some_and(|(finder, _)| finder.note(snapshot, live_bytes));
+        let largest_gap = self.gap.as_mut().is_some_and(|(finder, _)| finder.note_at(&mut self.state, snapshot, &mut self.owners));
         let wanted = (self.wanted)(self.seen);
         if wanted || largest_gap {
-            let detail = Detail { pages: self.want_pages, ..Detail::default() };
+            let detail = match self.depth {
+                Depth::Rows => Detail::ROWS_ALONE,
+                Depth::Whole { pages } => Detail { pages, ..Detail::default() },
+            };
             let ledger = ledger_of(&mut self.state, snapshot, detail, &mut self.owners.list);
             match &mut self.gap {
                 Some((_, at_gap)) if largest_gap => {
@@ -548,7 +590,7 @@ impl Visitor for LedgerVisitor<'_> {
 }
 
 fn ledgers(path: &Path, wanted: &dyn Fn(usize) -> bool, depth: Depth) -> Result<Vec<Ledger>, TraceError> {
-    Ok(replay_ledgers(path, wanted, depth, None, false, false)?.ledgers)
+    Ok(replay_ledgers(path, wanted, depth, None, false, None)?.ledgers)
 }
 
 struct Replayed {
@@ -566,16 +608,16 @@ fn replay_ledgers(
     depth: Depth,
     summary: Option<Builder>,
     want_series: bool,
-    find_gap: bool,
+    find_gap: Option<GapFinder>,
 ) -> Result<Replayed, TraceError> {
     let series = want_series.then(|| Series { live: SeriesBuilder::new(SERIES_BUCKETS), vm_rss: SeriesBuilder::new(SERIES_BUCKETS) });
     let mut visitor = LedgerVisitor {
         state: if depth == Depth::Rows { HeapState::for_rows_only() } else { HeapState::default() },
         wanted,
-        want_pages: depth == Depth::Whole { pages: true },
+        depth,
         seen: 0,
         ledgers: Vec::new(),
-        gap: find_gap.then(|| (GapFinder::default(), None)),
+        gap: find_gap.map(|finder| (finder, None)),
         owners: Owners::default(),
         summary,
         series,
@@ -600,7 +642,10 @@ fn replay_ledgers(
         ledger
     };
     let ledgers = visitor.ledgers.into_iter().map(finish).collect();
-    let gap = visitor.gap.map(|(finder, at_gap)| (finder, at_gap.map(finish)));
+    let gap = visitor.gap.map(|(mut finder, at_gap)| {
+        finder.settle(&owners, &outcome.timeline);
+        (finder, at_gap.map(finish))
+    });
     Ok(Replayed { ledgers, summary, series, gap })
 }
 
@@ -621,8 +666,12 @@ pub fn ledger_at(path: &Path, at: At, want_pages: bool) -> Result<Option<Ledger>
 /// The ledger at the largest gap, found in the replay that computes it;
 /// `None` when the replay disagrees with the scan (then resolve first).
 fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<Option<Ledger>, TraceError> {
-    if scan.runtime_metrics {
-        // Page maps at every snapshot would cost more than a second replay.
+    // A runtime's gaps: without page maps, every ledger costs less than
+    // each one's rows and the whole ledger wherever the gap grows (nearly
+    // every snapshot, as a program grows). Page maps at every snapshot
+    // would cost more than a second replay: where the figures come in time,
+    // the rows give the gaps.
+    if scan.runtime_metrics && (!want_pages || scan.late_figures) {
         let found = if want_pages { None } else { every_ledger(path, scan, None)? };
         return Ok(found.map(|(mut replayed, moment)| {
             let mut ledger = replayed.ledgers.swap_remove(moment.index);
@@ -630,7 +679,8 @@ fn ledger_at_largest_gap(path: &Path, scan: &Scan, want_pages: bool) -> Result<O
             ledger
         }));
     }
-    let Some((finder, Some(mut ledger))) = replay_ledgers(path, &|_| false, Depth::Whole { pages: want_pages }, None, false, true)?.gap
+    let Some((finder, Some(mut ledger))) =
+        replay_ledgers(path, &|_| false, Depth::Whole { pages: want_pages }, None, false, Some(GapFinder::for_scan(scan)))?.gap
     else {
         return Ok(None);
     };
@@ -681,7 +731,14 @@ fn closing_at_largest_gap(path: &Path, scan: &Scan) -> Result<Option<Closing>, T
         return closing_from_every_ledger(path, scan);
     }
     let last = scan.snapshots.len().checked_sub(1);
-    let replayed = replay_ledgers(path, &|i| Some(i) == last, Depth::Whole { pages: false }, Some(Builder::default()), false, true)?;
+    let replayed = replay_ledgers(
+        path,
+        &|i| Some(i) == last,
+        Depth::Whole { pages: false },
+        Some(Builder::default()),
+        false,
+        Some(GapFinder::default()),
+    )?;
     let summary = replayed.summary.expect("a summary was asked for");
     let Some((finder, Some(mut at_gap))) = replayed.gap else { return Ok(None) };
     let Some(moment) = finder.moment(scan) else { return Ok(None) };
@@ -706,7 +763,7 @@ fn closing_from_every_ledger(path: &Path, scan: &Scan) -> Result<Option<Closing>
 /// every ledger (without page maps) gives them, and the largest gap among
 /// them, as [`gaps`] chooses it; `None` when its snapshots are not the scan's.
 fn every_ledger(path: &Path, scan: &Scan, summary: Option<Builder>) -> Result<Option<(Replayed, Moment)>, TraceError> {
-    let replayed = replay_ledgers(path, &|_| true, Depth::Whole { pages: false }, summary, false, false)?;
+    let replayed = replay_ledgers(path, &|_| true, Depth::Whole { pages: false }, summary, false, None)?;
     let gaps: Vec<u64> = replayed.ledgers.iter().map(gap_bytes).collect();
     let moment = scan.moment(At::Gap, &gaps).filter(|_| gaps.len() == scan.snapshots.len());
     Ok(moment.map(|moment| (replayed, moment)))
@@ -716,7 +773,7 @@ fn every_ledger(path: &Path, scan: &Scan, summary: Option<Builder>) -> Result<Op
 fn closing_resolved(path: &Path, scan: &Scan, moment: Option<Moment>) -> Result<Closing, TraceError> {
     let last = scan.snapshots.len().checked_sub(1);
     let wanted = |i: usize| Some(i) == moment.as_ref().map(|m| m.index) || Some(i) == last;
-    let replayed = replay_ledgers(path, &wanted, Depth::Whole { pages: false }, Some(Builder::default()), false, false)?;
+    let replayed = replay_ledgers(path, &wanted, Depth::Whole { pages: false }, Some(Builder::default()), false, None)?;
     let (mut ledgers, summary) = (replayed.ledgers, replayed.summary.expect("a summary was asked for"));
     let Some(moment) = moment else { return Ok(Closing { summary, moment: None, end: None }) };
     // In time order: the moment's ledger, then the last one when it is another.
@@ -744,7 +801,7 @@ pub struct Timeline {
 
 /// The ledger at every snapshot, the live heap and VmRSS, in one replay.
 pub fn timeline(path: &Path) -> Result<Timeline, TraceError> {
-    let replayed = replay_ledgers(path, &|_| true, Depth::Whole { pages: false }, None, true, false)?;
+    let replayed = replay_ledgers(path, &|_| true, Depth::Whole { pages: false }, None, true, None)?;
     let (live_bytes, vm_rss) = replayed.series.unwrap_or_default();
     Ok(Timeline { snapshots: replayed.ledgers, live_bytes, vm_rss })
 }
@@ -791,7 +848,7 @@ mod tests {
     /// on every recorded fixture where it applies.
     #[test]
     fn finding_the_largest_gap_while_replaying_gives_the_same_ledgers() {
-        let (mut mallocs, mut runtimes) = (0, 0);
+        let (mut mallocs, mut runtimes, mut in_time_pages) = (0, 0, 0);
         for path in crate::fixtures::traces() {
             let scan = scan(&path).unwrap();
             if !scan.gap_found_while_replaying(At::Gap, GapsSeen::EveryOwner) {
@@ -800,10 +857,11 @@ mod tests {
             let moment = resolve_scanned(&path, &scan, At::Gap).unwrap();
             for pages in [false, true] {
                 let once = ledger_at_largest_gap(&path, &scan, pages).unwrap();
-                if scan.runtime_metrics && pages {
+                if scan.late_figures && pages {
                     assert!(once.is_none(), "page maps are asked of a replay that knows the moment");
                     continue;
                 }
+                in_time_pages += usize::from(scan.runtime_metrics && pages);
                 let resolved = ledger_at_moment(&path, moment.clone(), pages).unwrap().unwrap();
                 assert_eq!(format!("{:?}", once.expect("found while replaying")), format!("{resolved:?}"), "{}", path.display());
             }
@@ -815,6 +873,7 @@ mod tests {
         }
         assert!(mallocs >= 4, "only {mallocs} fixtures have several snapshots and malloc's live heap");
         assert!(runtimes >= 4, "only {runtimes} fixtures have several snapshots and a runtime's own heap");
+        assert!(in_time_pages >= 1, "no fixture has several snapshots and a runtime's figures in time (Python's)");
     }
 
     #[test]

@@ -309,3 +309,33 @@ fn ghc_capabilities_land_on_nodes_by_numa_or_affinity() {
     assert_eq!(ghc_capability_count(&ghc_rts_args(&argv(&["p", "+RTS", "-N2", "-RTS"])), 6), Some(2));
     assert_eq!(ghc_capability_count(&ghc_rts_args(&argv(&["p", "-N2"])), 6), None);
 }
+
+/// The largest gap found in the NUMA view's own replay (a runtime's too,
+/// where its figures come in time): the same report as when the moment is
+/// resolved first, on every recorded fixture where it applies.
+#[test]
+fn finding_the_largest_gap_while_replaying_reports_the_same() {
+    let (mut found, mut runtimes) = (0, 0);
+    for path in crate::fixtures::traces() {
+        let scan = snapshots::scan(&path).unwrap();
+        if !scan.gap_found_while_replaying(At::Gap, GapsSeen::InTime) {
+            continue;
+        }
+        let options = NumaOptions { at: At::Gap, machine_topology: Some(two_nodes()), top: 20 };
+        let (v, once) = replayed_at_largest_gap(&path, &scan).unwrap().expect("found while replaying");
+        let moment = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap();
+        assert_eq!(once.as_ref().map(|m| m.index), moment.as_ref().map(|m| m.index), "{}", path.display());
+        let seconds = moment.as_ref().map(|m| m.seconds);
+        let (resolved, _) = replayed_at_moment(&path, moment).unwrap();
+        assert_eq!(
+            format!("{:?}", assemble(v, seconds, &options)),
+            format!("{:?}", assemble(resolved, seconds, &options)),
+            "{}",
+            path.display()
+        );
+        found += 1;
+        runtimes += usize::from(scan.runtime_metrics);
+    }
+    assert!(found >= 4, "only {found} fixtures have several snapshots");
+    assert!(runtimes >= 1, "no fixture has several snapshots and a runtime's figures in time (Python's)");
+}
