@@ -744,6 +744,17 @@ fn page_objects(mapping: &Mapping, blocks: Extents, page: u64, count: usize, per
 /// Shares each used page's free bytes among its blocks by the bytes each
 /// takes there; calls `visit` with each block and what it holds.
 fn share_fragmentation(mapping: &Mapping, blocks: Extents, page: u64, taken: &[u32], mut visit: impl FnMut(&BlockExtent, BlockShare)) {
+    // The bytes taken on an unwalked page, asked again by each of the
+    // blocks on it as they come in address order: the last page's is kept.
+    let mut last_taken: Option<(u64, u64)> = None;
+    let mut taken_on = |i: u64| match last_taken {
+        Some((page_index, bytes)) if page_index == i => bytes,
+        _ => {
+            let bytes = page_taken(blocks, mapping.start + i * page, page).0;
+            last_taken = Some((i, bytes));
+            bytes
+        }
+    };
     for b in blocks.iter() {
         // Blocks of a corrupt trace may lie outside the mapping: the pages
         // walked are the mapping's classified ones (the rest are not
@@ -774,9 +785,9 @@ fn share_fragmentation(mapping: &Mapping, blocks: Extents, page: u64, taken: &[u
             // block's first and last page can hold others' bytes or free
             // space; its requested bytes there count whole.
             let from = first.max(walked);
-            share_page(from, page_taken(blocks, mapping.start + from * page, page).0);
+            share_page(from, taken_on(from));
             if last != from {
-                share_page(last, page_taken(blocks, mapping.start + last * page, page).0);
+                share_page(last, taken_on(last));
             }
             resident_live += overlap(b.addr(), b.requested_end(), mapping.start + from * page, mapping.start + (last + 1) * page);
         }
