@@ -121,6 +121,21 @@ fn strip_is_pinned_fragmentation_and_take_is_not() {
         "no GHC panel data in the report"
     );
 
+    // The ledger shown holds every GC; each snapshot's ledger (here in the
+    // timeline) holds only the GCs its rows and the verdict rest on.
+    let gcs = strip.ghc["timeline"].as_array().unwrap().len();
+    assert_eq!(gcs as u64, strip.ghc["collections"].as_u64().unwrap());
+    let out = memgap(&dir, &["timeline", "strip.mgt", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let timeline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let snapshots = timeline["snapshots"].as_array().unwrap();
+    assert!(snapshots.len() >= 5 && gcs >= 40, "{} snapshots, {gcs} GCs", snapshots.len());
+    for snapshot in snapshots {
+        let points = snapshot["ghc"]["timeline"].as_array().unwrap();
+        assert!((1..=2).contains(&points.len()), "{:#}", snapshot["ghc"]);
+        assert_eq!(snapshot["ghc"]["settled"], strip.ghc["settled"]);
+    }
+
     // memgap numa lists the collections per capability; without +RTS --numa
     // they are tied to no node, and it says why.
     let out = memgap(&dir, &["numa", "strip.mgt", "--json"]);

@@ -235,6 +235,43 @@ impl GhcReport {
     pub fn census_at(&self, seconds: f64) -> Option<&PinnedShare> {
         self.pinned_share.iter().rev().find(|c| c.seconds <= seconds).or(self.pinned_share.first())
     }
+
+    /// The GC before `seconds`, whose figures hold until the next one.
+    pub fn point_at(&self, seconds: f64) -> Option<&GhcPoint> {
+        self.timeline.iter().rev().find(|p| p.seconds <= seconds).or(self.timeline.first())
+    }
+
+    /// The report as the ledger of a snapshot at `seconds` carries it:
+    /// every figure of the run, but of its GCs and censuses only those the
+    /// snapshot's rows and the verdict rest on. A program logs a GC every
+    /// few milliseconds, and a copy of them all in every snapshot's ledger
+    /// grew with GCs × snapshots.
+    pub fn as_of(&self, seconds: f64) -> GhcReport {
+        let pinned_at = self.verdict.at_seconds.filter(|_| self.verdict.pinned_fragmentation);
+        let gc = self.point_at(seconds).map(|p| p.seconds);
+        let timeline = self.timeline.iter().filter(|p| Some(p.seconds) == gc || Some(p.seconds) == pinned_at).cloned().collect();
+        let censuses: Vec<f64> = [pinned_at, self.settled.as_ref().map(|p| p.seconds)]
+            .into_iter()
+            .flatten()
+            .filter_map(|at| self.census_at(at))
+            .map(|c| c.seconds)
+            .collect();
+        GhcReport {
+            ghc_version: self.ghc_version.clone(),
+            collections: self.collections,
+            major_collections: self.major_collections,
+            max_live_bytes: self.max_live_bytes,
+            max_heap_size_bytes: self.max_heap_size_bytes,
+            peak_rss_bytes: self.peak_rss_bytes,
+            gcs_per_capability: self.gcs_per_capability.clone(),
+            timeline,
+            settled: self.settled.clone(),
+            pinned_share: self.pinned_share.iter().filter(|c| censuses.contains(&c.seconds)).cloned().collect(),
+            rts_summary: self.rts_summary.clone(),
+            inventory: self.inventory.clone(),
+            verdict: self.verdict.clone(),
+        }
+    }
 }
 
 /// Builds the report; None without GHC GC records, `-s` summary or `-Dg`
@@ -527,10 +564,9 @@ impl crate::ledger::HeapOwner for GhcOwner {
 
     fn annotate(&self, ledger: &mut crate::ledger::Ledger, taken: crate::ledger::owner::Taken) {
         let (Some(report), Some(monotonic_ns)) = (&self.report, taken.monotonic_ns) else { return };
-        ledger.set_section(NAME, report);
         let seconds = monotonic_ns.saturating_sub(self.origin_ns.unwrap_or(0)) as f64 / 1e9;
-        // The GC before the snapshot (the heap's state until the next one).
-        let point = report.timeline.iter().rev().find(|p| p.seconds <= seconds).or(report.timeline.first());
+        ledger.set_section(NAME, &report.as_of(seconds));
+        let point = report.point_at(seconds);
         let (mut counted, mut lazy) = (0, 0);
         for index in heap_mappings(&ledger.mappings) {
             if let Some((c, l)) = ledger.reclaim(index, MappingClass::GhcHeap) {

@@ -272,6 +272,34 @@ mod tests {
         assert!(verdict(&r).starts_with("No pinned fragmentation: at the last major GC (1.50 s) 20.0 MiB live"));
     }
 
+    /// A snapshot's copy keeps the GC its rows come from and what the
+    /// verdict quotes, whatever the number of GCs and censuses.
+    #[test]
+    fn a_snapshots_copy_is_small_and_says_the_same() {
+        let mut r = sample();
+        let gc = |i: usize| GhcPoint { seconds: i as f64 / 100.0, major: i.is_multiple_of(10), ..r.timeline[0].clone() };
+        r.timeline = (0..1000).map(gc).collect();
+        r.verdict.at_seconds = Some(1.5);
+        r.pinned_share = (0..100)
+            .map(|i| memgap_model::ghc::PinnedShare {
+                seconds: i as f64 / 10.0,
+                arr_words_bytes: i << 20,
+                total_bytes: 100 << 20,
+                share: i as f64 / 100.0,
+            })
+            .collect();
+        assert!(verdict(&r).contains("after the major GC at 1.50 s") && verdict(&r).contains("census at 1.50 s"), "{}", verdict(&r));
+        for seconds in [0.0, 0.5, 1.5, 4.0, 20.0] {
+            let copy = r.as_of(seconds);
+            assert!(copy.timeline.len() <= 2 && copy.pinned_share.len() <= 2, "{seconds}: {copy:?}");
+            assert_eq!(copy.point_at(seconds), r.point_at(seconds), "{seconds}");
+            assert_eq!(verdict(&copy), verdict(&r), "{seconds}");
+            assert_eq!((copy.collections, &copy.settled, &copy.gcs_per_capability), (r.collections, &r.settled, &r.gcs_per_capability));
+        }
+        r.verdict.pinned_fragmentation = false;
+        assert_eq!(verdict(&r.as_of(3.0)), verdict(&r));
+    }
+
     #[test]
     fn report_json_has_the_verdicts_text() {
         let json = report_json(&sample());

@@ -44,10 +44,14 @@ fn text(args: &Args, name: &str) -> anyhow::Result<String> {
 }
 
 fn render(args: &Args, ledger: &memgap_model::Ledger, name: &str) -> String {
-    // The GHC owner put the RTS's whole report in the ledger.
-    let ghc: Option<memgap_model::ghc::GhcReport> = ledger.section(memgap_model::ghc::NAME);
+    // A snapshot's ledger carries the GC figures it rests on; the ledger
+    // shown carries the RTS's whole report, read once from the trace.
+    let ghc = ledger.sections.contains_key(memgap_model::ghc::NAME).then(|| super::ghc::of_trace(&args.trace)).flatten();
     if args.json {
-        return memgap_views::json::ledger(ledger) + "\n";
+        let Some(report) = &ghc else { return memgap_views::json::ledger(ledger) + "\n" };
+        let mut whole = ledger.clone();
+        whole.set_section(memgap_model::ghc::NAME, report);
+        return memgap_views::json::ledger(&whole) + "\n";
     }
     let mut text = memgap_views::ledger::ledger(ledger, name);
     if let Some(ghc) = &ghc {
