@@ -202,18 +202,11 @@ pub struct BlameOptions {
     pub full_names: bool,
 }
 
-/// Also the heap state of the report's single replay (report.rs).
+/// What blame needs of any replay; also the heap state of the report's
+/// single replay (report.rs). Blame's own replay wraps it in [`OwnReplay`].
 #[derive(Default)]
 pub(crate) struct BlameVisitor {
     pub(crate) state: HeapState,
-    /// Only for blame's own replay (the report keeps its own).
-    owners: crate::registry::Owners,
-    wanted: usize,
-    seen: usize,
-    /// The ledger at the wanted snapshot, or, when finding the largest gap
-    /// in this replay, at the largest so far.
-    ledger: Option<(u64, Ledger)>,
-    gap: Option<GapFinder>,
     pub(crate) stacks: FxHashMap<u32, Arc<[u64]>>,
     /// Per stack id (dense from 1, as the replay numbers them).
     churn: Vec<Churn>,
@@ -297,7 +290,6 @@ impl Visitor for BlameVisitor {
 
     fn process(&mut self, process: &Process) {
         self.state.start_image();
-        self.owners.process(process);
         if process.image == 0 || !self.timeline_started {
             self.timeline.start(process);
             self.timeline_started = true;
@@ -319,20 +311,10 @@ impl Visitor for BlameVisitor {
 
     fn allocator(&mut self, path: &str) {
         self.state.allocator = path.to_string();
-        self.owners.allocator(path);
     }
 
     fn metrics(&mut self, metrics: &Metrics) {
         self.state.metrics(metrics);
-        self.owners.metrics(metrics);
-    }
-
-    fn note(&mut self, _time: u64, text: &str) {
-        self.owners.note(text);
-    }
-
-    fn rss(&mut self, rss: &Rss) {
-        self.owners.rss(rss);
     }
 
     fn thread(&mut self, thread: &Thread) {
@@ -360,18 +342,94 @@ impl Visitor for BlameVisitor {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
+        self.state.pass_snapshot(snapshot);
+    }
+}
+
+/// Blame's own replay: the heap's owners, and the ledger at the snapshot
+/// wanted (the report keeps both its own way).
+#[derive(Default)]
+struct OwnReplay {
+    blame: BlameVisitor,
+    owners: crate::registry::Owners,
+    wanted: usize,
+    seen: usize,
+    /// The ledger at the wanted snapshot, or, when finding the largest gap
+    /// in this replay, at the largest so far.
+    ledger: Option<(u64, Ledger)>,
+    gap: Option<GapFinder>,
+}
+
+impl Visitor for OwnReplay {
+    fn live_set(&self) -> Option<&LiveSet> {
+        self.blame.live_set()
+    }
+
+    fn process(&mut self, process: &Process) {
+        self.blame.process(process);
+        self.owners.process(process);
+    }
+
+    fn clock(&mut self, clock: &Clock) {
+        self.blame.clock(clock);
+    }
+
+    fn modules(&mut self, modules: &[Module]) {
+        self.blame.modules(modules);
+    }
+
+    fn allocator(&mut self, path: &str) {
+        self.blame.allocator(path);
+        self.owners.allocator(path);
+    }
+
+    fn metrics(&mut self, metrics: &Metrics) {
+        self.blame.metrics(metrics);
+        self.owners.metrics(metrics);
+    }
+
+    fn note(&mut self, _time: u64, text: &str) {
+        self.owners.note(text);
+    }
+
+    fn rss(&mut self, rss: &Rss) {
+        self.owners.rss(rss);
+    }
+
+    fn thread(&mut self, thread: &Thread) {
+        self.blame.thread(thread);
+    }
+
+    fn stack(&mut self, id: u32, frames: &Arc<[u64]>) {
+        self.blame.stack(id, frames);
+    }
+
+    fn python_code(&mut self, image: u32, code: &PythonCode) {
+        self.blame.python_code(image, code);
+    }
+
+    fn inherited(&mut self, item: Inherited<'_>) {
+        self.blame.inherited(item);
+    }
+
+    fn event(&mut self, event: &ThreadEvent) {
+        self.blame.apply(event);
+    }
+
+    fn snapshot(&mut self, snapshot: &Snapshot) {
         self.owners.snapshot_seen(snapshot);
+        let state = &mut self.blame.state;
         let wanted = match &mut self.gap {
-            Some(finder) => finder.note_at(&mut self.state, snapshot, &mut self.owners),
+            Some(finder) => finder.note_at(state, snapshot, &mut self.owners),
             None => self.seen == self.wanted,
         };
         if wanted {
             self.ledger = Some((
                 snapshot.time,
-                snapshots::ledger_of(&mut self.state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
+                snapshots::ledger_of(state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
             ));
         } else {
-            self.state.pass_snapshot(snapshot);
+            state.pass_snapshot(snapshot);
         }
         self.seen += 1;
     }
@@ -392,7 +450,7 @@ pub fn blame(path: &Path, options: &BlameOptions) -> Result<Option<Blame>, Momen
 /// Blame at the largest gap, found in the replay that computes it; `None`
 /// when the replay disagrees with the scan (then resolve first).
 fn blame_at_largest_gap(path: &Path, scan: &snapshots::Scan, options: &BlameOptions) -> Result<Option<Option<Blame>>, MomentError> {
-    let mut v = BlameVisitor { gap: Some(GapFinder::for_scan(scan)), ..BlameVisitor::new(options.temporary_ms) };
+    let mut v = OwnReplay { gap: Some(GapFinder::for_scan(scan)), blame: BlameVisitor::new(options.temporary_ms), ..OwnReplay::default() };
     let outcome = replay(path, &mut v)?;
     v.owners.replayed(&outcome.timeline);
     let moment = v.gap.as_mut().and_then(|finder| {
@@ -405,21 +463,21 @@ fn blame_at_largest_gap(path: &Path, scan: &snapshots::Scan, options: &BlameOpti
 /// Blame at `moment`, resolved before the replay.
 fn blame_at_moment(path: &Path, moment: Option<Moment>, options: &BlameOptions) -> Result<Option<Blame>, MomentError> {
     let Some(moment) = moment else { return Ok(None) };
-    let mut v = BlameVisitor { wanted: moment.index, ..BlameVisitor::new(options.temporary_ms) };
+    let mut v = OwnReplay { wanted: moment.index, blame: BlameVisitor::new(options.temporary_ms), ..OwnReplay::default() };
     let outcome = replay(path, &mut v)?;
     v.owners.replayed(&outcome.timeline);
     Ok(blame_replayed(v, &outcome, moment, options))
 }
 
 /// Blame at `moment` once `v` has replayed the trace (its owners told so).
-fn blame_replayed(mut v: BlameVisitor, outcome: &Outcome, moment: Moment, options: &BlameOptions) -> Option<Blame> {
+fn blame_replayed(mut v: OwnReplay, outcome: &Outcome, moment: Moment, options: &BlameOptions) -> Option<Blame> {
     let (time, mut ledger) = v.ledger.take()?;
     // The layers owners lay after the replay (pymalloc's arenas): in the
     // rows the header sums up.
     v.owners.annotate(&mut ledger, Taken { time, monotonic_ns: Some(outcome.timeline.monotonic_ns(time)) });
     // Freed before symbolizing, which needs memory of its own.
-    let leaked = StackFacts::leaked(&std::mem::take(&mut v.state.live));
-    let mut blame = assemble(&StackFacts::of(&v, leaked), outcome.timeline.seconds(time), &ledger, options);
+    let leaked = StackFacts::leaked(&std::mem::take(&mut v.blame.state.live));
+    let mut blame = assemble(&StackFacts::of(&v.blame, leaked), outcome.timeline.seconds(time), &ledger, options);
     blame.moment = Some(moment);
     Some(blame)
 }
