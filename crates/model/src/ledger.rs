@@ -448,7 +448,7 @@ impl Ledger {
 
     /// An owner's section, read back as its type.
     pub fn section<T: serde::de::DeserializeOwned>(&self, owner: &str) -> Option<T> {
-        self.sections.get(owner).and_then(|value| serde_json::from_value(value.clone()).ok())
+        self.sections.get(owner).and_then(|value| T::deserialize(value).ok())
     }
 
     pub fn set_section<T: Serialize>(&mut self, owner: &'static str, value: &T) {
