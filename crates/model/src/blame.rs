@@ -413,7 +413,7 @@ impl Visitor for OwnReplay {
     }
 
     fn event(&mut self, event: &ThreadEvent) {
-        self.blame.apply(event);
+        self.blame.event(event);
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot) {
@@ -429,7 +429,7 @@ impl Visitor for OwnReplay {
                 snapshots::ledger_of(state, snapshot, Detail { stacks: true, ..Detail::default() }, &mut self.owners.list),
             ));
         } else {
-            state.pass_snapshot(snapshot);
+            self.blame.snapshot(snapshot);
         }
         self.seen += 1;
     }

@@ -291,7 +291,6 @@ impl Visitor for ReportVisitor {
     fn note(&mut self, time: u64, text: &str) {
         self.owners.note(text);
         self.summary.note(time, text);
-        self.blame.note(time, text);
     }
 
     fn end(&mut self, end: &End) {
