@@ -440,6 +440,17 @@ pub unsafe extern "C" fn execveat(dirfd: i32, path: *const libc::c_char, argv: A
     result
 }
 
+// ---- the loader --------------------------------------------------------------
+
+/// Counted, so a fork knows whether the loader's lock is free (see `loader`).
+///
+/// # Safety
+/// As libc's `dl_iterate_phdr`: `callback`, if any, takes `data` as given.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dl_iterate_phdr(callback: Option<crate::loader::Callback>, data: *mut c_void) -> libc::c_int {
+    crate::loader::program_iterate(callback, data)
+}
+
 // ---- process end -----------------------------------------------------------
 
 /// # Safety

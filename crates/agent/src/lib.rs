@@ -22,6 +22,7 @@ mod buffers;
 mod clock;
 mod encode;
 pub mod hooks;
+mod loader;
 mod own_memory;
 mod process;
 mod python;

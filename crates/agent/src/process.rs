@@ -103,8 +103,7 @@ pub fn describe(config: &Config, image: u32, start_time: u64) -> Process {
 /// so stacks can be symbolized offline against the right files.
 pub fn loaded_modules() -> Vec<Module> {
     let mut modules: Vec<Module> = Vec::new();
-    // SAFETY: `visit_module` takes `data` as the `Vec<Module>` passed here.
-    unsafe { libc::dl_iterate_phdr(Some(visit_module), &mut modules as *mut Vec<Module> as *mut c_void) };
+    crate::loader::agent_iterate(visit_module, &mut modules as *mut Vec<Module> as *mut c_void);
     modules
 }
 
@@ -183,8 +182,7 @@ pub fn loader_generation() -> (u64, u64) {
         1
     }
     let mut counts = (0u64, 0u64);
-    // SAFETY: `first` takes `data` as the pair passed here.
-    unsafe { libc::dl_iterate_phdr(Some(first), &mut counts as *mut (u64, u64) as *mut c_void) };
+    crate::loader::agent_iterate(first, &mut counts as *mut (u64, u64) as *mut c_void);
     counts
 }
 

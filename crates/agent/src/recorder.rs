@@ -150,7 +150,7 @@ pub fn on_load() {
         // SAFETY: handlers of the right C types, each living as long as the process.
         unsafe {
             on_exit(at_exit, core::ptr::null_mut());
-            libc::pthread_atfork(Some(on_fork_prepare), None, Some(on_fork_child));
+            libc::pthread_atfork(Some(on_fork_prepare), Some(on_fork_parent), Some(on_fork_child));
         }
         if !FOLLOW.load(Relaxed) {
             process::remove_self_from_ld_preload();
@@ -318,11 +318,17 @@ std::thread_local! {
 /// effects) and those after. Registered first, this runs after every other
 /// prepare handler, only glibc's own locking between it and the fork.
 extern "C" fn on_fork_prepare() {
+    crate::loader::before_fork();
     if PHASE.load(Relaxed) != ON || sys::getpid() != OWNER_PID.load(Relaxed) {
         return;
     }
     let time = clock::advance() - 1;
     let _ = FORK_TIME.try_with(|fork| fork.set(Some(time)));
+}
+
+/// In the parent, after the fork (made or not).
+extern "C" fn on_fork_parent() {
+    crate::loader::after_fork_in_parent();
 }
 
 /// In the child of a fork: the parent's area and threads are not ours.
@@ -331,6 +337,7 @@ extern "C" fn on_fork_prepare() {
 /// child's heap starts as the parent's was then. The forking thread keeps
 /// its number, so readers continue its tcache.
 extern "C" fn on_fork_child() {
+    crate::loader::after_fork_in_child();
     if PHASE.load(Relaxed) != ON {
         return;
     }

@@ -184,8 +184,8 @@ impl ThreadUnwinder {
     /// Fills `out` with the calling thread's return addresses (each the
     /// instruction after a call), innermost first; with `skip` 0, `out[0]` is
     /// in the function that called `capture`. Returns how many were written.
-    /// A thread's first capture reads /proc/self/maps and calls
-    /// dl_iterate_phdr: call with the re-entrancy guard set. Architectures
+    /// A thread's first capture reads /proc/self/maps and walks the
+    /// loader's modules: call with the re-entrancy guard set. Architectures
     /// other than x86-64 walk frame pointers.
     #[inline(never)]
     pub fn capture(&mut self, out: &mut [u64], skip: usize) -> usize {
@@ -370,8 +370,7 @@ impl ThreadUnwinder {
         self.modules_built += 1;
         self.generation = Some(MODULES_GENERATION.load(Acquire));
         let mut found = LoadedModules::default();
-        // SAFETY: `collect_module` takes `data` as the `LoadedModules` passed here.
-        unsafe { libc::dl_iterate_phdr(Some(collect_module), &mut found as *mut LoadedModules as *mut c_void) };
+        crate::loader::agent_iterate(collect_module, &mut found as *mut LoadedModules as *mut c_void);
         found.code.sort_unstable_by_key(|range| range.start);
         self.code = KnownCode { ranges: found.code, loader_events: found.loader_events, ..KnownCode::default() };
         #[cfg(target_arch = "x86_64")]
@@ -616,8 +615,7 @@ fn loader_events() -> u64 {
         1 // stop at the first module
     }
     let mut events = 0u64;
-    // SAFETY: `first_module` takes `data` as the `u64` passed here.
-    unsafe { libc::dl_iterate_phdr(Some(first_module), &mut events as *mut u64 as *mut c_void) };
+    crate::loader::agent_iterate(first_module, &mut events as *mut u64 as *mut c_void);
     events
 }
 

@@ -99,6 +99,33 @@ fn fork_from_threads_vfork_and_posix_spawn() {
     assert_eq!(fork_children, 30, "traces: {:?}", traces_in(&dir));
 }
 
+/// Threads forever inside dl_iterate_phdr while the main thread forks: the
+/// loader's lock is held at nearly every fork, and glibc leaves it held in
+/// the child. The children never touch the loader, so the program runs;
+/// under memgap each child must run too (the agent must not ask the loader
+/// there), and still record its allocations with their stacks.
+#[test]
+fn fork_while_other_threads_hold_the_loader_lock() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "fork_loader.c");
+    let trace = dir.join("t.mgt");
+    let plain = run_plain(&dir, arg(&prog), &["20"]);
+    assert_eq!(text(&plain.stdout), "forks 20 ok\n");
+    let traced = run_traced(&dir, &trace, &prog, &["20"]);
+    assert_same_behaviour(&plain, &traced);
+
+    let children: Vec<_> = traces_in(&dir).into_iter().map(|name| dir.join(name)).filter(|path| *path != trace).collect();
+    assert_eq!(children.len(), 20, "{children:?}");
+    for child in &children {
+        let s = summary_json(child);
+        assert_eq!((s["exit_code"].clone(), s["truncated"].clone()), (Value::from(7), Value::Bool(false)), "{s:#}");
+        let out = memgap(&dir, &["blame", arg(child), "--by", "allocated", "--json"]);
+        let sites: Value = serde_json::from_slice(&out.stdout).expect("blame --json");
+        let top = &sites[0];
+        assert_eq!((top["function"].as_str(), top["allocations"].as_u64()), (Some("child_work"), Some(100)), "{top:#}");
+    }
+}
+
 /// Blocks allocated by one thread and freed by another, thousands of times
 /// within each writer round: the replay must order every free after its
 /// allocation and every reuse after the free, or the live set breaks.
