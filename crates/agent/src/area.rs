@@ -19,6 +19,8 @@ use crate::sys::{self, SpinLock};
 
 /// How long the agent waits for a recorder whose heartbeat stands still.
 pub const RECORDER_PATIENCE_NS: u64 = 1_000_000_000;
+/// Under an address-space limit, the area takes at most this fraction of it.
+const ADDRESS_SPACE_SHARE: u64 = 64;
 
 static BASE: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -61,13 +63,17 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     if fd < 0 {
         return Err((sys::errno(), "create"));
     }
-    // A file size limit (ulimit -f) below the buffers: smaller buffers, or none.
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // A file size limit (ulimit -f) below the buffers: smaller buffers, or
+    // none. An address-space limit (ulimit -v): buffers of a small share of
+    // it, so the program keeps nearly all of its own.
     let mut max_chunks = max_chunks;
-    // SAFETY: `limit` is ours to write.
-    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY {
-        let fitting = (limit.rlim_cur as usize).saturating_sub(shared::HEADER_BYTES) / shared::CHUNK_BYTES;
-        max_chunks = max_chunks.min(fitting as u32);
+    for (resource, share) in [(libc::RLIMIT_FSIZE, 1), (libc::RLIMIT_AS, ADDRESS_SPACE_SHARE)] {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `limit` is ours to write.
+        if unsafe { libc::getrlimit(resource, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY {
+            let fitting = ((limit.rlim_cur / share) as usize).saturating_sub(shared::HEADER_BYTES) / shared::CHUNK_BYTES;
+            max_chunks = max_chunks.min(fitting as u32);
+        }
     }
     if max_chunks < 2 {
         // SAFETY: `path` is NUL-terminated, `fd` our own descriptor.

@@ -69,6 +69,12 @@ struct KnownModules {
 
 static KNOWN: SpinLock<KnownModules> = SpinLock::new(KnownModules { events: None, modules: Vec::new() });
 
+/// Looks libc's `dl_iterate_phdr` up now, at load: dlsym is no call for a
+/// signal handler that walks the modules (as profilers' unwinders do).
+pub fn resolve() {
+    real_iterate();
+}
+
 /// libc's `dl_iterate_phdr` (the next definition after the agent's hook).
 fn real_iterate() -> Option<IterateFn> {
     let mut symbol = REAL_ITERATE.load(Acquire);

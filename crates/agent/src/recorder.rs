@@ -127,6 +127,7 @@ fn open_area(config: &Config) -> bool {
 
 /// Runs when the library is loaded, before `main`.
 pub fn on_load() {
+    crate::loader::resolve();
     let Some(real) = real::real() else { return };
     if !recording() {
         return;
@@ -174,11 +175,13 @@ static LOADER_ADDS: AtomicU64 = AtomicU64::new(0);
 static LOADER_SUBS: AtomicU64 = AtomicU64::new(0);
 
 /// A dlopen/dlclose since the modules were last recorded: record them
-/// again, so stacks through the new code can be named. Checked each time a
-/// thread moves to a fresh chunk (there is no thread of ours to poll).
+/// again, so stacks through the new code can be named, and have the
+/// unwinders read them again. Checked each time a thread moves to a fresh
+/// chunk (there is no thread of ours to poll).
 pub fn note_loader_changes() {
     let (adds, subs) = process::loader_generation();
     if LOADER_ADDS.swap(adds, Relaxed) != adds || LOADER_SUBS.swap(subs, Relaxed) != subs {
+        crate::unwind::modules_changed();
         buffers::push_record(&Record::Modules(process::loaded_modules()));
     }
 }

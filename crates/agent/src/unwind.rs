@@ -39,12 +39,12 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateD
 
 use crate::walk_memo::{REFUSED, Read, WalkMemo};
 
-/// Bumped by the dlopen/dlclose hooks; each capture compares it with one load.
+/// Bumped when the loader's module list changed; each capture compares it with one load.
 static MODULES_GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// For the dlopen/dlclose hooks, after the real call returned: unwinders
-/// rebuild their module list before their next capture.
-#[allow(dead_code)]
+/// The loader loaded or unloaded a module (seen at a thread's fresh chunk):
+/// unwinders rebuild their module list before their next capture, so none
+/// keeps reading the unwind tables of a module dlclose unmapped.
 pub fn modules_changed() {
     MODULES_GENERATION.fetch_add(1, Release);
 }
@@ -670,8 +670,8 @@ fn add_eh_frame(
         let segment = headers.iter().find(|h| h.p_type == libc::PT_LOAD && h.p_vaddr <= at && at < h.p_vaddr + h.p_memsz);
         segment.map(|h| h.p_vaddr + h.p_memsz)
     };
-    // SAFETY: slices of loaded segments, mapped until a dlclose, which the
-    // hooks report with modules_changed.
+    // SAFETY: slices of loaded segments, mapped until a dlclose, after which
+    // the next fresh chunk of any thread calls modules_changed.
     let image = |range: &Range<u64>| unsafe {
         core::slice::from_raw_parts(base.wrapping_add(range.start) as *const u8, (range.end - range.start) as usize)
     };

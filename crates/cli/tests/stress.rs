@@ -444,6 +444,28 @@ fn file_size_limit_does_not_kill_the_program() {
 }
 
 #[test]
+fn address_space_limit_leaves_the_program_nearly_all_of_it() {
+    // Under ulimit -v the agent's buffers are a small share of the limit:
+    // the default 32 MiB would take a quarter of a 117 MiB limit.
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "address_limit.c");
+    let script = format!("ulimit -v 120000 && exec {} 400", arg(&prog));
+    let held = |out: &std::process::Output| -> u64 {
+        assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+        let printed = text(&out.stdout);
+        printed.trim().strip_prefix("held ").and_then(|rest| rest.strip_suffix(" MiB")).and_then(|n| n.parse().ok()).expect("held N MiB")
+    };
+    let plain = held(&run_plain(&dir, "sh", &["-c", &script]));
+    let trace = dir.join("t.mgt");
+    let traced = held(&memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", "sh", "-c", &script]));
+    assert!(plain > 60, "plain held {plain} MiB");
+    // The rest is the agent's own code and heap.
+    assert!(traced + 10 >= plain, "plain {plain} MiB, under memgap {traced} MiB");
+    let s = summary_json(&trace);
+    assert!(events(&s, "malloc") >= traced, "{s:#}");
+}
+
+#[test]
 fn file_size_limit_lowered_before_exit_does_not_kill_the_program() {
     // The last buffers are written at exit on the program's own thread, where
     // SIGXFSZ is not blocked as it is on the agent's writer thread.
