@@ -4,7 +4,7 @@
 //! program; this only makes the shared area and talks to it.
 
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 
 use memgap_trace::event::{Event, EventKind};
 use memgap_trace::records::{EndReason, Fork, Record};
@@ -45,17 +45,62 @@ fn config() -> Option<&'static Config> {
 
 #[inline(always)]
 pub fn is_recording() -> bool {
-    PHASE.load(Relaxed) == ON
+    PHASE.load(Relaxed) == ON && in_own_image()
 }
 
 /// Whether events should be recorded now; starts the recorder on first use.
 #[inline(always)]
 pub fn recording() -> bool {
     match PHASE.load(Relaxed) {
-        ON => true,
+        ON => in_own_image(),
         UNSTARTED => start(),
         _ => false,
     }
+}
+
+/// A word that reads 1 in the process image that made the area, on a page
+/// the kernel wipes in a child it forks: a child made without our atfork
+/// handler (`_Fork`, a raw clone) shares the parent's area and thread
+/// buffers, and would write its events over the parent's.
+static IMAGE_MARK: AtomicPtr<AtomicU32> = AtomicPtr::new(core::ptr::null_mut());
+
+#[inline(always)]
+pub fn in_own_image() -> bool {
+    let mark = IMAGE_MARK.load(Relaxed);
+    // SAFETY: a non-null mark is the first word of a page mapped for good by `mark_image`.
+    mark.is_null() || unsafe { &*mark }.load(Relaxed) != 0 || left_unannounced_child()
+}
+
+/// In a child forked behind the agent's back: its events are not recorded
+/// (the area and buffers are the parent's, so nothing of them is touched).
+/// PHASE stays ON, as the atfork child handler reads it: glibc's own fork
+/// may allocate in the child before that handler marks the child's image.
+#[cold]
+#[inline(never)]
+fn left_unannounced_child() -> bool {
+    false
+}
+
+/// Marks this image as the area's maker (see [`IMAGE_MARK`]); on a kernel
+/// without MADV_WIPEONFORK no page is kept and nothing is checked.
+fn mark_image() {
+    let mut mark = IMAGE_MARK.load(Relaxed);
+    if mark.is_null() {
+        const PAGE: usize = 4096;
+        let page = sys::mmap_anonymous(PAGE);
+        if page.is_null() {
+            return;
+        }
+        // SAFETY: advice on our own fresh mapping.
+        if unsafe { libc::madvise(page as *mut c_void, PAGE, libc::MADV_WIPEONFORK) } != 0 {
+            sys::munmap(page, PAGE);
+            return;
+        }
+        mark = page as *mut AtomicU32;
+        IMAGE_MARK.store(mark, Relaxed);
+    }
+    // SAFETY: as in `in_own_image`.
+    unsafe { &*mark }.store(1, Release);
 }
 
 /// Stops recording for good (the recorder is gone or stalled); the
@@ -116,6 +161,7 @@ fn config_ref() -> &'static Config {
 /// left no trace.
 fn open_area(config: &Config) -> bool {
     OWNER_PID.store(sys::getpid(), Relaxed);
+    mark_image();
     if area::create(&config.area_dir, config.run_id, shared::chunks_for(config.buffer_bytes)).is_err() {
         return false;
     }
@@ -214,6 +260,10 @@ pub fn on_new_thread(state: *mut ThreadState) {
 /// Called by glibc at thread exit with the value `on_new_thread` stored for
 /// this thread: its live state.
 unsafe extern "C" fn on_thread_exit(value: *mut c_void) {
+    if !in_own_image() {
+        // A child forked behind the agent's back: the buffers are its parent's.
+        return;
+    }
     let state = value as *mut ThreadState;
     // SAFETY: `value` is the state `on_new_thread` stored under this key for
     // this thread, still live: only the last round below closes it.

@@ -126,6 +126,29 @@ fn fork_while_other_threads_hold_the_loader_lock() {
     }
 }
 
+/// A child made by `_Fork` runs no atfork handler: it holds its parent's
+/// area and buffers. Its events must not land in the parent's trace, whose
+/// counts stay exactly the parent's (before, they varied run to run, with
+/// frees of blocks never allocated).
+#[test]
+fn a_child_forked_without_atfork_handlers_leaves_the_parents_trace_alone() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "unannounced_fork.c");
+    let trace = dir.join("t.mgt");
+    let plain = run_plain(&dir, arg(&prog), &["30"]);
+    assert_eq!(text(&plain.stdout), "rounds 30 ok\n");
+    let traced = run_traced(&dir, &trace, &prog, &["30"]);
+    assert_same_behaviour(&plain, &traced);
+    let s = summary_json(&trace);
+    assert_eq!(s["truncated"], Value::Bool(false), "{s:#}");
+    // 30,000 of the parent's own and stdout's buffer: no child's 4,000-byte block.
+    let (malloc, free) = (events(&s, "malloc"), events(&s, "free"));
+    assert!((30_000..=30_002).contains(&malloc), "{s:#}");
+    assert_eq!(free, 30_000, "{s:#}");
+    assert_eq!(number(&s, "untracked_frees"), 0, "{s:#}");
+    assert_eq!(number(&s, "live_blocks_at_end"), malloc - free, "{s:#}");
+}
+
 /// Blocks allocated by one thread and freed by another, thousands of times
 /// within each writer round: the replay must order every free after its
 /// allocation and every reuse after the free, or the live set breaks.
