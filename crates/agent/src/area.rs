@@ -37,9 +37,11 @@ pub fn get() -> Option<Area> {
 }
 
 /// Makes `<dir>/<pid>.<n>.area` (the first free n: an exec'd image finds
-/// its predecessor's still there), sized for `max_chunks`, with the first
-/// chunks backed, and maps it. Errors are the errno and what failed.
-pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'static str)> {
+/// its predecessor's still there), with room for `budget_chunks` and one
+/// chunk per thread slot beyond (address space only, until the recorder
+/// backs them), the first chunks backed, and maps it. Errors are the errno
+/// and what failed.
+pub fn create(dir: &[u8], run_id: u64, budget_chunks: u32) -> Result<Area, (i32, &'static str)> {
     let pid = sys::getpid();
     let mut path = Vec::with_capacity(dir.len() + 32);
     let mut fd = -1;
@@ -66,7 +68,7 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     // A file size limit (ulimit -f) below the buffers: smaller buffers, or
     // none. An address-space limit (ulimit -v): buffers of a small share of
     // it, so the program keeps nearly all of its own.
-    let mut max_chunks = max_chunks;
+    let mut max_chunks = budget_chunks.saturating_add(shared::THREAD_SLOTS as u32);
     for (resource, share) in [(libc::RLIMIT_FSIZE, 1), (libc::RLIMIT_AS, ADDRESS_SPACE_SHARE)] {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: `limit` is ours to write.
@@ -133,6 +135,7 @@ pub fn create(dir: &[u8], run_id: u64, max_chunks: u32) -> Result<Area, (i32, &'
     header.ppid.store(sys::getppid(), Relaxed);
     header.run_id.store(run_id, Relaxed);
     header.max_chunks.store(max_chunks, Relaxed);
+    header.budget_chunks.store(budget_chunks.min(max_chunks), Relaxed);
     header.capacity_chunks.store(shared::INITIAL_CHUNKS.min(max_chunks), Relaxed);
     header.agent_address.store(addr as u64, Relaxed);
     header.created_ns.store(crate::clock::monotonic_ns(), Relaxed);

@@ -73,10 +73,17 @@ fn try_take_chunk(area: Area) -> Option<u32> {
 /// recorder (back-pressure keeps memory bounded). `None` once recording has
 /// stopped, or when the recorder stops answering; the caller then drops
 /// the event.
+/// How long a thread waiting for a chunk sleeps before it looks again.
+const CHUNK_WAIT_NS: u64 = 20_000_000;
+/// How long a thread waits for a chunk at most, even from a recorder that
+/// still beats: past this, recording stops rather than the program.
+const CHUNK_PATIENCE_NS: u64 = 10_000_000_000;
+
 fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
     let area = area::get()?;
     let header = area.header();
     let mut last_beat = (0, 0);
+    let mut waiting_since = 0;
     let index = loop {
         if let Some(index) = try_take_chunk(area) {
             break index;
@@ -84,13 +91,29 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
         if !crate::recorder::is_recording() {
             return None;
         }
-        header.wants_more.store(1, Relaxed);
-        area::wake_recorder(header);
-        if !area::recorder_alive(header, &mut last_beat) {
+        // Asleep until the recorder's next round frees or adds chunks (or a
+        // while passes, to see whether it still lives): hundreds of threads
+        // waiting must leave it the CPU.
+        let freed = header.chunks_freed.0.load(Acquire);
+        header.chunk_waiters.fetch_add(1, AcqRel);
+        if let Some(index) = try_take_chunk(area) {
+            header.chunk_waiters.fetch_sub(1, AcqRel);
+            break index;
+        }
+        // One waiter wakes the recorder for all (each would, every wait, flood it).
+        if header.wants_more.swap(1, AcqRel) == 0 {
+            area::wake_recorder(header);
+        }
+        area::futex_wait(&header.chunks_freed.0, freed, CHUNK_WAIT_NS);
+        header.chunk_waiters.fetch_sub(1, AcqRel);
+        let now = crate::clock::monotonic_ns();
+        if waiting_since == 0 {
+            waiting_since = now;
+        }
+        if !area::recorder_alive(header, &mut last_beat) || now - waiting_since > CHUNK_PATIENCE_NS {
             crate::recorder::stop_recording();
             return None;
         }
-        sys::sleep_ns(200_000);
     };
     let chunk = area.chunk(index);
     chunk.len.store(0, Relaxed);

@@ -56,6 +56,26 @@ fn sixty_four_threads_allocating_lose_no_event() {
     assert!(threads > 64, "threads {threads}");
 }
 
+/// More threads alive at once than the default buffers have chunks (512),
+/// each holding its chunk while it waits for all the others: the recorder
+/// backs one more chunk per live thread, so none waits for good (before,
+/// recording stopped at the 511th thread, or on a faster machine the
+/// program would wait forever).
+#[test]
+fn more_live_threads_than_buffer_chunks_are_all_recorded() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "live_threads.c");
+    let trace = dir.join("t.mgt");
+    let out = run_traced(&dir, &trace, &prog, &["700"]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "threads 700 ok\n");
+    assert!(memgap_lines(&out.stderr).is_empty(), "{}", text(&out.stderr));
+    let s = summary_json(&trace);
+    assert_eq!((s["truncated"].clone(), number(&s, "dropped_events")), (Value::Bool(false), 0), "{s:#}");
+    assert!(events(&s, "malloc") >= 701 && events(&s, "free") >= 700, "{s:#}");
+    assert!(number(&s, "threads") > 700, "{s:#}");
+}
+
 #[test]
 fn threads_exiting_with_unflushed_buffers_lose_no_event() {
     // 1,600 threads, each exiting a few events after its first: nearly all

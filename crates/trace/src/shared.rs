@@ -86,6 +86,11 @@ pub struct Header {
     pub run_id: AtomicU64,
     /// Chunks the area can ever hold (its file size).
     pub max_chunks: AtomicU32,
+    /// Chunks the buffer budget allows. The recorder backs one more per
+    /// live thread, up to `max_chunks`: each thread holds a chunk while it
+    /// lives, so a thread that starts while others sit idle on theirs
+    /// still finds one, however many threads there are.
+    pub budget_chunks: AtomicU32,
     /// Chunks backed by the file now (the recorder grows it); an agent
     /// never touches a chunk past it.
     pub capacity_chunks: AtomicU32,
@@ -114,6 +119,10 @@ pub struct Header {
     pub heartbeat: Line<AtomicU64>,
     /// Futex: the agent (or `memgap snap`) bumps it to wake the recorder.
     pub wake: Line<AtomicU32>,
+    /// Futex: the recorder bumps it once a round freed or added chunks and
+    /// `chunk_waiters` threads of the agent wait for one.
+    pub chunks_freed: Line<AtomicU32>,
+    pub chunk_waiters: AtomicU32,
     /// The agent's request (`REQUEST_*`) and its sequence number; the
     /// recorder copies the number to `answered` when done (a futex).
     pub request_kind: AtomicU32,

@@ -159,24 +159,29 @@ impl MappedArea {
         header.capacity_chunks.load(Acquire).min(header.max_chunks.load(Relaxed))
     }
 
-    /// Backs more chunks when the agent asked and few are free.
-    fn grow_if_wanted(&self) {
+    /// Backs more chunks when the agent asked and few are free: up to the
+    /// budget, and one more per live thread (see `Header::budget_chunks`).
+    /// Whether it did.
+    fn grow_if_wanted(&self) -> bool {
         let header = self.header();
         if header.wants_more.swap(0, AcqRel) == 0 {
-            return;
+            return false;
         }
         let capacity = self.capacity();
-        let max = header.max_chunks.load(Relaxed);
+        let used = (header.threads_used.load(Acquire) as usize).min(shared::THREAD_SLOTS);
+        let live_threads = header.slots[..used].iter().filter(|slot| slot.state.load(Relaxed) != SLOT_FREE).count() as u32;
+        let limit = header.max_chunks.load(Relaxed).min(header.budget_chunks.load(Relaxed).saturating_add(live_threads));
         let free = (0..capacity).filter(|&i| self.area.chunk(i).state.load(Relaxed) == CHUNK_FREE).count() as u32;
-        if capacity >= max || free * 2 > capacity {
-            return;
+        if capacity >= limit || free * 2 > capacity {
+            return false;
         }
-        let grown = (capacity * 2).min(max);
+        let grown = (capacity * 2).min(limit);
         // SAFETY: our own descriptor; no memory is passed.
         let ok = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, shared::area_bytes(grown) as libc::off_t) } == 0;
         if ok {
             header.capacity_chunks.store(grown, Release);
         }
+        ok
     }
 }
 
@@ -539,6 +544,8 @@ struct ProcessRecorder {
     live_high: i64,
     live_last_round: i64,
     live_drop_seen_ns: Option<u64>,
+    /// This round freed chunks or backed more: threads waiting for one are woken.
+    chunks_released: bool,
     /// When the agent asked for its exit snapshot (the process had not exited yet).
     exit_requested_ns: Option<u64>,
     /// An allocator linked into the program, whose calls no hook sees:
@@ -588,6 +595,7 @@ impl ProcessRecorder {
             live_high: 0,
             live_last_round: 0,
             live_drop_seen_ns: None,
+            chunks_released: false,
             exit_requested_ns: None,
             linked_allocator: None,
         }
@@ -622,7 +630,7 @@ impl ProcessRecorder {
     /// chunks during the round: they are due at once, in the next round.
     fn round(&mut self, last: bool) -> bool {
         self.beat();
-        self.area.grow_if_wanted();
+        self.chunks_released = self.area.grow_if_wanted();
         let area = self.area.area;
         let header = area.header();
         // The chunks taken from here on wait for the next round, except in
@@ -639,6 +647,10 @@ impl ProcessRecorder {
             if let Some(Drained::Behind) = self.drain_slot(index, taken_before) {
                 caught_up = false;
             }
+        }
+        if self.chunks_released && header.chunk_waiters.load(Acquire) > 0 {
+            header.chunks_freed.0.fetch_add(1, Release);
+            futex_wake(&header.chunks_freed.0);
         }
         let oldest_in_hook = self.look_at_threads();
         self.held_clocks.push_back(Clock { time: watermark, monotonic_ns: monotonic_ns() });
@@ -762,6 +774,7 @@ impl ProcessRecorder {
                 break;
             }
             chunk.state.store(CHUNK_FREE, Release);
+            self.chunks_released = true;
             head = next - 1;
             self.records_head = Some(head);
         }
@@ -820,6 +833,7 @@ impl ProcessRecorder {
             self.emit(head, len);
             if next != 0 && next - 1 < capacity {
                 chunk.state.store(CHUNK_FREE, Release);
+                self.chunks_released = true;
                 head = next - 1;
                 self.slots[index].head = Some(head);
                 if area.chunk(head).taken_in_round.load(Relaxed) >= taken_before {
@@ -832,6 +846,7 @@ impl ProcessRecorder {
                 self.count_live(index, chunk.live_bytes.load(Relaxed));
                 self.slots[index].live_seen = 0;
                 chunk.state.store(CHUNK_FREE, Release);
+                self.chunks_released = true;
                 self.slots[index].head = None;
                 slot.state.store(SLOT_FREE, Release);
                 return Some(Drained::Ended);
@@ -1026,7 +1041,9 @@ impl ProcessRecorder {
         // A fall is measured from the live heap this snapshot saw.
         self.live_high = self.live_bytes as i64;
         self.live_drop_seen_ns = None;
+        self.beat();
         let placement = self.placer.place(&snapshot);
+        self.beat();
         if let Some(census) = python {
             self.push(&Record::Metrics(census.to_metrics(monotonic_ns())));
         }
@@ -1058,11 +1075,20 @@ impl ProcessRecorder {
         Vec::new()
     }
 
+    /// /proc/PID/smaps, in pieces with a beat after each: a process of
+    /// thousands of mappings takes the kernel a while, and the agent's
+    /// threads waiting for chunks must see the recorder live meanwhile.
     fn read_smaps(&mut self) {
         use std::io::Read;
         self.smaps.clear();
-        if let Ok(mut file) = File::open(format!("/proc/{}/smaps", self.pid)) {
-            let _ = file.read_to_end(&mut self.smaps);
+        let Ok(mut file) = File::open(format!("/proc/{}/smaps", self.pid)) else { return };
+        let mut piece = vec![0u8; 1 << 16];
+        while let Ok(n) = file.read(&mut piece) {
+            if n == 0 {
+                break;
+            }
+            self.smaps.extend_from_slice(&piece[..n]);
+            self.beat();
         }
     }
 
@@ -1159,7 +1185,7 @@ impl ProcessRecorder {
         if area.header().agent_state.load(Acquire) == shared::AGENT_STOPPED && !self.stopped_noted {
             self.stopped_noted = true;
             return Some(format!(
-                "process {}: the recorder fell behind for over a second; recording stopped there ({dropped} events not recorded; the program ran on)",
+                "process {}: the recorder fell behind (the program's threads waited too long for buffers); recording stopped there ({dropped} events not recorded; the program ran on)",
                 self.pid
             ));
         }
