@@ -69,16 +69,16 @@ fn try_take_chunk(area: Area) -> Option<u32> {
     None
 }
 
-/// A fresh chunk; when every chunk is full the thread waits for the
-/// recorder (back-pressure keeps memory bounded). `None` once recording has
-/// stopped, or when the recorder stops answering; the caller then drops
-/// the event.
 /// How long a thread waiting for a chunk sleeps before it looks again.
 const CHUNK_WAIT_NS: u64 = 20_000_000;
 /// How long a thread waits for a chunk at most, even from a recorder that
 /// still beats: past this, recording stops rather than the program.
 const CHUNK_PATIENCE_NS: u64 = 10_000_000_000;
 
+/// A fresh chunk; when every chunk is full the thread waits for the
+/// recorder (back-pressure keeps memory bounded). `None` once recording has
+/// stopped, or when the recorder stops answering; the caller then drops
+/// the event.
 fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
     let area = area::get()?;
     let header = area.header();

@@ -64,21 +64,15 @@ pub fn recording() -> bool {
 /// buffers, and would write its events over the parent's.
 static IMAGE_MARK: AtomicPtr<AtomicU32> = AtomicPtr::new(core::ptr::null_mut());
 
+/// False in a child forked behind the agent's back: it records nothing and
+/// touches nothing of its parent's area. PHASE stays ON there, as the
+/// atfork child handler reads it: glibc's own fork may allocate in the
+/// child before that handler marks the child's image.
 #[inline(always)]
 pub fn in_own_image() -> bool {
     let mark = IMAGE_MARK.load(Relaxed);
     // SAFETY: a non-null mark is the first word of a page mapped for good by `mark_image`.
-    mark.is_null() || unsafe { &*mark }.load(Relaxed) != 0 || left_unannounced_child()
-}
-
-/// In a child forked behind the agent's back: its events are not recorded
-/// (the area and buffers are the parent's, so nothing of them is touched).
-/// PHASE stays ON, as the atfork child handler reads it: glibc's own fork
-/// may allocate in the child before that handler marks the child's image.
-#[cold]
-#[inline(never)]
-fn left_unannounced_child() -> bool {
-    false
+    mark.is_null() || unsafe { &*mark }.load(Relaxed) != 0
 }
 
 /// Marks this image as the area's maker (see [`IMAGE_MARK`]); on a kernel

@@ -617,10 +617,11 @@ impl ProcessRecorder {
         self.header().heartbeat.0.fetch_add(1, Release);
     }
 
-    /// Requests are waiting, or the process ended.
+    /// Requests are waiting, a thread waits for chunks, or the process ended.
     fn has_work(&self) -> bool {
         let header = self.header();
-        header.request_seq.load(Acquire) != header.answered.0.load(Acquire)
+        header.wants_more.load(Acquire) != 0
+            || header.request_seq.load(Acquire) != header.answered.0.load(Acquire)
             || header.snap_requests.load(Acquire) != header.snap_answered.load(Acquire)
             || header.agent_state.load(Acquire) == shared::AGENT_FINISHED
     }
@@ -1083,12 +1084,16 @@ impl ProcessRecorder {
         self.smaps.clear();
         let Ok(mut file) = File::open(format!("/proc/{}/smaps", self.pid)) else { return };
         let mut piece = vec![0u8; 1 << 16];
-        while let Ok(n) = file.read(&mut piece) {
-            if n == 0 {
-                break;
+        loop {
+            match file.read(&mut piece) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.smaps.extend_from_slice(&piece[..n]);
+                    self.beat();
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
             }
-            self.smaps.extend_from_slice(&piece[..n]);
-            self.beat();
         }
     }
 
