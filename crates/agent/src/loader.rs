@@ -100,7 +100,7 @@ pub fn agent_iterate(callback: Callback, data: *mut c_void) {
         AGENT_INSIDE.fetch_add(1, SeqCst);
         let asked = FORKS.load(SeqCst) == 0;
         if asked {
-            let mut walk = Walk { callback, data, stopped: false, remembering: None };
+            let mut walk = Walk { callback, data, started: false, stopped: false, remembering: None };
             // SAFETY: libc's dl_iterate_phdr; `walk_and_remember` takes `data` as the `Walk` passed here.
             unsafe { iterate(Some(walk_and_remember), &mut walk as *mut Walk as *mut c_void) };
             if let Some(known) = walk.remembering {
@@ -119,6 +119,8 @@ pub fn agent_iterate(callback: Callback, data: *mut c_void) {
 struct Walk {
     callback: Callback,
     data: *mut c_void,
+    /// Past the first module, where the loader's counts are compared with the last walk's.
+    started: bool,
     /// The agent's callback asked to stop.
     stopped: bool,
     /// The loader changed since its last walk: this one is remembered whole.
@@ -131,8 +133,7 @@ struct Walk {
 unsafe extern "C" fn walk_and_remember(info: *mut libc::dl_phdr_info, size: usize, walk: *mut c_void) -> c_int {
     // SAFETY: the callback's contract, just above.
     let (entry, walk) = unsafe { (&*info, &mut *(walk as *mut Walk)) };
-    let first = !walk.stopped && walk.remembering.is_none();
-    if first {
+    if !core::mem::replace(&mut walk.started, true) {
         let events = (size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_tls_modid)).then_some((entry.dlpi_adds, entry.dlpi_subs));
         if events.is_some() && KNOWN.lock().events != events {
             walk.remembering = Some(KnownModules { events, modules: Vec::new() });
