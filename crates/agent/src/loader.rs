@@ -134,7 +134,7 @@ unsafe extern "C" fn walk_and_remember(info: *mut libc::dl_phdr_info, size: usiz
     // SAFETY: the callback's contract, just above.
     let (entry, walk) = unsafe { (&*info, &mut *(walk as *mut Walk)) };
     if !core::mem::replace(&mut walk.started, true) {
-        let events = (size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_tls_modid)).then_some((entry.dlpi_adds, entry.dlpi_subs));
+        let events = counts_of(entry, size);
         if events.is_some() && KNOWN.lock().events != events {
             walk.remembering = Some(KnownModules { events, modules: Vec::new() });
         }
@@ -147,6 +147,28 @@ unsafe extern "C" fn walk_and_remember(info: *mut libc::dl_phdr_info, size: usiz
         walk.stopped = unsafe { (walk.callback)(info, size, walk.data) } != 0;
     }
     (walk.stopped && walk.remembering.is_none()) as c_int
+}
+
+/// The loader's counts of objects loaded and unloaded, from an entry of its
+/// walk of `size` bytes (older loaders pass entries without them).
+pub fn counts_of(entry: &libc::dl_phdr_info, size: usize) -> Option<(u64, u64)> {
+    (size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_tls_modid)).then_some((entry.dlpi_adds, entry.dlpi_subs))
+}
+
+/// The loader's counts of objects loaded and unloaded so far: when they
+/// move, the modules changed.
+pub fn counts() -> Option<(u64, u64)> {
+    /// # Safety
+    /// A dl_iterate_phdr callback: `info` valid for the call, `found` the
+    /// `Option<(u64, u64)>` `counts` passes.
+    unsafe extern "C" fn first_module(info: *mut libc::dl_phdr_info, size: usize, found: *mut c_void) -> c_int {
+        // SAFETY: the callback's contract, just above.
+        unsafe { *(found as *mut Option<(u64, u64)>) = counts_of(&*info, size) };
+        1
+    }
+    let mut found = None;
+    agent_iterate(first_module, &mut found as *mut Option<(u64, u64)> as *mut c_void);
+    found
 }
 
 impl KnownModule {

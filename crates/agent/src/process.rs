@@ -168,24 +168,6 @@ fn find_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-/// The loader's counts of objects loaded and unloaded so far: when they
-/// move, the module list must be recorded again.
-pub fn loader_generation() -> (u64, u64) {
-    /// # Safety
-    /// A dl_iterate_phdr callback: `info` valid for the call, `data` the
-    /// `(u64, u64)` `loader_generation` passes.
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
-        // SAFETY: `data` is the `(u64, u64)` `loader_generation` passes.
-        let counts = unsafe { &mut *(data as *mut (u64, u64)) };
-        // SAFETY: `info` is the loader's valid entry for this call.
-        unsafe { *counts = ((*info).dlpi_adds, (*info).dlpi_subs) };
-        1
-    }
-    let mut counts = (0u64, 0u64);
-    crate::loader::agent_iterate(first, &mut counts as *mut (u64, u64) as *mut c_void);
-    counts
-}
-
 /// Removes the agent from LD_PRELOAD in place (no allocation), so programs
 /// this one starts run untraced (`--no-follow`).
 pub fn remove_self_from_ld_preload() {

@@ -203,7 +203,7 @@ pub fn on_load() {
 
 /// The loaded modules and the allocator, after the PROCESS record.
 fn describe_image(real: &real::Real) {
-    let (adds, subs) = process::loader_generation();
+    let (adds, subs) = crate::loader::counts().unwrap_or_default();
     LOADER_ADDS.store(adds, Relaxed);
     LOADER_SUBS.store(subs, Relaxed);
     buffers::push_record(&Record::Modules(process::loaded_modules()));
@@ -219,7 +219,7 @@ static LOADER_SUBS: AtomicU64 = AtomicU64::new(0);
 /// unwinders read them again. Checked each time a thread moves to a fresh
 /// chunk (there is no thread of ours to poll).
 pub fn note_loader_changes() {
-    let (adds, subs) = process::loader_generation();
+    let (adds, subs) = crate::loader::counts().unwrap_or_default();
     if LOADER_ADDS.swap(adds, Relaxed) != adds || LOADER_SUBS.swap(subs, Relaxed) != subs {
         crate::unwind::modules_changed();
         buffers::push_record(&Record::Modules(process::loaded_modules()));

@@ -600,23 +600,9 @@ struct LoadedModules {
     modules: Vec<Module<&'static [u8]>>,
 }
 
-/// The loader's count of modules loaded and unloaded, if `info` has it.
-fn loader_events_of(info: &libc::dl_phdr_info, size: usize) -> Option<u64> {
-    (size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_tls_modid)).then(|| info.dlpi_adds.wrapping_add(info.dlpi_subs))
-}
-
+/// The loader's count of modules loaded and unloaded (their sum moves at each).
 fn loader_events() -> u64 {
-    /// # Safety
-    /// A dl_iterate_phdr callback: `info` valid for the call, `events` the `u64`
-    /// `loader_events` passes.
-    unsafe extern "C" fn first_module(info: *mut libc::dl_phdr_info, size: usize, events: *mut c_void) -> c_int {
-        // SAFETY: the callback's contract, just above.
-        unsafe { *(events as *mut u64) = loader_events_of(&*info, size).unwrap_or(0) };
-        1 // stop at the first module
-    }
-    let mut events = 0u64;
-    crate::loader::agent_iterate(first_module, &mut events as *mut u64 as *mut c_void);
-    events
+    crate::loader::counts().map_or(0, |(adds, subs)| adds.wrapping_add(subs))
 }
 
 /// dl_iterate_phdr callback: one module's executable ranges and, read in
@@ -629,7 +615,9 @@ fn loader_events() -> u64 {
 unsafe extern "C" fn collect_module(info: *mut libc::dl_phdr_info, size: usize, found: *mut c_void) -> c_int {
     // SAFETY: the callback's contract, just above.
     let (info, found) = unsafe { (&*info, &mut *(found as *mut LoadedModules)) };
-    found.loader_events = loader_events_of(info, size).unwrap_or(found.loader_events);
+    if let Some((adds, subs)) = crate::loader::counts_of(info, size) {
+        found.loader_events = adds.wrapping_add(subs);
+    }
     if info.dlpi_phdr.is_null() {
         return 0;
     }
