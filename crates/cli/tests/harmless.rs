@@ -295,3 +295,31 @@ fn snap_of_a_forked_child_reaches_the_child() {
     assert_eq!(requested(&child_trace), 1);
     assert_eq!(requested(&trace), 0, "the parent was not asked");
 }
+
+/// The agent of another memgap version lays its buffers out otherwise:
+/// `memgap run` names the process and records nothing of it, rather than
+/// share words the two read differently (each waiting on one the other
+/// never writes hung programs at exit), and the program runs as it does
+/// plain.
+#[test]
+fn an_agent_of_another_memgap_version_is_named_and_the_program_left_alone() {
+    let (_tmp, dir) = tempdir();
+    let older = compile_with(&dir, "older_agent.c", &["-shared", "-fPIC"]);
+    let prog = compile(&dir, "harmless.c");
+    let plain = run_plain(&dir, arg(&prog), &["slow", "0.3"]);
+    assert_eq!(plain.status.code(), Some(0));
+    fs::remove_file(dir.join("done.txt")).unwrap();
+    let trace = dir.join("t.mgt");
+    let started = Instant::now();
+    let traced = output_of(memgap_cmd(&dir, &["run", "-o", arg(&trace), "--", arg(&prog), "slow", "0.3"]).env("MEMGAP_AGENT", &older));
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(traced.status.code(), plain.status.code(), "{}", text(&traced.stderr));
+    assert_eq!(traced.stdout, plain.stdout);
+    assert_eq!(fs::read(dir.join("done.txt")).unwrap(), b"done\n");
+    let said = text(&traced.stderr);
+    let named: Vec<&str> = said.lines().filter(|line| line.contains("another memgap version")).collect();
+    assert_eq!(named.len(), 1, "{said}");
+    assert!(named[0].starts_with("memgap: not traced: process ") && named[0].contains("MEMGAP_AGENT"), "{said}");
+    assert!(!said.contains("no trace was written"), "the reason is said once:\n{said}");
+    assert!(!trace.exists(), "an empty trace was left");
+}

@@ -17,7 +17,13 @@
 
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 
-pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"MGAREA01");
+/// Names the layout below. An agent and a recorder of different layouts must
+/// not share an area: each would wait on words the other never writes. The
+/// number changes with any change to the header's or a chunk header's words
+/// or to what they mean (`the_layout_is_the_one_the_magic_names` pins it).
+pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"MGAREA02");
+/// Every layout's magic begins so: an area of another memgap's agent.
+pub const AREA_MAGIC_FAMILY: &[u8; 6] = b"MGAREA";
 pub const CHUNK_BYTES: usize = 64 * 1024;
 pub const CHUNK_HEADER: usize = 64;
 pub const CHUNK_DATA: usize = CHUNK_BYTES - CHUNK_HEADER;
@@ -273,6 +279,19 @@ pub fn complete_records_len(bytes: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_layout_is_the_one_the_magic_names() {
+        // A failure here means the layout changed: give AREA_MAGIC the next
+        // number, then update these figures.
+        let layout = (
+            core::mem::size_of::<Header>(),
+            core::mem::offset_of!(Header, slots),
+            core::mem::size_of::<ThreadSlot>(),
+            core::mem::size_of::<ChunkHeader>(),
+        );
+        assert_eq!((AREA_MAGIC.to_le_bytes(), layout), (*b"MGAREA02", (280_320, 18_152, 32, 56)));
+    }
 
     #[test]
     fn a_partial_record_at_the_end_is_left_for_later() {

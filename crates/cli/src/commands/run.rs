@@ -256,7 +256,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 if helpers.len() == 1 { "" } else { "s" }
             );
         }
-        report(&trace, recorded, &pattern, run_id, &args.command[0], top_closing);
+        // A top process named untraced above has its reason said.
+        if !recorded && !untraced.iter().any(|process| process.pid == top_pid) {
+            say_why_unrecorded(&trace, &args.command[0]);
+        }
+        report(&trace, recorded, &pattern, run_id, top_closing);
     }
     if args.report && recorded {
         let html = super::report::default_output(&trace);
@@ -311,25 +315,27 @@ pub fn random_run_id() -> u64 {
     now ^ (u64::from(std::process::id()) << 32)
 }
 
-fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, program: &OsString, top_closing: Option<memgap_model::Closing>) {
-    if !recorded {
-        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: `limit` is ours to write.
-        let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
-        if fsize && (limit.rlim_cur as usize) < memgap_trace::shared::area_bytes(2) {
-            eprintln!(
-                "memgap: no trace was written for {}: the file size limit (ulimit -f, {} bytes) leaves no room for the agent's buffers; the program ran untraced",
-                program.to_string_lossy(),
-                limit.rlim_cur
-            );
-        } else {
-            eprintln!(
-                "memgap: no trace was written for {}: the agent was not loaded (a statically linked or setuid program ignores LD_PRELOAD) or could not write {}",
-                program.to_string_lossy(),
-                trace.display()
-            );
-        }
+/// Why the top process left no trace, when nothing else said it.
+fn say_why_unrecorded(trace: &Path, program: &OsString) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is ours to write.
+    let fsize = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY;
+    if fsize && (limit.rlim_cur as usize) < memgap_trace::shared::area_bytes(2) {
+        eprintln!(
+            "memgap: no trace was written for {}: the file size limit (ulimit -f, {} bytes) leaves no room for the agent's buffers; the program ran untraced",
+            program.to_string_lossy(),
+            limit.rlim_cur
+        );
+    } else {
+        eprintln!(
+            "memgap: no trace was written for {}: the agent was not loaded (a statically linked or setuid program ignores LD_PRELOAD) or could not write {}",
+            program.to_string_lossy(),
+            trace.display()
+        );
     }
+}
+
+fn report(trace: &Path, recorded: bool, pattern: &Path, run_id: u64, top_closing: Option<memgap_model::Closing>) {
     let others = sibling_traces(pattern, run_id, trace);
     if !recorded && others.is_empty() {
         return;

@@ -239,9 +239,10 @@ impl Recorder {
                 .spawn(move || {
                     let mut seen = std::collections::HashSet::new();
                     let mut untraced = untraced::Watch::default();
+                    let mut other_versions = Vec::new();
                     loop {
                         let stopping = stop.load(Acquire);
-                        discover(&dir, &mut seen, &processes, &settings, &trace_path);
+                        discover(&dir, &mut seen, &processes, &settings, &trace_path, &mut other_versions);
                         let running: Vec<u32> =
                             processes.lock().unwrap().iter().filter(|(_, t)| !t.done.load(Acquire)).map(|(&pid, _)| pid).collect();
                         untraced.scan(&running);
@@ -250,7 +251,9 @@ impl Recorder {
                         }
                         std::thread::sleep(DISCOVERY_INTERVAL);
                     }
-                    untraced.found()
+                    let mut found = untraced.found();
+                    found.extend(other_versions);
+                    found
                 })
                 .ok()
         };
@@ -292,12 +295,28 @@ impl Recorder {
     }
 }
 
+const OTHER_VERSION: &str = "it loaded the agent of another memgap version, whose buffers this memgap cannot read (check MEMGAP_AGENT)";
+
+/// The pid of an area another memgap's agent made: its magic is of the
+/// family but not this layout's. Every layout begins with the magic and the
+/// pid, so those two are read alike.
+fn other_layout(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let file = File::options().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
+    let mut start = [0u8; 12];
+    file.read_exact_at(&mut start, 0).ok()?;
+    let magic: [u8; 8] = start[..8].try_into().ok()?;
+    let foreign = magic.starts_with(shared::AREA_MAGIC_FAMILY) && magic != shared::AREA_MAGIC.to_le_bytes();
+    foreign.then(|| u32::from_le_bytes(start[8..12].try_into().unwrap_or_default()))
+}
+
 fn discover(
     dir: &Path,
     seen: &mut std::collections::HashSet<(PathBuf, u64)>,
     processes: &Arc<Mutex<HashMap<u32, Tracked>>>,
     settings: &Settings,
     trace_path: &Arc<TracePath>,
+    other_versions: &mut Vec<Untraced>,
 ) {
     use std::os::unix::fs::DirEntryExt;
     let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -307,8 +326,15 @@ fn discover(
         .map(|e| (e.path(), e.ino()))
         .filter(|key| !seen.contains(key) && key.0.to_string_lossy().ends_with(shared::AREA_SUFFIX))
         .collect();
-    let mut found: Vec<(MappedArea, (PathBuf, u64))> =
-        candidates.into_iter().filter_map(|key| Some((MappedArea::open(&key.0)?, key))).collect();
+    let mut found: Vec<(MappedArea, (PathBuf, u64))> = Vec::new();
+    for key in candidates {
+        if let Some(area) = MappedArea::open(&key.0) {
+            found.push((area, key));
+        } else if let Some(pid) = other_layout(&key.0) {
+            other_versions.push(Untraced { pid, command: command_of(pid), why: OTHER_VERSION });
+            seen.insert(key);
+        }
+    }
     // An exec'd image's area after its predecessor's.
     found.sort_by_key(|(area, _)| (area.pid, area.header().created_ns.load(Relaxed)));
     for (mapped, key) in found {
@@ -1264,5 +1290,26 @@ mod tests {
         }
         // SAFETY: the test's own mapping, unused from here on.
         unsafe { libc::munmap(mem as *mut libc::c_void, 64 * page) };
+    }
+
+    #[test]
+    fn an_area_of_another_layout_is_told_from_one_not_ready_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = |name: &str, start: &[u8]| {
+            let path = dir.path().join(name);
+            let mut bytes = start.to_vec();
+            bytes.resize(shared::HEADER_BYTES, 0);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        };
+        let older = area("1.0.area", &[b"MGAREA01".as_slice(), &4321u32.to_le_bytes()].concat());
+        assert_eq!(other_layout(&older), Some(4321));
+        assert!(MappedArea::open(&older).is_none());
+        let ours = area("2.0.area", &[shared::AREA_MAGIC.to_le_bytes().as_slice(), &77u32.to_le_bytes()].concat());
+        assert_eq!(other_layout(&ours), None);
+        // Not written yet, or not an area at all.
+        assert_eq!(other_layout(&area("3.0.area", &[])), None);
+        assert_eq!(other_layout(&area("4.0.area", b"ELF\0\0\0\0\0\x01\0\0\0")), None);
+        assert_eq!(other_layout(&dir.path().join("5.0.area")), None);
     }
 }
