@@ -45,12 +45,8 @@ fn large_len(layout: Layout) -> usize {
 
 impl FreeLists {
     /// A block of `class`: a freed one, else the next one of the class's
-    /// newest slab, else the first of a new slab from `new_slab`.
-    ///
-    /// # Safety
-    /// The lists hold blocks of `SLAB_BYTES`-long writable slabs that
-    /// `new_slab` returns (or null).
-    unsafe fn take(&mut self, class: usize, new_slab: impl FnOnce() -> *mut u8) -> *mut u8 {
+    /// newest slab; null when both are used up.
+    fn take(&mut self, class: usize) -> *mut u8 {
         let block = 16 << class;
         let p = self.heads[class];
         if !p.is_null() {
@@ -63,16 +59,24 @@ impl FreeLists {
         // page-aligned slabs, so each is aligned to its size.
         let (next, left) = &mut self.fresh[class];
         if *left < block {
-            let slab = new_slab();
-            if slab.is_null() {
-                return null_mut();
-            }
-            (*next, *left) = (slab, SLAB_BYTES);
+            return null_mut();
         }
         let p = *next;
         *next = p.wrapping_add(block);
         *left -= block;
         p
+    }
+
+    /// Makes `slab` (`SLAB_BYTES`, writable, the agent's) the class's newest,
+    /// unless another thread gave it one meanwhile: then false, and the
+    /// caller keeps `slab`.
+    fn add_slab(&mut self, class: usize, slab: *mut u8) -> bool {
+        let (next, left) = &mut self.fresh[class];
+        if *left >= 16 << class {
+            return false;
+        }
+        (*next, *left) = (slab, SLAB_BYTES);
+        true
     }
 }
 
@@ -89,9 +93,23 @@ unsafe impl GlobalAlloc for OwnMemory {
             return null_mut();
         }
         let Some(class) = class_of(layout) else { return sys::mmap_anonymous(large_len(layout)) };
-        let mut lists = LISTS.lock();
-        // SAFETY: `new_slab` returns a fresh writable mapping of SLAB_BYTES, or null.
-        unsafe { lists.take(class, || sys::mmap_anonymous(SLAB_BYTES)) }
+        loop {
+            let block = LISTS.lock().take(class);
+            if !block.is_null() {
+                return block;
+            }
+            // A new slab is mapped outside the lock: mmap waits on the
+            // kernel's lock of the address space, which a program starting
+            // hundreds of threads (a stack mapping each) keeps busy, and
+            // every other thread of the agent would wait behind it.
+            let slab = sys::mmap_anonymous(SLAB_BYTES);
+            if slab.is_null() {
+                return null_mut();
+            }
+            if !LISTS.lock().add_slab(class, slab) {
+                sys::munmap(slab, SLAB_BYTES);
+            }
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -155,26 +173,53 @@ mod tests {
         const PAINT: u8 = 0x5a;
         let mut memory = vec![PAINT; 2 * SLAB_BYTES + PAGE];
         let base = memory.as_mut_ptr().wrapping_add(memory.as_ptr().align_offset(PAGE));
-        let mut slabs = [base, base.wrapping_add(SLAB_BYTES)].into_iter();
+        let second = base.wrapping_add(SLAB_BYTES);
         let mut lists = FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] };
         let class = 9; // 8 KiB blocks, 32 to a slab
-        // SAFETY: the slabs are the painted buffer's two page-aligned SLAB_BYTES parts.
-        let blocks: Vec<*mut u8> = (0..3).map(|_| unsafe { lists.take(class, || slabs.next().unwrap()) }).collect();
+        assert!(lists.take(class).is_null(), "no slab yet");
+        assert!(lists.add_slab(class, base));
+        assert!(!lists.add_slab(class, second), "a slab with room left is kept");
+        let blocks: Vec<*mut u8> = (0..3).map(|_| lists.take(class)).collect();
         assert_eq!(blocks, [base, base.wrapping_add(8192), base.wrapping_add(16384)]);
         // SAFETY: the first three 8 KiB blocks of the first slab, inside `memory`.
         let untouched = unsafe { core::slice::from_raw_parts(base.wrapping_add(3 * 8192), SLAB_BYTES - 3 * 8192) };
         assert!(untouched.iter().all(|&b| b == PAINT), "the rest of the slab is not written");
-        // A freed block is handed out again first; a used-up slab brings the next.
+        // A freed block is handed out again first; a used-up slab takes the next.
         // SAFETY: a block handed out above, at least 8 bytes, given back.
         unsafe { (blocks[1] as *mut *mut u8).write(lists.heads[class]) };
         lists.heads[class] = blocks[1];
-        // SAFETY: the list holds a block; no new slab is needed.
-        assert_eq!(unsafe { lists.take(class, || unreachable!()) }, blocks[1]);
+        assert_eq!(lists.take(class), blocks[1]);
         for _ in 3..32 {
-            // SAFETY: the rest of the first slab; no new slab is needed.
-            unsafe { lists.take(class, || unreachable!()) };
+            assert!(!lists.take(class).is_null());
         }
-        // SAFETY: the second slab of the painted buffer.
-        assert_eq!(unsafe { lists.take(class, || slabs.next().unwrap()) }, base.wrapping_add(SLAB_BYTES));
+        assert!(lists.take(class).is_null(), "the first slab is used up");
+        assert!(lists.add_slab(class, second));
+        assert_eq!(lists.take(class), second);
+    }
+
+    #[test]
+    fn threads_racing_for_new_slabs_get_distinct_blocks() {
+        let layout = Layout::from_size_align(4096, 8).unwrap();
+        let handed: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(move || {
+                        // SAFETY: a non-zero layout; the blocks are only compared.
+                        (0..200).map(|_| unsafe { OwnMemory.alloc(layout) } as usize).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|worker| worker.join().unwrap()).collect()
+        });
+        let mut all: Vec<usize> = handed.into_iter().flatten().collect();
+        assert!(all.iter().all(|&p| p != 0 && p % 4096 == 0));
+        let count = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), count, "a block was handed out twice");
+        for p in all {
+            // SAFETY: each came from `alloc` with this layout, once.
+            unsafe { OwnMemory.dealloc(p as *mut u8, layout) };
+        }
     }
 }
