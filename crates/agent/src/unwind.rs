@@ -514,6 +514,57 @@ fn mapping_containing(address: u64) -> Option<(u64, u64)> {
     if fd < 0 {
         return None;
     }
+    let found = match query_mapping(fd, address) {
+        Ok(found) => found,
+        Err(()) => scan_mappings(fd, address),
+    };
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    found
+}
+
+/// The kernel's `struct procmap_query` (linux/fs.h, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: u64 = 0xC068_6611;
+
+/// The mapping holding `address`, asked of the kernel by address (one
+/// lookup, where reading the maps file goes through every mapping: a
+/// program starting hundreds of threads made that quadratic). `Err` where
+/// the kernel has no such query (before 6.11).
+fn query_mapping(maps: i32, address: u64) -> Result<Option<(u64, u64)>, ()> {
+    let mut query = ProcmapQuery { size: core::mem::size_of::<ProcmapQuery>() as u64, query_addr: address, ..ProcmapQuery::default() };
+    // SAFETY: `maps` is an open /proc/self/maps; `query` is the kernel's
+    // struct, sized in its first word, with no name or build-id buffer.
+    let result = unsafe { libc::syscall(libc::SYS_ioctl, maps, PROCMAP_QUERY, &mut query as *mut ProcmapQuery) };
+    match result {
+        0 => Ok(Some((query.vma_start, query.vma_end))),
+        _ if crate::sys::errno() == libc::ENOENT => Ok(None),
+        _ => Err(()),
+    }
+}
+
+/// The mapping holding `address`, read line by line from the maps file `maps`.
+fn scan_mappings(fd: i32, address: u64) -> Option<(u64, u64)> {
     let mut buf = [0u8; 4096];
     let mut filled = 0usize;
     let mut found = None;
@@ -545,8 +596,6 @@ fn mapping_containing(address: u64) -> Option<(u64, u64)> {
             filled = 0;
         }
     }
-    // SAFETY: our own descriptor, closed once.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
     found
 }
 
@@ -764,6 +813,23 @@ mod tests {
     fn a_small_thread_stack_gets_no_frames_rather_than_an_overflow() {
         let capture = || ThreadUnwinder::new().capture(&mut [0; 8], 0);
         assert_eq!(std::thread::Builder::new().stack_size(24 << 10).spawn(capture).unwrap().join().unwrap(), 0);
+    }
+
+    #[test]
+    fn the_kernels_answer_and_the_maps_file_name_the_same_mapping() {
+        let on_stack = 0u64;
+        let on_heap = Box::new(0u64);
+        let addresses = [&on_stack as *const u64 as u64, &*on_heap as *const u64 as u64, mapping_containing as *const () as u64, 0x1000];
+        let maps = || std::fs::File::open("/proc/self/maps").unwrap();
+        for address in addresses {
+            let scanned = scan_mappings(std::os::fd::AsRawFd::as_raw_fd(&maps()), address);
+            // Before Linux 6.11 there is no query: the scan answers alone.
+            if let Ok(asked) = query_mapping(std::os::fd::AsRawFd::as_raw_fd(&maps()), address) {
+                assert_eq!(asked, scanned, "{address:#x}");
+            }
+            assert_eq!(mapping_containing(address), scanned, "{address:#x}");
+            assert_eq!(scanned.is_some(), address != 0x1000, "{address:#x}");
+        }
     }
 
     #[test]
