@@ -71,6 +71,8 @@ fn try_take_chunk(area: Area) -> Option<u32> {
 
 /// How long a thread waiting for a chunk sleeps before it looks again.
 const CHUNK_WAIT_NS: u64 = 20_000_000;
+/// Waits no wake-up ended, between two searches for a free chunk anyway.
+const QUIET_WAITS_BETWEEN_LOOKS: u32 = 10;
 /// How long a thread waits for a chunk at most, even from a recorder that
 /// still beats: past this, recording stops rather than the program.
 const CHUNK_PATIENCE_NS: u64 = 10_000_000_000;
@@ -84,8 +86,10 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
     let header = area.header();
     let mut last_beat = (0, 0);
     let mut waiting_since = 0;
+    let mut look = true;
+    let mut quiet_waits = 0;
     let index = loop {
-        if let Some(index) = try_take_chunk(area) {
+        if look && let Some(index) = try_take_chunk(area) {
             break index;
         }
         if !crate::recorder::is_recording() {
@@ -106,6 +110,13 @@ fn take_chunk(thread: u32, tid: u32, seq: u32) -> Option<u32> {
         }
         area::futex_wait(&header.chunks_freed.0, freed, CHUNK_WAIT_NS);
         header.chunk_waiters.fetch_sub(1, AcqRel);
+        // Only the recorder frees or adds chunks, and it says so on the
+        // word: a wait it ended early is worth a search of every chunk, a
+        // wait that timed out only now and then (each search reads a page
+        // per chunk, and hundreds of threads may be waiting).
+        let woken = header.chunks_freed.0.load(Acquire) != freed;
+        quiet_waits = if woken { 0 } else { quiet_waits + 1 };
+        look = woken || quiet_waits % QUIET_WAITS_BETWEEN_LOOKS == 0;
         let now = crate::clock::monotonic_ns();
         if waiting_since == 0 {
             waiting_since = now;
@@ -584,15 +595,21 @@ impl ThreadState {
         } else {
             NEXT_THREAD.fetch_add(1, Relaxed)
         };
-        let index = take_chunk(thread, tid, 0)?;
+        // The slot first: while the thread waits for its first chunk, the
+        // recorder counts it among the live threads it backs a chunk for.
+        let slot = claim_slot(&area)?;
+        let Some(index) = take_chunk(thread, tid, 0) else {
+            slot.state.store(SLOT_FREE, Release);
+            return None;
+        };
         let data = area.chunk_data(index);
         // An address on the thread's stack: the ledger counts its mapping as a stack.
         let stack_hint = &thread as *const u32 as u64;
-        if !claim_slot(area, thread, tid, stack_hint, index) {
-            // No slot for it: the chunk goes back unused.
-            area.chunk(index).state.store(CHUNK_FREE, Release);
-            return None;
-        }
+        slot.thread.store(thread, Relaxed);
+        slot.tid.store(tid, Relaxed);
+        slot.stack_hint.store(stack_hint, Relaxed);
+        slot.first_chunk.store(index + 1, Relaxed);
+        slot.state.store(SLOT_LIVE, Release);
         let state = Box::into_raw(Box::new(ThreadState {
             cursor: data,
             // SAFETY: `data` starts a chunk's CHUNK_DATA bytes, and TICK_BYTES is less.
@@ -719,21 +736,17 @@ impl ThreadState {
     }
 }
 
-/// Publishes a thread in the area's first free slot.
-fn claim_slot(area: Area, thread: u32, tid: u32, stack_hint: u64, first_chunk: u32) -> bool {
+/// The area's first free slot, taken for a new thread (`SLOT_FILLING`
+/// until the thread publishes itself in it).
+fn claim_slot(area: &Area) -> Option<&shared::ThreadSlot> {
     let header = area.header();
     for (i, slot) in header.slots.iter().enumerate() {
         if slot.state.load(Relaxed) == SLOT_FREE && slot.state.compare_exchange(SLOT_FREE, SLOT_FILLING, Acquire, Relaxed).is_ok() {
-            slot.thread.store(thread, Relaxed);
-            slot.tid.store(tid, Relaxed);
-            slot.stack_hint.store(stack_hint, Relaxed);
-            slot.first_chunk.store(first_chunk + 1, Relaxed);
-            slot.state.store(SLOT_LIVE, Release);
             header.threads_used.fetch_max(i as u32 + 1, AcqRel);
-            return true;
+            return Some(slot);
         }
     }
-    false
+    None
 }
 
 /// In a fork child only the forking thread survives, and the area is the
