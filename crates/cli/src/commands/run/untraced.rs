@@ -27,7 +27,11 @@ pub struct Untraced {
 
 #[derive(Default)]
 pub struct Watch {
-    last_scan: Option<Instant>,
+    /// When the next scan may start: SCAN_INTERVAL after the last, or ten
+    /// times its length if longer (a process of thousands of threads has a
+    /// children file per thread: reading them all every SCAN_INTERVAL took
+    /// a fifth of the CPU the program itself needed).
+    next_scan: Option<Instant>,
     /// Since when each process was seen without the agent.
     without_agent_since: HashMap<u32, Instant>,
     /// Named already (their children are looked at too).
@@ -37,13 +41,17 @@ pub struct Watch {
 
 impl Watch {
     /// Looks at the processes `traced` (which have made areas) and their
-    /// descendants, at most every SCAN_INTERVAL.
+    /// descendants, at most every SCAN_INTERVAL (see `next_scan`).
     pub fn scan(&mut self, traced: &[u32]) {
         let now = Instant::now();
-        if self.last_scan.is_some_and(|last| now < last + SCAN_INTERVAL) {
+        if self.next_scan.is_some_and(|next| now < next) {
             return;
         }
-        self.last_scan = Some(now);
+        self.look(traced, now);
+        self.next_scan = Some(now + SCAN_INTERVAL.max(now.elapsed() * 10));
+    }
+
+    fn look(&mut self, traced: &[u32], now: Instant) {
         let mut to_visit: Vec<u32> = traced.to_vec();
         to_visit.extend(self.named.iter().copied());
         let mut visited = HashSet::new();
@@ -167,7 +175,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         for _ in 0..20 {
-            watch.last_scan = None;
+            watch.next_scan = None;
             watch.scan(&[parent]);
         }
         let _ = child.kill();
