@@ -67,10 +67,13 @@ impl FreeLists {
         p
     }
 
-    /// Makes `slab` (`SLAB_BYTES`, writable, the agent's) the class's newest,
-    /// unless another thread gave it one meanwhile: then false, and the
-    /// caller keeps `slab`.
-    fn add_slab(&mut self, class: usize, slab: *mut u8) -> bool {
+    /// Makes `slab` the class's newest, unless another thread gave it one
+    /// meanwhile: then false, and the caller keeps `slab`.
+    ///
+    /// # Safety
+    /// `slab` is `SLAB_BYTES` of page-aligned writable memory that nothing
+    /// else uses, for as long as the lists live.
+    unsafe fn add_slab(&mut self, class: usize, slab: *mut u8) -> bool {
         let (next, left) = &mut self.fresh[class];
         if *left >= 16 << class {
             return false;
@@ -106,7 +109,8 @@ unsafe impl GlobalAlloc for OwnMemory {
             if slab.is_null() {
                 return null_mut();
             }
-            if !LISTS.lock().add_slab(class, slab) {
+            // SAFETY: a fresh mapping of SLAB_BYTES, page-aligned, used by nothing yet.
+            if !unsafe { LISTS.lock().add_slab(class, slab) } {
                 sys::munmap(slab, SLAB_BYTES);
             }
         }
@@ -177,8 +181,10 @@ mod tests {
         let mut lists = FreeLists { heads: [null_mut(); CLASSES], fresh: [(null_mut(), 0); CLASSES] };
         let class = 9; // 8 KiB blocks, 32 to a slab
         assert!(lists.take(class).is_null(), "no slab yet");
-        assert!(lists.add_slab(class, base));
-        assert!(!lists.add_slab(class, second), "a slab with room left is kept");
+        // SAFETY: the painted buffer's first page-aligned SLAB_BYTES part, which outlives `lists`.
+        assert!(unsafe { lists.add_slab(class, base) });
+        // SAFETY: its second part, likewise (and refused: the first has room).
+        assert!(!unsafe { lists.add_slab(class, second) }, "a slab with room left is kept");
         let blocks: Vec<*mut u8> = (0..3).map(|_| lists.take(class)).collect();
         assert_eq!(blocks, [base, base.wrapping_add(8192), base.wrapping_add(16384)]);
         // SAFETY: the first three 8 KiB blocks of the first slab, inside `memory`.
@@ -193,7 +199,8 @@ mod tests {
             assert!(!lists.take(class).is_null());
         }
         assert!(lists.take(class).is_null(), "the first slab is used up");
-        assert!(lists.add_slab(class, second));
+        // SAFETY: the painted buffer's second SLAB_BYTES part, unused so far.
+        assert!(unsafe { lists.add_slab(class, second) });
         assert_eq!(lists.take(class), second);
     }
 
