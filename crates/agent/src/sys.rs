@@ -48,7 +48,9 @@ pub fn munmap(addr: *mut u8, len: usize) {
 pub mod agent_ranges {
     use super::SpinLock;
 
-    const MAX: usize = 4096;
+    /// As many as the area has room for: a program of thousands of threads
+    /// has a few of the agent's mappings per thread.
+    const MAX: usize = memgap_trace::shared::AGENT_RANGES;
 
     struct Table {
         ranges: [(u64, u64); MAX],
@@ -63,8 +65,8 @@ pub mod agent_ranges {
             let at = table.len;
             table.ranges[at] = (start, len);
             table.len += 1;
+            mirror(&table, at..at + 1);
         }
-        mirror(&table);
     }
 
     pub fn remove(start: u64) {
@@ -73,30 +75,33 @@ pub mod agent_ranges {
             let last = table.len - 1;
             table.ranges[i] = table.ranges[last];
             table.len = last;
+            mirror(&table, i..i + 1);
         }
-        mirror(&table);
     }
 
-    /// Copies the table into the shared area, where the recorder reads it
-    /// at snapshots (under a sequence count: odd while it changes).
+    /// Copies the whole table into the shared area (once it exists).
     pub fn publish() {
-        mirror(&TABLE.lock());
+        let table = TABLE.lock();
+        mirror(&table, 0..table.len);
     }
 
-    fn mirror(table: &Table) {
+    /// Copies the table's `changed` entries and its length into the shared
+    /// area, where the recorder reads them at snapshots (under a sequence
+    /// count: odd while they change). Only what changed: with thousands of
+    /// entries, copying them all at every change kept the recorder's reads
+    /// from ever finding them still.
+    fn mirror(table: &Table, changed: core::ops::Range<usize>) {
         use core::sync::atomic::Ordering::*;
-        use memgap_trace::shared::AGENT_RANGES;
         let Some(area) = crate::area::get() else { return };
         let header = area.header();
         let seq = header.ranges_seq.0.load(Relaxed);
         header.ranges_seq.0.store(seq.wrapping_add(1), Relaxed);
         core::sync::atomic::fence(Release);
-        let len = table.len.min(AGENT_RANGES);
-        for (slot, range) in header.ranges.iter().zip(&table.ranges[..len]) {
+        for (slot, range) in header.ranges[changed.clone()].iter().zip(&table.ranges[changed]) {
             slot[0].store(range.0, Relaxed);
             slot[1].store(range.1, Relaxed);
         }
-        header.ranges_len.store(len as u32, Relaxed);
+        header.ranges_len.store(table.len as u32, Relaxed);
         header.ranges_seq.0.store(seq.wrapping_add(2), Release);
     }
 

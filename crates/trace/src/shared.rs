@@ -21,14 +21,14 @@ use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 /// not share an area: each would wait on words the other never writes. The
 /// number changes with any change to the header's or a chunk header's words
 /// or to what they mean (`the_layout_is_the_one_the_magic_names` pins it).
-pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"MGAREA02");
+pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"MGAREA03");
 /// Every layout's magic begins so: an area of another memgap's agent.
 pub const AREA_MAGIC_FAMILY: &[u8; 6] = b"MGAREA";
 pub const CHUNK_BYTES: usize = 64 * 1024;
 pub const CHUNK_HEADER: usize = 64;
 pub const CHUNK_DATA: usize = CHUNK_BYTES - CHUNK_HEADER;
 pub const THREAD_SLOTS: usize = 8192;
-pub const AGENT_RANGES: usize = 1024;
+pub const AGENT_RANGES: usize = 8192;
 /// Control words, ranges and slots, rounded up to a multiple of the chunk size.
 pub const HEADER_BYTES: usize = 512 * 1024;
 /// Chunks usable from the start; the recorder grows the area on demand.
@@ -290,7 +290,7 @@ mod tests {
             core::mem::size_of::<ThreadSlot>(),
             core::mem::size_of::<ChunkHeader>(),
         );
-        assert_eq!((AREA_MAGIC.to_le_bytes(), layout), (*b"MGAREA02", (280_320, 18_152, 32, 56)));
+        assert_eq!((AREA_MAGIC.to_le_bytes(), layout), (*b"MGAREA03", (395_008, 132_840, 32, 56)));
     }
 
     #[test]
