@@ -115,38 +115,57 @@ struct MappedArea {
 // SAFETY: the area is shared memory accessed through atomics and bounded copies.
 unsafe impl Send for MappedArea {}
 
+/// Why an area file was not mapped.
+#[derive(Debug, PartialEq)]
+enum Unopened {
+    /// Not ready yet (the agent writes its header after creating it), or
+    /// not a sound area.
+    NotReady,
+    /// Made for process `pid` by another memgap's agent: its magic is of the
+    /// family but names another layout.
+    OtherLayout(u32),
+}
+
 impl MappedArea {
-    /// Maps an area file; `None` while it is not ready (the agent writes its
-    /// header after creating it) or when it is not a sound area of ours.
-    fn open(path: &Path) -> Option<MappedArea> {
+    /// Maps an area file of ours.
+    fn open(path: &Path) -> Result<MappedArea, Unopened> {
         use std::os::unix::fs::OpenOptionsExt;
-        let file = File::options().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
-        let meta = file.metadata().ok()?;
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|_| Unopened::NotReady)?;
+        let meta = file.metadata().map_err(|_| Unopened::NotReady)?;
         // SAFETY: no precondition.
         if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } || (meta.len() as usize) < shared::HEADER_BYTES {
-            return None;
+            return Err(Unopened::NotReady);
         }
         let len = meta.len() as usize;
         let base =
             // SAFETY: a new shared mapping of the area file, placed by the kernel.
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if base == libc::MAP_FAILED {
-            return None;
+            return Err(Unopened::NotReady);
         }
         // SAFETY: `base` maps the file's `len` bytes, at least HEADER_BYTES; the
         // chunks below the capacity are read only once `area_bytes(max_chunks) <= len`
         // is checked below.
         let area = unsafe { Area::from_base(base as *mut u8) };
         let header = area.header();
+        let magic = header.magic.load(Acquire);
         let max_chunks = header.max_chunks.load(Acquire);
-        let ready = header.magic.load(Acquire) == shared::AREA_MAGIC && shared::area_bytes(max_chunks) <= len;
+        let ready = magic == shared::AREA_MAGIC && shared::area_bytes(max_chunks) <= len;
         if !ready {
+            // Every layout begins with the magic and the pid, so another's pid reads alike.
+            let other = magic.to_le_bytes().starts_with(shared::AREA_MAGIC_FAMILY) && magic != shared::AREA_MAGIC;
+            let refused = if other { Unopened::OtherLayout(header.pid.load(Relaxed)) } else { Unopened::NotReady };
             // SAFETY: our own mapping, not used after this.
             unsafe { libc::munmap(base, len) };
-            return None;
+            return Err(refused);
         }
         let pid = header.pid.load(Relaxed);
-        Some(MappedArea { area, len, file, path: path.to_path_buf(), pid })
+        Ok(MappedArea { area, len, file, path: path.to_path_buf(), pid })
     }
 
     fn header(&self) -> &Header {
@@ -286,7 +305,7 @@ impl Recorder {
         // must not wait for one.
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.filter_map(Result::ok) {
-                if let Some(area) = MappedArea::open(&entry.path()) {
+                if let Ok(area) = MappedArea::open(&entry.path()) {
                     area.header().recorder_state.store(shared::RECORDER_GONE, Release);
                 }
             }
@@ -296,19 +315,6 @@ impl Recorder {
 }
 
 const OTHER_VERSION: &str = "it loaded the agent of another memgap version, whose buffers this memgap cannot read (check MEMGAP_AGENT)";
-
-/// The pid of an area another memgap's agent made: its magic is of the
-/// family but not this layout's. Every layout begins with the magic and the
-/// pid, so those two are read alike.
-fn other_layout(path: &Path) -> Option<u32> {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let file = File::options().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
-    let mut start = [0u8; 12];
-    file.read_exact_at(&mut start, 0).ok()?;
-    let magic: [u8; 8] = start[..8].try_into().ok()?;
-    let foreign = magic.starts_with(shared::AREA_MAGIC_FAMILY) && magic != shared::AREA_MAGIC.to_le_bytes();
-    foreign.then(|| u32::from_le_bytes(start[8..12].try_into().unwrap_or_default()))
-}
 
 fn discover(
     dir: &Path,
@@ -328,11 +334,13 @@ fn discover(
         .collect();
     let mut found: Vec<(MappedArea, (PathBuf, u64))> = Vec::new();
     for key in candidates {
-        if let Some(area) = MappedArea::open(&key.0) {
-            found.push((area, key));
-        } else if let Some(pid) = other_layout(&key.0) {
-            other_versions.push(Untraced { pid, command: command_of(pid), why: OTHER_VERSION });
-            seen.insert(key);
+        match MappedArea::open(&key.0) {
+            Ok(area) => found.push((area, key)),
+            Err(Unopened::OtherLayout(pid)) => {
+                other_versions.push(Untraced { pid, command: command_of(pid), why: OTHER_VERSION });
+                seen.insert(key);
+            }
+            Err(Unopened::NotReady) => {}
         }
     }
     // An exec'd image's area after its predecessor's.
@@ -1302,14 +1310,20 @@ mod tests {
             std::fs::write(&path, bytes).unwrap();
             path
         };
+        let refused = |path: &Path| MappedArea::open(path).err();
         let older = area("1.0.area", &[b"MGAREA01".as_slice(), &4321u32.to_le_bytes()].concat());
-        assert_eq!(other_layout(&older), Some(4321));
-        assert!(MappedArea::open(&older).is_none());
+        assert_eq!(refused(&older), Some(Unopened::OtherLayout(4321)));
+        // This layout's magic: ours, mapped.
         let ours = area("2.0.area", &[shared::AREA_MAGIC.to_le_bytes().as_slice(), &77u32.to_le_bytes()].concat());
-        assert_eq!(other_layout(&ours), None);
-        // Not written yet, or not an area at all.
-        assert_eq!(other_layout(&area("3.0.area", &[])), None);
-        assert_eq!(other_layout(&area("4.0.area", b"ELF\0\0\0\0\0\x01\0\0\0")), None);
-        assert_eq!(other_layout(&dir.path().join("5.0.area")), None);
+        assert!(MappedArea::open(&ours).is_ok(), "a header of this layout is ours");
+        // Not written yet, or not an area at all, or a FIFO (never waited on).
+        assert_eq!(refused(&area("3.0.area", &[])), Some(Unopened::NotReady));
+        assert_eq!(refused(&area("4.0.area", b"ELF\0\0\0\0\0\x01\0\0\0")), Some(Unopened::NotReady));
+        assert_eq!(refused(&dir.path().join("5.0.area")), Some(Unopened::NotReady));
+        let fifo = dir.path().join("6.0.area");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert_eq!(refused(&fifo), Some(Unopened::NotReady));
     }
 }
