@@ -204,7 +204,9 @@ const IN_HOOK: usize = 3;
 /// a shared library calls `__tls_get_addr` at every access, 11
 /// instructions and a call per event. The agent is only ever preloaded,
 /// and the loader gives preloaded libraries static TLS. The second word is
-/// the state itself whatever the first says, read only off the hot path.
+/// the state itself whatever the first says, read only off the hot path;
+/// the third, once the state is closed, where the thread's events would go
+/// on (see [`revive_thread_state`]).
 mod current {
     use super::ThreadState;
 
@@ -215,13 +217,13 @@ mod current {
         ".globl memgap_current_thread_state",
         ".hidden memgap_current_thread_state",
         ".type memgap_current_thread_state, @tls_object",
-        ".size memgap_current_thread_state, 16",
+        ".size memgap_current_thread_state, 24",
         "memgap_current_thread_state:",
-        ".zero 16",
+        ".zero 24",
         ".popsection",
     );
 
-    /// This thread's two words: the thread pointer plus the offset the
+    /// This thread's three words: the thread pointer plus the offset the
     /// loader wrote in the GOT.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -265,10 +267,33 @@ mod current {
         unsafe { *slot().add(1) = value }
     }
 
+    #[cfg(target_arch = "x86_64")]
+    pub fn ended() -> u64 {
+        // SAFETY: this thread's third 8-byte slot.
+        unsafe { *(slot().add(2) as *mut u64) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub fn set_ended(value: u64) {
+        // SAFETY: this thread's third 8-byte slot.
+        unsafe { *(slot().add(2) as *mut u64) = value }
+    }
+
     #[cfg(not(target_arch = "x86_64"))]
     thread_local! {
         static CURRENT: core::cell::Cell<*mut ThreadState> = const { core::cell::Cell::new(core::ptr::null_mut()) };
         static OWN: core::cell::Cell<*mut ThreadState> = const { core::cell::Cell::new(core::ptr::null_mut()) };
+        static ENDED: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn ended() -> u64 {
+        ENDED.get()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn set_ended(value: u64) {
+        ENDED.set(value)
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -319,16 +344,18 @@ pub struct Hook(*mut ThreadState);
 /// moved on.
 ///
 /// A thread's first hook makes the thread's state, so that its first
-/// event is marked like the others.
+/// event is marked like the others; a hook after the state was closed, a
+/// state for that hook alone.
 #[inline(always)]
 pub fn enter_hook() -> Hook {
     let mut state = current::get();
     if !is_state(state) {
-        if !state.is_null() {
-            return Hook(state);
-        }
-        state = new_thread_state();
-        if state.is_null() {
+        state = match state as usize {
+            0 => new_thread_state(),
+            GONE => revive_thread_state(),
+            _ => return Hook(state),
+        };
+        if !is_state(state) {
             return Hook(state);
         }
     }
@@ -351,6 +378,9 @@ pub fn leave_hook(hook: Hook) {
             }
             // After the events' length: a recorder that sees the hook over sees them.
             (*(*state).chunk).in_hook_since.store(0, Release);
+            if (*state).revived {
+                ThreadState::close(state);
+            }
         }
     }
 }
@@ -545,9 +575,35 @@ fn new_thread_state() -> *mut ThreadState {
     current::set(BUSY as *mut ThreadState);
     // SAFETY: the calling thread's errno (valid for its whole life).
     let errno = unsafe { *libc::__errno_location() };
-    let created = ThreadState::create().unwrap_or(null_mut());
+    let created = ThreadState::create(None).unwrap_or(null_mut());
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
+    current::set_own(created);
+    current::set(created);
+    created
+}
+
+/// A heap call of a thread whose state was closed: glibc frees after the
+/// last key destructor round, such as the thread-local storage of cached
+/// stacks a detached thread lets go of as it exits. Its events go on in the
+/// thread's next buffer, under its number, in a state made for this one
+/// hook and closed at its end; `GONE` if none can be had.
+#[cold]
+fn revive_thread_state() -> *mut ThreadState {
+    let ended = current::ended();
+    if ended == 0 {
+        return GONE as *mut ThreadState;
+    }
+    current::set(BUSY as *mut ThreadState);
+    // SAFETY: the calling thread's errno (valid for its whole life).
+    let errno = unsafe { *libc::__errno_location() };
+    let created = ThreadState::create(Some((ended as u32, (ended >> 32) as u32)));
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+    let Some(created) = created else {
+        current::set(GONE as *mut ThreadState);
+        return GONE as *mut ThreadState;
+    };
     current::set_own(created);
     current::set(created);
     created
@@ -574,6 +630,9 @@ pub struct ThreadState {
     pub tid: u32,
     next_seq: u32,
     pub destructor_rounds: u32,
+    /// Made for one hook after the thread's state was closed (see
+    /// [`revive_thread_state`]), and closed again at its end.
+    revived: bool,
     /// The unwinder and stack ids, made at the thread's first allocation.
     stacks: Option<Box<ThreadStacks>>,
     /// The thread's errno, kept across each capture: asking libc where it
@@ -583,22 +642,26 @@ pub struct ThreadState {
 }
 
 impl ThreadState {
-    fn create() -> Option<*mut ThreadState> {
+    /// `revived`: the thread's number and next buffer, for a thread whose
+    /// state was closed.
+    fn create(revived: Option<(u32, u32)>) -> Option<*mut ThreadState> {
         let area = area::get()?;
         let tid = sys::gettid();
         let continued = CONTINUED_THREAD.load(Relaxed);
-        let thread = if continued != 0
+        let (thread, seq) = if let Some(revived) = revived {
+            revived
+        } else if continued != 0
             && (continued >> 32) as u32 == tid
             && CONTINUED_THREAD.compare_exchange(continued, 0, Relaxed, Relaxed).is_ok()
         {
-            continued as u32
+            (continued as u32, 0)
         } else {
-            NEXT_THREAD.fetch_add(1, Relaxed)
+            (NEXT_THREAD.fetch_add(1, Relaxed), 0)
         };
         // The slot first: while the thread waits for its first chunk, the
         // recorder counts it among the live threads it backs a chunk for.
         let slot = claim_slot(&area)?;
-        let Some(index) = take_chunk(thread, tid, 0) else {
+        let Some(index) = take_chunk(thread, tid, seq) else {
             slot.state.store(SLOT_FREE, Release);
             return None;
         };
@@ -620,14 +683,17 @@ impl ThreadState {
             delta: DeltaState::default(),
             thread,
             tid,
-            next_seq: 1,
+            next_seq: seq + 1,
             destructor_rounds: 0,
+            revived: revived.is_some(),
             stacks: None,
             // SAFETY: no precondition; the address of this thread's errno.
             errno: unsafe { libc::__errno_location() },
             nested: Box::into_raw(Box::new(Nested::new())),
         }));
-        crate::recorder::on_new_thread(state);
+        if revived.is_none() {
+            crate::recorder::on_new_thread(state);
+        }
         Some(state)
     }
 
@@ -730,6 +796,7 @@ impl ThreadState {
                 st.write(&*event.get());
             }
             (*st.chunk).closed.store(1, Release);
+            current::set_ended(u64::from(st.thread) | u64::from(st.next_seq) << 32);
         }
         // SAFETY: made by `Box::into_raw` in `create`; nothing refers to it now.
         drop(unsafe { Box::from_raw(state) });

@@ -96,6 +96,27 @@ fn threads_exiting_with_unflushed_buffers_lose_no_event() {
     assert!(threads > 1_600, "threads {threads}");
 }
 
+/// Detached threads free memory after the agent's last key destructor:
+/// glibc's exit path lets go of the thread-local storage of the stacks it
+/// caches past 40 MiB. Those frees are recorded under the exiting thread
+/// (before, each was dropped and its block counted live at the end).
+#[test]
+fn frees_in_a_detached_threads_exit_path_are_recorded() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "detached_threads.c");
+    let trace = dir.join("t.mgt");
+    let out = run_traced(&dir, &trace, &prog, &["64"]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "detached 64 ok\n");
+    let s = summary_json(&trace);
+    assert_eq!((s["truncated"].clone(), number(&s, "dropped_events")), (Value::Bool(false), 0), "{s:#}");
+    // 64 threads' blocks and at least the 60 freed past the cache's 2 stacks.
+    assert!(events(&s, "free") >= 64 + 60, "{s:#}");
+    assert_eq!(number(&s, "threads"), 65, "{s:#}");
+    // What stays: the cached stacks' storage and stdout's buffer, a few blocks.
+    assert!(number(&s, "live_blocks_at_end") <= 8, "{s:#}");
+}
+
 // ---------------------------------------------------------------------------
 // fork, vfork, posix_spawn, signal handlers
 // ---------------------------------------------------------------------------
