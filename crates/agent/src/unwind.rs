@@ -13,8 +13,11 @@
 //! ends the walk; unwind data is read in place from the loaded images;
 //! framehop's `MustNotAllocateDuringUnwind` preallocates its per-thread rule
 //! cache. A walk ends at the first return address outside known code. A thread
-//! on a stack it does not own (a `sigaltstack` handler, a coroutine) or short
-//! of stack gets no frames. Not covered: a module unloaded by another thread
+//! short of stack gets no frames. A thread on a stack it does not own (a
+//! coroutine's, a `sigaltstack` handler's) is walked from a stack of the
+//! agent's, reading the other stack through the kernel a page at a time:
+//! how much room lies below its stack pointer is not known, nor whether all
+//! of the mapping above stays mapped. Not covered: a module unloaded by another thread
 //! in the middle of a walk that is reading its unwind data.
 //!
 //! Cost on the 2-vCPU development VM, x86-64, warm (noisy: ranges of runs), by
@@ -37,6 +40,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 #[cfg(target_arch = "x86_64")]
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder};
 
+use crate::sys;
 use crate::walk_memo::{REFUSED, Read, WalkMemo};
 
 /// Bumped when the loader's module list changed; each capture compares it with one load.
@@ -53,6 +57,12 @@ pub fn modules_changed() {
 /// framehop rule-cache miss uses 8 KB, building its cache 8 KB (measured).
 const WALK_STACK_ROOM: u64 = 16 << 10;
 const CACHE_STACK_ROOM: u64 = 32 << 10;
+/// The agent's own stack for walks from a stack the thread does not own,
+/// above a guard page: the walk's needs and a signal handler's besides.
+const OWN_STACK: usize = 256 << 10;
+const PAGE: u64 = 4096;
+/// How far above its stack pointer a stack the thread does not own is read.
+const FOREIGN_SPAN: u64 = 1 << 20;
 /// A walk that ends outside known code asks the loader, once in this many,
 /// whether it mapped modules our dlopen hook never saw (glibc loads NSS and
 /// iconv modules itself); asking takes the loader's lock.
@@ -73,6 +83,8 @@ pub struct ThreadUnwinder {
     /// Counts module list rebuilds, for the walks remembered under it.
     modules_built: u64,
     memo: WalkMemo,
+    /// For walks from stacks the thread does not own, made at the first.
+    foreign: Option<alloc::boxed::Box<Foreign>>,
 }
 
 /// What [`ThreadUnwinder::capture_remembered`] found.
@@ -218,14 +230,16 @@ impl ThreadUnwinder {
         self.refresh_modules_if_changed();
         let modules = self.modules_built;
         let Registers { ip, sp, bp } = registers;
-        if self.stack.is_some_and(|stack| stack.contains(sp)) {
-            // SAFETY: the memo only asks words that a walk from this stack
-            // pointer on this thread's stack read within its bounds, which
-            // are the same now (the stack is mapped from sp up to its top).
-            let read = |at: u64| unsafe { core::ptr::read_volatile(at as *const u64) };
-            if let Some(token) = self.memo.recall(ip, sp, bp, modules, read) {
-                return Capture::Remembered(token);
-            }
+        if !self.thread_stack().contains(sp) {
+            // Recalls read the stack in place, which only the thread's own allows.
+            return self.walk_unremembered(registers, out, skip, dwarf_frames);
+        }
+        // SAFETY: the memo only asks words that a walk from this stack
+        // pointer on this thread's stack read within its bounds, which
+        // are the same now (the stack is mapped from sp up to its top).
+        let read = |at: u64| unsafe { core::ptr::read_volatile(at as *const u64) };
+        if let Some(token) = self.memo.recall(ip, sp, bp, modules, read) {
+            return Capture::Remembered(token);
         }
         self.walk_to_remember(registers, out, skip, dwarf_frames, modules)
     }
@@ -281,9 +295,12 @@ impl ThreadUnwinder {
     /// reading stack words as `reading` says.
     fn walk(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize, reading: Reading) -> usize {
         self.refresh_modules_if_changed();
-        let thread_stack = *self.stack.get_or_insert_with(|| StackBounds::of_current_thread(registers.sp));
-        if out.is_empty() || !thread_stack.contains(registers.sp) {
+        let thread_stack = self.thread_stack();
+        if out.is_empty() {
             return 0;
+        }
+        if !thread_stack.contains(registers.sp) {
+            return self.walk_foreign(registers, out, skip, dwarf_frames);
         }
         let room = registers.sp - thread_stack.low;
         #[cfg(target_arch = "x86_64")]
@@ -297,7 +314,11 @@ impl ThreadUnwinder {
             return 0;
         }
         // Frames lie above the walk's start; nothing below it is read.
-        let mut stack = StackReader { bounds: StackBounds { low: registers.sp, high: thread_stack.high }, reading };
+        let stack = StackReader { bounds: StackBounds { low: registers.sp, high: thread_stack.high }, reading, window: None };
+        self.walk_reading(registers, stack, out, skip, dwarf_frames)
+    }
+
+    fn walk_reading(&mut self, registers: Registers, mut stack: StackReader, out: &mut [u64], skip: usize, dwarf_frames: usize) -> usize {
         let mut frames = Frames { out, skip, written: 0 };
         #[cfg(target_arch = "x86_64")]
         let Some(registers) = self.walk_dwarf(registers, &mut stack, &mut frames, dwarf_frames) else {
@@ -307,6 +328,49 @@ impl ThreadUnwinder {
         let _ = dwarf_frames; // no DWARF walk here yet: frame pointers from the start
         self.walk_frame_pointers(registers.bp, registers.sp, &mut stack, &mut frames);
         frames.written
+    }
+
+    /// The thread's own stack, found at its first capture.
+    #[inline(always)]
+    fn thread_stack(&mut self) -> StackBounds {
+        match self.stack {
+            Some(stack) => stack,
+            None => *self.stack.insert(StackBounds::of_current_thread()),
+        }
+    }
+
+    /// A walk from a stack the thread does not own: on the agent's stack,
+    /// reading the other through the kernel (see [`Window`]). No frames
+    /// where the agent cannot switch stacks.
+    #[cold]
+    #[inline(never)]
+    fn walk_foreign(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let Some(mut foreign) = self.foreign.take().or_else(Foreign::new) else { return 0 };
+            let bounds = foreign.bounds_of(registers.sp);
+            let top = foreign.stack_top();
+            // The stack has changed since the last walk read it.
+            foreign.window.forget();
+            let mut written = 0;
+            let walk = || {
+                if self.rules.caches.is_empty() || self.rules.should_grow() {
+                    self.grow_rule_caches();
+                }
+                let stack = StackReader { bounds, reading: Reading::Plain, window: Some(&mut foreign.window) };
+                written = self.walk_reading(registers, stack, out, skip, dwarf_frames);
+            };
+            // SAFETY: `top` is the 16-byte aligned top of the agent's stack,
+            // which nothing else of this thread uses.
+            unsafe { on_stack(top, walk) };
+            self.foreign = Some(foreign);
+            written
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (registers, out, skip, dwarf_frames);
+            0
+        }
     }
 
     /// The registers of the frame where frame pointers take over, or None
@@ -423,19 +487,32 @@ impl StackBounds {
         Ok(unsafe { core::ptr::read_volatile(address as *const u64) })
     }
 
-    /// The calling thread's stack, given a stack pointer on it (empty if unknown).
-    fn of_current_thread(sp: u64) -> StackBounds {
+    /// The calling thread's own stack, wherever its stack pointer is now
+    /// (empty if unknown).
+    #[cold]
+    fn of_current_thread() -> StackBounds {
+        let sp = current_registers!().sp;
         let main = StackBounds::of_main_thread();
         if main.contains(sp) {
             return main;
         }
-        // Other threads: the mapping holding the stack pointer. Not
+        // Other threads: the mapping holding the stack pointer, or, when the
+        // stack pointer is on a coroutine's stack, the one holding the
+        // thread's control block, which glibc places at the top of the
+        // thread's stack (the main thread's is elsewhere). Not
         // pthread_getattr_np: it takes the thread's lock and reallocs, and a
         // program may call realloc from inside it (Ruby does, at thread start).
-        match mapping_containing(sp) {
-            Some((low, high)) => StackBounds { low, high },
-            None => StackBounds { low: 0, high: 0 },
+        let unknown = StackBounds { low: 0, high: 0 };
+        let Some((low, high)) = mapping_containing(sp) else { return unknown };
+        let here = StackBounds { low, high };
+        let Some(tp) = sys::thread_pointer().map(|tp| tp as u64) else { return here };
+        if here.contains(tp) {
+            return here;
         }
+        if sys::gettid() == sys::getpid() {
+            return main;
+        }
+        mapping_containing(tp).map_or(unknown, |(low, high)| StackBounds { low, high })
     }
 
     /// The main thread's stack: up to the page above `__libc_stack_end` (the
@@ -477,11 +554,16 @@ struct Twin<'a> {
 struct StackReader<'a, 'b> {
     bounds: StackBounds,
     reading: Reading<'a, 'b>,
+    /// Reads through the kernel, for a stack the thread does not own.
+    window: Option<&'a mut Window>,
 }
 
 impl StackReader<'_, '_> {
     fn read(&mut self, address: u64) -> Result<u64, ()> {
-        let word = self.bounds.read(address);
+        let word = match &mut self.window {
+            None => self.bounds.read(address),
+            Some(window) => window.read(self.bounds, address),
+        };
         match &mut self.reading {
             Reading::Plain => word,
             Reading::Logged(log) => {
@@ -502,6 +584,129 @@ impl StackReader<'_, '_> {
                 }
             }
         }
+    }
+}
+
+/// What walks from stacks the thread does not own need.
+struct Foreign {
+    /// The agent's stack for them: a guard page, then [`OWN_STACK`] bytes.
+    stack: usize,
+    /// The mapping of the last such stack, asked of the kernel once.
+    last: Option<StackBounds>,
+    window: Window,
+}
+
+impl Foreign {
+    fn new() -> Option<alloc::boxed::Box<Foreign>> {
+        let stack = sys::mmap_anonymous(OWN_STACK + PAGE as usize);
+        if stack.is_null() {
+            return None;
+        }
+        // SAFETY: the first page of the mapping just made, ours alone.
+        unsafe { libc::syscall(libc::SYS_mprotect, stack, PAGE, libc::PROT_NONE as libc::c_ulong) };
+        let window = Window { base: 0, len: 0, words: [0; PAGE as usize / 8] };
+        Some(alloc::boxed::Box::new(Foreign { stack: stack as usize, last: None, window }))
+    }
+
+    fn stack_top(&self) -> u64 {
+        (self.stack + PAGE as usize + OWN_STACK) as u64
+    }
+
+    /// What a walk from `sp` may read: up to the end of its mapping, at
+    /// most [`FOREIGN_SPAN`] above it. A coroutine runs on the same stack
+    /// from call to call, so the mapping is asked for once per stack.
+    fn bounds_of(&mut self, sp: u64) -> StackBounds {
+        let mapping = match self.last {
+            Some(last) if last.contains(sp) => last,
+            _ => {
+                let (low, high) = mapping_containing(sp).unwrap_or((sp, sp));
+                *self.last.insert(StackBounds { low, high })
+            }
+        };
+        StackBounds { low: sp, high: mapping.high.min(sp.saturating_add(FOREIGN_SPAN)) }
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        sys::munmap(self.stack as *mut u8, OWN_STACK + PAGE as usize);
+    }
+}
+
+/// One page of a stack the thread does not own, copied by the kernel
+/// (`process_vm_readv` on our own process): a page unmapped or made
+/// inaccessible since the walk began fails the read instead of faulting.
+struct Window {
+    base: u64,
+    len: u64,
+    words: [u64; PAGE as usize / 8],
+}
+
+impl Window {
+    fn forget(&mut self) {
+        self.len = 0;
+    }
+
+    fn read(&mut self, bounds: StackBounds, address: u64) -> Result<u64, ()> {
+        if address < bounds.low || address > bounds.high.saturating_sub(8) || !address.is_multiple_of(8) {
+            return Err(());
+        }
+        if !(self.base <= address && address < self.base + self.len) {
+            self.fill(address & !(PAGE - 1))?;
+            if address >= self.base + self.len {
+                return Err(());
+            }
+        }
+        Ok(self.words[((address - self.base) / 8) as usize])
+    }
+
+    fn fill(&mut self, page: u64) -> Result<(), ()> {
+        self.len = 0;
+        let local = libc::iovec { iov_base: self.words.as_mut_ptr() as *mut c_void, iov_len: PAGE as usize };
+        let remote = libc::iovec { iov_base: page as *mut c_void, iov_len: PAGE as usize };
+        // The pid is asked each time: a fork child must not read its parent.
+        // Counts and flags are unsigned longs: each argument is passed whole.
+        let (pid, count, flags) = (libc::c_long::from(sys::getpid()), 1 as libc::c_ulong, 0 as libc::c_ulong);
+        // SAFETY: the kernel writes at most PAGE bytes into `words`, ours;
+        // the remote side is only read, and checked by the kernel.
+        let copied = unsafe { libc::syscall(libc::SYS_process_vm_readv, pid, &local, count, &remote, count, flags) };
+        if copied <= 0 {
+            return Err(());
+        }
+        (self.base, self.len) = (page, copied as u64 & !7);
+        Ok(())
+    }
+}
+
+/// Runs `f` on the stack whose top is `top`, then comes back.
+///
+/// # Safety
+/// `top` is 16-byte aligned, the top of a mapped stack that nothing else
+/// uses while `f` runs, with room for `f` (and for a signal handler).
+#[cfg(target_arch = "x86_64")]
+unsafe fn on_stack<F: FnOnce()>(top: u64, f: F) {
+    extern "C" fn run<F: FnOnce()>(f: *mut Option<F>) {
+        // SAFETY: the `Option` below, alive across the call.
+        if let Some(f) = unsafe { (*f).take() } {
+            f();
+        }
+    }
+    let mut f = Some(f);
+    // SAFETY: switches to `top` (the caller's contract), calls `run` by the C
+    // ABI with the stack aligned as it requires, and restores the stack
+    // pointer from r12, which the callee preserves.
+    unsafe {
+        core::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {top}",
+            "call {run}",
+            "mov rsp, r12",
+            top = in(reg) top,
+            run = sym run::<F>,
+            in("rdi") &mut f as *mut Option<F>,
+            out("r12") _,
+            clobber_abi("C"),
+        );
     }
 }
 
@@ -807,6 +1012,57 @@ mod tests {
         for frames in [capture(), std::thread::spawn(capture).join().unwrap()] {
             assert!(recursion_frames(&frames) > DEPTH);
         }
+    }
+
+    /// A stack of the test's own, like a coroutine's: `f` runs on it.
+    fn on_a_coroutine_stack(f: impl FnOnce()) {
+        const SIZE: usize = 256 << 10;
+        let stack = std::vec![0u64; SIZE / 8];
+        let top = (stack.as_ptr() as u64 + SIZE as u64) & !15;
+        // SAFETY: `stack` is ours, unused by anything else, and outlives the call.
+        unsafe { on_stack(top, f) };
+        drop(stack);
+    }
+
+    #[test]
+    fn a_walk_from_a_stack_the_thread_does_not_own_sees_its_frames() {
+        let mut frames = Vec::new();
+        on_a_coroutine_stack(|| {
+            let mut out = [0u64; 128];
+            let written = capture_in_recursion(false, &mut out);
+            frames = out[..written].to_vec();
+        });
+        assert!(recursion_frames(&frames) > DEPTH, "{frames:x?}");
+    }
+
+    #[test]
+    fn a_threads_own_stack_is_found_from_another_stack() {
+        std::thread::spawn(|| {
+            let local = 0u64;
+            let own = mapping_containing(&local as *const u64 as u64).unwrap();
+            let mut found = StackBounds { low: 0, high: 0 };
+            on_a_coroutine_stack(|| found = StackBounds::of_current_thread());
+            assert_eq!((found.low, found.high), own);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_window_read_of_a_page_gone_fails_rather_than_faults() {
+        let pages = sys::mmap_anonymous(2 * PAGE as usize);
+        // SAFETY: the two pages just mapped.
+        unsafe { (pages as *mut u64).write(7) };
+        let (low, high) = (pages as u64, pages as u64 + 2 * PAGE);
+        let bounds = StackBounds { low, high };
+        let mut window = Window { base: 0, len: 0, words: [0; PAGE as usize / 8] };
+        assert_eq!(window.read(bounds, low), Ok(7));
+        assert_eq!(window.read(bounds, low + PAGE - 8), Ok(0));
+        assert_eq!(window.read(bounds, high), Err(()), "past the bounds");
+        // SAFETY: the second of our two pages.
+        unsafe { libc::munmap(pages.add(PAGE as usize) as *mut c_void, PAGE as usize) };
+        assert_eq!(window.read(bounds, low + PAGE), Err(()));
+        sys::munmap(pages, PAGE as usize);
     }
 
     #[test]

@@ -450,3 +450,31 @@ fn cpp_names_are_short_unless_full_names_is_asked() {
     let (short, whole) = (widest(&[]), widest(&["--full-names"]));
     assert!(short <= 160 && whole > 5000, "the widest name: {short} characters short, {whole} whole");
 }
+
+/// Allocations made on stacks the thread does not own have their call
+/// sites: fibers on a heap block and on a mapping of their own, a thread
+/// whose first allocation is made in a fiber, a handler on a sigaltstack
+/// (tests/programs/fibers.c). The agent walks them from a stack of its own,
+/// and the canary below the smallest fiber stack stays whole.
+#[test]
+fn allocations_on_fibers_and_alternate_stacks_keep_their_call_sites() {
+    let (_tmp, dir) = tempdir();
+    let prog = compile(&dir, "fibers.c");
+    let plain = run_plain(&dir, arg(&prog), &["200"]);
+    assert_eq!(text(&plain.stdout), "fibers 200 ok\n");
+    let trace = dir.join("fibers.mgt");
+    let out = memgap(&dir, &["run", "--quiet", "-o", arg(&trace), "--", arg(&prog), "200"]);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "fibers 200 ok\n");
+    let folded = dir.join("allocated.folded");
+    let out = memgap(&dir, &["export", arg(&trace), "--by", "allocated", "--folded", arg(&folded)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    let bytes_under =
+        |path: &str| -> u64 { folded.lines().filter(|l| l.contains(path)).filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum() };
+    // Three fibers of 200 allocations, of 1000 and 2000 bytes in turn.
+    assert_eq!(bytes_under("fiber_body;allocate_in_fiber"), 3 * 100 * 1000, "{folded}");
+    assert_eq!(bytes_under("fiber_body;allocate_more_in_fiber"), 3 * 100 * 2000, "{folded}");
+    assert_eq!(bytes_under("thread_main;allocate_on_thread_stack"), 3000, "{folded}");
+    assert_eq!(bytes_under(";allocate_in_handler"), 5000, "{folded}");
+}
