@@ -63,6 +63,9 @@ const OWN_STACK: usize = 256 << 10;
 const PAGE: u64 = 4096;
 /// How far above its stack pointer a stack the thread does not own is read.
 const FOREIGN_SPAN: u64 = 1 << 20;
+/// The mappings of the stacks not the thread's own that its walks last
+/// came from: a program switches between many coroutines.
+const FOREIGN_STACKS: usize = 64;
 /// A walk that ends outside known code asks the loader, once in this many,
 /// whether it mapped modules our dlopen hook never saw (glibc loads NSS and
 /// iconv modules itself); asking takes the loader's lock.
@@ -591,8 +594,9 @@ impl StackReader<'_, '_> {
 struct Foreign {
     /// The agent's stack for them: a guard page, then [`OWN_STACK`] bytes.
     stack: usize,
-    /// The mapping of the last such stack, asked of the kernel once.
-    last: Option<StackBounds>,
+    /// Mappings of such stacks, each asked of the kernel once.
+    mappings: [StackBounds; FOREIGN_STACKS],
+    next: usize,
     window: Window,
 }
 
@@ -605,7 +609,8 @@ impl Foreign {
         // SAFETY: the first page of the mapping just made, ours alone.
         unsafe { libc::syscall(libc::SYS_mprotect, stack, PAGE, libc::PROT_NONE as libc::c_ulong) };
         let window = Window { base: 0, len: 0, words: [0; PAGE as usize / 8] };
-        Some(alloc::boxed::Box::new(Foreign { stack: stack as usize, last: None, window }))
+        let mappings = [StackBounds { low: 0, high: 0 }; FOREIGN_STACKS];
+        Some(alloc::boxed::Box::new(Foreign { stack: stack as usize, mappings, next: 0, window }))
     }
 
     fn stack_top(&self) -> u64 {
@@ -613,14 +618,15 @@ impl Foreign {
     }
 
     /// What a walk from `sp` may read: up to the end of its mapping, at
-    /// most [`FOREIGN_SPAN`] above it. A coroutine runs on the same stack
-    /// from call to call, so the mapping is asked for once per stack.
+    /// most [`FOREIGN_SPAN`] above it.
     fn bounds_of(&mut self, sp: u64) -> StackBounds {
-        let mapping = match self.last {
-            Some(last) if last.contains(sp) => last,
-            _ => {
+        let mapping = match self.mappings.iter().find(|m| m.contains(sp)) {
+            Some(&mapping) => mapping,
+            None => {
                 let (low, high) = mapping_containing(sp).unwrap_or((sp, sp));
-                *self.last.insert(StackBounds { low, high })
+                self.mappings[self.next] = StackBounds { low, high };
+                self.next = (self.next + 1) % FOREIGN_STACKS;
+                StackBounds { low, high }
             }
         };
         StackBounds { low: sp, high: mapping.high.min(sp.saturating_add(FOREIGN_SPAN)) }
@@ -633,7 +639,7 @@ impl Drop for Foreign {
     }
 }
 
-/// One page of a stack the thread does not own, copied by the kernel
+/// A page of a stack the thread does not own, copied by the kernel
 /// (`process_vm_readv` on our own process): a page unmapped or made
 /// inaccessible since the walk began fails the read instead of faulting.
 struct Window {
@@ -652,7 +658,7 @@ impl Window {
             return Err(());
         }
         if !(self.base <= address && address < self.base + self.len) {
-            self.fill(address & !(PAGE - 1))?;
+            self.fill(address & !(PAGE - 1), bounds.high)?;
             if address >= self.base + self.len {
                 return Err(());
             }
@@ -660,10 +666,12 @@ impl Window {
         Ok(self.words[((address - self.base) / 8) as usize])
     }
 
-    fn fill(&mut self, page: u64) -> Result<(), ()> {
+    /// Copies the page at `page`, not past `end`.
+    fn fill(&mut self, page: u64, end: u64) -> Result<(), ()> {
         self.len = 0;
-        let local = libc::iovec { iov_base: self.words.as_mut_ptr() as *mut c_void, iov_len: PAGE as usize };
-        let remote = libc::iovec { iov_base: page as *mut c_void, iov_len: PAGE as usize };
+        let len = (end.saturating_sub(page) as usize).clamp(8, PAGE as usize);
+        let local = libc::iovec { iov_base: self.words.as_mut_ptr() as *mut c_void, iov_len: len };
+        let remote = libc::iovec { iov_base: page as *mut c_void, iov_len: len };
         // The pid is asked each time: a fork child must not read its parent.
         // Counts and flags are unsigned longs: each argument is passed whole.
         let (pid, count, flags) = (libc::c_long::from(sys::getpid()), 1 as libc::c_ulong, 0 as libc::c_ulong);
