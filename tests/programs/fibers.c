@@ -1,5 +1,5 @@
 /* fibers N: allocations made on stacks the thread does not own.
- *   - a fiber (ucontext) on a 64 KiB stack malloc'd from the heap, with a
+ *   - a fiber (ucontext) on a 16 KiB stack malloc'd from the heap, with a
  *     16 KiB canary below it in the same block: nothing may write there;
  *   - a fiber on a 128 KiB mmap'd stack above a guard page;
  *   - a second thread whose first allocation is made in a fiber (on an
@@ -19,7 +19,7 @@
 #include <ucontext.h>
 
 #define CANARY (16 << 10)
-#define SMALL_STACK (64 << 10)
+#define SMALL_STACK (16 << 10)
 #define MAPPED_STACK (128 << 10)
 #define PAGE 4096
 

@@ -227,16 +227,14 @@ impl ThreadUnwinder {
     pub fn capture_remembered(&mut self, out: &mut [u64], skip: usize, frame_pointers: bool) -> Capture {
         let registers = current_registers!();
         let dwarf_frames = if frame_pointers { skip.saturating_add(1) } else { usize::MAX };
-        if !self.memo.begin() {
+        // Also when the stack is not the thread's own: recalls read the
+        // stack in place, which only the thread's own allows.
+        if !self.memo.begin() || !self.thread_stack().contains(registers.sp) {
             return self.walk_unremembered(registers, out, skip, dwarf_frames);
         }
         self.refresh_modules_if_changed();
         let modules = self.modules_built;
         let Registers { ip, sp, bp } = registers;
-        if !self.thread_stack().contains(sp) {
-            // Recalls read the stack in place, which only the thread's own allows.
-            return self.walk_unremembered(registers, out, skip, dwarf_frames);
-        }
         // SAFETY: the memo only asks words that a walk from this stack
         // pointer on this thread's stack read within its bounds, which
         // are the same now (the stack is mapped from sp up to its top).
@@ -297,7 +295,6 @@ impl ThreadUnwinder {
     /// Unwinds `dwarf_frames` frames by DWARF, the rest by frame pointers,
     /// reading stack words as `reading` says.
     fn walk(&mut self, registers: Registers, out: &mut [u64], skip: usize, dwarf_frames: usize, reading: Reading) -> usize {
-        self.refresh_modules_if_changed();
         let thread_stack = self.thread_stack();
         if out.is_empty() {
             return 0;
@@ -305,6 +302,7 @@ impl ThreadUnwinder {
         if !thread_stack.contains(registers.sp) {
             return self.walk_foreign(registers, out, skip, dwarf_frames);
         }
+        self.refresh_modules_if_changed();
         let room = registers.sp - thread_stack.low;
         #[cfg(target_arch = "x86_64")]
         if self.rules.caches.is_empty() || self.rules.should_grow() {
@@ -351,15 +349,17 @@ impl ThreadUnwinder {
         #[cfg(target_arch = "x86_64")]
         {
             let Some(mut foreign) = self.foreign.take().or_else(Foreign::new) else { return 0 };
-            let bounds = foreign.bounds_of(registers.sp);
             let top = foreign.stack_top();
-            // The stack has changed since the last walk read it.
-            foreign.window.forget();
             let mut written = 0;
+            // Everything on the agent's stack, even the lookups.
             let walk = || {
+                self.refresh_modules_if_changed();
                 if self.rules.caches.is_empty() || self.rules.should_grow() {
                     self.grow_rule_caches();
                 }
+                let bounds = foreign.bounds_of(registers.sp);
+                // The stack has changed since the last walk read it.
+                foreign.window.forget();
                 let stack = StackReader { bounds, reading: Reading::Plain, window: Some(&mut foreign.window) };
                 written = self.walk_reading(registers, stack, out, skip, dwarf_frames);
             };
@@ -608,9 +608,11 @@ impl Foreign {
         }
         // SAFETY: the first page of the mapping just made, ours alone.
         unsafe { libc::syscall(libc::SYS_mprotect, stack, PAGE, libc::PROT_NONE as libc::c_ulong) };
-        let window = Window { base: 0, len: 0, words: [0; PAGE as usize / 8] };
-        let mappings = [StackBounds { low: 0, high: 0 }; FOREIGN_STACKS];
-        Some(alloc::boxed::Box::new(Foreign { stack: stack as usize, mappings, next: 0, window }))
+        // Made in place: this runs on the other stack, whose room is unknown.
+        // SAFETY: every field is integers, for which zeros are valid.
+        let mut foreign = unsafe { alloc::boxed::Box::<Foreign>::new_zeroed().assume_init() };
+        foreign.stack = stack as usize;
+        Some(foreign)
     }
 
     fn stack_top(&self) -> u64 {
