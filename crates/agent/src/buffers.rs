@@ -572,15 +572,7 @@ fn append_slow(state: *mut ThreadState, event: &Event) {
 /// it current.
 #[cold]
 fn new_thread_state() -> *mut ThreadState {
-    current::set(BUSY as *mut ThreadState);
-    // SAFETY: the calling thread's errno (valid for its whole life).
-    let errno = unsafe { *libc::__errno_location() };
-    let created = ThreadState::create(None).unwrap_or(null_mut());
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
-    current::set_own(created);
-    current::set(created);
-    created
+    make_current_state(None, null_mut())
 }
 
 /// A heap call of a thread whose state was closed: glibc frees after the
@@ -590,23 +582,25 @@ fn new_thread_state() -> *mut ThreadState {
 /// hook and closed at its end; `GONE` if none can be had.
 #[cold]
 fn revive_thread_state() -> *mut ThreadState {
-    let ended = current::ended();
-    if ended == 0 {
-        return GONE as *mut ThreadState;
+    match current::ended() {
+        0 => GONE as *mut ThreadState,
+        ended => make_current_state(Some((ended as u32, (ended >> 32) as u32)), GONE as *mut ThreadState),
     }
+}
+
+/// [`ThreadState::create`] with the thread marked busy and its errno kept;
+/// the state made, or `otherwise`, is the thread's from then on.
+fn make_current_state(revived: Option<(u32, u32)>, otherwise: *mut ThreadState) -> *mut ThreadState {
     current::set(BUSY as *mut ThreadState);
     // SAFETY: the calling thread's errno (valid for its whole life).
     let errno = unsafe { *libc::__errno_location() };
-    let created = ThreadState::create(Some((ended as u32, (ended >> 32) as u32)));
+    let created = ThreadState::create(revived);
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
-    let Some(created) = created else {
-        current::set(GONE as *mut ThreadState);
-        return GONE as *mut ThreadState;
-    };
-    current::set_own(created);
-    current::set(created);
-    created
+    current::set_own(created.unwrap_or(null_mut()));
+    let state = created.unwrap_or(otherwise);
+    current::set(state);
+    state
 }
 
 /// The calling thread's state, if it has recorded anything.
