@@ -10,7 +10,7 @@
 //! thread has moved past it. No lock is taken per event, nor per chunk.
 
 use core::ptr::null_mut;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 use memgap_trace::event::{DeltaState, Event, EventKind, MAX_RECORD_LEN, RawEncoder, max_record_len};
 use memgap_trace::records::Record;
@@ -373,14 +373,30 @@ pub fn leave_hook(hook: Hook) {
         current::set(state);
         // SAFETY: a live state of this thread.
         unsafe {
-            if (*(*state).nested).len.load(Relaxed) != 0 {
-                write_nested(state);
+            if (*state).leave_work.load(Relaxed) {
+                return finish_hook(state);
             }
             // After the events' length: a recorder that sees the hook over sees them.
             (*(*state).chunk).in_hook_since.store(0, Release);
-            if (*state).revived {
-                ThreadState::close(state);
-            }
+        }
+    }
+}
+
+/// The end of a hook with more to do: nested events to write, a revived
+/// state to close.
+#[cold]
+#[inline(never)]
+fn finish_hook(state: *mut ThreadState) {
+    // SAFETY: the live state of this thread, which is no longer in the hook.
+    unsafe {
+        // Before the events are looked at: a handler's event after this sets it again.
+        (*state).leave_work.store(false, Relaxed);
+        if (*(*state).nested).len.load(Relaxed) != 0 {
+            write_nested(state);
+        }
+        (*(*state).chunk).in_hook_since.store(0, Release);
+        if (*state).revived {
+            ThreadState::close(state);
         }
     }
 }
@@ -561,6 +577,9 @@ fn append_slow(state: *mut ThreadState, event: &Event) {
             // SAFETY: `own` is this thread's live state, its nested events boxed with it.
             if own.is_null() || !unsafe { &*(*own).nested }.push(event) {
                 count_dropped(1);
+            } else {
+                // SAFETY: as above; the hook this handler interrupted reads it as it ends.
+                unsafe { (*own).leave_work.store(true, Relaxed) };
             }
         }
         GONE => count_dropped(1),
@@ -627,6 +646,9 @@ pub struct ThreadState {
     /// Made for one hook after the thread's state was closed (see
     /// [`revive_thread_state`]), and closed again at its end.
     revived: bool,
+    /// The hook has more to do as it ends (see [`finish_hook`]): one load
+    /// on the hot path. Set by a signal handler on this thread too.
+    leave_work: AtomicBool,
     /// The unwinder and stack ids, made at the thread's first allocation.
     stacks: Option<Box<ThreadStacks>>,
     /// The thread's errno, kept across each capture: asking libc where it
@@ -680,6 +702,7 @@ impl ThreadState {
             next_seq: seq + 1,
             destructor_rounds: 0,
             revived: revived.is_some(),
+            leave_work: AtomicBool::new(revived.is_some()),
             stacks: None,
             // SAFETY: no precondition; the address of this thread's errno.
             errno: unsafe { libc::__errno_location() },
