@@ -101,7 +101,10 @@ pub fn summary(s: &Summary) -> String {
     }
     let mut caveats = Vec::new();
     if s.dropped_events > 0 {
-        caveats.push(format!("{} events were dropped (the writer could not keep up)", count(s.dropped_events)));
+        caveats.push(format!(
+            "{} events were dropped (the agent had no room for them: the recorder fell behind, or a signal handler allocated many times while interrupting an allocation)",
+            count(s.dropped_events)
+        ));
     }
     if s.untracked_frees > 0 {
         caveats.push(format!("{} frees of blocks allocated before recording began", count(s.untracked_frees)));
