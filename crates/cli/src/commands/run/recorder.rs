@@ -679,6 +679,7 @@ impl ProcessRecorder {
         let mut caught_up = true;
         let used = (header.threads_used.load(Acquire) as usize).min(shared::THREAD_SLOTS);
         for index in 0..used {
+            self.drain_earlier_slots_of_its_thread(index, used);
             if let Some(Drained::Behind) = self.drain_slot(index, taken_before) {
                 caught_up = false;
             }
@@ -833,6 +834,47 @@ impl ProcessRecorder {
             }
         }
         self.records_pending = pending[complete..].to_vec();
+    }
+
+    /// A thread that made heap calls after its state closed goes on in a
+    /// slot of its own, from its next buffer: the slots it had before are
+    /// closed, and are drained to their end first, so that its buffers
+    /// reach the trace in order.
+    fn drain_earlier_slots_of_its_thread(&mut self, index: usize, used: usize) {
+        let header = self.area.area.header();
+        let Some(seq) = self.first_buffer_if_new(index) else { return };
+        if seq == 0 {
+            return;
+        }
+        let thread = header.slots[index].thread.load(Relaxed);
+        let mut earlier: Vec<(u32, usize)> = (0..used)
+            .filter(|&other| other != index && header.slots[other].state.load(Acquire) == SLOT_LIVE)
+            .filter(|&other| header.slots[other].thread.load(Relaxed) == thread)
+            .filter_map(|other| Some((self.buffer_of(other)?, other)))
+            .filter(|&(other_seq, _)| other_seq < seq)
+            .collect();
+        earlier.sort_unstable();
+        for (_, other) in earlier {
+            self.drain_slot(other, u64::MAX);
+        }
+    }
+
+    /// The buffer a live slot not yet drained starts with.
+    fn first_buffer_if_new(&self, index: usize) -> Option<u32> {
+        let slot = &self.area.area.header().slots[index];
+        if self.slots[index].head.is_some() || slot.state.load(Acquire) != SLOT_LIVE {
+            return None;
+        }
+        let first = slot.first_chunk.load(Relaxed);
+        (first > 0 && first <= self.area.capacity()).then(|| self.area.area.chunk(first - 1).seq.load(Relaxed))
+    }
+
+    /// The buffer a live slot is at: the one it is drained from, or the first.
+    fn buffer_of(&self, index: usize) -> Option<u32> {
+        match self.slots[index].head {
+            Some(head) => Some(self.area.area.chunk(head).seq.load(Relaxed)),
+            None => self.first_buffer_if_new(index),
+        }
     }
 
     /// Emits the committed bytes of one thread's chunks taken before round
