@@ -481,9 +481,14 @@ impl StackBounds {
         self.low <= address && address < self.high
     }
 
+    /// Whether an aligned word at `address` lies wholly on this stack.
+    fn holds_word(self, address: u64) -> bool {
+        self.low <= address && address <= self.high.saturating_sub(8) && address.is_multiple_of(8)
+    }
+
     /// The aligned word at `address`, if it lies on this stack.
     fn read(self, address: u64) -> Result<u64, ()> {
-        if address < self.low || address > self.high.saturating_sub(8) || !address.is_multiple_of(8) {
+        if !self.holds_word(address) {
             return Err(());
         }
         // SAFETY: a thread's stack is mapped from its stack pointer up to `high`.
@@ -659,7 +664,7 @@ impl Window {
     }
 
     fn read(&mut self, bounds: StackBounds, address: u64) -> Result<u64, ()> {
-        if address < bounds.low || address > bounds.high.saturating_sub(8) || !address.is_multiple_of(8) {
+        if !bounds.holds_word(address) {
             return Err(());
         }
         if !(self.base <= address && address < self.base + self.len) {
